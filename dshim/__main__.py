@@ -1,0 +1,3 @@
+from dshim.cli import main
+
+main()

@@ -1,0 +1,183 @@
+"""The ``dshim`` command line: serve, probe, replay.  Thin: everything lives in the package.
+
+Exit codes: 0 ok, 1 a check or run failed, 2 usage or configuration error.  Heavy modules
+(channels, harness adapters, trio, httpx) are imported inside the commands so that
+``dshim --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from dshim import __version__
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="dshim connects IM bots on nine platforms to an AI agent (the harness).",
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class Globals:
+    def __init__(
+        self, config: Path, data_dir: Path | None, log_level: str, log_format: str | None
+    ) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.log_level = log_level
+        self.log_format = log_format
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dshim {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def main_callback(
+    ctx: typer.Context,
+    config: Annotated[
+        Path,
+        typer.Option("--config", envvar="DSHIM_CONFIG", help="Config file.", show_default=True),
+    ] = Path("dshim.toml"),
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            envvar="DSHIM_DATA_DIR",
+            help="State directory (default: $XDG_STATE_HOME/dshim, else ~/.local/state/dshim).",
+        ),
+    ] = None,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="debug, info, warning or error.")
+    ] = "info",
+    log_format: Annotated[
+        str | None,
+        typer.Option(
+            "--log-format", help="console or json (default: console on a TTY, else json)."
+        ),
+    ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    if log_level.lower() not in ("debug", "info", "warning", "error"):
+        raise typer.BadParameter("expected debug, info, warning or error", param_hint="--log-level")
+    if log_format is not None and log_format not in ("console", "json"):
+        raise typer.BadParameter("expected console or json", param_hint="--log-format")
+    ctx.obj = Globals(config, data_dir, log_level.lower(), log_format)
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"dshim: {message}", err=True)
+    return typer.Exit(code)
+
+
+def _load(g: Globals) -> Any:
+    from dshim.config import load_config
+    from dshim.errors import ConfigError
+
+    try:
+        return load_config(g.config)
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+
+
+def _data_dir(g: Globals, cfg: Any) -> Path:
+    from dshim.config import resolve_data_dir
+
+    return resolve_data_dir(cfg, g.data_dir)
+
+
+def _setup_logging(g: Globals, secrets: list[str]) -> None:
+    from dshim.log import configure_logging
+
+    configure_logging(g.log_level, g.log_format, secrets)
+
+
+@app.command()
+def serve(ctx: typer.Context) -> None:
+    """Run every enabled bot until SIGINT/SIGTERM."""
+    g: Globals = ctx.obj
+    cfg = _load(g)
+    _setup_logging(g, cfg.secrets())
+    from dshim.errors import ConfigError, StoreError
+    from dshim.serve import run_serve
+
+    try:
+        code = run_serve(cfg, _data_dir(g, cfg))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    except StoreError as exc:
+        raise _fail(str(exc), 1) from None
+    raise typer.Exit(code)
+
+
+@app.command()
+def probe(
+    ctx: typer.Context,
+    bot: Annotated[str | None, typer.Argument(help="Only this bot (default: all).")] = None,
+    send_test: Annotated[
+        bool,
+        typer.Option(
+            "--send-test", help='Send "dshim connection test" to the last direct conversation.'
+        ),
+    ] = False,
+) -> None:
+    """Check configuration, data dir, store, harness and each bot's platform connection."""
+    g: Globals = ctx.obj
+    _setup_logging(g, [])
+    from dshim.probe import run_probe
+
+    code = run_probe(g.config, g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
+    raise typer.Exit(code)
+
+
+@app.command()
+def replay(
+    ctx: typer.Context,
+    paths: Annotated[
+        list[Path], typer.Argument(help="Fixture files or directories (recursive *.json).")
+    ],
+    check: Annotated[
+        bool, typer.Option("--check", help="Compare with each fixture's expect list.")
+    ] = False,
+    update: Annotated[
+        bool,
+        typer.Option(
+            "--update", help="Rewrite each fixture's expect list with the current output."
+        ),
+    ] = False,
+) -> None:
+    """Run captured fixtures through the real parsing code and pipeline (no network)."""
+    g: Globals = ctx.obj
+    _setup_logging(
+        g if g.log_level != "info" else Globals(g.config, g.data_dir, "warning", g.log_format), []
+    )
+    from dshim.replay import replay as run_replay
+
+    code = run_replay(
+        paths,
+        check=check,
+        update=update,
+        out=typer.echo,
+        err=lambda s: typer.echo(s, err=True),
+    )
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except KeyboardInterrupt:  # pragma: no cover - interactive only
+        sys.exit(130)

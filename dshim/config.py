@@ -1,0 +1,482 @@
+"""dshim.toml: msgspec structs, environment substitution, errors that name the key path.
+
+    [dshim]        data_dir, backlog_max_age_s
+    [harness]      kind = "echo" | "openai" | "acp" ...
+    [[bots]]       name, channel, enabled, credentials ("${ENV}"), api_base, backlog_max_age_s,
+                   [bots.access] [bots.prompt] [bots.reply] [bots.lanes]
+
+Every error is a :class:`~dshim.errors.ConfigError` whose message starts with
+``<file>: <key path>:``, e.g. ``dshim.toml: bots[0].access.mode: expected "open" or
+"allowlist", got "safe"``.  Values of secret fields are never echoed in errors and are held
+in :class:`Secret`, whose ``repr`` is masked.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from dshim.errors import ConfigError
+
+CHANNEL_KEYS = (
+    "weixin",
+    "feishu",
+    "dingtalk",
+    "wecom",
+    "qq",
+    "slack",
+    "telegram",
+    "discord",
+    "whatsapp",
+)
+SOURCE_FIELDS = (
+    "channel",
+    "conversationType",
+    "senderId",
+    "senderName",
+    "conversationTitle",
+    "threadId",
+)
+ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+class Secret:
+    """A credential.  ``str()``/``repr()`` never show it; ``.get()`` does."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+
+class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defaults=True):
+    pass
+
+
+class DshimSection(_Base):
+    data_dir: str | None = None
+    backlog_max_age_s: float = 600.0
+    dedup_ttl_s: float = 48 * 3600.0
+    shutdown_grace_s: float = 10.0
+
+
+class HarnessConfig(_Base):
+    kind: Literal["echo", "openai", "acp"] = "echo"
+    # openai
+    base_url: str | None = None
+    api_key: Secret | None = None
+    model: str | None = None
+    system_prompt: str | None = None
+    max_context_messages: int = 40
+    vision: bool = False
+    # acp
+    command: list[str] | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    cwd: str | None = None
+    # shared
+    interaction_timeout_s: float = 600.0
+
+
+class AccessConfig(_Base):
+    mode: Literal["open", "allowlist"] = "open"
+    users: list[str | int] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.users = [str(u).strip() for u in self.users]
+
+    def allows(self, user_id: str) -> bool:
+        return user_id in self.users
+
+
+class PromptConfig(_Base):
+    source_block: bool = True
+    source_fields: list[
+        Literal[
+            "channel", "conversationType", "senderId", "senderName", "conversationTitle", "threadId"
+        ]
+    ] = msgspec.field(
+        default_factory=lambda: ["channel", "conversationType", "senderId", "senderName"]
+    )
+
+
+class ReplyBudget(_Base):
+    """Budgets for resolving a quoted message (platform lookup and history recovery)."""
+
+    deadline_s: float = 5.0
+    pages: int = 3
+    rows_per_page: int = 100
+    window_s: float = 15.0
+
+
+class LanesConfig(_Base):
+    max_queue: int = 8
+    idle_exit_s: float = 600.0
+
+
+class BotConfig(_Base):
+    """One bot.  Credential fields are shared across channels; each channel uses its own."""
+
+    name: str
+    channel: str
+    enabled: bool = True
+    api_base: str | None = None
+    backlog_max_age_s: float | None = None
+    workspace: str | None = None
+    # credentials (written as "${ENV}")
+    token: Secret | None = None
+    app_id: str | None = None
+    app_secret: Secret | None = None
+    client_id: str | None = None
+    client_secret: Secret | None = None
+    bot_token: Secret | None = None
+    app_token: Secret | None = None
+    # channel-specific URL overrides
+    gateway_url: str | None = None
+    access: AccessConfig = msgspec.field(default_factory=AccessConfig)
+    prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
+    reply: ReplyBudget = msgspec.field(default_factory=ReplyBudget)
+    lanes: LanesConfig = msgspec.field(default_factory=LanesConfig)
+
+
+class Config(_Base):
+    dshim: DshimSection = msgspec.field(default_factory=DshimSection)
+    harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
+    bots: list[BotConfig] = msgspec.field(default_factory=list)
+
+    def secrets(self) -> list[str]:
+        """Every secret value in the configuration (for log redaction)."""
+        out: list[str] = []
+        _collect_secrets(self, out)
+        return [s for s in out if s]
+
+    def bot(self, name: str) -> BotConfig:
+        for bot in self.bots:
+            if bot.name == name:
+                return bot
+        raise ConfigError(f"no bot named {name!r} in the configuration")
+
+
+def backlog_max_age(config: Config, bot: BotConfig) -> float:
+    return (
+        bot.backlog_max_age_s
+        if bot.backlog_max_age_s is not None
+        else config.dshim.backlog_max_age_s
+    )
+
+
+def _collect_secrets(obj: Any, out: list[str]) -> None:
+    if isinstance(obj, Secret):
+        out.append(obj.get())
+    elif isinstance(obj, msgspec.Struct):
+        for name in obj.__struct_fields__:
+            _collect_secrets(getattr(obj, name), out)
+    elif isinstance(obj, list):
+        for item in obj:
+            _collect_secrets(item, out)
+    elif isinstance(obj, dict):
+        for item in obj.values():
+            _collect_secrets(item, out)
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None
+) -> Config:
+    """Read, substitute and validate a config file.  Raises ConfigError."""
+    p = Path(path)
+    label = p.name
+    try:
+        text = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{p}: config file not found. Create one (see README.md, 'Configuration'), "
+            f"or pass --config PATH / set DSHIM_CONFIG. A minimal file:\n\n"
+            f'[harness]\nkind = "echo"\n\n[[bots]]\nname = "mybot"\nchannel = "telegram"\n'
+            f'token = "${{TELEGRAM_BOT_TOKEN}}"\n'
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config file: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{label}: not valid UTF-8") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{label}: invalid TOML: {exc}") from None
+    return parse_config(raw, label=label, env=os.environ if env is None else env)
+
+
+def parse_config(
+    raw: dict[str, Any], *, label: str = "dshim.toml", env: typing.Mapping[str, str]
+) -> Config:
+    """Validate an already parsed TOML document."""
+    substituted = _substitute(raw, env, label, ())
+    try:
+        config = msgspec.convert(substituted, Config, dec_hook=_dec_hook, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc), substituted, label)) from None
+    _check_semantics(config, label)
+    return config
+
+
+def _substitute(
+    node: Any, env: typing.Mapping[str, str], label: str, path: tuple[str | int, ...]
+) -> Any:
+    if isinstance(node, dict):
+        return {k: _substitute(v, env, label, (*path, k)) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_substitute(v, env, label, (*path, i)) for i, v in enumerate(node)]
+    if isinstance(node, str):
+        m = ENV_REF.match(node)
+        if m:
+            name = m.group(1)
+            value = env.get(name)
+            if value is None or value == "":
+                raise ConfigError(
+                    f"{label}: {_fmt_path(path)}: environment variable {name} is not set"
+                )
+            return value
+    return node
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is Secret:
+        if isinstance(obj, str):
+            return Secret(obj)
+        raise TypeError("Expected `str`")  # msgspec adds the key path to TypeErrors
+    raise NotImplementedError
+
+
+def _fmt_path(path: tuple[str | int, ...]) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+_PATH_RE = re.compile(r" - at `\$(?P<path>[^`]*)`$")
+_SEG_RE = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\"?([^\]]*?)\"?\]")
+
+
+def _parse_msgspec_path(s: str) -> tuple[str | int, ...]:
+    parts: list[str | int] = []
+    for m in _SEG_RE.finditer(s):
+        if m.group(1) is not None:
+            parts.append(m.group(1))
+        elif m.group(2) is not None:
+            parts.append(int(m.group(2)))
+        else:
+            parts.append(m.group(3))
+    return tuple(parts)
+
+
+def _lookup(doc: Any, path: tuple[str | int, ...]) -> Any:
+    node = doc
+    for part in path:
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            return _MISSING
+    return node
+
+
+_MISSING = object()
+
+
+def _field_type(path: tuple[str | int, ...]) -> Any:
+    """The annotated type at a key path of Config, or None when unknown."""
+    tp: Any = Config
+    for part in path:
+        tp = _strip_optional(tp)
+        if isinstance(part, int):
+            args = typing.get_args(tp)
+            if typing.get_origin(tp) in (list, tuple) and args:
+                tp = args[0]
+            else:
+                return None
+        elif isinstance(tp, type) and issubclass(tp, msgspec.Struct):
+            hints = typing.get_type_hints(tp)
+            if part not in hints:
+                return None
+            tp = hints[part]
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        else:
+            return None
+    return tp
+
+
+def _strip_optional(tp: Any) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return tp
+
+
+def _describe_type(tp: Any) -> str:
+    tp = _strip_optional(tp)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        values = [f'"{v}"' if isinstance(v, str) else repr(v) for v in typing.get_args(tp)]
+        if len(values) == 1:
+            return values[0]
+        return ", ".join(values[:-1]) + " or " + values[-1]
+    if tp is Secret or tp is str:
+        return "a string"
+    if tp is bool:
+        return "true or false"
+    if tp is int:
+        return "an integer"
+    if tp is float:
+        return "a number"
+    if origin is list:
+        return "an array"
+    if origin is dict or (isinstance(tp, type) and issubclass(tp, msgspec.Struct)):
+        return "a table"
+    return "a different value"
+
+
+def _describe_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        return '"' + shown.replace('"', '\\"') + '"'
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _explain(message: str, doc: Any, label: str) -> str:
+    m = _PATH_RE.search(message)
+    path: tuple[str | int, ...] = _parse_msgspec_path(m.group("path")) if m else ()
+    head = message[: m.start()] if m else message
+    unknown = re.match(r"Object contains unknown field `(.+)`", head)
+    if unknown:
+        key = unknown.group(1)
+        return f"{label}: {_fmt_path((*path, key))}: unknown key"
+    missing = re.match(r"Object missing required field `(.+)`", head)
+    if missing:
+        key = missing.group(1)
+        return f"{label}: {_fmt_path((*path, key))}: required key is missing"
+    tp = _field_type(path)
+    value = _lookup(doc, path)
+    secret = _strip_optional(tp) is Secret
+    if tp is not None:
+        expected = _describe_type(tp)
+        if value is _MISSING or secret:
+            got = "" if value is _MISSING else f", got {_kind_of(value)}"
+        else:
+            got = f", got {_describe_value(value)}"
+        return f"{label}: {_fmt_path(path)}: expected {expected}{got}"
+    return f"{label}: {_fmt_path(path)}: {head[:1].lower() + head[1:]}"
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def _check_semantics(config: Config, label: str) -> None:
+    seen: set[str] = set()
+    for i, bot in enumerate(config.bots):
+        where = f"{label}: bots[{i}]"
+        if not _NAME_RE.match(bot.name):
+            raise ConfigError(
+                f"{where}.name: expected 1-64 letters, digits, '_', '-' or '.', got {_describe_value(bot.name)}"
+            )
+        if bot.name in seen:
+            raise ConfigError(f"{where}.name: duplicate bot name {_describe_value(bot.name)}")
+        seen.add(bot.name)
+        if bot.channel not in CHANNEL_KEYS:
+            choices = ", ".join(f'"{c}"' for c in CHANNEL_KEYS)
+            raise ConfigError(
+                f"{where}.channel: expected one of {choices}, got {_describe_value(bot.channel)}"
+            )
+        if bot.lanes.max_queue < 1:
+            raise ConfigError(
+                f"{where}.lanes.max_queue: expected at least 1, got {bot.lanes.max_queue}"
+            )
+        if bot.reply.pages < 0 or bot.reply.rows_per_page < 1:
+            raise ConfigError(f"{where}.reply: pages must be >= 0 and rows_per_page >= 1")
+        if bot.reply.deadline_s <= 0:
+            raise ConfigError(
+                f"{where}.reply.deadline_s: expected a positive number, got {bot.reply.deadline_s!r}"
+            )
+        for j, user in enumerate(bot.access.users):
+            if not str(user).strip():
+                raise ConfigError(f"{where}.access.users[{j}]: empty user id")
+    h = config.harness
+    if h.kind == "openai":
+        if not h.base_url:
+            raise ConfigError(f'{label}: harness.base_url: required when kind = "openai"')
+        if not h.model:
+            raise ConfigError(f'{label}: harness.model: required when kind = "openai"')
+    if h.kind == "acp" and not h.command:
+        raise ConfigError(f'{label}: harness.command: required when kind = "acp"')
+    if config.dshim.backlog_max_age_s <= 0:
+        raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
+
+
+def default_data_dir(env: typing.Mapping[str, str] | None = None) -> Path:
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_STATE_HOME")
+    if xdg:
+        return Path(xdg) / "dshim"
+    return Path.home() / ".local" / "state" / "dshim"
+
+
+def resolve_data_dir(config: Config | None, override: Path | None) -> Path:
+    """--data-dir / DSHIM_DATA_DIR, else ``[dshim] data_dir``, else the XDG default."""
+    if override is not None:
+        return override
+    if config is not None and config.dshim.data_dir:
+        return Path(os.path.expanduser(config.dshim.data_dir))
+    return default_data_dir()

@@ -1,0 +1,68 @@
+"""The harness interface: one async contract, several adapters (echo, openai, acp).
+
+A turn is ``async with aclosing(harness.prompt(session, parts, ctx)) as events``; the
+events are :data:`dshim.model.TurnEvent` values and the last one is a
+:class:`~dshim.model.TurnEnd`.  A harness instance belongs to one bot (an ACP agent
+process is per bot) and is opened and closed by the bot's runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Sequence
+from typing import Protocol
+
+import msgspec
+
+from dshim.model import PromptPart, TurnEvent
+
+
+class TurnContext(msgspec.Struct, kw_only=True, frozen=True):
+    """What a harness may know about the turn besides the prompt parts."""
+
+    bot: str
+    conversation_id: str
+    thread_id: str | None
+    sender_id: str
+    conversation_type: str
+
+
+class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    name: str | None = None
+    current: bool = False
+
+
+class Harness(Protocol):
+    kind: str
+
+    async def check(self) -> str:
+        """Reachability: returns a short detail, raises HarnessError when unreachable."""
+        ...
+
+    async def create_session(self, *, title: str | None) -> str:
+        """Create a session and return its id."""
+        ...
+
+    def prompt(
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        """Run one turn; yields events, ends with TurnEnd.  Cancellation stops the turn."""
+        ...
+
+    async def cancel(self, session_id: str) -> None:
+        """Ask the backend to stop the running turn of a session (best effort)."""
+        ...
+
+    async def list_models(self, session_id: str | None) -> list[ModelInfo] | None:
+        """Models to choose from, or None when the backend offers no selection."""
+        ...
+
+    async def select_model(self, session_id: str, model: str) -> str:
+        """Select a model for a session; returns the selected id."""
+        ...
+
+    async def steer(self, session_id: str, text: str) -> bool:
+        """Inject text into the running turn; False when not supported."""
+        ...
+
+    async def aclose(self) -> None: ...

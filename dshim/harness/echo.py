@@ -1,0 +1,76 @@
+"""The echo harness: answers with exactly the prompt text it received.
+
+What an agent would see is visible in the chat, which makes it the harness of tests,
+replay and a fresh install.  Directives in the *current* text (the last text part):
+
+- ``echo:slow N``  stream N deltas 0.5 s apart (for /stop and shutdown tests)
+- ``echo:fail``    end the turn with an error
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+
+import trio
+
+from dshim.harness.base import ModelInfo, TurnContext
+from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
+
+DELTA_MAX = 64
+_SLOW = re.compile(r"^echo:slow\s+(\d{1,4})\b")
+
+
+class EchoHarness:
+    """Deterministic harness that streams the prompt back in deltas of <= 64 characters."""
+
+    kind = "echo"
+
+    def __init__(self, *, slow_interval_s: float = 0.5) -> None:
+        self.slow_interval_s = slow_interval_s
+
+    async def check(self) -> str:
+        return "echo harness (always reachable)"
+
+    async def create_session(self, *, title: str | None) -> str:
+        return "echo-" + uuid.uuid4().hex[:16]
+
+    async def prompt(
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        texts = [p.text for p in parts if isinstance(p, TextPart)]
+        text = "\n\n".join(texts)
+        current = texts[-1].strip() if texts else ""
+        if current.startswith("echo:fail"):
+            yield TurnEnd(stop_reason="error", error="echo:fail requested a failure")
+            return
+        m = _SLOW.match(current)
+        if m:
+            n = max(1, int(m.group(1)))
+            size = max(1, -(-len(text) // n))
+            for i in range(n):
+                if i:
+                    await trio.sleep(self.slow_interval_s)
+                piece = text[i * size : (i + 1) * size]
+                if piece:
+                    yield TextDelta(piece)
+        else:
+            for i in range(0, len(text), DELTA_MAX):
+                yield TextDelta(text[i : i + DELTA_MAX])
+        yield TurnEnd()
+
+    async def cancel(self, session_id: str) -> None:
+        return None
+
+    async def list_models(self, session_id: str | None) -> list[ModelInfo] | None:
+        return None
+
+    async def select_model(self, session_id: str, model: str) -> str:
+        raise NotImplementedError("the echo harness offers no model selection")
+
+    async def steer(self, session_id: str, text: str) -> bool:
+        return False
+
+    async def aclose(self) -> None:
+        return None

@@ -1,0 +1,252 @@
+"""The normalized message and the events that flow between channels, pipeline and harness.
+
+Channels map platform payloads to :class:`InboundMessage` (or :class:`Skip`); the pipeline
+decides what to do with it; the harness answers with a stream of turn events; channels
+render those events.  Nothing in here knows a platform.
+
+Times are Unix epoch seconds as floats throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+ConversationType = Literal["direct", "group"]
+ATTACHMENT_KINDS = frozenset({"image", "file", "audio", "video", "other"})
+UNAVAILABLE_REASONS = frozenset(
+    {"not-delivered", "not-found", "deleted", "permission-denied", "unsupported"}
+)
+#: Reasons the pipeline reports when it drops an event (replay prints them).
+DROP_REASONS = frozenset(
+    {"echo", "bot", "unaddressed", "duplicate", "stale", "malformed", "denied", "ignored"}
+)
+
+#: A platform lookup for a quoted message.  Returns ``None`` when the platform says the
+#: message does not exist.  Raises a ChannelError (with ``status``) on failure.
+Loader = Callable[[], Awaitable["ReplyReference | None"]]
+#: Downloads a current attachment; the argument is the byte limit it must not exceed.
+Fetcher = Callable[[int], Awaitable[bytes]]
+
+
+class Attachment(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An attachment of a quoted message: only what the agent is told about it."""
+
+    kind: str = "other"
+    name: str | int | float | None = None
+
+
+class ReplyReference(msgspec.Struct, kw_only=True):
+    """What the platform told us about the message the user quoted or replied to.
+
+    Fields may be raw (numbers for ids, unclean text): :mod:`dshim.reply` normalizes them.
+    ``UNSET`` means "the platform said nothing about this field"; a loaded reference
+    overrides only the fields it sets.
+
+    ``loader`` is a platform lookup for when the payload carried only an id.  ``recover``
+    asks the core to recover the text of one of the bot's own earlier answers (outbound
+    index, then session history) using ``message_id`` and ``recover_at``.  Neither is ever
+    serialized or logged; both run at most once, inside the turn.
+    """
+
+    message_id: str | int | float | None | UnsetType = UNSET
+    author_id: str | int | float | None | UnsetType = UNSET
+    author_name: str | int | float | None | UnsetType = UNSET
+    content: str | int | float | None | UnsetType = UNSET
+    attachments: list[Attachment] | UnsetType = UNSET
+    unavailable_reason: str | None | UnsetType = UNSET
+    recover: bool = False
+    recover_at: float | None = None
+    loader: Loader | None = None
+
+    def __repr__(self) -> str:  # never show a loader, keep logs short
+        parts = []
+        for name in ("message_id", "author_id", "unavailable_reason"):
+            value = getattr(self, name)
+            if value is not UNSET and value is not None:
+                parts.append(f"{name}={value!r}")
+        if self.loader is not None:
+            parts.append("loader=<set>")
+        if self.recover:
+            parts.append("recover=True")
+        return f"ReplyReference({', '.join(parts)})"
+
+
+class QuotedMessage(msgspec.Struct, kw_only=True, frozen=True):
+    """A normalized, cleaned, limited quoted message: what goes into the reply block."""
+
+    message_id: str | None = None
+    author_id: str | None = None
+    author_name: str | None = None
+    content: str | None = None
+    attachments: tuple[tuple[str, str | None], ...] = ()
+    unavailable_reason: str | None = None
+    truncated: bool = False
+
+
+class MediaRef(msgspec.Struct, kw_only=True):
+    """A current attachment of the inbound message: a lazy download handle.
+
+    Nothing is downloaded until the turn runs; ``fetch`` is given the byte limit.
+    """
+
+    kind: str = "file"
+    name: str | None = None
+    mime: str | None = None
+    size: int | None = None
+    fetch: Fetcher | None = None
+
+    def __repr__(self) -> str:
+        return f"MediaRef(kind={self.kind!r}, name={self.name!r}, size={self.size!r})"
+
+
+class InboundMessage(msgspec.Struct, kw_only=True):
+    """One platform message, normalized.  Channels fill it; the pipeline reads it."""
+
+    channel: str
+    bot_id: str
+    message_id: str
+    conversation_id: str
+    conversation_type: ConversationType
+    sender_id: str
+    thread_id: str | None = None
+    sender_name: str | None = None
+    sender_is_bot: bool = False
+    addressed: bool = True
+    content: str = ""
+    images: list[MediaRef] = msgspec.field(default_factory=list)
+    files: list[MediaRef] = msgspec.field(default_factory=list)
+    reply_to: ReplyReference | None = None
+    received_at: float = 0.0
+    conversation_title: str | None = None
+    #: Opaque channel data needed to answer this message (webhook URL, context token,
+    #: request id ...).  Only the channel that produced it reads it.
+    route: Any = None
+
+    @property
+    def lane_key(self) -> tuple[str, str]:
+        """Conversation plus thread: one session and one turn at a time per key."""
+        return (self.conversation_id, self.thread_id or "")
+
+
+class Skip(msgspec.Struct, kw_only=True, frozen=True):
+    """A platform event the channel could not or would not map (malformed, service...)."""
+
+    reason: str = "malformed"
+    detail: str = ""
+    message_id: str | None = None
+
+
+# --- prompt parts -------------------------------------------------------------------------
+
+
+class TextPart(msgspec.Struct, frozen=True):
+    text: str
+
+
+class ImagePart(msgspec.Struct, kw_only=True, frozen=True):
+    mime: str
+    data: bytes
+    name: str | None = None
+
+
+class FilePart(msgspec.Struct, kw_only=True, frozen=True):
+    name: str
+    data: bytes
+    mime: str | None = None
+
+
+PromptPart = TextPart | ImagePart | FilePart
+
+
+# --- turn events (harness -> pipeline -> renderer) ---------------------------------------
+
+
+class TextDelta(msgspec.Struct, frozen=True):
+    """A piece of the answer text, to be appended."""
+
+    text: str
+
+
+class Thinking(msgspec.Struct, frozen=True):
+    """A piece of the agent's reasoning; rendered only where the channel supports it."""
+
+    text: str
+
+
+class ToolProgress(msgspec.Struct, kw_only=True, frozen=True):
+    """A tool call started, progressed or finished."""
+
+    title: str
+    status: str = "running"
+    tool_id: str | None = None
+
+
+class Option(msgspec.Struct, kw_only=True, frozen=True):
+    id: str
+    label: str
+    description: str | None = None
+
+
+class ApprovalRequest(msgspec.Struct, kw_only=True):
+    """The agent asks permission to run a tool.  The pipeline answers via ``reply``."""
+
+    title: str
+    options: list[Option]
+    detail: str | None = None
+    reply: Callable[[str | None], Awaitable[None]] | None = None
+
+
+class QuestionRequest(msgspec.Struct, kw_only=True):
+    """The agent asks the user a question with numbered options or free text."""
+
+    question: str
+    options: list[Option]
+    multi_select: bool = False
+    allow_free_text: bool = True
+    reply: Callable[[list[str], str | None], Awaitable[None]] | None = None
+
+
+class TurnEnd(msgspec.Struct, kw_only=True, frozen=True):
+    """The turn is over.  ``error`` is a user-presentable failure text, if it failed."""
+
+    stop_reason: str = "end_turn"
+    error: str | None = None
+
+
+TurnEvent = TextDelta | Thinking | ToolProgress | ApprovalRequest | QuestionRequest | TurnEnd
+
+
+# --- outbound -------------------------------------------------------------------------------
+
+
+class ReplyTarget(msgspec.Struct, kw_only=True, frozen=True):
+    """Where an answer goes: the conversation, thread, and the message it answers."""
+
+    conversation_id: str
+    conversation_type: ConversationType = "direct"
+    thread_id: str | None = None
+    reply_to_message_id: str | None = None
+    route: Any = None
+
+    @classmethod
+    def for_message(cls, msg: InboundMessage) -> ReplyTarget:
+        return cls(
+            conversation_id=msg.conversation_id,
+            conversation_type=msg.conversation_type,
+            thread_id=msg.thread_id,
+            reply_to_message_id=msg.message_id,
+            route=msg.route,
+        )
+
+
+class Delivered(msgspec.Struct, kw_only=True, frozen=True):
+    """One platform message the bot delivered (after its last edit)."""
+
+    message_id: str
+    text: str
+    sent_at: float
+    completed_at: float

@@ -1,0 +1,118 @@
+"""Step 6: conversation lanes — one turn at a time per (conversation, thread), FIFO, bounded.
+
+A lane is a bounded memory channel plus one worker task in the bot's nursery.  The worker
+runs each item in its own cancel scope (so ``/stop`` cancels exactly the running turn and
+leaves the queue alone) and exits after ``idle_exit_s`` without work.  Creating and
+removing lanes happens on the trio thread without awaits in between, so a message can
+never be put into a lane whose worker has just decided to exit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import trio
+
+log = structlog.get_logger("dshim.lanes")
+
+LaneKey = tuple[str, str]
+Handler = Callable[[Any, "Lane"], Awaitable[None]]
+
+
+class Lane:
+    """One conversation's queue and its running item."""
+
+    def __init__(self, key: LaneKey, max_queue: int) -> None:
+        self.key = key
+        self.send, self.receive = trio.open_memory_channel[Any](max_queue)
+        #: Cancels the running item's stoppable part (/stop).
+        self.stop_scope: trio.CancelScope | None = None
+        self.running: Any = None
+
+    @property
+    def queued(self) -> int:
+        return self.send.statistics().current_buffer_used
+
+    def stop(self) -> bool:
+        """Cancel the running item's stoppable part.  True when something was running."""
+        if self.stop_scope is not None and not self.stop_scope.cancel_called:
+            self.stop_scope.cancel()
+            return True
+        return False
+
+
+class LaneSet:
+    """All lanes of one bot."""
+
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        handler: Handler,
+        *,
+        max_queue: int,
+        idle_exit_s: float,
+    ) -> None:
+        self._nursery = nursery
+        self._handler = handler
+        self._max_queue = max_queue
+        self._idle_exit_s = idle_exit_s if idle_exit_s > 0 else math.inf
+        self._lanes: dict[LaneKey, Lane] = {}
+        self._running = 0
+        self._none_running = trio.Event()
+        self._none_running.set()
+
+    def get(self, key: LaneKey) -> Lane | None:
+        return self._lanes.get(key)
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    def enqueue(self, key: LaneKey, item: Any) -> bool:
+        """Put an item on its lane.  False when the lane's queue is full (nothing queued)."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = Lane(key, self._max_queue)
+            self._lanes[key] = lane
+            self._nursery.start_soon(self._work, lane, name=f"lane:{key[0]}:{key[1]}")
+        try:
+            lane.send.send_nowait(item)
+        except trio.WouldBlock:
+            return False
+        return True
+
+    def running_count(self) -> int:
+        return self._running
+
+    async def wait_none_running(self) -> None:
+        """Wait until no lane is running an item."""
+        while self._running:
+            await self._none_running.wait()
+
+    async def _work(self, lane: Lane) -> None:
+        while True:
+            item: Any = None
+            with trio.move_on_after(self._idle_exit_s):
+                item = await lane.receive.receive()
+            if item is None:
+                # Idle: leave only if nothing arrived meanwhile (no await since the check).
+                try:
+                    item = lane.receive.receive_nowait()
+                except trio.WouldBlock:
+                    del self._lanes[lane.key]
+                    log.debug("lane_idle_exit", conversation=lane.key[0], thread=lane.key[1])
+                    return
+            lane.running = item
+            self._running += 1
+            if self._none_running.is_set():
+                self._none_running = trio.Event()
+            try:
+                await self._handler(item, lane)
+            finally:
+                lane.running = None
+                lane.stop_scope = None
+                self._running -= 1
+                if not self._running:
+                    self._none_running.set()

@@ -1,0 +1,615 @@
+"""The ordered inbound pipeline of one bot.
+
+Theory of operation
+-------------------
+A channel's reader calls :meth:`BotRuntime.accept` for every platform event, in platform
+order, and awaits it.  ``accept`` runs steps 1-6 of DESIGN.md §3 on the reader's task:
+
+1. decode/validate (the channel hands a :class:`Skip` for what it could not map), drop the
+   bot's own echoes and other bots;
+2. trigger rules: groups only when addressed;
+3. dedup by (bot, conversation, message) persisted atomically with a durable inbox entry,
+   and the backlog limit (stale events are never run);
+4. access policy on the current sender;
+5. commands, batch input and pending interaction answers, on the current text only;
+6. enqueue on the conversation's lane (bounded; overflow gets a visible "busy" reply).
+
+When ``accept`` returns, the event is durable: a channel may confirm it to the platform
+(advance an offset, ack an envelope).  Step 7 — the turn — runs later on the lane's task
+(:mod:`dshim.pipeline.turn`).  Nothing before step 7 does network lookups for quoted
+messages, so unaddressed, duplicate, denied or stale messages never trigger one.
+
+The inbox entry of a message is removed when its handling ends (answered, refused, or
+dropped by steps 4-6).  Entries left behind by a crash or shutdown are restored on the
+next start: queued ones run, interrupted ones get a notice instead of a second answer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal, Protocol
+
+import msgspec
+import structlog
+import trio
+
+from dshim import normalized
+from dshim.config import BotConfig, Config, backlog_max_age
+from dshim.errors import BUG_TYPES, HarnessError
+from dshim.harness.base import Harness
+from dshim.model import InboundMessage, PromptPart, ReplyTarget, Skip
+from dshim.outbound import Outbound
+from dshim.pipeline import commands as cmds
+from dshim.pipeline.lanes import Lane, LaneSet
+from dshim.store.base import OutboundEntry, Store
+
+log = structlog.get_logger("dshim.pipeline")
+
+Clock = Callable[[], float]
+RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
+
+BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
+INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
+NOTICE_QUEUE = 64
+STATUS_TIMEOUT_S = 5.0
+
+
+class Observer(Protocol):
+    """Hooks for replay and tests: what the pipeline decided, in order."""
+
+    def on_drop(self, item: InboundMessage | Skip, reason: str) -> None: ...
+
+    def on_command(self, msg: InboundMessage, name: str) -> None: ...
+
+    def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None: ...
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What became of an event: accepted (durable) or dropped with a reason."""
+
+    accepted: bool
+    reason: str | None = None
+
+
+ACCEPTED = Verdict(True)
+
+
+class LaneItem(msgspec.Struct, kw_only=True):
+    kind: Literal["turn", "new"]
+    msg: InboundMessage
+    #: Replaces the message text (a /batch submission).
+    text: str | None = None
+    #: Inbox keys to finish with this item (a batch covers several messages).
+    inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
+
+
+class Batch:
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+
+class BotRuntime:
+    """Steps 1-7 for one bot.  Create with :func:`open_bot_runtime`."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        bot: BotConfig,
+        bot_id: str,
+        store: Store,
+        harness: Harness,
+        outbound: Outbound,
+        nursery: trio.Nursery,
+        clock: Clock,
+        observer: Observer | None,
+        decode_raw: RawDecoder | None,
+    ) -> None:
+        self.config = config
+        self.bot = bot
+        self.bot_id = bot_id
+        self.store = store
+        self.harness = harness
+        self.outbound = outbound
+        self.clock = clock
+        self.observer = observer
+        self.decode_raw = decode_raw
+        self._nursery = nursery
+        self.lanes = LaneSet(
+            nursery,
+            self._run_item,
+            max_queue=bot.lanes.max_queue,
+            idle_exit_s=bot.lanes.idle_exit_s,
+        )
+        self._batches: dict[tuple[str, str], Batch] = {}
+        self._notice_send, self._notice_recv = trio.open_memory_channel[tuple[ReplyTarget, str]](
+            NOTICE_QUEUE
+        )
+        self._pending = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._closing = False
+        self._last_direct: str | None = None
+        self.backlog_max_age_s = backlog_max_age(config, bot)
+        from dshim.pipeline.interactions import Interactions
+
+        self.interactions = Interactions(self)
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _busy(self) -> None:
+        self._pending += 1
+        if self._idle.is_set():
+            self._idle = trio.Event()
+
+    def _done(self) -> None:
+        self._pending -= 1
+        if self._pending == 0:
+            self._idle.set()
+
+    async def wait_idle(self) -> None:
+        """Wait until no turn, queued item, notice or command is in progress."""
+        while self._pending:
+            await self._idle.wait()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def _drop(self, item: InboundMessage | Skip, reason: str, **kw: Any) -> Verdict:
+        level = "warning" if reason == "malformed" else "info"
+        getattr(log, level)(
+            "event_dropped",
+            reason=reason,
+            message_id=item.message_id,
+            **({"detail": item.detail} if isinstance(item, Skip) and item.detail else {}),
+            **kw,
+        )
+        if self.observer is not None:
+            self.observer.on_drop(item, reason)
+        return Verdict(False, reason)
+
+    # -- steps 1-6 ---------------------------------------------------------------------
+
+    async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
+        """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
+        if isinstance(item, Skip):
+            return self._drop(item, item.reason)
+        msg = item
+        # Step 1: echoes of our own messages and other bots.
+        if msg.sender_id == msg.bot_id or msg.sender_id == self.bot_id:
+            return self._drop(msg, "echo")
+        if msg.sender_is_bot:
+            return self._drop(msg, "bot")
+        # Step 2: in groups only messages addressed to the bot.
+        if msg.conversation_type == "group" and not msg.addressed:
+            return self._drop(msg, "unaddressed")
+        # Step 3: dedup (persisted together with the inbox entry), then the backlog limit.
+        now = self.clock()
+        if msg.received_at and now - msg.received_at > self.backlog_max_age_s:
+            if await self.store.seen(self.bot.name, msg.conversation_id, msg.message_id, now=now):
+                return self._drop(msg, "duplicate")
+            return self._drop(msg, "stale", age_s=round(now - msg.received_at, 1))
+        if self._closing:
+            # Not accepted: the platform will redeliver after the restart.
+            return Verdict(False, "shutdown")
+        stored = (b"R" + raw) if raw is not None else (b"N" + normalized.encode_event(msg))
+        fresh = await self.store.accept(
+            self.bot.name,
+            msg.conversation_id,
+            msg.message_id,
+            now=now,
+            ttl_s=self.config.dshim.dedup_ttl_s,
+            raw=stored,
+        )
+        if not fresh:
+            return self._drop(msg, "duplicate")
+        await self._dispatch(msg)
+        return ACCEPTED
+
+    async def _finish_inbox(self, msg: InboundMessage) -> None:
+        await self.store.inbox_done(self.bot.name, msg.conversation_id, msg.message_id)
+
+    def allowed(self, msg: InboundMessage) -> bool:
+        access = self.bot.access
+        if access.mode == "open":
+            return True
+        # allowlist: direct chats of listed users only; every group message is denied.
+        return msg.conversation_type == "direct" and msg.sender_id in access.users
+
+    async def _dispatch(self, msg: InboundMessage) -> None:
+        # Step 4: access on the current sender.
+        if not self.allowed(msg):
+            self._drop(msg, "denied", sender=msg.sender_id)
+            await self._finish_inbox(msg)
+            return
+        if msg.conversation_type == "direct" and self._last_direct != msg.conversation_id:
+            self._last_direct = msg.conversation_id
+            await self.store.set_last_direct(self.bot.name, msg.conversation_id, now=self.clock())
+        # Step 5: commands, batch input, interaction answers — current input only.
+        has_media = bool(msg.images or msg.files)
+        command = None if has_media else cmds.parse_command(msg.content, self.outbound.bot_username)
+        key = msg.lane_key
+        batch = self._batches.get(key)
+        if command is not None:
+            if self.observer is not None:
+                self.observer.on_command(msg, "/" + command.name)
+            log.info("command_received", command=command.name, message_id=msg.message_id)
+            await self._command(msg, command, batch)
+            return
+        if batch is not None:
+            await self._collect(msg, batch)
+            return
+        if await self.interactions.try_answer(msg):
+            await self._finish_inbox(msg)
+            return
+        # Step 6: the conversation's lane.
+        await self._enqueue(
+            LaneItem(kind="turn", msg=msg, inbox_keys=[(msg.conversation_id, msg.message_id)])
+        )
+
+    async def _enqueue(self, item: LaneItem) -> None:
+        self._busy()
+        if not self.lanes.enqueue(item.msg.lane_key, item):
+            self._done()
+            log.warning(
+                "lane_overflow",
+                conversation=item.msg.conversation_id,
+                message_id=item.msg.message_id,
+            )
+            await self.notify(ReplyTarget.for_message(item.msg), BUSY_TEXT)
+            for conv, mid in item.inbox_keys:
+                await self.store.inbox_done(self.bot.name, conv, mid)
+
+    async def notify(self, target: ReplyTarget, text: str) -> None:
+        """Queue a notice (command reply, refusal).  Waits when the notice queue is full."""
+        self._busy()
+        await self._notice_send.send((target, text))
+
+    async def _reply(self, msg: InboundMessage, text: str) -> None:
+        await self.notify(ReplyTarget.for_message(msg), text)
+        await self._finish_inbox(msg)
+
+    # -- step 5 details ----------------------------------------------------------------
+
+    async def _command(
+        self, msg: InboundMessage, command: cmds.Command, batch: Batch | None
+    ) -> None:
+        name = command.name
+        if command.args and name not in cmds.TAKES_ARGS:
+            await self._reply(msg, f"Usage: /{name} (without arguments). /help lists the commands.")
+            return
+        if name in ("batch", "send", "cancel"):
+            await self._batch_command(msg, name, batch)
+            return
+        if batch is not None and name not in ("help", "status", "stop"):
+            await self._reply(
+                msg,
+                "A batch is being collected: send /send to submit it or /cancel to discard it first.",
+            )
+            return
+        if name == "help":
+            await self._reply(msg, cmds.HELP_TEXT)
+        elif name == "stop":
+            lane = self.lanes.get(msg.lane_key)
+            stopped = lane.stop() if lane is not None else False
+            rejected = self.interactions.cancel_for(msg.lane_key)
+            if stopped:
+                log.info("turn_stop_requested", conversation=msg.conversation_id)
+                await self._finish_inbox(msg)
+            elif rejected:
+                await self._reply(msg, "Stopped: the pending request was rejected.")
+            else:
+                await self._reply(msg, "Nothing to stop.")
+        elif name == "new":
+            await self._enqueue(
+                LaneItem(kind="new", msg=msg, inbox_keys=[(msg.conversation_id, msg.message_id)])
+            )
+        elif name == "status":
+            self._spawn(self._status, msg)
+        elif name in ("models", "model", "steer"):
+            self._spawn(self._harness_command, msg, command)
+        else:  # pragma: no cover - KNOWN_COMMANDS and this switch are kept in step
+            raise AssertionError(name)
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        self._busy()
+
+        async def run() -> None:
+            try:
+                await fn(*args)
+            finally:
+                self._done()
+
+        self._nursery.start_soon(run)
+
+    async def _status(self, msg: InboundMessage) -> None:
+        try:
+            with trio.fail_after(STATUS_TIMEOUT_S):
+                detail = await self.harness.check()
+            harness_line = f"Harness ({self.harness.kind}): reachable — {detail}"
+        except (HarnessError, trio.TooSlowError, OSError) as exc:
+            harness_line = f"Harness ({self.harness.kind}): NOT reachable — {_short(exc)}"
+        binding = await self.store.get_binding(self.bot.name, *msg.lane_key)
+        if binding is None:
+            session_line = "Session: none bound (the next message starts one)"
+        else:
+            title = f" “{binding.title}”" if binding.title else ""
+            session_line = f"Session: bound{title}"
+        lane = self.lanes.get(msg.lane_key)
+        running = 1 if lane is not None and lane.running is not None else 0
+        queued = lane.queued if lane is not None else 0
+        queue_line = (
+            f"Queue: {'1 answer running' if running else 'nothing running'}, {queued} waiting"
+        )
+        await self._reply(msg, "\n".join([harness_line, session_line, queue_line]))
+
+    async def _harness_command(self, msg: InboundMessage, command: cmds.Command) -> None:
+        binding = await self.store.get_binding(self.bot.name, *msg.lane_key)
+        session = binding.session_id if binding else None
+        try:
+            text = await self._harness_command_text(command, session, msg)
+        except HarnessError as exc:
+            text = f"The agent refused: {_short(exc)}"
+        await self._reply(msg, text)
+
+    async def _harness_command_text(
+        self, command: cmds.Command, session: str | None, msg: InboundMessage
+    ) -> str:
+        if command.name == "steer":
+            if not command.args:
+                return "Usage: /steer <text>"
+            lane = self.lanes.get(msg.lane_key)
+            if lane is None or lane.running is None or session is None:
+                return "Nothing is running to steer."
+            if await self.harness.steer(session, command.args):
+                return "Sent to the running answer."
+            return "Steering is not supported by this agent; the message was not queued."
+        models = await self.harness.list_models(session)
+        if models is None:
+            return "This agent does not offer model selection."
+        if command.name == "models" or not command.args:
+            lines = [
+                f"{i}. {m.id}{' (current)' if m.current else ''}" for i, m in enumerate(models, 1)
+            ]
+            return "Models:\n" + "\n".join(lines) if lines else "The agent lists no models."
+        choice = command.args.strip()
+        if choice.isdigit():
+            index = int(choice)
+            if not 1 <= index <= len(models):
+                return f"There is no model {index}; /models lists {len(models)}."
+            choice = models[index - 1].id
+        if session is None:
+            session = await self.harness.create_session(title=None)
+            await self.store.set_binding(
+                self.bot.name, *msg.lane_key, session, title=None, now=self.clock()
+            )
+        selected = await self.harness.select_model(session, choice)
+        return f"Model set to {selected}."
+
+    async def _batch_command(self, msg: InboundMessage, name: str, batch: Batch | None) -> None:
+        key = msg.lane_key
+        if msg.conversation_type != "direct":
+            await self._reply(msg, "/batch, /send and /cancel work in direct chats only.")
+            return
+        if name == "batch":
+            if batch is None:
+                self._batches[key] = Batch()
+                await self._reply(
+                    msg,
+                    f"Collecting messages (up to {cmds.BATCH_LIMIT}). Send /send to submit them as one prompt, /cancel to discard.",
+                )
+            else:
+                await self._reply(
+                    msg, f"Already collecting: {len(batch.texts)} message(s). /send or /cancel."
+                )
+        elif name == "cancel":
+            if batch is None:
+                await self._reply(msg, "No batch in progress.")
+            else:
+                del self._batches[key]
+                await self._reply(msg, f"Batch discarded ({len(batch.texts)} message(s)).")
+        else:  # send
+            if batch is None:
+                await self._reply(msg, "No batch in progress. Send /batch to start one.")
+            elif not batch.texts:
+                await self._reply(msg, "The batch is empty: send some messages first, or /cancel.")
+            else:
+                del self._batches[key]
+                await self._enqueue(
+                    LaneItem(
+                        kind="turn",
+                        msg=msgspec.structs.replace(msg, reply_to=None, images=[], files=[]),
+                        text=cmds.batch_prompt(batch.texts),
+                        inbox_keys=[(msg.conversation_id, msg.message_id)],
+                    )
+                )
+
+    async def _collect(self, msg: InboundMessage, batch: Batch) -> None:
+        if msg.images or msg.files or msg.reply_to is not None:
+            await self._reply(msg, cmds.BATCH_REFUSED_MEDIA)
+            return
+        text = msg.content.strip()
+        if not text:
+            await self._finish_inbox(msg)
+            return
+        if len(batch.texts) >= cmds.BATCH_LIMIT:
+            await self._reply(
+                msg,
+                f"The batch is full ({cmds.BATCH_LIMIT} messages): this one was not added. /send or /cancel.",
+            )
+            return
+        batch.texts.append(text)
+        await self._finish_inbox(msg)
+        if len(batch.texts) == cmds.BATCH_LIMIT:
+            await self.notify(
+                ReplyTarget.for_message(msg),
+                f"The batch is full ({cmds.BATCH_LIMIT} messages). Send /send to submit or /cancel.",
+            )
+
+    # -- step 7 and lane items ---------------------------------------------------------
+
+    async def _run_item(self, item: LaneItem, lane: Lane) -> None:
+        try:
+            if item.kind == "new":
+                existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)
+                text = (
+                    "Started a new conversation: your next message opens a new session."
+                    if existed
+                    else "This chat had no session yet: your next message opens a new one."
+                )
+                await self._send_now(ReplyTarget.for_message(item.msg), text)
+            else:
+                from dshim.pipeline.turn import run_turn
+
+                await run_turn(self, item, lane)
+            for conv, mid in item.inbox_keys:
+                await self.store.inbox_done(self.bot.name, conv, mid)
+        finally:
+            self._done()
+
+    async def _send_now(self, target: ReplyTarget, text: str) -> None:
+        """Send a notice from a task that may wait for it; record it in the outbound index."""
+        try:
+            delivered = await self.outbound.send_text(target, text)
+        except Exception as exc:
+            if isinstance(exc, BUG_TYPES):
+                raise
+            log.warning("notice_failed", error=_short(exc), conversation=target.conversation_id)
+            return
+        now = self.clock()
+        for d in delivered:
+            await self.store.add_outbound(
+                self.bot.name,
+                target.conversation_id,
+                OutboundEntry(
+                    message_ids=[d.message_id],
+                    text=d.text,
+                    sent_at=d.sent_at,
+                    completed_at=d.completed_at,
+                ),
+                now=now,
+            )
+
+    async def _notice_worker(self) -> None:
+        async for target, text in self._notice_recv:
+            try:
+                await self._send_now(target, text)
+            finally:
+                self._done()
+
+    # -- restart -----------------------------------------------------------------------
+
+    def _decode_stored(self, data: bytes) -> InboundMessage | Skip:
+        kind, body = data[:1], data[1:]
+        if kind == b"R" and self.decode_raw is not None:
+            return self.decode_raw(body)
+        if kind == b"N":
+            return normalized.decode_event(body, channel=self.bot.channel, bot_id=self.bot_id)
+        return Skip(reason="malformed", detail="unknown inbox format")
+
+    async def restore(self) -> int:
+        """Resume messages accepted before a restart.  Returns how many were resumed."""
+        entries = await self.store.inbox_pending(self.bot.name)
+        resumed = 0
+        for entry in entries:
+            try:
+                item = self._decode_stored(entry.raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                item = Skip(reason="malformed", detail=_short(exc))
+            if isinstance(item, Skip):
+                log.warning(
+                    "inbox_entry_unreadable", message_id=entry.message_id, detail=item.detail
+                )
+                await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
+                continue
+            if entry.state == "running":
+                log.warning("turn_interrupted_by_restart", message_id=item.message_id)
+                await self.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
+                await self._finish_inbox(item)
+                continue
+            now = self.clock()
+            if item.received_at and now - item.received_at > self.backlog_max_age_s:
+                self._drop(item, "stale", restored=True)
+                await self._finish_inbox(item)
+                continue
+            log.info("inbox_entry_resumed", message_id=item.message_id)
+            await self._dispatch(item)
+            resumed += 1
+        return resumed
+
+    # -- shutdown ----------------------------------------------------------------------
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop accepting; let running turns finish for up to ``grace_s`` seconds."""
+        self._closing = True
+        with trio.move_on_after(grace_s):
+            await self.lanes.wait_none_running()
+        if self.lanes.running_count():
+            log.warning("shutdown_cancelling_turns", running=self.lanes.running_count())
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def wall_clock() -> float:
+    return time.time()
+
+
+@asynccontextmanager
+async def open_bot_runtime(
+    *,
+    config: Config,
+    bot: BotConfig,
+    bot_id: str,
+    store: Store,
+    outbound: Outbound,
+    harness: Harness | None = None,
+    clock: Clock = wall_clock,
+    observer: Observer | None = None,
+    decode_raw: RawDecoder | None = None,
+    restore: bool = True,
+) -> AsyncIterator[BotRuntime]:
+    """Open a bot's pipeline: its harness, lanes and notice sender.
+
+    On exit everything still running is cancelled; call :meth:`BotRuntime.drain` first
+    for a graceful stop.
+    """
+    from dshim.harness import create_harness
+
+    own_harness = harness is None
+    h = (
+        harness
+        if harness is not None
+        else create_harness(config.harness, bot=bot.name, store=store, workspace=bot.workspace)
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            rt = BotRuntime(
+                config=config,
+                bot=bot,
+                bot_id=bot_id,
+                store=store,
+                harness=h,
+                outbound=outbound,
+                nursery=nursery,
+                clock=clock,
+                observer=observer,
+                decode_raw=decode_raw,
+            )
+            nursery.start_soon(rt._notice_worker)
+            with structlog.contextvars.bound_contextvars(bot=bot.name):
+                if restore:
+                    await rt.restore()
+                try:
+                    yield rt
+                finally:
+                    nursery.cancel_scope.cancel()
+    finally:
+        if own_harness:
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await h.aclose()

@@ -1,0 +1,225 @@
+"""``dshim probe``: run checks and print a table (check, result, detail, ms).
+
+Core checks: config valid, data dir writable, store opens and migrates, harness
+reachable.  Each channel adds its own checks through ``probe_checks(ctx)``.  Exit code 0
+when nothing failed, 1 when a check failed, 2 for configuration errors.  Details never
+contain secrets: they are passed through the log redactor before printing.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import trio
+
+from dshim.config import BotConfig, Config, load_config, resolve_data_dir
+from dshim.errors import ConfigError, DshimError
+from dshim.store.base import Store
+
+Result = Literal["ok", "warn", "fail"]
+CHECK_TIMEOUT_S = 20.0
+
+
+class ProbeRow(msgspec.Struct, frozen=True):
+    check: str
+    result: Result
+    detail: str
+    ms: float
+
+
+class ProbeContext:
+    """What a channel's ``probe_checks`` gets: the bot, the store and a row recorder."""
+
+    def __init__(
+        self, *, config: Config, bot: BotConfig, store: Store | None, send_test: bool
+    ) -> None:
+        self.config = config
+        self.bot = bot
+        self.store = store
+        self.send_test = send_test
+        self.rows: list[ProbeRow] = []
+
+    def add(self, check: str, result: Result, detail: str, ms: float = 0.0) -> None:
+        self.rows.append(ProbeRow(check, result, _safe(detail), ms))
+
+    async def run(
+        self,
+        check: str,
+        fn: Callable[[], Awaitable[tuple[Result, str]]],
+        *,
+        timeout_s: float = CHECK_TIMEOUT_S,
+    ) -> Result:
+        """Time one check; exceptions and timeouts become a ``fail`` row."""
+        t0 = time.perf_counter()
+        try:
+            with trio.fail_after(timeout_s):
+                result, detail = await fn()
+        except trio.TooSlowError:
+            result, detail = "fail", f"no answer within {timeout_s:g} s"
+        except (DshimError, OSError) as exc:
+            result, detail = "fail", f"{type(exc).__name__}: {exc}"
+        self.add(check, result, detail, (time.perf_counter() - t0) * 1000)
+        return result
+
+
+def _safe(text: str) -> str:
+    from dshim.log import redact
+
+    return redact(" ".join(text.split()))
+
+
+def format_table(rows: list[ProbeRow]) -> str:
+    header = ("check", "result", "detail", "ms")
+    body = [(r.check, r.result, r.detail, f"{r.ms:.0f}") for r in rows]
+    widths = [
+        max(len(header[i]), *(len(b[i]) for b in body)) if body else len(header[i])
+        for i in range(4)
+    ]
+    widths[2] = min(widths[2], 90)
+
+    def fmt(cols: tuple[str, ...]) -> str:
+        return "  ".join(
+            (c.rjust(widths[i]) if i == 3 else c.ljust(widths[i])) for i, c in enumerate(cols)
+        ).rstrip()
+
+    lines = [fmt(header), fmt(tuple("-" * w for w in widths))]
+    lines += [fmt(b) for b in body]
+    return "\n".join(lines)
+
+
+async def _probe(
+    config_path: Path, data_dir_opt: Path | None, bot_name: str | None, send_test: bool
+) -> tuple[list[ProbeRow], int]:
+    rows: list[ProbeRow] = []
+    t0 = time.perf_counter()
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        rows.append(ProbeRow("config", "fail", _safe(str(exc)), (time.perf_counter() - t0) * 1000))
+        return rows, 2
+    rows.append(
+        ProbeRow(
+            "config",
+            "ok",
+            f"{config_path}: {len(config.bots)} bot(s), harness {config.harness.kind}",
+            (time.perf_counter() - t0) * 1000,
+        )
+    )
+    from dshim.log import register_secret
+
+    for secret in config.secrets():
+        register_secret(secret)
+    bots = config.bots
+    if bot_name is not None:
+        bots = [b for b in config.bots if b.name == bot_name]
+        if not bots:
+            rows.append(ProbeRow("config", "fail", f"no bot named {bot_name!r}", 0.0))
+            return rows, 2
+    data_dir = resolve_data_dir(config, data_dir_opt)
+    t0 = time.perf_counter()
+    writable, detail = await trio.to_thread.run_sync(_check_writable, data_dir)
+    rows.append(
+        ProbeRow(
+            "data dir", "ok" if writable else "fail", detail, (time.perf_counter() - t0) * 1000
+        )
+    )
+    if not writable:
+        return rows, 1
+
+    from dshim.store import open_store
+
+    t0 = time.perf_counter()
+    try:
+        async with open_store(data_dir) as store:
+            version = await store.schema_version()
+            rows.append(
+                ProbeRow(
+                    "store", "ok", f"schema version {version}", (time.perf_counter() - t0) * 1000
+                )
+            )
+            await _harness_check(config, rows)
+            for bot in bots:
+                rows.extend(await _bot_checks(config, bot, store, send_test))
+    except DshimError as exc:
+        rows.append(ProbeRow("store", "fail", _safe(str(exc)), (time.perf_counter() - t0) * 1000))
+    failed = any(r.result == "fail" for r in rows)
+    return rows, 1 if failed else 0
+
+
+def _check_writable(path: Path) -> tuple[bool, str]:
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True) as f:
+            f.write(b"ok")
+            f.flush()
+    except OSError as exc:
+        return False, f"{path}: {exc.strerror or exc}"
+    return True, f"{path} is writable"
+
+
+async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
+    from dshim.harness import create_harness
+    from dshim.store.base import Store as _Store  # noqa: F401  (typing only)
+
+    t0 = time.perf_counter()
+    h: Any = None
+    try:
+        h = create_harness(config.harness, bot="probe", store=None, workspace=None)  # type: ignore[arg-type]
+        with trio.fail_after(CHECK_TIMEOUT_S):
+            detail = await h.check()
+        rows.append(
+            ProbeRow(
+                "harness",
+                "ok",
+                _safe(f"{config.harness.kind}: {detail}"),
+                (time.perf_counter() - t0) * 1000,
+            )
+        )
+    except (DshimError, OSError, trio.TooSlowError) as exc:
+        rows.append(
+            ProbeRow(
+                "harness",
+                "fail",
+                _safe(f"{config.harness.kind}: {exc}"),
+                (time.perf_counter() - t0) * 1000,
+            )
+        )
+    finally:
+        if h is not None:
+            with trio.move_on_after(5):
+                await h.aclose()
+
+
+async def _bot_checks(
+    config: Config, bot: BotConfig, store: Store, send_test: bool
+) -> list[ProbeRow]:
+    from dshim.channels import load_channel
+
+    ctx = ProbeContext(config=config, bot=bot, store=store, send_test=send_test)
+    try:
+        module = load_channel(bot.channel)
+    except ConfigError as exc:
+        ctx.add(f"{bot.name}: channel", "fail", str(exc))
+        return ctx.rows
+    if not bot.enabled:
+        ctx.add(f"{bot.name}: enabled", "warn", "enabled = false: serve will not start this bot")
+    await module.probe_checks(ctx)
+    return ctx.rows
+
+
+def run_probe(
+    config_path: Path,
+    data_dir: Path | None,
+    *,
+    bot: str | None,
+    send_test: bool,
+    out: Callable[[str], Any],
+) -> int:
+    rows, code = trio.run(_probe, config_path, data_dir, bot, send_test)
+    out(format_table(rows))
+    return code

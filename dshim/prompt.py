@@ -1,0 +1,111 @@
+"""Prompt assembly: what the harness receives for one turn.
+
+Text parts, each its own :class:`~dshim.model.TextPart`, in this order and only those that
+apply: the ``<dsh_im_source>`` block, the ``<dsh_im_reply_to>`` block, the current text.
+Images and files follow as their own parts.  Harnesses that want one string join the text
+parts with one blank line (:func:`prompt_text`).
+
+The source block uses the same JSON encoding and escaping as the reply block
+(:func:`dshim.reply.encode_block`).  Its keys come in a fixed order -- ``channel``,
+``conversationType``, ``senderId``, ``senderName``, ``conversationTitle``, ``threadId`` --
+restricted to ``PromptConfig.source_fields``; each value is cleaned, single-line, cut at
+256 code points, and omitted when unknown or empty.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+
+from dshim.config import SOURCE_FIELDS, PromptConfig
+from dshim.model import FilePart, ImagePart, InboundMessage, PromptPart, QuotedMessage, TextPart
+from dshim.reply import clean_text, cut, encode_block, render_reply_block, single_line
+
+__all__ = [
+    "SOURCE_TAG",
+    "SOURCE_VALUE_MAX",
+    "TITLE_MAX",
+    "assemble",
+    "prompt_text",
+    "session_title",
+    "source_block",
+]
+
+SOURCE_TAG = "dsh_im_source"
+SOURCE_VALUE_MAX = 256
+TITLE_MAX = 60
+PART_SEPARATOR = "\n\n"
+
+# Blocks dshim injects before the user's text; a title must never come from them.
+_INJECTED_PREFIX = re.compile(
+    r"\A(?:<dsh_im_source>.*?</dsh_im_source>\s*)?"
+    r"(?:<dsh_im_source_guidance>.*?</dsh_im_source_guidance>\s*)?"
+    r"(?:<dsh_im_reply_to>.*?</dsh_im_reply_to>\s*)?",
+    re.DOTALL,
+)
+
+
+def _normalize_newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def source_block(msg: InboundMessage, cfg: PromptConfig) -> str | None:
+    """The ``<dsh_im_source>`` block, or None when disabled or nothing is known."""
+    if not cfg.source_block:
+        return None
+    selected = set(cfg.source_fields)
+    values = {
+        "channel": msg.channel,
+        "conversationType": msg.conversation_type,
+        "senderId": msg.sender_id,
+        "senderName": msg.sender_name,
+        "conversationTitle": msg.conversation_title,
+        "threadId": msg.thread_id,
+    }
+    obj: dict[str, str] = {}
+    for key in SOURCE_FIELDS:  # fixed order, whatever the order in the config
+        raw = values[key]
+        if key not in selected or not isinstance(raw, str):
+            continue
+        value, _ = cut(single_line(raw), SOURCE_VALUE_MAX)
+        if value:
+            obj[key] = value
+    return encode_block(SOURCE_TAG, obj) if obj else None
+
+
+def assemble(
+    msg: InboundMessage,
+    quoted: QuotedMessage | None,
+    cfg: PromptConfig,
+    *,
+    images: Sequence[ImagePart] = (),
+    files: Sequence[FilePart] = (),
+) -> list[PromptPart]:
+    """Build the prompt parts of a turn: source block, reply block, text, images, files."""
+    parts: list[PromptPart] = []
+    source = source_block(msg, cfg)
+    if source is not None:
+        parts.append(TextPart(source))
+    if quoted is not None:
+        parts.append(TextPart(render_reply_block(quoted)))
+    text = _normalize_newlines(msg.content).strip()
+    if text:
+        parts.append(TextPart(text))
+    parts.extend(images)
+    parts.extend(files)
+    return parts
+
+
+def session_title(text: str) -> str | None:
+    """A session title from the current text: its first 60 code points, cleaned, one line.
+
+    Injected blocks at the start of ``text`` are skipped; None when nothing is left.
+    """
+    line = single_line(_INJECTED_PREFIX.sub("", clean_text(text), count=1))
+    title, _ = cut(line, TITLE_MAX)
+    return title or None
+
+
+def prompt_text(parts: Iterable[PromptPart]) -> str:
+    """All text parts joined by one blank line (what a text-only harness sees)."""
+    return PART_SEPARATOR.join(p.text for p in parts if isinstance(p, TextPart))

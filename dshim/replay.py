@@ -1,0 +1,363 @@
+"""``dshim replay``: run captured fixtures through the real parsing code and pipeline.
+
+Each fixture runs in its own trio run on a virtual clock (deterministic, instant), with a
+fresh temporary store, the echo harness and no network: platform lookups are answered by
+the fixture's recorded ``http`` exchanges (unmatched requests answer 404).  Events are fed
+one at a time and the pipeline is allowed to go idle after each, so the output follows
+event order.  Output lines (JSON, one per line)::
+
+    {"fixture":F,"kind":"prompt","conversation":C,"thread":T,"text":TEXT,"images":N,"files":N}
+    {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"text":FINAL_TEXT}
+    {"fixture":F,"kind":"drop","index":I,"reason":R}
+    {"fixture":F,"kind":"command","index":I,"name":NAME}
+    {"fixture":F,"kind":"http","method":M,"path":P}
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import httpx
+import msgspec
+import trio
+import trio.testing
+
+from dshim import normalized
+from dshim.config import CHANNEL_KEYS, Config, parse_config
+from dshim.errors import ConfigError
+from dshim.harness.echo import EchoHarness
+from dshim.model import InboundMessage, PromptPart, Skip, TextPart
+from dshim.pipeline.runtime import open_bot_runtime
+from dshim.prompt import prompt_text
+from dshim.store import open_store
+from dshim.store.base import OutboundEntry
+from dshim.testing.outbound import RecordingOutbound, Sent
+
+Line = dict[str, Any]
+REPLAY_BOT = "replay"
+VIRTUAL_DEADLINE_S = 3600.0
+
+
+class HttpExchange(msgspec.Struct, kw_only=True):
+    method: str
+    path: str
+    status: int = 200
+    json: Any = None
+
+
+class HistoryEntry(msgspec.Struct, kw_only=True):
+    role: str
+    text: str
+    at: str | float
+    completed: bool = True
+
+
+class OutboundSeed(msgspec.Struct, kw_only=True):
+    message_ids: list[str | int]
+    text: str
+    sent_at: str | float
+    completed_at: str | float | None = None
+
+
+class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    channel: str
+    events: list[msgspec.Raw]
+    format: Literal["raw", "normalized"] = "normalized"
+    bot: dict[str, Any] = msgspec.field(default_factory=dict)
+    options: dict[str, Any] = msgspec.field(default_factory=dict)
+    now: str | float | None = None
+    http: list[HttpExchange] = msgspec.field(default_factory=list)
+    history: dict[str, list[HistoryEntry]] = msgspec.field(default_factory=dict)
+    outbound: dict[str, list[OutboundSeed]] = msgspec.field(default_factory=dict)
+    expect: list[dict[str, Any]] | None = None
+    description: str | None = None
+
+
+class ReplayAdapter(Protocol):
+    """What a channel provides to decode its raw fixture events."""
+
+    bot_id: str
+    bot_username: str | None
+
+    def decode(self, raw: bytes) -> InboundMessage | Skip: ...
+
+    def split(self, text: str) -> list[str]: ...
+
+
+class ReplayContext:
+    """Handed to a channel's ``replay_adapter``: the fixture's bot and a recording HTTP client."""
+
+    def __init__(
+        self, fixture: Fixture, config: Config, http: httpx.AsyncClient, api_base: str
+    ) -> None:
+        self.fixture = fixture
+        self.bot = fixture.bot
+        self.config = config
+        self.bot_config = config.bots[0]
+        self.http = http
+        self.api_base = api_base
+
+
+class NormalizedAdapter:
+    def __init__(self, channel: str, bot: dict[str, Any]) -> None:
+        self.channel = channel
+        self.bot_id = str(bot.get("id", "bot"))
+        username = bot.get("username")
+        self.bot_username = str(username) if username else None
+
+    def decode(self, raw: bytes) -> InboundMessage | Skip:
+        try:
+            return normalized.decode_event(raw, channel=self.channel, bot_id=self.bot_id)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+            return Skip(reason="malformed", detail=str(exc))
+
+    def split(self, text: str) -> list[str]:
+        return [text]
+
+
+class FixtureError(Exception):
+    """A fixture file itself is invalid."""
+
+
+def iter_fixture_files(paths: list[Path]) -> Iterator[Path]:
+    for p in paths:
+        if p.is_dir():
+            yield from sorted(x for x in p.rglob("*.json") if x.is_file())
+        elif p.is_file():
+            yield p
+        else:
+            raise FixtureError(f"{p}: no such file or directory")
+
+
+def load_fixture(path: Path) -> Fixture:
+    try:
+        fx = msgspec.json.decode(path.read_bytes(), type=Fixture)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise FixtureError(f"{path}: invalid fixture: {exc}") from None
+    if fx.channel not in CHANNEL_KEYS:
+        raise FixtureError(
+            f"{path}: channel: expected one of {', '.join(CHANNEL_KEYS)}, got {fx.channel!r}"
+        )
+    return fx
+
+
+def _ts(value: str | float) -> float:
+    t = normalized.parse_time(value)
+    assert t is not None
+    return t
+
+
+class _Recorder:
+    """Collects output lines; implements the pipeline Observer."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: list[Line] = []
+        self.index = 0
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        self.lines.append({"fixture": self.name, "kind": kind, **fields})
+
+    def on_drop(self, item: InboundMessage | Skip, reason: str) -> None:
+        self.emit("drop", index=self.index, reason=reason)
+
+    def on_command(self, msg: InboundMessage, name: str) -> None:
+        self.emit("command", index=self.index, name=name)
+
+    def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None:
+        self.emit(
+            "prompt",
+            conversation=msg.conversation_id,
+            thread=msg.thread_id,
+            text=prompt_text(parts),
+            images=len(msg.images),
+            files=len(msg.files),
+        )
+
+    def on_send(self, sent: Sent) -> None:
+        self.emit(
+            "send",
+            conversation=sent.target.conversation_id,
+            reply_to=sent.target.reply_to_message_id,
+            text=sent.text,
+        )
+
+
+def _mock_transport(fx: Fixture, rec: _Recorder, base_path: str) -> httpx.MockTransport:
+    def handle(request: httpx.Request) -> httpx.Response:
+        path = request.url.raw_path.decode("ascii", "replace").split("?", 1)[0]
+        if base_path and path.startswith(base_path):
+            path = path[len(base_path) :] or "/"
+        rec.emit("http", method=request.method, path=path)
+        for ex in fx.http:
+            if ex.method.upper() == request.method and ex.path.split("?", 1)[0] == path:
+                return httpx.Response(ex.status, json=ex.json)
+        return httpx.Response(404, json={"message": "not found (no recorded exchange)", "code": 0})
+
+    return httpx.MockTransport(handle)
+
+
+async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
+    rec = _Recorder(name)
+    bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
+    try:
+        config = parse_config({"bots": [bot_table]}, label=f"{name}: options", env={})
+    except ConfigError as exc:
+        raise FixtureError(str(exc)) from None
+    bot_cfg = config.bots[0]
+    api_base = (bot_cfg.api_base or "https://replay.invalid").rstrip("/")
+    base_path = httpx.URL(api_base).raw_path.decode().rstrip("/")
+    async with httpx.AsyncClient(
+        transport=_mock_transport(fx, rec, base_path), base_url=api_base
+    ) as http:
+        adapter: ReplayAdapter
+        if fx.format == "normalized":
+            adapter = NormalizedAdapter(fx.channel, fx.bot)
+        else:
+            from dshim.channels import load_channel
+
+            try:
+                module = load_channel(fx.channel)
+            except ConfigError as exc:
+                raise FixtureError(f"{name}: {exc}") from None
+            adapter = module.replay_adapter(ReplayContext(fx, config, http, api_base))
+        raws = [bytes(ev) for ev in fx.events]
+        items = [adapter.decode(raw) for raw in raws]
+        if fx.now is not None:
+            now0 = _ts(fx.now)
+        else:
+            times = [
+                it.received_at for it in items if isinstance(it, InboundMessage) and it.received_at
+            ]
+            now0 = max(times) if times else 0.0
+        t0 = trio.current_time()
+
+        def clock() -> float:
+            return now0 + (trio.current_time() - t0)
+
+        outbound = RecordingOutbound(
+            clock=clock, split=adapter.split, bot_username=adapter.bot_username, on_send=rec.on_send
+        )
+        async with open_store(data_dir, inline=True) as store:
+            for conv, entries in fx.history.items():
+                session = f"replay-session-{conv}"
+                await store.set_binding(REPLAY_BOT, conv, "", session, title=None, now=now0)
+                for h in entries:
+                    await store.append_transcript(
+                        REPLAY_BOT, session, h.role, h.text, at=_ts(h.at), completed=h.completed
+                    )
+            for conv, seeds in fx.outbound.items():
+                for s in seeds:
+                    sent_at = _ts(s.sent_at)
+                    done_at = _ts(s.completed_at) if s.completed_at is not None else sent_at
+                    await store.add_outbound(
+                        REPLAY_BOT,
+                        conv,
+                        OutboundEntry(
+                            message_ids=[str(m) for m in s.message_ids],
+                            text=s.text,
+                            sent_at=sent_at,
+                            completed_at=done_at,
+                        ),
+                        now=now0,
+                    )
+            async with open_bot_runtime(
+                config=config,
+                bot=bot_cfg,
+                bot_id=adapter.bot_id,
+                store=store,
+                outbound=outbound,
+                harness=EchoHarness(),
+                clock=clock,
+                observer=rec,
+                decode_raw=adapter.decode,
+                restore=False,
+            ) as rt:
+                for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
+                    rec.index = i
+                    await rt.accept(item, raw if fx.format == "raw" else None)
+                    await rt.wait_idle()
+    return rec.lines
+
+
+def run_fixture(path: Path, name: str | None = None) -> list[Line]:
+    """Replay one fixture file and return its output lines."""
+    fx = load_fixture(path)
+    label = name or str(path)
+
+    async def main() -> list[Line]:
+        with tempfile.TemporaryDirectory(prefix="dshim-replay-") as tmp:
+            with trio.fail_after(VIRTUAL_DEADLINE_S):
+                return await _run_fixture(fx, label, Path(tmp))
+
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def dump_line(line: Line) -> str:
+    return json.dumps(line, ensure_ascii=False, separators=(",", ":"))
+
+
+def _strip(line: Line) -> Line:
+    return {k: v for k, v in line.items() if k != "fixture"}
+
+
+def diff_lines(expected: list[Line], actual: list[Line]) -> str:
+    exp = [dump_line(_strip(x)) for x in expected]
+    act = [dump_line(_strip(x)) for x in actual]
+    return "\n".join(difflib.unified_diff(exp, act, "expected", "actual", lineterm=""))
+
+
+def replay(
+    paths: list[Path],
+    *,
+    check: bool,
+    update: bool,
+    out: Callable[[str], None],
+    err: Callable[[str], None],
+) -> int:
+    """Run fixtures; print lines (or check them against ``expect``).  Returns the exit code."""
+    try:
+        files = list(iter_fixture_files(paths))
+    except FixtureError as exc:
+        err(str(exc))
+        return 2
+    if not files:
+        err("no fixture files found")
+        return 2
+    failures = 0
+    for path in files:
+        try:
+            fx = load_fixture(path)
+            lines = run_fixture(path)
+        except FixtureError as exc:
+            err(f"FAIL {path}: {exc}")
+            failures += 1
+            continue
+        if update:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw["expect"] = [_strip(x) for x in lines]
+            path.write_text(json.dumps(raw, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+            out(f"updated {path} ({len(lines)} lines)")
+        elif check:
+            if fx.expect is None:
+                err(f"FAIL {path}: no 'expect' list to check against")
+                failures += 1
+            elif [_strip(x) for x in fx.expect] != [_strip(x) for x in lines]:
+                err(f"FAIL {path}\n{diff_lines(fx.expect, lines)}")
+                failures += 1
+            else:
+                out(f"ok   {path} ({len(lines)} lines)")
+        else:
+            for line in lines:
+                out(dump_line(line))
+    if check:
+        out(f"{len(files) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+__all__ = ["replay", "run_fixture", "ReplayContext", "ReplayAdapter", "Fixture", "TextPart"]

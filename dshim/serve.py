@@ -1,0 +1,247 @@
+"""``dshim serve``: the root nursery — store, one supervised nursery per enabled bot.
+
+Theory of operation
+-------------------
+The root nursery holds a signal watcher and one supervisor per enabled bot.  A
+supervisor starts its channel with ``nursery.start`` (the bot counts as up only after it
+authenticated), and restarts it with exponential backoff and jitter (1 s .. 30 s) when it
+fails with a transient error.  Fatal errors (bad credentials, a platform's "never
+reconnect" close code, configuration) and bugs (TypeError, AssertionError ...) stop that
+bot loudly and are not retried; other bots are untouched.
+
+SIGINT/SIGTERM sets the shutdown event: every bot stops reading new events, running turns
+get up to ``shutdown_grace_s`` (10 s) to finish, then everything is cancelled.  Accepted
+messages that did not run stay in the durable inbox and run after the next start.  A
+second signal cancels at once.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import structlog
+import trio
+
+from dshim.channels import load_channel
+from dshim.config import BotConfig, Config
+from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError
+from dshim.harness.base import Harness
+from dshim.outbound import Outbound
+from dshim.pipeline.runtime import (
+    BotRuntime,
+    Clock,
+    Observer,
+    RawDecoder,
+    open_bot_runtime,
+    wall_clock,
+)
+from dshim.store import open_store
+from dshim.store.base import Store
+
+log = structlog.get_logger("dshim.serve")
+
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 30.0
+#: A bot that ran this long before failing starts its backoff from the minimum again.
+HEALTHY_RUN_S = 60.0
+
+
+class BotContext:
+    """Everything a channel's ``run`` needs from the process, and nothing global."""
+
+    def __init__(
+        self,
+        *,
+        config: Config,
+        bot: BotConfig,
+        store: Store,
+        shutdown: trio.Event,
+        clock: Clock = wall_clock,
+        observer: Observer | None = None,
+        harness: Harness | None = None,
+    ) -> None:
+        self.config = config
+        self.bot = bot
+        self.store = store
+        self.shutdown = shutdown
+        self.clock = clock
+        self.observer = observer
+        self.harness = harness
+
+    @asynccontextmanager
+    async def open_runtime(
+        self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
+    ) -> AsyncIterator[BotRuntime]:
+        """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
+        async with open_bot_runtime(
+            config=self.config,
+            bot=self.bot,
+            bot_id=bot_id,
+            store=self.store,
+            outbound=outbound,
+            harness=self.harness,
+            clock=self.clock,
+            observer=self.observer,
+            decode_raw=decode_raw,
+        ) as rt:
+            yield rt
+
+    async def serve(self, rt: BotRuntime, reader: Callable[[], Awaitable[None]]) -> None:
+        """Run the channel's reader until shutdown, then drain running turns.
+
+        The reader returns or raises to end the bot; on shutdown it is cancelled (a
+        cancellation between accepting an event and confirming it to the platform is
+        safe: the platform redelivers, dedup drops the copy, the inbox runs the original).
+        """
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                await self.shutdown.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await reader()
+            nursery.cancel_scope.cancel()
+        if self.shutdown.is_set():
+            log.info("bot_draining", grace_s=self.config.dshim.shutdown_grace_s)
+            await rt.drain(self.config.dshim.shutdown_grace_s)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        out: list[BaseException] = []
+        for sub in exc.exceptions:
+            out.extend(_leaves(sub))
+        return out
+    return [exc]
+
+
+def classify_failure(exc: BaseException) -> str:
+    """'fatal', 'bug' or 'transient' for an exception that ended a bot."""
+    leaves = _leaves(exc)
+    if any(isinstance(e, (AuthError, FatalChannelError, ConfigError)) for e in leaves):
+        return "fatal"
+    if any(isinstance(e, BUG_TYPES) for e in leaves):
+        return "bug"
+    return "transient"
+
+
+async def supervise_bot(
+    module: ModuleType,
+    ctx: BotContext,
+    *,
+    rng: random.Random | None = None,
+) -> str:
+    """Run one bot until shutdown or a fatal error.  Returns why it ended."""
+    rng = rng or random.Random()
+    backoff = BACKOFF_MIN_S
+    with structlog.contextvars.bound_contextvars(bot=ctx.bot.name, channel=ctx.bot.channel):
+        while not ctx.shutdown.is_set():
+            started_at = trio.current_time()
+            try:
+                async with trio.open_nursery() as nursery:
+                    await nursery.start(module.run, ctx)
+                    log.info("bot_started")
+                    backoff = BACKOFF_MIN_S
+            except Exception as exc:
+                kind = classify_failure(exc)
+                if kind == "fatal":
+                    log.error("bot_stopped_fatal", error=_describe(exc))
+                    return "fatal"
+                if kind == "bug":
+                    log.error("bot_crashed_bug", exc_info=exc)
+                    return "bug"
+                if trio.current_time() - started_at > HEALTHY_RUN_S:
+                    backoff = BACKOFF_MIN_S
+                delay = min(BACKOFF_MAX_S, backoff) * (0.5 + rng.random())
+                log.warning(
+                    "bot_failed_restarting", error=_describe(exc), retry_in_s=round(delay, 2)
+                )
+                backoff = min(BACKOFF_MAX_S, backoff * 2)
+                with trio.move_on_after(delay):
+                    await ctx.shutdown.wait()
+                continue
+            if ctx.shutdown.is_set():
+                break
+            log.warning("bot_reader_ended_restarting")
+            with trio.move_on_after(BACKOFF_MIN_S):
+                await ctx.shutdown.wait()
+    log.info("bot_stopped")
+    return "shutdown"
+
+
+def _describe(exc: BaseException) -> str:
+    leaves = _leaves(exc)
+    return "; ".join(f"{type(e).__name__}: {e}" for e in leaves)[:500]
+
+
+async def serve_bots(
+    config: Config,
+    store: Store,
+    *,
+    shutdown: trio.Event,
+    modules: dict[str, ModuleType],
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+    **ctx_kwargs: Any,
+) -> dict[str, str]:
+    """Supervise every enabled bot until all have ended.  Returns bot -> why it ended."""
+    results: dict[str, str] = {}
+
+    async def one(bot: BotConfig) -> None:
+        ctx = BotContext(config=config, bot=bot, store=store, shutdown=shutdown, **ctx_kwargs)
+        results[bot.name] = await supervise_bot(modules[bot.name], ctx)
+
+    async with trio.open_nursery() as nursery:
+        for bot in config.bots:
+            if bot.enabled:
+                nursery.start_soon(one, bot)
+        task_status.started()
+    return results
+
+
+async def _serve_main(config: Config, data_dir: Path) -> int:
+    enabled = [b for b in config.bots if b.enabled]
+    if not enabled:
+        raise ConfigError(
+            "no enabled bots in the configuration: add a [[bots]] table (see README.md)"
+        )
+    modules = {b.name: load_channel(b.channel) for b in enabled}
+    shutdown = trio.Event()
+    async with open_store(data_dir) as store:
+        log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
+        async with trio.open_nursery() as root:
+
+            async def signals() -> None:
+                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
+                    async for signum in received:
+                        if not shutdown.is_set():
+                            log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                            shutdown.set()
+                            root.start_soon(hard_stop)
+                        else:
+                            log.warning("shutdown_forced")
+                            root.cancel_scope.cancel()
+
+            async def hard_stop() -> None:
+                await trio.sleep(config.dshim.shutdown_grace_s + 5)
+                log.warning("shutdown_timed_out")
+                root.cancel_scope.cancel()
+
+            root.start_soon(signals)
+            results = await serve_bots(config, store, shutdown=shutdown, modules=modules)
+            root.cancel_scope.cancel()
+    log.info("serve_stopped", results=results)
+    if shutdown.is_set():
+        return 0
+    return 1
+
+
+def run_serve(config: Config, data_dir: Path) -> int:
+    """Run ``dshim serve`` to completion; returns the exit code."""
+    return trio.run(_serve_main, config, data_dir)

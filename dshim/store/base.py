@@ -1,0 +1,150 @@
+"""The store interface: everything dshim persists, behind one narrow protocol.
+
+The SQLite implementation (:mod:`dshim.store.sqlite`) is the default; the interface stays
+narrow so that a shared PostgreSQL store can follow.  Every method is async and safe to
+call from the trio thread (implementations do blocking work in a worker thread).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+
+class Binding(msgspec.Struct, frozen=True, kw_only=True):
+    """A conversation (+ thread) bound to a harness session."""
+
+    session_id: str
+    title: str | None
+    created_at: float
+    updated_at: float
+
+
+class OutboundEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One message the bot delivered, kept so quotes of it can be resolved later."""
+
+    message_ids: list[str]
+    text: str
+    sent_at: float
+    completed_at: float
+
+
+class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One prompt or answer relayed through a session."""
+
+    id: int
+    session_id: str
+    role: str  # "user" | "assistant"
+    text: str
+    at: float
+    completed: bool
+
+
+class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """An accepted message whose handling has not finished (survives a restart)."""
+
+    conversation_id: str
+    message_id: str
+    raw: bytes
+    state: str  # "queued" | "running"
+    accepted_at: float
+
+
+class Store(Protocol):
+    # -- dedup and the durable inbox --------------------------------------------------
+    async def accept(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        ttl_s: float,
+        raw: bytes | None,
+    ) -> bool:
+        """Record (bot, conversation, message) as accepted, atomically with its inbox entry.
+
+        Returns False, writing nothing, when the key was already accepted and has not
+        expired.  ``raw`` None means: remember the key, keep no inbox entry.
+        """
+        ...
+
+    async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
+        """True if the key was accepted and has not expired."""
+        ...
+
+    async def inbox_set_state(
+        self, bot: str, conversation_id: str, message_id: str, state: str
+    ) -> None: ...
+
+    async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        """Handling finished (answered, refused or dropped after acceptance)."""
+        ...
+
+    async def inbox_pending(self, bot: str) -> list[InboxEntry]:
+        """Accepted but unfinished messages of a bot, oldest first."""
+        ...
+
+    # -- bindings ----------------------------------------------------------------------
+    async def get_binding(
+        self, bot: str, conversation_id: str, thread_id: str
+    ) -> Binding | None: ...
+
+    async def set_binding(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        session_id: str,
+        *,
+        title: str | None,
+        now: float,
+    ) -> None: ...
+
+    async def clear_binding(self, bot: str, conversation_id: str, thread_id: str) -> bool:
+        """Unbind; True if a binding existed."""
+        ...
+
+    # -- transport cursors (offsets, sequence numbers, session ids) -------------------
+    async def get_cursor(self, bot: str, name: str) -> str | None: ...
+
+    async def set_cursor(self, bot: str, name: str, value: str) -> None: ...
+
+    # -- outbound index ----------------------------------------------------------------
+    async def add_outbound(
+        self, bot: str, conversation_id: str, entry: OutboundEntry, *, now: float
+    ) -> None:
+        """Add an entry; keeps the newest 200 per bot+conversation, none older than 30 days,
+        text cut to 8,000 code points."""
+        ...
+
+    async def list_outbound(
+        self, bot: str, conversation_id: str, *, now: float
+    ) -> list[OutboundEntry]:
+        """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
+        ...
+
+    # -- transcript --------------------------------------------------------------------
+    async def append_transcript(
+        self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
+    ) -> int: ...
+
+    async def transcript_page(
+        self, session_id: str, *, before_id: int | None, limit: int
+    ) -> list[TranscriptRow]:
+        """Rows of a session, newest first, with ``id < before_id`` when given."""
+        ...
+
+    # -- misc --------------------------------------------------------------------------
+    async def set_last_direct(self, bot: str, conversation_id: str, *, now: float) -> None: ...
+
+    async def get_last_direct(self, bot: str) -> str | None: ...
+
+    async def prune(self, *, now: float) -> None:
+        """Drop expired dedup keys and outbound entries."""
+        ...
+
+    async def schema_version(self) -> int: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,699 @@
+"""The embedded SQLite store: one WAL-mode file under the data directory.
+
+Tables (schema version 1; see :data:`MIGRATIONS`):
+
+``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
+                 a key whose ``expires_at <= now`` counts as unseen and is replaced.
+``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at.  Accepted
+                 messages whose handling has not finished; written in the same transaction
+                 as their dedup key, deleted by ``inbox_done``.
+``bindings``     (bot, conversation_id, thread_id) -> session_id, title, created_at,
+                 updated_at.  ``thread_id`` is ``""`` for "no thread".
+``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
+``outbound``     id -> bot, conversation_id, message_ids (JSON list), text, sent_at,
+                 completed_at.  The bot's delivered messages per conversation: at most the
+                 newest :data:`OUTBOUND_CAP` by ``sent_at``, none completed more than
+                 :data:`OUTBOUND_MAX_AGE_S` ago, text cut to :data:`OUTBOUND_TEXT_MAX`
+                 code points.
+``transcript``   id (autoincrement) -> bot, session_id, role, text, at, completed.  Paged
+                 newest first by an index range scan on (session_id, id).
+``last_direct``  bot -> conversation_id, updated_at.
+
+Theory of operation: one ``sqlite3`` connection, used by one worker thread at a time.  Every
+call goes through ``trio.to_thread.run_sync`` with a ``CapacityLimiter(1)`` owned by the
+store, so the connection is never touched concurrently and the trio thread never blocks.
+Once a worker thread has started a call it runs to completion (a cancelled caller waits for
+it), so a transaction is never torn by cancellation.  The connection runs in autocommit
+mode; multi-statement writes are explicit ``BEGIN IMMEDIATE`` ... ``COMMIT`` transactions.
+WAL with ``synchronous=NORMAL`` makes a commit an append to the WAL without an fsync (a
+power loss may lose the last commits, never corrupt the file).  sqlite3 errors become
+:class:`~dshim.errors.StoreError` in exactly one place, :meth:`SqliteStore._call`.
+
+The schema version lives in ``PRAGMA user_version``; ``PRAGMA application_id`` marks the
+file as a dshim store.  A new schema version is a new entry appended to
+:data:`MIGRATIONS`; each migration runs in its own transaction on open.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import NamedTuple, TypeVar, TypeVarTuple
+
+import msgspec
+import structlog
+import trio
+
+from dshim.errors import StoreError
+from dshim.store.base import Binding, InboxEntry, OutboundEntry, TranscriptRow
+
+__all__ = [
+    "MIGRATIONS",
+    "OUTBOUND_CAP",
+    "OUTBOUND_MAX_AGE_S",
+    "OUTBOUND_TEXT_MAX",
+    "SCHEMA_VERSION",
+    "Migration",
+    "SqliteStore",
+    "open_sqlite_store",
+]
+
+log = structlog.get_logger("dshim.store")
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+#: Entries kept per bot + conversation in the outbound index.
+OUTBOUND_CAP = 200
+#: Outbound entries completed longer ago than this are dropped (30 days).
+OUTBOUND_MAX_AGE_S = 30 * 24 * 3600.0
+#: Outbound text is cut to this many Unicode code points.
+OUTBOUND_TEXT_MAX = 8000
+#: Inbox states the pipeline may set.
+INBOX_STATES = frozenset({"queued", "running"})
+
+#: ``PRAGMA application_id`` of a dshim store: b"dshm" as a big-endian int.
+APPLICATION_ID = 0x6473686D
+#: How long a statement waits for another process's write lock, in milliseconds.
+BUSY_TIMEOUT_MS = 5000
+
+
+class Migration(NamedTuple):
+    """One schema step: the statements that take the schema from version N-1 to N.
+
+    The version of a migration is its 1-based position in :data:`MIGRATIONS`.  Never edit
+    or reorder a released migration; append a new one.
+    """
+
+    summary: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        "initial tables",
+        (
+            f"PRAGMA application_id = {APPLICATION_ID}",
+            # Small fixed-size rows looked up by full key: WITHOUT ROWID saves a b-tree.
+            """CREATE TABLE dedup (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                expires_at REAL NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            ) WITHOUT ROWID""",
+            "CREATE INDEX dedup_expires ON dedup (expires_at)",
+            # raw can be large, so a rowid table (WITHOUT ROWID suits small rows only).  The
+            # inbox holds only unfinished messages, so inbox_pending sorts a handful of rows
+            # rather than paying for a second index on every accept().
+            """CREATE TABLE inbox (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                raw BLOB NOT NULL,
+                state TEXT NOT NULL,
+                accepted_at REAL NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            )""",
+            """CREATE TABLE bindings (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                thread_id TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                title TEXT,
+                created_at REAL NOT NULL,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (bot, conversation_id, thread_id)
+            ) WITHOUT ROWID""",
+            """CREATE TABLE cursors (
+                bot TEXT NOT NULL,
+                name TEXT NOT NULL,
+                value TEXT NOT NULL,
+                PRIMARY KEY (bot, name)
+            ) WITHOUT ROWID""",
+            """CREATE TABLE outbound (
+                id INTEGER PRIMARY KEY,
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_ids TEXT NOT NULL,
+                text TEXT NOT NULL,
+                sent_at REAL NOT NULL,
+                completed_at REAL NOT NULL
+            )""",
+            # Newest-first listing and the per-insert cap are reverse scans of this index.
+            "CREATE INDEX outbound_recent ON outbound (bot, conversation_id, sent_at, id)",
+            "CREATE INDEX outbound_completed ON outbound (completed_at)",
+            # AUTOINCREMENT: ids are never reused, so a client's before_id stays meaningful.
+            """CREATE TABLE transcript (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                bot TEXT NOT NULL,
+                session_id TEXT NOT NULL,
+                role TEXT NOT NULL,
+                text TEXT NOT NULL,
+                at REAL NOT NULL,
+                completed INTEGER NOT NULL
+            )""",
+            "CREATE INDEX transcript_session ON transcript (session_id, id)",
+            """CREATE TABLE last_direct (
+                bot TEXT PRIMARY KEY,
+                conversation_id TEXT NOT NULL,
+                updated_at REAL NOT NULL
+            ) WITHOUT ROWID""",
+        ),
+    ),
+)
+
+#: The schema version this code writes and understands.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# -- SQL ---------------------------------------------------------------------------------------
+
+# An unexpired key makes the upsert a no-op (rowcount 0); an expired one is replaced.
+_ACCEPT_KEY = """
+    INSERT INTO dedup (bot, conversation_id, message_id, expires_at) VALUES (?, ?, ?, ?)
+    ON CONFLICT (bot, conversation_id, message_id)
+    DO UPDATE SET expires_at = excluded.expires_at WHERE dedup.expires_at <= ?
+"""
+_INBOX_PUT = """
+    INSERT OR REPLACE INTO inbox (bot, conversation_id, message_id, raw, state, accepted_at)
+    VALUES (?, ?, ?, ?, 'queued', ?)
+"""
+_SEEN = """
+    SELECT 1 FROM dedup
+    WHERE bot = ? AND conversation_id = ? AND message_id = ? AND expires_at > ?
+"""
+_SET_BINDING = """
+    INSERT INTO bindings
+        (bot, conversation_id, thread_id, session_id, title, created_at, updated_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (bot, conversation_id, thread_id) DO UPDATE SET
+        created_at = CASE WHEN session_id = excluded.session_id
+                          THEN created_at ELSE excluded.created_at END,
+        session_id = excluded.session_id,
+        title = excluded.title,
+        updated_at = excluded.updated_at
+"""
+_OUTBOUND_CUT = """
+    DELETE FROM outbound WHERE id IN (
+        SELECT id FROM outbound WHERE bot = ? AND conversation_id = ?
+        ORDER BY sent_at DESC, id DESC LIMIT -1 OFFSET ?
+    )
+"""
+_OUTBOUND_LIST = """
+    SELECT message_ids, text, sent_at, completed_at FROM outbound
+    WHERE bot = ? AND conversation_id = ? AND completed_at >= ?
+    ORDER BY sent_at DESC, id DESC LIMIT ?
+"""
+
+_ids_encoder = msgspec.json.Encoder()
+_ids_decoder = msgspec.json.Decoder(list[str])
+
+
+@contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception."""
+    # IMMEDIATE takes the write lock up front: no deadlock upgrading a read lock later.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _user_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _check_ownership(conn: sqlite3.Connection, where: str) -> int:
+    """Refuse foreign or newer databases; return the current schema version."""
+    version = _user_version(conn)
+    app_id = int(conn.execute("PRAGMA application_id").fetchone()[0])
+    if app_id not in (0, APPLICATION_ID):
+        raise StoreError(f"{where} is an SQLite database of another application")
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{where} has schema version {version}, newer than this dshim supports "
+            f"({SCHEMA_VERSION}); upgrade dshim or use another data directory"
+        )
+    if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+        raise StoreError(f"{where} is an SQLite database that is not a dshim store")
+    return version
+
+
+def _migrate(conn: sqlite3.Connection, where: str) -> None:
+    """Bring the schema to :data:`SCHEMA_VERSION`, one transaction per migration."""
+    version = _check_ownership(conn, where)
+    while version < SCHEMA_VERSION:
+        target = version + 1
+        with _transaction(conn):
+            # Another process may have migrated between our check and the write lock.
+            version = _check_ownership(conn, where)
+            if version >= target:
+                continue
+            for statement in MIGRATIONS[version].statements:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {target}")
+        log.info("store_migrated", path=where, version=target, summary=MIGRATIONS[version].summary)
+        version = target
+
+
+def _open_connection(path: str) -> sqlite3.Connection:
+    """Connect, configure and migrate; StoreError on any failure (connection closed)."""
+    try:
+        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open store {path}: {exc}") from exc
+    try:
+        # The first statement reads the header: this is where a non-database file fails.
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        _migrate(conn, path)
+    except sqlite3.Error as exc:
+        conn.close()
+        raise StoreError(f"cannot open store {path}: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@asynccontextmanager
+async def open_sqlite_store(
+    path: str | os.PathLike[str], *, inline: bool = False
+) -> AsyncIterator[SqliteStore]:
+    """Open (creating and migrating if needed) the SQLite store at ``path``.
+
+    ``inline=True`` runs every call on the trio thread instead of a worker thread.  Only
+    for deterministic runs on a virtual clock (replay, autojump tests), where a worker
+    thread would look like idleness and let the clock jump past deadlines.
+
+    Raises :class:`~dshim.errors.StoreError` if the file cannot be opened, is not a
+    database, belongs to another application or has a newer schema version.  The store is
+    closed when the block exits, even on cancellation.
+    """
+    where = os.fspath(path)
+    limiter = trio.CapacityLimiter(1)
+    if inline:
+        conn = _open_connection(where)
+    else:
+        conn = await trio.to_thread.run_sync(_open_connection, where, limiter=limiter)
+    store = SqliteStore(conn, where, limiter, inline=inline)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+class SqliteStore:
+    """The :class:`~dshim.store.base.Store` on one SQLite file.  Use :func:`open_sqlite_store`.
+
+    All methods are safe to call concurrently from trio tasks; calls are serialized on one
+    worker thread at a time.  After :meth:`aclose` every call raises StoreError.
+    """
+
+    def __init__(
+        self, conn: sqlite3.Connection, path: str, limiter: trio.CapacityLimiter, *, inline: bool = False
+    ):
+        self._conn: sqlite3.Connection | None = conn
+        self._path = path
+        self._limiter = limiter
+        self._inline = inline
+
+    @property
+    def path(self) -> str:
+        """The database file."""
+        return self._path
+
+    async def _call(self, fn: Callable[[sqlite3.Connection, *_Ts], _T], *args: *_Ts) -> _T:
+        """Run ``fn(conn, *args)`` on the store's worker thread, mapping sqlite3 errors."""
+        if self._inline:
+            await trio.lowlevel.checkpoint()
+            return self._guarded(fn, *args)
+        return await trio.to_thread.run_sync(self._guarded, fn, *args, limiter=self._limiter)
+
+    def _guarded(self, fn: Callable[[sqlite3.Connection, *_Ts], _T], *args: *_Ts) -> _T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"store {self._path} is closed")
+        try:
+            return fn(conn, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"store {self._path}: {exc}") from exc
+
+    # -- dedup and the durable inbox --------------------------------------------------------
+
+    async def accept(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        ttl_s: float,
+        raw: bytes | None,
+    ) -> bool:
+        """Record (bot, conversation, message) as accepted, atomically with its inbox entry.
+
+        Returns False, writing nothing, when the key was already accepted and has not
+        expired.  An expired key is replaced (and its inbox entry, if ``raw`` is given,
+        starts over as "queued").  ``raw`` None means: remember the key, keep no inbox
+        entry.  The key expires at ``now + ttl_s``.
+        """
+        return await self._call(_accept, bot, conversation_id, message_id, now, ttl_s, raw)
+
+    async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
+        """True if the key was accepted and has not expired."""
+        return await self._call(_seen, bot, conversation_id, message_id, now)
+
+    async def inbox_set_state(
+        self, bot: str, conversation_id: str, message_id: str, state: str
+    ) -> None:
+        """Set the state ("queued" or "running") of an inbox entry; no-op if there is none."""
+        if state not in INBOX_STATES:
+            raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
+        await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
+
+    async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        """Handling finished (answered, refused or dropped after acceptance).
+
+        Removes the inbox entry; the dedup key stays until it expires.
+        """
+        await self._call(_inbox_done, bot, conversation_id, message_id)
+
+    async def inbox_pending(self, bot: str) -> list[InboxEntry]:
+        """Accepted but unfinished messages of a bot, oldest first."""
+        return await self._call(_inbox_pending, bot)
+
+    # -- bindings ----------------------------------------------------------------------------
+
+    async def get_binding(self, bot: str, conversation_id: str, thread_id: str) -> Binding | None:
+        """The session bound to a conversation + thread (``""`` for no thread), if any."""
+        return await self._call(_get_binding, bot, conversation_id, thread_id)
+
+    async def set_binding(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        session_id: str,
+        *,
+        title: str | None,
+        now: float,
+    ) -> None:
+        """Bind a conversation + thread to a session, replacing any binding.
+
+        ``title`` is stored as given.  ``created_at`` is kept when the same session is bound
+        again and reset to ``now`` when the session changes; ``updated_at`` becomes ``now``.
+        """
+        await self._call(_set_binding, bot, conversation_id, thread_id, session_id, title, now)
+
+    async def clear_binding(self, bot: str, conversation_id: str, thread_id: str) -> bool:
+        """Unbind; True if a binding existed."""
+        return await self._call(_clear_binding, bot, conversation_id, thread_id)
+
+    # -- transport cursors -------------------------------------------------------------------
+
+    async def get_cursor(self, bot: str, name: str) -> str | None:
+        """A bot's named transport cursor (offset, sequence number, session id), if set."""
+        return await self._call(_get_cursor, bot, name)
+
+    async def set_cursor(self, bot: str, name: str, value: str) -> None:
+        """Store a bot's named transport cursor, replacing the previous value."""
+        await self._call(_set_cursor, bot, name, value)
+
+    # -- outbound index ----------------------------------------------------------------------
+
+    async def add_outbound(
+        self, bot: str, conversation_id: str, entry: OutboundEntry, *, now: float
+    ) -> None:
+        """Add an entry; keeps the newest 200 per bot+conversation, none older than 30 days,
+        text cut to 8,000 code points.
+
+        "Newest" orders by ``sent_at`` (insertion order breaks ties); "older than 30 days"
+        means ``completed_at < now - 30 days``.
+        """
+        await self._call(_add_outbound, bot, conversation_id, entry, now)
+
+    async def list_outbound(
+        self, bot: str, conversation_id: str, *, now: float
+    ) -> list[OutboundEntry]:
+        """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
+        return await self._call(_list_outbound, bot, conversation_id, now)
+
+    # -- transcript --------------------------------------------------------------------------
+
+    async def append_transcript(
+        self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
+    ) -> int:
+        """Append a prompt or answer to a session's transcript; returns the new row id.
+
+        Ids increase and are never reused.
+        """
+        return await self._call(_append_transcript, bot, session_id, role, text, at, completed)
+
+    async def transcript_page(
+        self, session_id: str, *, before_id: int | None, limit: int
+    ) -> list[TranscriptRow]:
+        """Rows of a session, newest first, with ``id < before_id`` when given.
+
+        Pass the smallest id of a page as ``before_id`` to get the next (older) page.
+        ``limit`` must be positive.
+        """
+        if limit < 1:
+            raise ValueError(f"limit must be positive, not {limit}")
+        return await self._call(_transcript_page, session_id, before_id, limit)
+
+    # -- misc --------------------------------------------------------------------------------
+
+    async def set_last_direct(self, bot: str, conversation_id: str, *, now: float) -> None:
+        """Remember the bot's most recent direct conversation (for probes)."""
+        await self._call(_set_last_direct, bot, conversation_id, now)
+
+    async def get_last_direct(self, bot: str) -> str | None:
+        """The bot's most recent direct conversation, if any."""
+        return await self._call(_get_last_direct, bot)
+
+    async def prune(self, *, now: float) -> None:
+        """Drop expired dedup keys and outbound entries completed more than 30 days ago."""
+        await self._call(_prune, now)
+
+    async def schema_version(self) -> int:
+        """The schema version of the open file (:data:`SCHEMA_VERSION` once open)."""
+        return await self._call(_user_version)
+
+    async def aclose(self) -> None:
+        """Close the connection (checkpointing the WAL).  Idempotent; shielded from cancellation."""
+        if self._inline:
+            self._close()
+            return
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self._close, limiter=self._limiter)
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute("PRAGMA optimize")
+        except sqlite3.Error as exc:
+            raise StoreError(f"store {self._path}: {exc}") from exc
+        finally:
+            conn.close()
+
+
+# -- worker-thread bodies (called through SqliteStore._call) ---------------------------------
+
+
+def _accept(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    now: float,
+    ttl_s: float,
+    raw: bytes | None,
+) -> bool:
+    with _transaction(conn):
+        cur = conn.execute(_ACCEPT_KEY, (bot, conversation_id, message_id, now + ttl_s, now))
+        if cur.rowcount != 1:
+            return False
+        if raw is not None:
+            conn.execute(_INBOX_PUT, (bot, conversation_id, message_id, raw, now))
+    return True
+
+
+def _seen(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str, now: float
+) -> bool:
+    return conn.execute(_SEEN, (bot, conversation_id, message_id, now)).fetchone() is not None
+
+
+def _inbox_set_state(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str, state: str
+) -> None:
+    conn.execute(
+        "UPDATE inbox SET state = ? WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+        (state, bot, conversation_id, message_id),
+    )
+
+
+def _inbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str) -> None:
+    conn.execute(
+        "DELETE FROM inbox WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+        (bot, conversation_id, message_id),
+    )
+
+
+def _inbox_pending(conn: sqlite3.Connection, bot: str) -> list[InboxEntry]:
+    rows = conn.execute(
+        "SELECT conversation_id, message_id, raw, state, accepted_at FROM inbox"
+        " WHERE bot = ? ORDER BY accepted_at, rowid",
+        (bot,),
+    )
+    return [
+        InboxEntry(conversation_id=c, message_id=m, raw=r, state=s, accepted_at=a)
+        for c, m, r, s, a in rows
+    ]
+
+
+def _get_binding(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, thread_id: str
+) -> Binding | None:
+    row = conn.execute(
+        "SELECT session_id, title, created_at, updated_at FROM bindings"
+        " WHERE bot = ? AND conversation_id = ? AND thread_id = ?",
+        (bot, conversation_id, thread_id),
+    ).fetchone()
+    if row is None:
+        return None
+    return Binding(session_id=row[0], title=row[1], created_at=row[2], updated_at=row[3])
+
+
+def _set_binding(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    session_id: str,
+    title: str | None,
+    now: float,
+) -> None:
+    conn.execute(_SET_BINDING, (bot, conversation_id, thread_id, session_id, title, now, now))
+
+
+def _clear_binding(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, thread_id: str
+) -> bool:
+    cur = conn.execute(
+        "DELETE FROM bindings WHERE bot = ? AND conversation_id = ? AND thread_id = ?",
+        (bot, conversation_id, thread_id),
+    )
+    return cur.rowcount > 0
+
+
+def _get_cursor(conn: sqlite3.Connection, bot: str, name: str) -> str | None:
+    row = conn.execute(
+        "SELECT value FROM cursors WHERE bot = ? AND name = ?", (bot, name)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _set_cursor(conn: sqlite3.Connection, bot: str, name: str, value: str) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO cursors (bot, name, value) VALUES (?, ?, ?)", (bot, name, value)
+    )
+
+
+def _add_outbound(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, entry: OutboundEntry, now: float
+) -> None:
+    ids = _ids_encoder.encode(entry.message_ids).decode()
+    text = entry.text[:OUTBOUND_TEXT_MAX]  # str indexes code points, so no pair is split
+    with _transaction(conn):
+        conn.execute(
+            "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at, completed_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
+        )
+        conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
+        # Only this conversation: bounded work per insert; prune() sweeps the rest.
+        conn.execute(
+            "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND completed_at < ?",
+            (bot, conversation_id, now - OUTBOUND_MAX_AGE_S),
+        )
+
+
+def _list_outbound(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, now: float
+) -> list[OutboundEntry]:
+    rows = conn.execute(
+        _OUTBOUND_LIST, (bot, conversation_id, now - OUTBOUND_MAX_AGE_S, OUTBOUND_CAP)
+    )
+    return [
+        OutboundEntry(message_ids=_ids_decoder.decode(ids), text=t, sent_at=s, completed_at=c)
+        for ids, t, s, c in rows
+    ]
+
+
+def _append_transcript(
+    conn: sqlite3.Connection,
+    bot: str,
+    session_id: str,
+    role: str,
+    text: str,
+    at: float,
+    completed: bool,
+) -> int:
+    cur = conn.execute(
+        "INSERT INTO transcript (bot, session_id, role, text, at, completed)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (bot, session_id, role, text, at, int(completed)),
+    )
+    assert cur.lastrowid is not None
+    return cur.lastrowid
+
+
+def _transcript_page(
+    conn: sqlite3.Connection, session_id: str, before_id: int | None, limit: int
+) -> list[TranscriptRow]:
+    if before_id is None:
+        rows = conn.execute(
+            "SELECT id, role, text, at, completed FROM transcript"
+            " WHERE session_id = ? ORDER BY id DESC LIMIT ?",
+            (session_id, limit),
+        )
+    else:
+        rows = conn.execute(
+            "SELECT id, role, text, at, completed FROM transcript"
+            " WHERE session_id = ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (session_id, before_id, limit),
+        )
+    return [
+        TranscriptRow(id=i, session_id=session_id, role=r, text=t, at=a, completed=bool(c))
+        for i, r, t, a, c in rows
+    ]
+
+
+def _set_last_direct(conn: sqlite3.Connection, bot: str, conversation_id: str, now: float) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO last_direct (bot, conversation_id, updated_at) VALUES (?, ?, ?)",
+        (bot, conversation_id, now),
+    )
+
+
+def _get_last_direct(conn: sqlite3.Connection, bot: str) -> str | None:
+    row = conn.execute("SELECT conversation_id FROM last_direct WHERE bot = ?", (bot,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _prune(conn: sqlite3.Connection, now: float) -> None:
+    with _transaction(conn):
+        conn.execute("DELETE FROM dedup WHERE expires_at <= ?", (now,))
+        conn.execute("DELETE FROM outbound WHERE completed_at < ?", (now - OUTBOUND_MAX_AGE_S,))

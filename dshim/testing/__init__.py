@@ -1,0 +1,1 @@
+"""Test support that ships with dshim: fake platform servers and recording outbounds."""

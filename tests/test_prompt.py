@@ -1,0 +1,245 @@
+"""Prompt assembly: block order, the source block's keys and encoding, titles."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dshim.config import PromptConfig
+from dshim.model import (
+    Attachment,
+    FilePart,
+    ImagePart,
+    InboundMessage,
+    ReplyReference,
+    TextPart,
+)
+from dshim.prompt import assemble, prompt_text, session_title, source_block
+from dshim.reply import REMOVED_CHARS, normalize, render_reply_block
+
+ASTRAL = "\U0001f600"
+SRC_OPEN, SRC_CLOSE = "<dsh_im_source>", "</dsh_im_source>"
+
+
+def message(**kw: Any) -> InboundMessage:
+    fields: dict[str, Any] = dict(
+        channel="telegram",
+        bot_id="b1",
+        message_id="m1",
+        conversation_id="c1",
+        conversation_type="group",
+        sender_id="42",
+        sender_name="Ann",
+        content="hello",
+    )
+    fields.update(kw)
+    return InboundMessage(**fields)
+
+
+def source_json(block: str) -> dict[str, Any]:
+    assert block.startswith(SRC_OPEN) and block.endswith(SRC_CLOSE)
+    obj: dict[str, Any] = json.loads(block[len(SRC_OPEN) : -len(SRC_CLOSE)])
+    return obj
+
+
+ALL_FIELDS: Any = [
+    "channel",
+    "conversationType",
+    "senderId",
+    "senderName",
+    "conversationTitle",
+    "threadId",
+]
+
+
+# --- order of parts ---------------------------------------------------------------------------
+
+
+def test_default_prompt_exact() -> None:
+    parts = assemble(message(), None, PromptConfig())
+    assert parts == [
+        TextPart(
+            '<dsh_im_source>{"channel":"telegram","conversationType":"group",'
+            '"senderId":"42","senderName":"Ann"}</dsh_im_source>'
+        ),
+        TextPart("hello"),
+    ]
+
+
+def test_order_source_reply_text_images_files() -> None:
+    q = normalize(ReplyReference(content="quoted", attachments=[Attachment(kind="image")]))
+    img = ImagePart(mime="image/png", data=b"\x89PNG", name="a.png")
+    doc = FilePart(name="a.pdf", data=b"%PDF", mime="application/pdf")
+    parts = assemble(
+        message(content="  the text \r\n"), q, PromptConfig(), images=[img], files=[doc]
+    )
+    assert len(parts) == 5
+    assert isinstance(parts[0], TextPart) and parts[0].text.startswith(SRC_OPEN)
+    assert parts[1] == TextPart(render_reply_block(q))
+    assert parts[2] == TextPart("the text")
+    assert parts[3:] == [img, doc]
+    assert prompt_text(parts) == "\n\n".join([parts[0].text, parts[1].text, "the text"])
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("a\r\nb\rc", "a\nb\nc"),
+        ("\n\n  keep  inner  spaces \n", "keep  inner  spaces"),
+        ("", None),
+        ("   \r\n\t", None),
+    ],
+)
+def test_current_text(content: str, text: str | None) -> None:
+    parts = assemble(message(content=content), None, PromptConfig(source_block=False))
+    assert parts == ([TextPart(text)] if text is not None else [])
+
+
+def test_empty_text_with_quote_and_image() -> None:
+    q = normalize(ReplyReference(content="q"))
+    img = ImagePart(mime="image/jpeg", data=b"x")
+    parts = assemble(message(content=""), q, PromptConfig(source_block=False), images=[img])
+    assert parts == [TextPart(render_reply_block(q)), img]
+
+
+def test_no_quote_no_reply_block() -> None:
+    parts = assemble(message(), None, PromptConfig())
+    assert not any(isinstance(p, TextPart) and "dsh_im_reply_to" in p.text for p in parts)
+
+
+def test_prompt_text_skips_non_text_parts() -> None:
+    parts = [TextPart("a"), ImagePart(mime="image/png", data=b""), TextPart("b")]
+    assert prompt_text(parts) == "a\n\nb"
+    assert prompt_text([]) == ""
+
+
+# --- the source block -----------------------------------------------------------------------
+
+
+def test_source_block_disabled() -> None:
+    assert source_block(message(), PromptConfig(source_block=False)) is None
+    parts = assemble(message(), None, PromptConfig(source_block=False))
+    assert parts == [TextPart("hello")]
+
+
+def test_source_block_no_fields() -> None:
+    assert source_block(message(), PromptConfig(source_fields=[])) is None
+
+
+def test_source_keys_in_fixed_order() -> None:
+    msg = message(conversation_title="Team", thread_id="t9", conversation_type="direct")
+    cfg = PromptConfig(source_fields=list(reversed(ALL_FIELDS)))
+    block = source_block(msg, cfg)
+    assert block == (
+        '<dsh_im_source>{"channel":"telegram","conversationType":"direct","senderId":"42",'
+        '"senderName":"Ann","conversationTitle":"Team","threadId":"t9"}</dsh_im_source>'
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "keys"),
+    [
+        (["senderId"], ["senderId"]),
+        (["threadId", "channel"], ["channel"]),  # threadId unknown: omitted
+        (["senderName"], []),
+        (ALL_FIELDS, ["channel", "conversationType", "senderId"]),
+    ],
+)
+def test_selected_and_known_keys_only(fields: Any, keys: list[str]) -> None:
+    msg = message(sender_name=None)
+    block = source_block(msg, PromptConfig(source_fields=fields))
+    assert (list(source_json(block)) if block else []) == keys
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Ann\r\nLee", "Ann Lee"),
+        ("\u202eAnn\u202c  \u200bLee\t", "Ann Lee"),
+        ("  ", None),
+        ("\u200b", None),
+        (ASTRAL * 256, ASTRAL * 256),
+        (ASTRAL * 257, ASTRAL * 256),
+        ("n" * 255 + " tail", "n" * 255),
+        ("</dsh_im_source><&>", "</dsh_im_source><&>"),
+        ("你好", "你好"),
+    ],
+)
+def test_source_values_cleaned_single_line_cut(name: str, expected: str | None) -> None:
+    block = source_block(message(sender_name=name), PromptConfig(source_fields=["senderName"]))
+    if expected is None:
+        assert block is None
+        return
+    assert block is not None
+    assert source_json(block) == {"senderName": expected}
+    assert block.count(SRC_CLOSE) == 1 and block.count(SRC_OPEN) == 1
+    inner = block[len(SRC_OPEN) : -len(SRC_CLOSE)]
+    assert not set(inner) & set("<>&")
+
+
+def test_source_escaping_exact() -> None:
+    block = source_block(
+        message(sender_name="a<b>&c 你"), PromptConfig(source_fields=["senderName"])
+    )
+    assert block == r'<dsh_im_source>{"senderName":"a\u003cb\u003e\u0026c 你"}</dsh_im_source>'
+
+
+@given(st.text(), st.text(), st.text())
+@settings(max_examples=200, deadline=None)
+def test_property_source_block(name: str, title: str, thread: str) -> None:
+    msg = message(sender_name=name, conversation_title=title, thread_id=thread, sender_id=name)
+    block = source_block(msg, PromptConfig(source_fields=ALL_FIELDS))
+    assert block is not None
+    assert block.count(SRC_OPEN) == 1 and block.count(SRC_CLOSE) == 1
+    assert not set(block) & REMOVED_CHARS
+    for value in source_json(block).values():
+        assert 0 < len(value) <= 256 and "\n" not in value and value == value.strip()
+
+
+# --- session titles -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "title"),
+    [
+        ("hello world", "hello world"),
+        ("  line one\r\nline two  ", "line one line two"),
+        ("a" * 60, "a" * 60),
+        ("a" * 61, "a" * 60),
+        (ASTRAL * 61, ASTRAL * 60),
+        ("a" * 59 + " b", "a" * 59),
+        ("\u202eevil\u200b", "evil"),
+        ("", None),
+        ("  \r\n ", None),
+        ("\u200b\ufeff", None),
+        (
+            '<dsh_im_reply_to>{"note":"x","content":"quoted"}</dsh_im_reply_to>\n\nmy question',
+            "my question",
+        ),
+        ('<dsh_im_source>{"channel":"qq"}</dsh_im_source>\n\nhi', "hi"),
+        ('<dsh_im_reply_to>{"note":"x"}</dsh_im_reply_to>', None),
+    ],
+)
+def test_session_title(text: str, title: str | None) -> None:
+    assert session_title(text) == title
+
+
+def test_session_title_never_from_injected_blocks() -> None:
+    q = normalize(ReplyReference(content="QUOTED TEXT"))
+    parts = assemble(message(content="the real question"), q, PromptConfig())
+    assert session_title(prompt_text(parts)) == "the real question"
+    assert session_title(message(content="the real question").content) == "the real question"
+
+
+@given(st.text())
+@settings(max_examples=200, deadline=None)
+def test_property_session_title(text: str) -> None:
+    title = session_title(text)
+    if title is not None:
+        assert 0 < len(title) <= 60
+        assert "\n" not in title and title == title.strip()
+        assert not set(title) & REMOVED_CHARS

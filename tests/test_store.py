@@ -1,0 +1,538 @@
+"""Tests of the SQLite store.
+
+Every test runs against a real SQLite file in ``tmp_path`` (no ``:memory:``), through the
+public async API, so WAL mode, the worker-thread limiter and the schema migrations are all
+exercised.  Times are passed explicitly (``now=``), so no test sleeps or reads a clock.
+Where the observable behaviour is "the file stays bounded" (caps, pruning), the test counts
+rows in the file with a second, plain sqlite3 connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+import dshim.store.sqlite as sqlite_store
+from dshim.errors import StoreError
+from dshim.store import DB_FILENAME, open_store
+from dshim.store.base import Binding, InboxEntry, OutboundEntry
+from dshim.store.sqlite import (
+    OUTBOUND_CAP,
+    OUTBOUND_MAX_AGE_S,
+    OUTBOUND_TEXT_MAX,
+    SCHEMA_VERSION,
+    Migration,
+    SqliteStore,
+    open_sqlite_store,
+)
+
+DAY = 24 * 3600.0
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "store.sqlite3"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SqliteStore]:
+    async with open_sqlite_store(db_path) as s:
+        yield s
+
+
+def query(path: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Run SQL on the store file through a separate plain connection."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        with conn:
+            return conn.execute(sql).fetchall()
+
+
+def entry(i: int, *, sent_at: float, completed_at: float | None = None) -> OutboundEntry:
+    return OutboundEntry(
+        message_ids=[f"m{i}", f"m{i}b"],
+        text=f"answer {i}",
+        sent_at=sent_at,
+        completed_at=sent_at if completed_at is None else completed_at,
+    )
+
+
+# -- dedup and inbox ---------------------------------------------------------------------------
+
+
+async def test_accept_dedups_until_the_key_expires(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
+    assert not await store.accept("bot", "c1", "m1", now=T0 + 59, ttl_s=60, raw=None)
+    assert await store.seen("bot", "c1", "m1", now=T0 + 59.9)
+    assert not await store.seen("bot", "c1", "m1", now=T0 + 60)
+
+    # The expired key is replaced, with a fresh expiry counted from the new acceptance.
+    assert await store.accept("bot", "c1", "m1", now=T0 + 60, ttl_s=60, raw=None)
+    assert await store.seen("bot", "c1", "m1", now=T0 + 119)
+    assert not await store.accept("bot", "c1", "m1", now=T0 + 119, ttl_s=60, raw=None)
+
+
+async def test_dedup_key_is_bot_conversation_and_message(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
+    assert await store.accept("bot", "c2", "m1", now=T0, ttl_s=60, raw=None)
+    assert await store.accept("other", "c1", "m1", now=T0, ttl_s=60, raw=None)
+    assert not await store.seen("bot", "c1", "m2", now=T0)
+
+
+async def test_concurrent_accepts_of_one_key_let_exactly_one_through(store: SqliteStore) -> None:
+    results: list[bool] = []
+
+    async def one() -> None:
+        results.append(await store.accept("bot", "c", "m", now=T0, ttl_s=60, raw=b"x"))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(20):
+            nursery.start_soon(one)
+    assert sorted(results) == [False] * 19 + [True]
+    assert len(await store.inbox_pending("bot")) == 1
+
+
+async def test_accept_writes_inbox_entry_and_duplicate_writes_nothing(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"first")
+    assert not await store.accept("bot", "c1", "m1", now=T0 + 1, ttl_s=60, raw=b"second")
+    assert await store.inbox_pending("bot") == [
+        InboxEntry(
+            conversation_id="c1", message_id="m1", raw=b"first", state="queued", accepted_at=T0
+        )
+    ]
+
+    # After handling finished, a redelivery within the TTL must not resurrect the entry.
+    await store.inbox_done("bot", "c1", "m1")
+    assert not await store.accept("bot", "c1", "m1", now=T0 + 2, ttl_s=60, raw=b"third")
+    assert await store.inbox_pending("bot") == []
+
+
+async def test_accept_without_raw_remembers_key_only(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
+    assert await store.inbox_pending("bot") == []
+    assert await store.seen("bot", "c1", "m1", now=T0)
+
+
+async def test_reaccepting_an_expired_key_restarts_its_inbox_entry(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=10, raw=b"old")
+    await store.inbox_set_state("bot", "c1", "m1", "running")
+    assert await store.accept("bot", "c1", "m1", now=T0 + 20, ttl_s=10, raw=b"new")
+    assert await store.inbox_pending("bot") == [
+        InboxEntry(
+            conversation_id="c1", message_id="m1", raw=b"new", state="queued", accepted_at=T0 + 20
+        )
+    ]
+
+
+async def test_accept_is_atomic_when_the_inbox_write_fails(
+    store: SqliteStore, db_path: Path
+) -> None:
+    # Fault injection from a second connection: every inbox insert aborts.
+    query(
+        db_path,
+        "CREATE TRIGGER fail_inbox BEFORE INSERT ON inbox BEGIN SELECT RAISE(ABORT, 'disk full'); END",
+    )
+    with pytest.raises(StoreError, match="disk full") as info:
+        await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
+    assert isinstance(info.value.__cause__, sqlite3.Error)
+    # The dedup key was rolled back with the inbox row: the redelivery is not lost.
+    assert not await store.seen("bot", "c1", "m1", now=T0)
+
+    query(db_path, "DROP TRIGGER fail_inbox")
+    assert await store.accept("bot", "c1", "m1", now=T0 + 1, ttl_s=60, raw=b"x")
+    assert [e.message_id for e in await store.inbox_pending("bot")] == ["m1"]
+
+
+async def test_inbox_lifecycle(store: SqliteStore) -> None:
+    # Accepted out of time order: pending lists by accepted_at, oldest first.
+    for message_id, at in [("m3", T0 + 30), ("m1", T0 + 10), ("m2", T0 + 20)]:
+        assert await store.accept(
+            "bot", "c1", message_id, now=at, ttl_s=600, raw=message_id.encode()
+        )
+    assert await store.accept("other", "c9", "m1", now=T0, ttl_s=600, raw=b"other")
+
+    pending = await store.inbox_pending("bot")
+    assert [(e.message_id, e.raw, e.state) for e in pending] == [
+        ("m1", b"m1", "queued"),
+        ("m2", b"m2", "queued"),
+        ("m3", b"m3", "queued"),
+    ]
+
+    await store.inbox_set_state("bot", "c1", "m2", "running")
+    await store.inbox_done("bot", "c1", "m1")
+    pending = await store.inbox_pending("bot")
+    assert [(e.message_id, e.state) for e in pending] == [("m2", "running"), ("m3", "queued")]
+
+    # Another bot's inbox is separate.
+    assert [e.raw for e in await store.inbox_pending("other")] == [b"other"]
+
+    # Finishing or updating an entry that is not there is harmless.
+    await store.inbox_done("bot", "c1", "m1")
+    await store.inbox_set_state("bot", "c1", "nope", "running")
+    assert len(await store.inbox_pending("bot")) == 2
+
+
+async def test_inbox_rejects_unknown_state(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
+    with pytest.raises(ValueError):
+        await store.inbox_set_state("bot", "c1", "m1", "exploded")
+    assert [e.state for e in await store.inbox_pending("bot")] == ["queued"]
+
+
+async def test_prune_drops_expired_dedup_keys_only(store: SqliteStore, db_path: Path) -> None:
+    assert await store.accept("bot", "c", "short", now=T0, ttl_s=10, raw=None)
+    assert await store.accept("bot", "c", "long", now=T0, ttl_s=1000, raw=None)
+    await store.prune(now=T0 + 10)
+    assert query(db_path, "SELECT message_id FROM dedup") == [("long",)]
+    assert await store.seen("bot", "c", "long", now=T0 + 10)
+
+
+# -- bindings, cursors, last direct ------------------------------------------------------------
+
+
+async def test_bindings_set_get_clear(store: SqliteStore) -> None:
+    assert await store.get_binding("bot", "c1", "") is None
+
+    await store.set_binding("bot", "c1", "", "s1", title="first", now=T0)
+    assert await store.get_binding("bot", "c1", "") == Binding(
+        session_id="s1", title="first", created_at=T0, updated_at=T0
+    )
+
+    # Same session again: created_at stays, title and updated_at change.
+    await store.set_binding("bot", "c1", "", "s1", title=None, now=T0 + 5)
+    assert await store.get_binding("bot", "c1", "") == Binding(
+        session_id="s1", title=None, created_at=T0, updated_at=T0 + 5
+    )
+
+    # A different session is a new binding.
+    await store.set_binding("bot", "c1", "", "s2", title="second", now=T0 + 9)
+    assert await store.get_binding("bot", "c1", "") == Binding(
+        session_id="s2", title="second", created_at=T0 + 9, updated_at=T0 + 9
+    )
+
+    # Threads and bots are bound separately.
+    await store.set_binding("bot", "c1", "t1", "s3", title=None, now=T0)
+    await store.set_binding("other", "c1", "", "s4", title=None, now=T0)
+    binding = await store.get_binding("bot", "c1", "")
+    assert binding is not None and binding.session_id == "s2"
+
+    assert await store.clear_binding("bot", "c1", "")
+    assert await store.get_binding("bot", "c1", "") is None
+    assert not await store.clear_binding("bot", "c1", "")
+    thread_binding = await store.get_binding("bot", "c1", "t1")
+    assert thread_binding is not None and thread_binding.session_id == "s3"
+    other_binding = await store.get_binding("other", "c1", "")
+    assert other_binding is not None and other_binding.session_id == "s4"
+
+
+async def test_cursors(store: SqliteStore) -> None:
+    assert await store.get_cursor("bot", "offset") is None
+    await store.set_cursor("bot", "offset", "41")
+    await store.set_cursor("bot", "offset", "42")
+    await store.set_cursor("bot", "session", "abc")
+    await store.set_cursor("other", "offset", "7")
+    assert await store.get_cursor("bot", "offset") == "42"
+    assert await store.get_cursor("bot", "session") == "abc"
+    assert await store.get_cursor("other", "offset") == "7"
+
+
+async def test_last_direct(store: SqliteStore) -> None:
+    assert await store.get_last_direct("bot") is None
+    await store.set_last_direct("bot", "dm1", now=T0)
+    await store.set_last_direct("bot", "dm2", now=T0 + 1)
+    await store.set_last_direct("other", "dm9", now=T0)
+    assert await store.get_last_direct("bot") == "dm2"
+    assert await store.get_last_direct("other") == "dm9"
+
+
+# -- outbound index ----------------------------------------------------------------------------
+
+
+async def test_outbound_keeps_newest_200_per_conversation(
+    store: SqliteStore, db_path: Path
+) -> None:
+    await store.add_outbound("bot", "elsewhere", entry(-1, sent_at=T0 - 1), now=T0)
+    for i in range(205):
+        await store.add_outbound("bot", "c1", entry(i, sent_at=T0 + i), now=T0 + i)
+
+    listed = await store.list_outbound("bot", "c1", now=T0 + 205)
+    assert len(listed) == OUTBOUND_CAP == 200
+    assert listed[0] == entry(204, sent_at=T0 + 204)
+    assert listed[-1] == entry(5, sent_at=T0 + 5)
+    assert [e.sent_at for e in listed] == [T0 + i for i in range(204, 4, -1)]
+
+    # Pruned from the file, not just hidden; other conversations are untouched.
+    assert query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c1'") == [(200,)]
+    assert await store.list_outbound("bot", "elsewhere", now=T0 + 205) == [
+        entry(-1, sent_at=T0 - 1)
+    ]
+
+
+async def test_outbound_newest_is_by_sent_at(store: SqliteStore) -> None:
+    # A long answer completes (and is indexed) after a later, shorter one.
+    await store.add_outbound("bot", "c1", entry(2, sent_at=T0 + 2), now=T0 + 2)
+    await store.add_outbound("bot", "c1", entry(1, sent_at=T0 + 1, completed_at=T0 + 9), now=T0 + 9)
+    listed = await store.list_outbound("bot", "c1", now=T0 + 9)
+    assert [e.message_ids[0] for e in listed] == ["m2", "m1"]
+
+
+async def test_outbound_entries_expire_after_30_days(store: SqliteStore, db_path: Path) -> None:
+    await store.add_outbound("bot", "c1", entry(1, sent_at=T0), now=T0)
+    await store.add_outbound("bot", "c1", entry(2, sent_at=T0 + 2 * DAY), now=T0 + 2 * DAY)
+    await store.add_outbound("bot", "c2", entry(3, sent_at=T0), now=T0)
+
+    # Exactly 30 days is still within the window; just past it is not.
+    day30 = T0 + OUTBOUND_MAX_AGE_S
+    assert len(await store.list_outbound("bot", "c1", now=day30)) == 2
+    listed = await store.list_outbound("bot", "c1", now=day30 + 1)
+    assert [e.message_ids for e in listed] == [["m2", "m2b"]]
+    assert await store.list_outbound("bot", "c2", now=day30 + 1) == []
+
+    # An insert drops its own conversation's expired entries ...
+    await store.add_outbound("bot", "c1", entry(4, sent_at=day30 + 1), now=day30 + 1)
+    assert query(db_path, "SELECT text FROM outbound WHERE conversation_id = 'c1' ORDER BY id") == [
+        ("answer 2",),
+        ("answer 4",),
+    ]
+    # ... and prune() sweeps every conversation.
+    await store.prune(now=day30 + 1)
+    assert query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c2'") == [(0,)]
+    assert len(await store.list_outbound("bot", "c1", now=day30 + 1)) == 2
+
+
+async def test_outbound_text_is_cut_to_8000_code_points(store: SqliteStore) -> None:
+    emoji = "\U0001f600"  # outside the BMP: one code point, two UTF-16 units, four UTF-8 bytes
+    texts = {
+        "c-emoji": emoji * (OUTBOUND_TEXT_MAX + 1),
+        "c-mixed": "a" * (OUTBOUND_TEXT_MAX - 1) + emoji + "\U00020000",
+        "c-exact": "\U00020000" * OUTBOUND_TEXT_MAX,
+    }
+    for conversation_id, text in texts.items():
+        e = OutboundEntry(message_ids=["1"], text=text, sent_at=T0, completed_at=T0)
+        await store.add_outbound("bot", conversation_id, e, now=T0)
+
+    async def stored(conversation_id: str) -> str:
+        (e,) = await store.list_outbound("bot", conversation_id, now=T0)
+        return e.text
+
+    assert await stored("c-emoji") == emoji * 8000
+    assert await stored("c-mixed") == "a" * 7999 + emoji
+    assert await stored("c-exact") == texts["c-exact"]
+
+
+# -- transcript --------------------------------------------------------------------------------
+
+
+async def test_transcript_pages_newest_first(store: SqliteStore) -> None:
+    ids: list[int] = []
+    for i in range(350):
+        role = "user" if i % 2 == 0 else "assistant"
+        ids.append(
+            await store.append_transcript(
+                "bot", "s1", role, f"text {i}", at=T0 + i, completed=i % 7 != 0
+            )
+        )
+        if i % 3 == 0:  # interleave another session
+            await store.append_transcript("bot", "s2", "user", "noise", at=T0, completed=True)
+    assert ids == sorted(ids) and len(set(ids)) == 350
+
+    pages: list[list[int]] = []
+    before: int | None = None
+    while True:
+        page = await store.transcript_page("s1", before_id=before, limit=100)
+        if not page:
+            break
+        pages.append([row.id for row in page])
+        before = page[-1].id
+    assert [len(p) for p in pages] == [100, 100, 100, 50]
+    assert [i for p in pages for i in p] == ids[::-1]
+
+    first = (await store.transcript_page("s1", before_id=None, limit=1))[0]
+    assert (first.session_id, first.role, first.text, first.at, first.completed) == (
+        "s1",
+        "assistant",
+        "text 349",
+        T0 + 349,
+        True,
+    )
+    page = await store.transcript_page("s1", before_id=ids[8], limit=2)
+    assert [(r.text, r.role, r.completed) for r in page] == [
+        ("text 7", "assistant", False),
+        ("text 6", "user", True),
+    ]
+    assert len(await store.transcript_page("s2", before_id=None, limit=1000)) == 117
+    with pytest.raises(ValueError):
+        await store.transcript_page("s1", before_id=None, limit=0)
+
+
+# -- schema, files, restart --------------------------------------------------------------------
+
+
+async def test_fresh_store_is_wal_at_current_schema(db_path: Path) -> None:
+    async with open_sqlite_store(db_path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION >= 1
+    assert query(db_path, "PRAGMA journal_mode") == [("wal",)]
+    assert query(db_path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+
+
+async def test_reopen_does_not_rerun_migrations(db_path: Path) -> None:
+    for _ in range(3):
+        async with open_sqlite_store(db_path) as store:
+            assert await store.schema_version() == SCHEMA_VERSION
+            await store.append_transcript("bot", "s", "user", "hi", at=T0, completed=True)
+    async with open_sqlite_store(db_path) as store:
+        assert len(await store.transcript_page("s", before_id=None, limit=10)) == 3
+
+
+async def test_appended_migration_upgrades_an_existing_file(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_sqlite_store(db_path) as store:
+        await store.set_cursor("bot", "offset", "9")
+
+    upgraded = (
+        *sqlite_store.MIGRATIONS,
+        Migration("pending interactions", ("CREATE TABLE probe (x INTEGER)",)),
+    )
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", upgraded)
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", len(upgraded))
+    for _ in range(2):
+        async with open_sqlite_store(db_path) as store:
+            assert await store.schema_version() == SCHEMA_VERSION + 1
+            assert await store.get_cursor("bot", "offset") == "9"
+    assert query(db_path, "SELECT count(*) FROM probe") == [(0,)]
+
+    # The older code refuses the upgraded file instead of misreading it.
+    monkeypatch.undo()
+    with pytest.raises(StoreError, match="newer"):
+        async with open_sqlite_store(db_path):
+            pass
+
+
+async def test_failed_migration_leaves_the_file_at_the_old_version(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_sqlite_store(db_path):
+        pass
+    broken = (
+        *sqlite_store.MIGRATIONS,
+        Migration("broken", ("CREATE TABLE half (x INTEGER)", "NOT SQL AT ALL")),
+    )
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", broken)
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", len(broken))
+    with pytest.raises(StoreError):
+        async with open_sqlite_store(db_path):
+            pass
+    monkeypatch.undo()
+    assert query(db_path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
+    assert query(db_path, "SELECT name FROM sqlite_master WHERE name = 'half'") == []
+
+
+async def test_newer_schema_version_is_refused(db_path: Path) -> None:
+    async with open_sqlite_store(db_path):
+        pass
+    query(db_path, "PRAGMA user_version = 999")
+    with pytest.raises(StoreError, match="schema version 999"):
+        async with open_sqlite_store(db_path):
+            pass
+
+
+async def test_garbage_file_is_a_store_error(db_path: Path) -> None:
+    await trio.Path(db_path).write_bytes(b"this is not a database, just some bytes\n" * 200)
+    with pytest.raises(StoreError, match="cannot open store") as info:
+        async with open_sqlite_store(db_path):
+            pass
+    assert isinstance(info.value.__cause__, sqlite3.DatabaseError)
+
+
+async def test_foreign_sqlite_database_is_refused(db_path: Path) -> None:
+    query(db_path, "CREATE TABLE customers (name TEXT)")
+    with pytest.raises(StoreError, match="not a dshim store"):
+        async with open_sqlite_store(db_path):
+            pass
+    # Nothing was added to the foreign file.
+    assert query(db_path, "SELECT name FROM sqlite_master") == [("customers",)]
+
+
+async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreError):
+        async with open_sqlite_store(tmp_path / "missing-dir" / "store.sqlite3"):
+            pass
+
+
+async def test_closed_store_raises_store_error(db_path: Path) -> None:
+    async with open_sqlite_store(db_path) as store:
+        pass
+    await store.aclose()  # idempotent
+    with pytest.raises(StoreError, match="closed"):
+        await store.get_cursor("bot", "offset")
+
+
+async def test_store_closes_when_the_block_is_cancelled(db_path: Path) -> None:
+    with trio.CancelScope() as scope:
+        async with open_sqlite_store(db_path) as store:
+            scope.cancel()
+            await trio.sleep_forever()
+    with pytest.raises(StoreError, match="closed"):
+        await store.seen("bot", "c", "m", now=T0)
+
+
+async def test_state_survives_a_restart(db_path: Path) -> None:
+    async with open_sqlite_store(db_path) as store:
+        assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=3600, raw=b"payload")
+        assert await store.accept("bot", "c1", "m2", now=T0, ttl_s=3600, raw=None)
+        await store.inbox_set_state("bot", "c1", "m1", "running")
+        await store.set_binding("bot", "c1", "t", "s1", title="chat", now=T0)
+        await store.set_cursor("bot", "offset", "100")
+        await store.set_last_direct("bot", "dm", now=T0)
+        for i in range(3):
+            await store.add_outbound("bot", "c1", entry(i, sent_at=T0 + i), now=T0 + i)
+        row_id = await store.append_transcript("bot", "s1", "user", "hello", at=T0, completed=True)
+
+    async with open_sqlite_store(db_path) as store:
+        # Redeliveries after the restart are still recognised as duplicates.
+        assert not await store.accept("bot", "c1", "m1", now=T0 + 60, ttl_s=3600, raw=b"again")
+        assert not await store.accept("bot", "c1", "m2", now=T0 + 60, ttl_s=3600, raw=None)
+        assert await store.inbox_pending("bot") == [
+            InboxEntry(
+                conversation_id="c1",
+                message_id="m1",
+                raw=b"payload",
+                state="running",
+                accepted_at=T0,
+            )
+        ]
+        assert await store.get_binding("bot", "c1", "t") == Binding(
+            session_id="s1", title="chat", created_at=T0, updated_at=T0
+        )
+        assert await store.get_cursor("bot", "offset") == "100"
+        assert await store.get_last_direct("bot") == "dm"
+        assert await store.list_outbound("bot", "c1", now=T0 + 3) == [
+            entry(2, sent_at=T0 + 2),
+            entry(1, sent_at=T0 + 1),
+            entry(0, sent_at=T0),
+        ]
+        (row,) = await store.transcript_page("s1", before_id=None, limit=10)
+        assert (row.id, row.text) == (row_id, "hello")
+        # Ids keep increasing across the restart.
+        assert (
+            await store.append_transcript("bot", "s1", "assistant", "hi", at=T0, completed=True)
+            > row_id
+        )
+
+
+async def test_open_store_creates_private_data_dir(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data" / "dshim"
+    async with open_store(data_dir) as store:
+        await store.set_cursor("bot", "offset", "1")
+    assert stat.S_IMODE((await trio.Path(data_dir).stat()).st_mode) == 0o700
+    assert await trio.Path(data_dir / DB_FILENAME).is_file()
+    async with open_store(data_dir) as store:
+        assert await store.get_cursor("bot", "offset") == "1"
