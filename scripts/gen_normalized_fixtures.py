@@ -41,7 +41,16 @@ def dm(mid: str, content: str, *, sec: float = 0, **kw: Any) -> dict[str, Any]:
 
 
 def group(mid: str, content: str, *, addressed: bool, sec: float = 0, **kw: Any) -> dict[str, Any]:
-    ev = dm(mid, content, sec=sec, conversation_id="-1001", conversation_type="group", sender_id="7", sender_name="Grace", addressed=addressed)
+    ev = dm(
+        mid,
+        content,
+        sec=sec,
+        conversation_id="-1001",
+        conversation_type="group",
+        sender_id="7",
+        sender_name="Grace",
+        addressed=addressed,
+    )
     ev.update(kw)
     return ev
 
@@ -60,7 +69,11 @@ def fixture(name: str, description: str, events: list[dict[str, Any]], **extra: 
     }
 
 
-fixture("plain_dm", "A plain direct message is answered with the echoed prompt.", [dm("1", "hello there")])
+fixture(
+    "plain_dm",
+    "A plain direct message is answered with the echoed prompt.",
+    [dm("1", "hello there")],
+)
 
 fixture(
     "group_addressed_and_unaddressed",
@@ -74,13 +87,30 @@ fixture(
 fixture(
     "quote_with_text",
     "A reply to someone's text message: the quote arrives as its own block before the current text.",
-    [dm("2", "is this right?", sec=5, reply_to={"message_id": "1", "content": "The meeting moved to Thursday."})],
+    [
+        dm(
+            "2",
+            "is this right?",
+            sec=5,
+            reply_to={"message_id": "1", "content": "The meeting moved to Thursday."},
+        )
+    ],
 )
 
 fixture(
     "quote_image_only",
     "A quote of a message that carried only an image: attachments are listed, no content key.",
-    [dm("2", "what is in this picture?", sec=5, reply_to={"message_id": "1", "attachments": [{"kind": "image", "name": "photos/IMG_0001.jpg"}]})],
+    [
+        dm(
+            "2",
+            "what is in this picture?",
+            sec=5,
+            reply_to={
+                "message_id": "1",
+                "attachments": [{"kind": "image", "name": "photos/IMG_0001.jpg"}],
+            },
+        )
+    ],
 )
 
 fixture(
@@ -91,7 +121,12 @@ fixture(
             "2",
             "do you agree with him?",
             sec=5,
-            reply_to={"message_id": 991, "author_id": 12345, "author_name": "  Bob\n\tSmith  ", "content": "Ship it on Friday."},
+            reply_to={
+                "message_id": 991,
+                "author_id": 12345,
+                "author_name": "  Bob\n\tSmith  ",
+                "content": "Ship it on Friday.",
+            },
         )
     ],
 )
@@ -109,7 +144,10 @@ fixture(
                 "message_id": "1",
                 "content": long_content,
                 "attachments": [
-                    {"kind": ["image", "file", "audio", "video", "sticker"][i % 5], "name": f"C:\\Users\\ada\\file-{i}.bin"}
+                    {
+                        "kind": ["image", "file", "audio", "video", "sticker"][i % 5],
+                        "name": f"C:\\Users\\ada\\file-{i}.bin",
+                    }
                     for i in range(25)
                 ],
             },
@@ -139,7 +177,12 @@ fixture(
     "Quoting a message that says /new or /stop does not run the command: the quote goes to the agent as text.",
     [
         dm("1", "first question"),
-        dm("3", "what did you mean?", sec=10, reply_to={"message_id": "2", "author_name": "Ada Lovelace", "content": "/new"}),
+        dm(
+            "3",
+            "what did you mean?",
+            sec=10,
+            reply_to={"message_id": "2", "author_name": "Ada Lovelace", "content": "/new"},
+        ),
         dm("5", "and this one?", sec=20, reply_to={"message_id": "4", "content": "/stop"}),
     ],
 )
@@ -147,17 +190,41 @@ fixture(
 fixture(
     "quote_unavailable_reason",
     "The platform said the quoted message was deleted: only the reason is passed on.",
-    [dm("2", "why did they delete it?", sec=5, reply_to={"message_id": "1", "unavailable_reason": "deleted"})],
+    [
+        dm(
+            "2",
+            "why did they delete it?",
+            sec=5,
+            reply_to={"message_id": "1", "unavailable_reason": "deleted"},
+        )
+    ],
 )
 
 fixture(
     "recover_outbound_by_id",
     "A reply to one of the bot's own answers that carries only its id: the text comes from the outbound index.",
-    [dm("20", "why do you say so?", sec=60, reply_to={"message_id": "501", "author_id": "100", "recover_at": at(-300)})],
+    [
+        dm(
+            "20",
+            "why do you say so?",
+            sec=60,
+            reply_to={"message_id": "501", "author_id": "100", "recover_at": at(-300)},
+        )
+    ],
     outbound={
         "42": [
-            {"message_ids": ["500"], "text": "An earlier answer.", "sent_at": at(-600), "completed_at": at(-598)},
-            {"message_ids": ["501", "502"], "text": "Paris is the capital of France.", "sent_at": at(-300), "completed_at": at(-290)},
+            {
+                "message_ids": ["500"],
+                "text": "An earlier answer.",
+                "sent_at": at(-600),
+                "completed_at": at(-598),
+            },
+            {
+                "message_ids": ["501", "502"],
+                "text": "Paris is the capital of France.",
+                "sent_at": at(-300),
+                "completed_at": at(-290),
+            },
         ]
     },
 )
@@ -165,11 +232,28 @@ fixture(
 fixture(
     "recover_outbound_by_time",
     "The quoted id is unknown but its time falls in exactly one answer's window [sent_at - 15 s, completed_at + 15 s].",
-    [dm("20", "go on", sec=60, reply_to={"message_id": "777", "author_id": "100", "recover_at": at(-280)})],
+    [
+        dm(
+            "20",
+            "go on",
+            sec=60,
+            reply_to={"message_id": "777", "author_id": "100", "recover_at": at(-280)},
+        )
+    ],
     outbound={
         "42": [
-            {"message_ids": ["500"], "text": "An earlier answer.", "sent_at": at(-600), "completed_at": at(-598)},
-            {"message_ids": ["501"], "text": "The second answer, streamed for a while.", "sent_at": at(-300), "completed_at": at(-290)},
+            {
+                "message_ids": ["500"],
+                "text": "An earlier answer.",
+                "sent_at": at(-600),
+                "completed_at": at(-598),
+            },
+            {
+                "message_ids": ["501"],
+                "text": "The second answer, streamed for a while.",
+                "sent_at": at(-300),
+                "completed_at": at(-290),
+            },
         ]
     },
 )
@@ -177,11 +261,28 @@ fixture(
 fixture(
     "recover_outbound_ambiguous",
     "Two answers are within the time window: recovery refuses to guess and reports not-delivered.",
-    [dm("20", "which one?", sec=60, reply_to={"message_id": "777", "author_id": "100", "recover_at": at(-295)})],
+    [
+        dm(
+            "20",
+            "which one?",
+            sec=60,
+            reply_to={"message_id": "777", "author_id": "100", "recover_at": at(-295)},
+        )
+    ],
     outbound={
         "42": [
-            {"message_ids": ["500"], "text": "Answer A.", "sent_at": at(-300), "completed_at": at(-299)},
-            {"message_ids": ["501"], "text": "Answer B.", "sent_at": at(-290), "completed_at": at(-289)},
+            {
+                "message_ids": ["500"],
+                "text": "Answer A.",
+                "sent_at": at(-300),
+                "completed_at": at(-299),
+            },
+            {
+                "message_ids": ["501"],
+                "text": "Answer B.",
+                "sent_at": at(-290),
+                "completed_at": at(-289),
+            },
         ]
     },
 )
@@ -209,14 +310,36 @@ def history_time(n: int, answer_at_index: int) -> float:
 fixture(
     "recover_history_found",
     "Nothing in the outbound index: a 350-row session history is read newest first; the answer 250 rows back is found within 3 x 100 rows.",
-    [dm("20", "tell me more", sec=0, reply_to={"message_id": "4242", "author_id": "100", "recover_at": at(history_time(350, 251) + 3)})],
+    [
+        dm(
+            "20",
+            "tell me more",
+            sec=0,
+            reply_to={
+                "message_id": "4242",
+                "author_id": "100",
+                "recover_at": at(history_time(350, 251) + 3),
+            },
+        )
+    ],
     history={"42": history(350, 251, "The answer from long ago.")},
 )
 
 fixture(
     "recover_history_beyond_budget",
     "The answer is 320 rows back in a 350-row history: beyond 3 x 100 rows, so not-delivered.",
-    [dm("20", "tell me more", sec=0, reply_to={"message_id": "4242", "author_id": "100", "recover_at": at(history_time(350, 321) + 3)})],
+    [
+        dm(
+            "20",
+            "tell me more",
+            sec=0,
+            reply_to={
+                "message_id": "4242",
+                "author_id": "100",
+                "recover_at": at(history_time(350, 321) + 3),
+            },
+        )
+    ],
     history={"42": history(350, 321, "Too far back to find.")},
 )
 
@@ -276,7 +399,11 @@ fixture(
     "source_fields",
     "bots.prompt.source_fields selects the source keys; a thread id and a title are included when selected.",
     [group("1", "in a topic", addressed=True, thread_id="77", conversation_title="Ops\nRoom")],
-    options={"prompt": {"source_fields": ["channel", "conversationType", "conversationTitle", "threadId"]}},
+    options={
+        "prompt": {
+            "source_fields": ["channel", "conversationType", "conversationTitle", "threadId"]
+        }
+    },
 )
 
 fixture(
@@ -286,7 +413,10 @@ fixture(
         dm(
             "1",
             "compare these",
-            images=[{"name": "a.png", "mime": "image/png"}, {"name": "b.jpg", "mime": "image/jpeg"}],
+            images=[
+                {"name": "a.png", "mime": "image/png"},
+                {"name": "b.jpg", "mime": "image/jpeg"},
+            ],
             files=[{"name": "report.pdf", "mime": "application/pdf"}],
             reply_to={"message_id": "0", "attachments": [{"kind": "audio", "name": "voice.ogg"}]},
         )

@@ -29,7 +29,13 @@ def reply_json(prompt: str) -> dict[str, object]:
 
 
 class CountingLoader:
-    def __init__(self, result: ReplyReference | None = None, *, hang: bool = False, error: Exception | None = None):
+    def __init__(
+        self,
+        result: ReplyReference | None = None,
+        *,
+        hang: bool = False,
+        error: Exception | None = None,
+    ):
         self.calls = 0
         self.result = result
         self.hang = hang
@@ -68,14 +74,21 @@ async def test_plain_dm_is_answered_with_the_prompt(autojump_clock: object, tmp_
     [
         ({"sender_id": "100"}, "echo"),
         ({"sender_is_bot": True, "sender_id": "7"}, "bot"),
-        ({"conversation_type": "group", "addressed": False, "conversation_id": "-5"}, "unaddressed"),
+        (
+            {"conversation_type": "group", "addressed": False, "conversation_id": "-5"},
+            "unaddressed",
+        ),
         ({"received_at": T0 - 601}, "stale"),
     ],
 )
-async def test_gates_drop_without_answer_or_lookup(autojump_clock: object, tmp_path: Path, kwargs: dict[str, object], reason: str) -> None:
+async def test_gates_drop_without_answer_or_lookup(
+    autojump_clock: object, tmp_path: Path, kwargs: dict[str, object], reason: str
+) -> None:
     loader = CountingLoader(ReplyReference(content="x"))
     async with open_rig(tmp_path) as rig:
-        v = await rig.rt.accept(msg("hi", reply_to=ReplyReference(message_id="9", loader=loader), **kwargs))  # type: ignore[arg-type]
+        v = await rig.rt.accept(
+            msg("hi", reply_to=ReplyReference(message_id="9", loader=loader), **kwargs)
+        )  # type: ignore[arg-type]
         await rig.rt.wait_idle()
     assert not v.accepted and v.reason == reason
     assert [r for _, r in rig.events.drops] == [reason]
@@ -83,7 +96,9 @@ async def test_gates_drop_without_answer_or_lookup(autojump_clock: object, tmp_p
     assert loader.calls == 0
 
 
-async def test_backlog_limit_is_per_bot_configurable(autojump_clock: object, tmp_path: Path) -> None:
+async def test_backlog_limit_is_per_bot_configurable(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path, backlog_max_age_s=30) as rig:
         v = await rig.rt.accept(msg("old", received_at=T0 - 31))
     assert v.reason == "stale"
@@ -103,7 +118,9 @@ async def test_duplicate_is_dropped_and_never_loads(autojump_clock: object, tmp_
     assert len(rig.events.prompts) == 1 and len(rig.out.sent) == 1
 
 
-async def test_same_message_id_in_another_conversation_is_not_a_duplicate(autojump_clock: object, tmp_path: Path) -> None:
+async def test_same_message_id_in_another_conversation_is_not_a_duplicate(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("a", message_id="1", conversation_id="1", sender_id="1"))
         v = await rig.rt.accept(msg("b", message_id="1", conversation_id="2", sender_id="2"))
@@ -111,7 +128,9 @@ async def test_same_message_id_in_another_conversation_is_not_a_duplicate(autoju
     assert v.accepted and len(rig.events.prompts) == 2
 
 
-async def test_malformed_event_is_dropped_and_bot_keeps_running(autojump_clock: object, tmp_path: Path) -> None:
+async def test_malformed_event_is_dropped_and_bot_keeps_running(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         v = await rig.rt.accept(Skip(reason="malformed", detail="bad json"))
         await rig.rt.accept(msg("still here"))
@@ -122,7 +141,15 @@ async def test_malformed_event_is_dropped_and_bot_keeps_running(autojump_clock: 
 
 async def test_addressed_group_message_is_answered(autojump_clock: object, tmp_path: Path) -> None:
     async with open_rig(tmp_path) as rig:
-        await rig.rt.accept(msg("hey bot", conversation_type="group", conversation_id="-5", sender_id="7", addressed=True))
+        await rig.rt.accept(
+            msg(
+                "hey bot",
+                conversation_type="group",
+                conversation_id="-5",
+                sender_id="7",
+                addressed=True,
+            )
+        )
         await rig.rt.wait_idle()
     assert '"conversationType":"group"' in rig.events.prompts[0]
     assert rig.out.sent[0].target.conversation_id == "-5"
@@ -131,15 +158,28 @@ async def test_addressed_group_message_is_answered(autojump_clock: object, tmp_p
 # -- step 4 ---------------------------------------------------------------------------------
 
 
-async def test_allowlist_admits_listed_direct_users_only(autojump_clock: object, tmp_path: Path) -> None:
+async def test_allowlist_admits_listed_direct_users_only(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     loader = CountingLoader(ReplyReference(content="q"))
     async with open_rig(tmp_path, access={"mode": "allowlist", "users": ["42", 43]}) as rig:
         ok = await rig.rt.accept(msg("hi", sender_id="43", conversation_id="43"))
         denied = await rig.rt.accept(
-            msg("hi", sender_id="44", conversation_id="44", reply_to=ReplyReference(message_id="1", loader=loader))
+            msg(
+                "hi",
+                sender_id="44",
+                conversation_id="44",
+                reply_to=ReplyReference(message_id="1", loader=loader),
+            )
         )
         group = await rig.rt.accept(
-            msg("hi", sender_id="42", conversation_type="group", conversation_id="-1", addressed=True)
+            msg(
+                "hi",
+                sender_id="42",
+                conversation_type="group",
+                conversation_id="-1",
+                addressed=True,
+            )
         )
         await rig.rt.wait_idle()
     assert ok.accepted
@@ -192,7 +232,9 @@ async def test_help_answers_without_the_harness(autojump_clock: object, tmp_path
     assert "/new" in rig.texts[0] and "/stop" in rig.texts[0]
 
 
-async def test_unknown_slash_word_goes_to_the_harness(autojump_clock: object, tmp_path: Path) -> None:
+async def test_unknown_slash_word_goes_to_the_harness(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("/frobnicate now"))
         await rig.rt.accept(msg("/help@otherbot"))
@@ -202,7 +244,9 @@ async def test_unknown_slash_word_goes_to_the_harness(autojump_clock: object, tm
     assert rig.events.prompts[1].endswith("/help@otherbot")
 
 
-async def test_command_with_image_is_a_caption_not_a_command(autojump_clock: object, tmp_path: Path) -> None:
+async def test_command_with_image_is_a_caption_not_a_command(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("/new", images=[MediaRef(kind="image", name="a.png")]))
         await rig.rt.wait_idle()
@@ -210,7 +254,9 @@ async def test_command_with_image_is_a_caption_not_a_command(autojump_clock: obj
     assert len(rig.events.prompts) == 1
 
 
-async def test_new_unbinds_and_next_message_starts_a_new_session(autojump_clock: object, tmp_path: Path) -> None:
+async def test_new_unbinds_and_next_message_starts_a_new_session(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("first"))
         await rig.rt.wait_idle()
@@ -226,7 +272,9 @@ async def test_new_unbinds_and_next_message_starts_a_new_session(autojump_clock:
     assert any("new conversation" in t.lower() for t in rig.texts)
 
 
-async def test_stop_cancels_running_turn_and_keeps_queue(autojump_clock: object, tmp_path: Path) -> None:
+async def test_stop_cancels_running_turn_and_keeps_queue(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("echo:slow 20"))
         await rig.rt.accept(msg("queued after"))
@@ -248,7 +296,9 @@ async def test_stop_with_nothing_running(autojump_clock: object, tmp_path: Path)
     assert rig.texts == ["Nothing to stop."]
 
 
-async def test_status_reports_harness_session_and_queue(autojump_clock: object, tmp_path: Path) -> None:
+async def test_status_reports_harness_session_and_queue(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("/status"))
         await rig.rt.wait_idle()
@@ -273,7 +323,9 @@ async def test_status_says_when_the_harness_is_down(autojump_clock: object, tmp_
     assert "NOT reachable" in rig.texts[0] and "connection refused" in rig.texts[0]
 
 
-async def test_models_and_steer_without_support_are_explained(autojump_clock: object, tmp_path: Path) -> None:
+async def test_models_and_steer_without_support_are_explained(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("/models"))
         await rig.rt.wait_idle()
@@ -290,12 +342,16 @@ async def test_models_and_steer_without_support_are_explained(autojump_clock: ob
 
 
 @pytest.mark.parametrize("quoted", ["/new", "/stop", "yes", "/help"])
-async def test_quoted_command_is_never_executed(autojump_clock: object, tmp_path: Path, quoted: str) -> None:
+async def test_quoted_command_is_never_executed(
+    autojump_clock: object, tmp_path: Path, quoted: str
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("first"))
         await rig.rt.wait_idle()
         binding = await rig.store.get_binding("t", "42", "")
-        await rig.rt.accept(msg("what about this?", reply_to=ReplyReference(message_id="5", content=quoted)))
+        await rig.rt.accept(
+            msg("what about this?", reply_to=ReplyReference(message_id="5", content=quoted))
+        )
         await rig.rt.wait_idle()
         after = await rig.store.get_binding("t", "42", "")
     assert rig.events.commands == []
@@ -303,7 +359,9 @@ async def test_quoted_command_is_never_executed(autojump_clock: object, tmp_path
     assert reply_json(rig.events.prompts[1])["content"] == quoted
 
 
-async def test_quote_reaches_the_harness_as_one_block(autojump_clock: object, tmp_path: Path) -> None:
+async def test_quote_reaches_the_harness_as_one_block(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     ref = ReplyReference(
         message_id=77,
         author_id=5,
@@ -329,7 +387,9 @@ async def test_quote_reaches_the_harness_as_one_block(autojump_clock: object, tm
 # -- lazy load inside the turn --------------------------------------------------------------
 
 
-async def test_loader_that_never_returns_gives_not_delivered_after_deadline(autojump_clock: object, tmp_path: Path) -> None:
+async def test_loader_that_never_returns_gives_not_delivered_after_deadline(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     loader = CountingLoader(hang=True)
     async with open_rig(tmp_path) as rig:
         t0 = trio.current_time()
@@ -341,7 +401,9 @@ async def test_loader_that_never_returns_gives_not_delivered_after_deadline(auto
     assert 5.0 <= elapsed < 5.1
 
 
-async def test_stop_during_loading_cancels_loader_and_sends_no_prompt(autojump_clock: object, tmp_path: Path) -> None:
+async def test_stop_during_loading_cancels_loader_and_sends_no_prompt(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     loader = CountingLoader(hang=True)
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("q", reply_to=ReplyReference(message_id="3", loader=loader)))
@@ -353,23 +415,32 @@ async def test_stop_during_loading_cancels_loader_and_sends_no_prompt(autojump_c
     assert rig.texts == [STOPPED_MARK]
 
 
-async def test_loader_error_degrades_to_reason_and_message_still_goes(autojump_clock: object, tmp_path: Path) -> None:
+async def test_loader_error_degrades_to_reason_and_message_still_goes(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     loader = CountingLoader(error=NotFound("gone"))
     async with open_rig(tmp_path) as rig:
-        await rig.rt.accept(msg("and this?", reply_to=ReplyReference(message_id="3", loader=loader)))
+        await rig.rt.accept(
+            msg("and this?", reply_to=ReplyReference(message_id="3", loader=loader))
+        )
         await rig.rt.wait_idle()
     data = reply_json(rig.events.prompts[0])
     assert data["unavailableReason"] == "not-found" and data["messageId"] == "3"
     assert rig.events.prompts[0].endswith("and this?")
 
 
-async def test_recovery_of_own_answer_from_outbound_index(autojump_clock: object, tmp_path: Path) -> None:
+async def test_recovery_of_own_answer_from_outbound_index(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("question one"))
         await rig.rt.wait_idle()
         answer = rig.out.sent[0]
         await rig.rt.accept(
-            msg("explain", reply_to=ReplyReference(message_id=answer.message_id, recover=True, recover_at=T0))
+            msg(
+                "explain",
+                reply_to=ReplyReference(message_id=answer.message_id, recover=True, recover_at=T0),
+            )
         )
         await rig.rt.wait_idle()
     assert reply_json(rig.events.prompts[1])["content"] == answer.text
@@ -389,7 +460,9 @@ async def test_batch_collects_and_sends_one_prompt(autojump_clock: object, tmp_p
     assert "one" in p and "two" in p and p.index("one") < p.index("two")
 
 
-async def test_batch_refuses_quotes_images_and_files(autojump_clock: object, tmp_path: Path) -> None:
+async def test_batch_refuses_quotes_images_and_files(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("/batch"))
         await rig.rt.accept(msg("quoted", reply_to=ReplyReference(content="q")))
@@ -408,7 +481,9 @@ async def test_batch_cancel_and_group_refusal(autojump_clock: object, tmp_path: 
     async with open_rig(tmp_path) as rig:
         for text in ["/batch", "one", "/cancel", "/send"]:
             await rig.rt.accept(msg(text))
-        await rig.rt.accept(msg("/batch", conversation_type="group", conversation_id="-1", addressed=True))
+        await rig.rt.accept(
+            msg("/batch", conversation_type="group", conversation_id="-1", addressed=True)
+        )
         await rig.rt.wait_idle()
     assert rig.events.prompts == []
     assert "discarded (1" in rig.texts[1]
@@ -451,7 +526,9 @@ async def test_conversations_run_in_parallel(autojump_clock: object, tmp_path: P
     assert elapsed < 2.0  # 5 x 1.5 s if they ran one after another
 
 
-async def test_lane_overflow_gets_a_visible_busy_reply(autojump_clock: object, tmp_path: Path) -> None:
+async def test_lane_overflow_gets_a_visible_busy_reply(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path, lanes={"max_queue": 2}) as rig:
         await rig.rt.accept(msg("echo:slow 4"))
         await trio.sleep(0.1)
@@ -479,7 +556,9 @@ async def test_idle_lane_exits_after_ten_minutes(autojump_clock: object, tmp_pat
 # -- step 7: failures -------------------------------------------------------------------------
 
 
-async def test_harness_failure_gives_one_error_reply_and_next_works(autojump_clock: object, tmp_path: Path) -> None:
+async def test_harness_failure_gives_one_error_reply_and_next_works(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("echo:fail"))
         await rig.rt.wait_idle()
@@ -497,7 +576,9 @@ class ExplodingHarness(EchoHarness):
         yield TurnEnd()  # pragma: no cover
 
 
-async def test_harness_exception_mid_stream_keeps_partial_and_reports(autojump_clock: object, tmp_path: Path) -> None:
+async def test_harness_exception_mid_stream_keeps_partial_and_reports(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path, harness=ExplodingHarness()) as rig:
         await rig.rt.accept(msg("go"))
         await rig.rt.wait_idle()
@@ -505,7 +586,9 @@ async def test_harness_exception_mid_stream_keeps_partial_and_reports(autojump_c
     assert rig.texts[0].startswith("partial") and "backend went away" in rig.texts[0]
 
 
-async def test_transcript_and_outbound_index_are_recorded(autojump_clock: object, tmp_path: Path) -> None:
+async def test_transcript_and_outbound_index_are_recorded(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.rt.accept(msg("record me"))
         await rig.rt.wait_idle()
@@ -566,8 +649,18 @@ async def test_drain_gives_up_after_grace(autojump_clock: object, tmp_path: Path
 async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: Path) -> None:
     async with open_rig(tmp_path) as rig:
         await rig.store.add_outbound(
-            "t", "42", OutboundEntry(message_ids=["900"], text="an old answer", sent_at=T0 - 100, completed_at=T0 - 95), now=T0
+            "t",
+            "42",
+            OutboundEntry(
+                message_ids=["900"], text="an old answer", sent_at=T0 - 100, completed_at=T0 - 95
+            ),
+            now=T0,
         )
-        await rig.rt.accept(msg("this one", reply_to=ReplyReference(message_id="901", recover=True, recover_at=T0 - 97)))
+        await rig.rt.accept(
+            msg(
+                "this one",
+                reply_to=ReplyReference(message_id="901", recover=True, recover_at=T0 - 97),
+            )
+        )
         await rig.rt.wait_idle()
     assert reply_json(rig.events.prompts[0])["content"] == "an old answer"

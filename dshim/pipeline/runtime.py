@@ -131,7 +131,6 @@ class BotRuntime:
         self._idle = trio.Event()
         self._idle.set()
         self._closing = False
-        self._last_direct: str | None = None
         self.backlog_max_age_s = backlog_max_age(config, bot)
         from dshim.pipeline.interactions import Interactions
 
@@ -225,9 +224,6 @@ class BotRuntime:
             self._drop(msg, "denied", sender=msg.sender_id)
             await self._finish_inbox(msg)
             return
-        if msg.conversation_type == "direct" and self._last_direct != msg.conversation_id:
-            self._last_direct = msg.conversation_id
-            await self.store.set_last_direct(self.bot.name, msg.conversation_id, now=self.clock())
         # Step 5: commands, batch input, interaction answers — current input only.
         has_media = bool(msg.images or msg.files)
         command = None if has_media else cmds.parse_command(msg.content, self.outbound.bot_username)
@@ -464,7 +460,8 @@ class BotRuntime:
             else:
                 from dshim.pipeline.turn import run_turn
 
-                await run_turn(self, item, lane)
+                await run_turn(self, item, lane)  # finishes the inbox entries itself
+                return
             for conv, mid in item.inbox_keys:
                 await self.store.inbox_done(self.bot.name, conv, mid)
         finally:

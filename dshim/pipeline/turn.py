@@ -36,7 +36,7 @@ from dshim.model import (
     TurnEnd,
 )
 from dshim.pipeline.lanes import Lane
-from dshim.store.base import OutboundEntry
+from dshim.store.base import OutboundEntry, TurnRecord
 
 if TYPE_CHECKING:
     from dshim.pipeline.runtime import BotRuntime, LaneItem
@@ -61,6 +61,8 @@ async def fetch_media(msg: InboundMessage) -> tuple[list[ImagePart], list[FilePa
     images: list[ImagePart] = []
     files: list[FilePart] = []
     notes: list[str] = []
+    if not msg.images and not msg.files:
+        return images, files, notes
     total = 0
     with trio.move_on_after(MEDIA_DEADLINE_S) as scope:
         for i, ref in enumerate(msg.images):
@@ -142,8 +144,6 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
     target = ReplyTarget.for_message(msg)
     if item.text is not None:
         msg = _with_text(msg, item.text)
-    for conv, mid in item.inbox_keys:
-        await store.inbox_set_state(bot, conv, mid, "running")
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     text = ""
@@ -157,7 +157,15 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
         try:
             async with rt.outbound.open_stream(target) as stream:
                 with stop_scope:
-                    binding = await store.get_binding(bot, *key)
+                    binding = await store.begin_turn(
+                        bot,
+                        key[0],
+                        key[1],
+                        item.inbox_keys,
+                        last_direct=(msg.conversation_id, started_at)
+                        if msg.conversation_type == "direct"
+                        else None,
+                    )
                     session_id = binding.session_id if binding else None
                     quoted = None
                     if msg.reply_to is not None:
@@ -239,28 +247,30 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
                 target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
         completed_at = rt.clock()
-        for d in delivered:
-            await store.add_outbound(
-                bot,
-                msg.conversation_id,
-                OutboundEntry(
-                    message_ids=[d.message_id],
-                    text=d.text,
-                    sent_at=d.sent_at,
-                    completed_at=d.completed_at,
-                ),
-                now=completed_at,
-            )
-        if session_id is not None and prompt_sent:
-            answer_at = delivered[0].sent_at if delivered else completed_at
-            await store.append_transcript(
-                bot,
-                session_id,
-                "assistant",
-                text,
-                at=answer_at,
-                completed=error is None and not stop_scope.cancelled_caught,
-            )
+        stopped = stop_scope.cancelled_caught
+        await store.record_turn(
+            bot,
+            msg.conversation_id,
+            TurnRecord(
+                session_id=session_id if prompt_sent else None,
+                user_text=None,  # written before the harness call (adapters read the transcript)
+                user_at=started_at,
+                answer_text=text,
+                answer_at=delivered[0].sent_at if delivered else completed_at,
+                completed=error is None and not stopped,
+                delivered=[
+                    OutboundEntry(
+                        message_ids=[d.message_id],
+                        text=d.text,
+                        sent_at=d.sent_at,
+                        completed_at=d.completed_at,
+                    )
+                    for d in delivered
+                ],
+                inbox_done=item.inbox_keys,
+            ),
+            now=completed_at,
+        )
         log.info(
             "turn_finished",
             stopped=stop_scope.cancelled_caught,

@@ -51,7 +51,22 @@ class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
     accepted_at: float
 
 
+class TurnRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything a finished turn writes, in one transaction."""
+
+    session_id: str | None
+    user_text: str | None
+    user_at: float
+    answer_text: str | None
+    answer_at: float
+    completed: bool
+    delivered: list[OutboundEntry]
+    inbox_done: list[tuple[str, str]]
+
+
 class Store(Protocol):
+    """Everything dshim persists.  See :mod:`dshim.store.sqlite` for the default."""
+
     # -- dedup and the durable inbox --------------------------------------------------
     async def accept(
         self,
@@ -84,6 +99,26 @@ class Store(Protocol):
 
     async def inbox_pending(self, bot: str) -> list[InboxEntry]:
         """Accepted but unfinished messages of a bot, oldest first."""
+        ...
+
+    # -- turns (composite writes keep a turn to two store round trips) ----------------
+    async def begin_turn(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        inbox_keys: list[tuple[str, str]],
+        *,
+        last_direct: tuple[str, float] | None = None,
+    ) -> Binding | None:
+        """Mark the turn's inbox entries running, remember ``(conversation, now)`` as the last
+        direct conversation when given, and return the conversation's binding."""
+        ...
+
+    async def record_turn(
+        self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
+    ) -> None:
+        """Write the transcript rows, outbound index entries and inbox completion of a turn."""
         ...
 
     # -- bindings ----------------------------------------------------------------------

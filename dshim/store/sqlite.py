@@ -47,7 +47,7 @@ import structlog
 import trio
 
 from dshim.errors import StoreError
-from dshim.store.base import Binding, InboxEntry, OutboundEntry, TranscriptRow
+from dshim.store.base import Binding, InboxEntry, OutboundEntry, TranscriptRow, TurnRecord
 
 __all__ = [
     "MIGRATIONS",
@@ -319,7 +319,12 @@ class SqliteStore:
     """
 
     def __init__(
-        self, conn: sqlite3.Connection, path: str, limiter: trio.CapacityLimiter, *, inline: bool = False
+        self,
+        conn: sqlite3.Connection,
+        path: str,
+        limiter: trio.CapacityLimiter,
+        *,
+        inline: bool = False,
     ):
         self._conn: sqlite3.Connection | None = conn
         self._path = path
@@ -392,6 +397,27 @@ class SqliteStore:
         return await self._call(_inbox_pending, bot)
 
     # -- bindings ----------------------------------------------------------------------------
+
+    async def begin_turn(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        inbox_keys: list[tuple[str, str]],
+        *,
+        last_direct: tuple[str, float] | None = None,
+    ) -> Binding | None:
+        """Mark inbox entries running, remember the last direct conversation (when given)
+        and read the binding, in one transaction."""
+        return await self._call(
+            _begin_turn, bot, conversation_id, thread_id, inbox_keys, last_direct
+        )
+
+    async def record_turn(
+        self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
+    ) -> None:
+        """Write a finished turn (transcript rows, outbound entries, inbox done) atomically."""
+        await self._call(_record_turn, bot, conversation_id, turn, now)
 
     async def get_binding(self, bot: str, conversation_id: str, thread_id: str) -> Binding | None:
         """The session bound to a conversation + thread (``""`` for no thread), if any."""
@@ -614,20 +640,27 @@ def _set_cursor(conn: sqlite3.Connection, bot: str, name: str, value: str) -> No
 def _add_outbound(
     conn: sqlite3.Connection, bot: str, conversation_id: str, entry: OutboundEntry, now: float
 ) -> None:
+    with _transaction(conn):
+        _insert_outbound(conn, bot, conversation_id, entry, now)
+
+
+def _insert_outbound(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, entry: OutboundEntry, now: float
+) -> None:
+    """Insert and prune; the caller holds the transaction."""
     ids = _ids_encoder.encode(entry.message_ids).decode()
     text = entry.text[:OUTBOUND_TEXT_MAX]  # str indexes code points, so no pair is split
-    with _transaction(conn):
-        conn.execute(
-            "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at, completed_at)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
-        )
-        conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
-        # Only this conversation: bounded work per insert; prune() sweeps the rest.
-        conn.execute(
-            "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND completed_at < ?",
-            (bot, conversation_id, now - OUTBOUND_MAX_AGE_S),
-        )
+    conn.execute(
+        "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at, completed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
+    )
+    conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
+    # Only this conversation: bounded work per insert; prune() sweeps the rest.
+    conn.execute(
+        "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND completed_at < ?",
+        (bot, conversation_id, now - OUTBOUND_MAX_AGE_S),
+    )
 
 
 def _list_outbound(
@@ -697,3 +730,48 @@ def _prune(conn: sqlite3.Connection, now: float) -> None:
     with _transaction(conn):
         conn.execute("DELETE FROM dedup WHERE expires_at <= ?", (now,))
         conn.execute("DELETE FROM outbound WHERE completed_at < ?", (now - OUTBOUND_MAX_AGE_S,))
+
+
+def _begin_turn(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    inbox_keys: list[tuple[str, str]],
+    last_direct: tuple[str, float] | None,
+) -> Binding | None:
+    with _transaction(conn):
+        for conv, mid in inbox_keys:
+            _inbox_set_state(conn, bot, conv, mid, "running")
+        if last_direct is not None:
+            _set_last_direct(conn, bot, last_direct[0], last_direct[1])
+        return _get_binding(conn, bot, conversation_id, thread_id)
+
+
+def _record_turn(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    turn: TurnRecord,
+    now: float,
+) -> None:
+    with _transaction(conn):
+        if turn.session_id is not None:
+            if turn.user_text is not None:
+                _append_transcript(
+                    conn, bot, turn.session_id, "user", turn.user_text, turn.user_at, True
+                )
+            if turn.answer_text is not None:
+                _append_transcript(
+                    conn,
+                    bot,
+                    turn.session_id,
+                    "assistant",
+                    turn.answer_text,
+                    turn.answer_at,
+                    turn.completed,
+                )
+        for entry in turn.delivered:
+            _insert_outbound(conn, bot, conversation_id, entry, now)
+        for conv, mid in turn.inbox_done:
+            _inbox_done(conn, bot, conv, mid)
