@@ -1,0 +1,159 @@
+"""The command line as a user runs it: real subprocesses, exit codes, messages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "fixtures" / "normalized" / "plain_dm.json"
+
+
+def dshim(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if k not in ("DSHIM_CONFIG", "DSHIM_DATA_DIR")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "dshim", *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_version() -> None:
+    r = dshim("--version")
+    assert r.returncode == 0
+    assert r.stdout.strip().startswith("dshim ")
+
+
+def test_help_does_not_import_channels_or_harness_adapters() -> None:
+    code = (
+        "import sys\n"
+        "from dshim.cli import app\n"
+        "try:\n"
+        "    app(['--help'])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = sorted(m for m in sys.modules if m.startswith(('dshim.channels', 'dshim.harness', 'dshim.pipeline', 'trio', 'httpx')))\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO
+    )
+    assert "Usage" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_usage_error_exits_2() -> None:
+    r = dshim("--no-such-option")
+    assert r.returncode == 2
+    r = dshim("--log-format", "xml", "replay", str(FIXTURE))
+    assert r.returncode == 2
+
+
+def test_missing_config_says_how_to_create_one(tmp_path: Path) -> None:
+    r = dshim("serve", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "config file not found" in r.stderr and "[[bots]]" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bad_config_names_key_path_without_traceback(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        '[[bots]]\nname = "a"\nchannel = "telegram"\n\n[[bots]]\nname = "b"\nchannel = "telegram"\n[bots.access]\nmode = "safe"\n'
+    )
+    r = dshim("--config", str(cfg), "serve")
+    assert r.returncode == 2
+    assert 'dshim.toml: bots[1].access.mode: expected "open" or "allowlist", got "safe"' in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_config_from_environment_variable(tmp_path: Path) -> None:
+    cfg = tmp_path / "other.toml"
+    cfg.write_text('[harness]\nkind = "echo"\n')
+    r = dshim("serve", env={"DSHIM_CONFIG": str(cfg), "DSHIM_DATA_DIR": str(tmp_path / "data")})
+    assert r.returncode == 2
+    assert "no enabled bots" in r.stderr
+
+
+def test_missing_secret_is_named_and_never_printed(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text('[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "${DSHIM_TEST_TOKEN}"\n')
+    r = dshim("--config", str(cfg), "serve", env={"DSHIM_TEST_TOKEN": ""})
+    assert r.returncode == 2
+    assert "DSHIM_TEST_TOKEN is not set" in r.stderr
+
+
+def test_replay_prints_json_lines() -> None:
+    r = dshim("replay", str(FIXTURE))
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["kind"] for x in lines] == ["prompt", "send"]
+    assert all(x["fixture"].endswith("plain_dm.json") for x in lines)
+    assert lines[1]["text"] == lines[0]["text"] and lines[1]["reply_to"] == "1"
+
+
+def test_replay_check_passes_and_fails_with_a_diff(tmp_path: Path) -> None:
+    ok = dshim("replay", "--check", str(FIXTURE))
+    assert ok.returncode == 0, ok.stderr
+    broken = json.loads(FIXTURE.read_text())
+    broken["expect"][1]["text"] = "something else"
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(broken))
+    r = dshim("replay", "--check", str(path))
+    assert r.returncode == 1
+    assert (
+        "FAIL" in r.stderr and "-" in r.stderr and "+" in r.stderr and "something else" in r.stderr
+    )
+
+
+def test_replay_directory_recurses(tmp_path: Path) -> None:
+    sub = tmp_path / "a" / "b"
+    sub.mkdir(parents=True)
+    (sub / "x.json").write_text(FIXTURE.read_text())
+    (tmp_path / "notes.txt").write_text("ignored")
+    r = dshim("replay", "--check", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "1 passed, 0 failed" in r.stdout
+
+
+def test_replay_missing_path_is_a_usage_error(tmp_path: Path) -> None:
+    r = dshim("replay", str(tmp_path / "nope"))
+    assert r.returncode == 2
+
+
+def test_probe_core_checks(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text('[harness]\nkind = "echo"\n')
+    r = dshim("--config", str(cfg), "--data-dir", str(tmp_path / "state"), "probe")
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
+    assert set(rows) >= {"config", "data", "store", "harness"}
+    assert all(" ok " in line for line in rows.values())
+    assert "ms" in r.stdout.splitlines()[0]
+
+
+def test_probe_with_bad_config_exits_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text("[harness]\nkind = 3\n")
+    r = dshim("--config", str(cfg), "probe")
+    assert r.returncode == 2
+    assert "fail" in r.stdout and "harness.kind" in r.stdout
+
+
+def test_probe_unusable_data_dir_fails(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text("")
+    r = dshim("--config", str(cfg), "--data-dir", str(blocker / "state"), "probe")
+    assert r.returncode == 1
+    assert "fail" in r.stdout and "data dir" in r.stdout

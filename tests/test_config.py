@@ -1,0 +1,142 @@
+"""dshim.toml: every error names the file and the key path; secrets stay hidden."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dshim.config import Config, Secret, load_config, parse_config, resolve_data_dir
+from dshim.errors import ConfigError
+
+TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+
+
+def bots(*tables: dict[str, object]) -> dict[str, object]:
+    return {"bots": list(tables)}
+
+
+def tg(**kw: object) -> dict[str, object]:
+    return {"name": "tg", "channel": "telegram", **kw}
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (
+            bots(tg(), tg(name="b", access={"mode": "safe"})),
+            'dshim.toml: bots[1].access.mode: expected "open" or "allowlist", got "safe"',
+        ),
+        (bots(tg(colour="blue")), "dshim.toml: bots[0].colour: unknown key"),
+        ({"dshim": {"backlog_max_age": 5}}, "dshim.toml: dshim.backlog_max_age: unknown key"),
+        ({"extra": {}}, "dshim.toml: extra: unknown key"),
+        (bots({"channel": "telegram"}), "dshim.toml: bots[0].name: required key is missing"),
+        (
+            bots(tg(lanes={"max_queue": "8"})),
+            'dshim.toml: bots[0].lanes.max_queue: expected an integer, got "8"',
+        ),
+        (bots(tg(enabled="yes")), 'dshim.toml: bots[0].enabled: expected true or false, got "yes"'),
+        (
+            {"dshim": {"backlog_max_age_s": "ten"}},
+            'dshim.toml: dshim.backlog_max_age_s: expected a number, got "ten"',
+        ),
+        (
+            {"harness": {"kind": "gpt"}},
+            'dshim.toml: harness.kind: expected "echo", "openai" or "acp", got "gpt"',
+        ),
+        ({"bots": {"name": "x"}}, "dshim.toml: bots: expected an array, got a table"),
+        (bots(tg(channel="icq")), 'dshim.toml: bots[0].channel: expected one of "weixin"'),
+        (bots(tg(), tg()), 'dshim.toml: bots[1].name: duplicate bot name "tg"'),
+        (
+            bots(tg(lanes={"max_queue": 0})),
+            "dshim.toml: bots[0].lanes.max_queue: expected at least 1",
+        ),
+        (
+            bots(tg(prompt={"source_fields": ["botId"]})),
+            "dshim.toml: bots[0].prompt.source_fields[0]: expected",
+        ),
+        ({"harness": {"kind": "openai"}}, "dshim.toml: harness.base_url: required"),
+    ],
+)
+def test_errors_name_the_key_path(doc: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc, env={})
+    assert str(info.value).startswith(message)
+
+
+def test_credentials_come_from_the_environment_and_stay_hidden() -> None:
+    cfg = parse_config(bots(tg(token="${TG_TOKEN}")), env={"TG_TOKEN": TOKEN})
+    token = cfg.bots[0].token
+    assert isinstance(token, Secret) and token.get() == TOKEN
+    assert TOKEN not in repr(cfg) and TOKEN not in str(cfg.bots[0])
+    assert cfg.secrets() == [TOKEN]
+
+
+def test_missing_environment_variable_is_named() -> None:
+    with pytest.raises(
+        ConfigError, match=r"bots\[0\]\.token: environment variable TG_TOKEN is not set"
+    ):
+        parse_config(bots(tg(token="${TG_TOKEN}")), env={})
+
+
+def test_wrong_type_of_secret_never_echoes_the_value() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(bots(tg(token=123456789)), env={})
+    assert "123456789" not in str(info.value)
+    assert "bots[0].token: expected a string" in str(info.value)
+
+
+def test_defaults() -> None:
+    cfg = parse_config(bots(tg()), env={})
+    bot = cfg.bots[0]
+    assert cfg.harness.kind == "echo"
+    assert cfg.dshim.backlog_max_age_s == 600
+    assert bot.enabled and bot.access.mode == "open"
+    assert (bot.reply.deadline_s, bot.reply.pages, bot.reply.rows_per_page, bot.reply.window_s) == (
+        5,
+        3,
+        100,
+        15,
+    )
+    assert bot.lanes.max_queue == 8
+    assert bot.prompt.source_block
+    assert bot.prompt.source_fields == ["channel", "conversationType", "senderId", "senderName"]
+
+
+def test_numeric_allowlist_users_become_strings() -> None:
+    cfg = parse_config(bots(tg(access={"mode": "allowlist", "users": [12345, " 678 "]})), env={})
+    assert cfg.bots[0].access.users == ["12345", "678"]
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "my.toml"
+    path.write_text('[[bots]]\nname = "a"\nchannel = "telegram"\n[bots.access]\nmode = "safe"\n')
+    with pytest.raises(
+        ConfigError,
+        match=r'^my\.toml: bots\[0\]\.access\.mode: expected "open" or "allowlist", got "safe"$',
+    ):
+        load_config(path)
+
+
+def test_invalid_toml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "dshim.toml"
+    path.write_text("[[bots]\nname=")
+    with pytest.raises(ConfigError, match="invalid TOML"):
+        load_config(path)
+
+
+def test_missing_file_says_how_to_create_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "nope.toml")
+    text = str(info.value)
+    assert "not found" in text and "[[bots]]" in text and "DSHIM_CONFIG" in text
+
+
+def test_data_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert resolve_data_dir(None, None) == tmp_path / "xdg" / "dshim"
+    cfg = parse_config({"dshim": {"data_dir": str(tmp_path / "conf")}}, env={})
+    assert resolve_data_dir(cfg, None) == tmp_path / "conf"
+    assert resolve_data_dir(cfg, tmp_path / "flag") == tmp_path / "flag"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert resolve_data_dir(Config(), None) == Path.home() / ".local" / "state" / "dshim"

@@ -1,0 +1,145 @@
+"""Supervision and shutdown of bots, with a scripted channel module (no platform)."""
+
+from __future__ import annotations
+
+import types
+from pathlib import Path
+from typing import Any
+
+import trio
+from structlog.testing import capture_logs
+
+from dshim.config import parse_config
+from dshim.errors import AuthError, TransportError
+from dshim.serve import BotContext, classify_failure, serve_bots, supervise_bot
+from dshim.store import open_store
+from dshim.testing.outbound import RecordingOutbound
+from tests.helpers import Clock, msg
+
+
+class ScriptedChannel:
+    """A channel module whose runs fail as scripted, then serve messages from a channel."""
+
+    def __init__(self, failures: list[BaseException] | None = None) -> None:
+        self.failures = list(failures or [])
+        self.starts = 0
+        self.send, self.recv = trio.open_memory_channel[Any](100)
+        self.outbound: RecordingOutbound | None = None
+        self.up = trio.Event()
+
+    def module(self) -> types.ModuleType:
+        mod = types.ModuleType("scripted_channel")
+        mod.run = self.run  # type: ignore[attr-defined]
+        return mod
+
+    async def run(self, ctx: BotContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        self.starts += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        self.outbound = RecordingOutbound(clock=ctx.clock)
+        async with ctx.open_runtime(outbound=self.outbound, bot_id="100") as rt:
+            task_status.started()
+            self.up.set()
+
+            async def reader() -> None:
+                async for m in self.recv:
+                    await rt.accept(m)
+
+            await ctx.serve(rt, reader)
+
+
+def config(*names: str) -> Any:
+    return parse_config({"bots": [{"name": n, "channel": "telegram"} for n in names]}, env={})
+
+
+def test_classify_failure() -> None:
+    assert classify_failure(AuthError("bad token", status=401)) == "fatal"
+    assert classify_failure(TransportError("reset")) == "transient"
+    assert classify_failure(TypeError("bug")) == "bug"
+    assert classify_failure(ExceptionGroup("g", [TransportError("x"), AuthError("y")])) == "fatal"
+
+
+async def test_transient_failures_restart_with_backoff(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    ch = ScriptedChannel([TransportError("connection reset"), TransportError("connection reset")])
+    cfg = config("a")
+    shutdown = trio.Event()
+    async with open_store(tmp_path, inline=True) as store:
+        ctx = BotContext(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(supervise_bot, ch.module(), ctx)
+            t0 = trio.current_time()
+            await ch.up.wait()
+            elapsed = trio.current_time() - t0
+            await ch.send.send(msg("after restarts"))
+            await trio.sleep(1)
+            shutdown.set()
+    assert ch.starts == 3
+    assert 1.5 <= elapsed <= 4.5  # 1 s then 2 s, each with jitter 0.5x-1.5x
+    assert ch.outbound.sent[0].text.endswith("after restarts")
+
+
+async def test_fatal_error_stops_only_that_bot(autojump_clock: object, tmp_path: Path) -> None:
+    bad = ScriptedChannel([AuthError("Unauthorized", status=401)])
+    good = ScriptedChannel()
+    cfg = config("bad", "good")
+    shutdown = trio.Event()
+    async with open_store(tmp_path, inline=True) as store:
+        with capture_logs() as logs:
+            async with trio.open_nursery() as nursery:
+                results: dict[str, str] = {}
+
+                async def run() -> None:
+                    results.update(
+                        await serve_bots(
+                            cfg,
+                            store,
+                            shutdown=shutdown,
+                            modules={"bad": bad.module(), "good": good.module()},
+                            clock=Clock(),
+                        )
+                    )
+
+                nursery.start_soon(run)
+                await trio.sleep(60)
+                await good.send.send(msg("still served"))
+                await trio.sleep(1)
+                shutdown.set()
+    assert bad.starts == 1  # no retry loop for bad credentials
+    assert results == {"bad": "fatal", "good": "shutdown"}
+    assert good.outbound is not None and good.outbound.sent[0].text.endswith("still served")
+    assert any(e["event"] == "bot_stopped_fatal" for e in logs)
+
+
+async def test_bug_is_not_retried_quietly(autojump_clock: object, tmp_path: Path) -> None:
+    ch = ScriptedChannel([TypeError("'NoneType' object is not subscriptable")])
+    cfg = config("a")
+    async with open_store(tmp_path, inline=True) as store:
+        ctx = BotContext(
+            config=cfg, bot=cfg.bots[0], store=store, shutdown=trio.Event(), clock=Clock()
+        )
+        with capture_logs() as logs:
+            result = await supervise_bot(ch.module(), ctx)
+    assert result == "bug" and ch.starts == 1
+    assert any(e["event"] == "bot_crashed_bug" and e["log_level"] == "error" for e in logs)
+
+
+async def test_shutdown_stops_reading_and_lets_the_running_turn_finish(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    ch = ScriptedChannel()
+    cfg = config("a")
+    shutdown = trio.Event()
+    async with open_store(tmp_path, inline=True) as store:
+        ctx = BotContext(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(supervise_bot, ch.module(), ctx)
+            await ch.up.wait()
+            await ch.send.send(msg("echo:slow 8"))
+            await trio.sleep(0.2)
+            shutdown.set()
+            await trio.sleep(0.01)
+            ch.send.send_nowait(msg("after the signal"))  # not read any more
+        assert ch.outbound.sent[0].text.endswith("echo:slow 8")  # finished within the grace
+        assert len(ch.outbound.sent) == 1
