@@ -454,6 +454,8 @@ async def test_batch_collects_and_sends_one_prompt(autojump_clock: object, tmp_p
         for text in ["/batch", "one", "two", "/send"]:
             await rig.rt.accept(msg(text))
             await rig.rt.wait_idle()
+        binding = await rig.store.get_binding("t", "42", "")
+    assert binding is not None and binding.title == "one"
     assert rig.events.commands == ["/batch", "/send"]
     assert len(rig.events.prompts) == 1
     p = rig.events.prompts[0]

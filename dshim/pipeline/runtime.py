@@ -81,6 +81,8 @@ class LaneItem(msgspec.Struct, kw_only=True):
     msg: InboundMessage
     #: Replaces the message text (a /batch submission).
     text: str | None = None
+    #: Source of the session title when it is not the message text (a batch: its first text).
+    title_text: str | None = None
     #: Inbox keys to finish with this item (a batch covers several messages).
     inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
@@ -419,6 +421,7 @@ class BotRuntime:
                         kind="turn",
                         msg=msgspec.structs.replace(msg, reply_to=None, images=[], files=[]),
                         text=cmds.batch_prompt(batch.texts),
+                        title_text=batch.texts[0],
                         inbox_keys=[(msg.conversation_id, msg.message_id)],
                     )
                 )

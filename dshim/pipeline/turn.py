@@ -142,6 +142,7 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
     store = rt.store
     bot = rt.bot.name
     target = ReplyTarget.for_message(msg)
+    title_source = item.title_text if item.title_text is not None else msg.content
     if item.text is not None:
         msg = _with_text(msg, item.text)
     stop_scope = trio.CancelScope()
@@ -185,7 +186,7 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
                     if notes:
                         parts.insert(_after_text(parts), TextPart("\n".join(notes)))
                     if session_id is None:
-                        title = prompt_mod.session_title(msg.content)
+                        title = prompt_mod.session_title(title_source)
                         session_id = await rt.harness.create_session(title=title)
                         await store.set_binding(bot, *key, session_id, title=title, now=rt.clock())
                         log.info("session_bound", session=session_id)
