@@ -1,0 +1,209 @@
+"""The hand-written Bot API client: thin trio I/O over one shared ``httpx.AsyncClient``.
+
+Every method is one HTTPS request ``POST {api_base}/bot<token>/<method>`` with a JSON
+body; the envelope is decoded and errors are classified once, in
+:func:`dshim.channels.telegram.protocol.api_error`.  httpx exceptions are mapped here, at
+the boundary, to :class:`~dshim.errors.TransportError` (``code="connect"`` when the
+request never left, ``"timeout"`` for timeouts).  The token sits in the URL path: no
+message built here contains a URL, and the token is registered with the log redactor by
+the channel as a backstop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, cast
+
+import httpx
+import msgspec
+
+from dshim.channels.telegram import models as m
+from dshim.channels.telegram import protocol
+from dshim.channels.telegram.protocol import NotModified
+from dshim.errors import ChannelError, TransportError
+from dshim.model import Fetcher
+
+DEFAULT_API_BASE = "https://api.telegram.org"
+#: Ordinary calls: connect, write and pool 10 s; read 30 s.
+CALL_TIMEOUT = httpx.Timeout(10.0, read=30.0)
+#: getUpdates: the read timeout is comfortably above the 25 s long-poll window, so a
+#: quiet chat ends with the server's empty answer, not with a client timeout.
+POLL_READ_MARGIN_S = 15.0
+#: File downloads: slow links get a longer read timeout (the turn has its own deadline).
+DOWNLOAD_TIMEOUT = httpx.Timeout(10.0, read=60.0)
+USER_AGENT = "dshim (+telegram bot api client)"
+
+
+def poll_timeout(poll_s: float) -> httpx.Timeout:
+    return httpx.Timeout(10.0, read=poll_s + POLL_READ_MARGIN_S)
+
+
+@asynccontextmanager
+async def open_http(api_base: str) -> AsyncIterator[httpx.AsyncClient]:
+    """The one HTTP client of a bot (connection pool shared by polling and sending)."""
+    async with httpx.AsyncClient(
+        base_url=api_base.rstrip("/"),
+        timeout=CALL_TIMEOUT,
+        headers={"user-agent": USER_AGENT},
+        limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+        follow_redirects=False,
+        trust_env=False,
+    ) as http:
+        yield http
+
+
+class BotApiClient:
+    """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree."""
+
+    def __init__(self, http: httpx.AsyncClient, token: str) -> None:
+        self._http = http
+        self._token = token
+
+    def __repr__(self) -> str:
+        return f"BotApiClient(base={str(self._http.base_url)!r})"
+
+    # -- transport ---------------------------------------------------------------------
+
+    async def _post(
+        self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
+    ) -> httpx.Response:
+        try:
+            return await self._http.post(
+                f"/bot{self._token}/{method}", json=params, timeout=http_timeout
+            )
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise TransportError(
+                f"{method}: cannot connect ({type(exc).__name__})", code="connect"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise TransportError(
+                f"{method}: timed out ({type(exc).__name__})", code="timeout"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise TransportError(f"{method}: connection failed ({type(exc).__name__})") from exc
+
+    async def call(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        http_timeout: httpx.Timeout = CALL_TIMEOUT,
+    ) -> m.Envelope:
+        """Call a method; returns the envelope of a successful answer."""
+        resp = await self._post(method, params or {}, http_timeout)
+        return protocol.decode_envelope(method, resp.status_code, resp.content)
+
+    async def _result(
+        self,
+        method: str,
+        params: dict[str, Any] | None,
+        decoder: msgspec.json.Decoder[Any],
+        *,
+        http_timeout: httpx.Timeout = CALL_TIMEOUT,
+    ) -> Any:
+        env = await self.call(method, params, http_timeout=http_timeout)
+        return protocol.decode_result(method, env, decoder)
+
+    # -- methods -----------------------------------------------------------------------
+
+    async def get_me(self) -> m.Me:
+        me: m.Me = await self._result("getMe", None, m.ME_DECODER)
+        return me
+
+    async def get_webhook_info(self) -> m.WebhookInfo:
+        info: m.WebhookInfo = await self._result("getWebhookInfo", None, m.WEBHOOK_DECODER)
+        return info
+
+    async def get_updates(self, params: dict[str, Any]) -> list[bytes]:
+        """One (long) poll; returns each update's raw JSON (for the durable inbox)."""
+        wait = float(params.get("timeout", 0))
+        raws: list[msgspec.Raw] = await self._result(
+            "getUpdates", params, m.RAW_LIST_DECODER, http_timeout=poll_timeout(wait)
+        )
+        return [bytes(raw) for raw in raws]
+
+    async def send_message(self, params: dict[str, Any]) -> m.SentMessage:
+        sent: m.SentMessage = await self._result("sendMessage", params, m.SENT_DECODER)
+        return sent
+
+    async def edit_message_text(self, chat_id: int, message_id: int, text: str) -> None:
+        """Edit a text message; an edit that changes nothing is a success."""
+        params = {
+            "chat_id": chat_id,
+            "message_id": message_id,
+            "text": text,
+            "link_preview_options": {"is_disabled": True},
+        }
+        try:
+            await self.call("editMessageText", params)
+        except NotModified:
+            return
+
+    async def send_chat_action(
+        self, chat_id: int, action: str = "typing", *, thread_id: int | None = None
+    ) -> None:
+        params: dict[str, Any] = {"chat_id": chat_id, "action": action}
+        if thread_id is not None:
+            params["message_thread_id"] = thread_id
+        await self.call("sendChatAction", params)
+
+    async def set_my_commands(self, commands: list[tuple[str, str]]) -> None:
+        await self.call(
+            "setMyCommands",
+            {"commands": [{"command": c, "description": d} for c, d in commands]},
+        )
+
+    async def get_file(self, file_id: str) -> m.File:
+        f: m.File = await self._result("getFile", {"file_id": file_id}, m.FILE_DECODER)
+        return f
+
+    async def download(self, file_path: str, max_bytes: int) -> bytes:
+        """Download a file; stops after ``max_bytes + 1`` bytes (the caller sees it is over)."""
+        what = "file download"
+        try:
+            async with self._http.stream(
+                "GET", f"/file/bot{self._token}/{file_path}", timeout=DOWNLOAD_TIMEOUT
+            ) as resp:
+                if resp.status_code != 200:
+                    body = await resp.aread()
+                    protocol.decode_envelope(what, resp.status_code, body)
+                    raise TransportError(
+                        f"{what}: HTTP {resp.status_code}", status=resp.status_code
+                    )
+                data = bytearray()
+                # aiter_bytes is an async generator: close it when stopping early.
+                chunk_gen = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
+                async with aclosing(chunk_gen) as chunks:
+                    async for chunk in chunks:
+                        data += chunk
+                        if len(data) > max_bytes:
+                            break
+                return bytes(data[: max_bytes + 1])
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise TransportError(
+                f"{what}: cannot connect ({type(exc).__name__})", code="connect"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise TransportError(
+                f"{what}: timed out ({type(exc).__name__})", code="timeout"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise TransportError(f"{what}: connection failed ({type(exc).__name__})") from exc
+
+    async def fetch_file(self, file_id: str, max_bytes: int) -> bytes:
+        """getFile, then download (the link is fresh: it is asked for inside the turn)."""
+        f = await self.get_file(file_id)
+        if f.file_size is not None and f.file_size > max_bytes:
+            raise ChannelError(f"the file is {f.file_size} bytes, over the {max_bytes} byte limit")
+        if not f.file_path:
+            raise TransportError("getFile: no file_path in the answer (file unavailable)")
+        return await self.download(f.file_path, max_bytes)
+
+    def fetcher(self, file_id: str, size: int | None) -> Fetcher:
+        """A lazy download handle for :class:`~dshim.model.MediaRef` (nothing happens yet)."""
+
+        async def fetch(max_bytes: int) -> bytes:
+            return await self.fetch_file(file_id, max_bytes)
+
+        return fetch

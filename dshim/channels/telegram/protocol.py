@@ -1,0 +1,609 @@
+"""Telegram Bot API, sans-IO: Update -> InboundMessage, error classification, the poller.
+
+Theory of operation
+-------------------
+Receiving is long polling (core.telegram.org/bots/api#getupdates).  The bot asks
+``getUpdates(offset, timeout=25, limit=100, allowed_updates=["message"])``; the server
+answers as soon as updates with ``update_id >= offset`` exist, or with ``[]`` after the
+timeout.  Asking with ``offset = last update_id + 1`` *confirms* everything below it:
+confirmed updates are never sent again, unconfirmed ones are re-sent on every poll (and
+kept by Telegram for 24 hours).  ``update_id`` grows but is not contiguous.
+
+States of :class:`Poller`: *polling* (a request is due now) and *backing off* (a request
+is due at ``resume_at``).  Transitions:
+
+- a batch arrives -> each update is mapped (:func:`decode_update`) and handed to the
+  pipeline in order; after the pipeline accepted it (dedup key written) the channel calls
+  :meth:`Poller.confirm` and persists the new offset.  A crash before that re-polls the
+  same updates, and the pipeline's dedup drops the copies: nothing accepted is lost and
+  nothing handled runs twice;
+- network error, timeout or 5xx -> backing off, 1 s doubling to 30 s, with jitter;
+- 429 -> backing off for ``retry_after`` (at least the backoff);
+- 409 (another poller owns the token, or a webhook is set) -> backing off, the same
+  schedule; the channel logs a clear error each time;
+- 401 / 404 (bad token) -> fatal: raised as AuthError, the bot stops.
+
+Mapping rules (the platform rule sits next to the line implementing it below): private
+chats are direct, groups and supergroups are group chats, channel posts are ignored;
+``thread_id`` is the forum topic (``is_topic_message``); entity offsets count UTF-16 code
+units; in a forum topic every message "replies" to the topic's root service message,
+which is neither a reply nor a quote.  There is no Bot API method that returns a message
+by id, so a quoted message is whatever arrives inline (``reply_to_message``, one level,
+same chat; ``external_reply`` for other chats, text only via ``quote``), and the bot's own
+answers without inline text are recovered by the core (outbound index, then history).
+
+Nothing here imports trio or httpx or reads a clock: time is an argument.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from dshim.channels.telegram import models as m
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    Conflict,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    RemoteProtocolError,
+    TransportError,
+)
+from dshim.model import (
+    Attachment,
+    ConversationType,
+    Fetcher,
+    InboundMessage,
+    MediaRef,
+    ReplyReference,
+    Skip,
+)
+
+CHANNEL = "telegram"
+#: sendMessage / editMessageText: 1-4096 characters (UTF-16 code units) after parsing.
+MAX_MESSAGE_UTF16 = 4096
+POLL_TIMEOUT_S = 25
+POLL_LIMIT = 100
+ALLOWED_UPDATES = ["message"]
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 30.0
+#: dsh-im's token shape: "<numeric bot id>:<secret>".
+TOKEN_RE = re.compile(r"^(\d{5,20}):[A-Za-z0-9_-]{20,}$")
+
+#: Builds the download handle of a file: (file_id, declared size) -> fetch(max_bytes).
+FetcherFactory = Callable[[str, "int | None"], Fetcher]
+
+
+class BotIdentity(msgspec.Struct, frozen=True):
+    """Who the bot is (from ``getMe``): mentions and replies are judged against it."""
+
+    id: int
+    username: str | None = None
+
+
+def token_bot_id(token: str) -> int | None:
+    """The bot id inside a well-formed token, None when the token has the wrong shape."""
+    match = TOKEN_RE.match(token)
+    return int(match.group(1)) if match else None
+
+
+# --- text and entities ----------------------------------------------------------------
+
+
+def utf16_len(text: str) -> int:
+    """Length in UTF-16 code units: how Telegram counts message length and offsets."""
+    return len(text.encode("utf-16-le", "surrogatepass")) // 2
+
+
+def _span(u16: bytes, entity: m.MessageEntity) -> tuple[int, int] | None:
+    """An entity's (start, end) in UTF-16 units; None when out of range or malformed."""
+    start, end = entity.offset, entity.offset + entity.length
+    if start < 0 or entity.length <= 0 or 2 * end > len(u16):
+        return None
+    return start, end
+
+
+def _entity_text(u16: bytes, span: tuple[int, int]) -> str | None:
+    try:
+        return u16[2 * span[0] : 2 * span[1]].decode("utf-16-le")
+    except UnicodeDecodeError:  # the span splits a surrogate pair
+        return None
+
+
+def _addressing(
+    text: str, entities: list[m.MessageEntity] | None, me: BotIdentity
+) -> tuple[bool, str]:
+    """(addressed by an entity, text with the addressing mentions removed)."""
+    if not entities:
+        return False, text
+    u16 = text.encode("utf-16-le", "surrogatepass")
+    username = (me.username or "").lstrip("@")
+    handle = f"@{username}".lower() if username else None
+    addressed = False
+    remove: list[tuple[int, int]] = []
+    for entity in entities:
+        span = _span(u16, entity)
+        if span is None:
+            continue
+        if entity.type == "mention":
+            # "@username" in the text; usernames compare case-insensitively.
+            word = _entity_text(u16, span)
+            if handle is not None and word is not None and word.lower() == handle:
+                addressed = True
+                remove.append(span)
+        elif entity.type == "text_mention":
+            # A mention of a user without a username carries the user.
+            if entity.user is not None and entity.user.id == me.id:
+                addressed = True
+                remove.append(span)
+        elif entity.type == "bot_command":
+            # "/cmd@username" is for this bot; the command text itself stays.
+            word = _entity_text(u16, span)
+            if handle is not None and word is not None:
+                _, at, target = word.partition("@")
+                if at and "@" + target.lower() == handle:
+                    addressed = True
+    if not remove:
+        return addressed, text
+    return addressed, _remove_spans(u16, remove)
+
+
+def _remove_spans(u16: bytes, spans: list[tuple[int, int]]) -> str:
+    pieces: list[str] = []
+    pos = 0
+    for start, end in sorted(set(spans)):
+        if start < pos:  # overlapping entities: keep the first
+            continue
+        pieces.append(u16[2 * pos : 2 * start].decode("utf-16-le", "replace"))
+        pos = end
+    pieces.append(u16[2 * pos :].decode("utf-16-le", "replace"))
+    out = pieces[0]
+    for piece in pieces[1:]:
+        # "hi @bot there" -> "hi there", not "hi  there".
+        if (not out or out[-1].isspace()) and piece[:1] == " ":
+            piece = piece[1:]
+        out += piece
+    return out
+
+
+# --- people and attachments -------------------------------------------------------------
+
+
+def user_name(user: m.User) -> str | None:
+    """``first_name last_name`` joined by one space, else ``username``."""
+    name = " ".join(p for p in (user.first_name, user.last_name) if p)
+    return name or user.username or None
+
+
+def _author(sender_chat: m.Chat | None, user: m.User | None) -> tuple[str | None, str | None]:
+    # A message sent on behalf of a chat (anonymous admin, channel) names the chat.
+    if sender_chat is not None:
+        return str(sender_chat.id), sender_chat.title or sender_chat.username
+    if user is not None:
+        return str(user.id), user_name(user)
+    return None, None
+
+
+def _origin_author(origin: m.MessageOrigin) -> tuple[str | None, str | None]:
+    if origin.type == "user" and origin.sender_user is not None:
+        return str(origin.sender_user.id), user_name(origin.sender_user)
+    if origin.type == "hidden_user":
+        return None, origin.sender_user_name
+    if origin.type == "chat" and origin.sender_chat is not None:
+        return str(origin.sender_chat.id), origin.sender_chat.title
+    if origin.type == "channel" and origin.chat is not None:
+        return str(origin.chat.id), origin.chat.title or origin.chat.username
+    return None, None
+
+
+def _largest(photo: list[m.PhotoSize]) -> m.PhotoSize:
+    return max(photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+
+
+def _is_image(f: m.FileView) -> bool:
+    return (f.mime_type or "").lower().startswith("image/")
+
+
+def _quoted_attachments(msg: m._Media) -> list[Attachment]:
+    out: list[Attachment] = []
+    if msg.photo:
+        out.append(Attachment(kind="image"))
+    # An animation also arrives as a document (backward compatibility): count it once.
+    if msg.document is not None and msg.animation is None:
+        kind = "image" if _is_image(msg.document) else "file"
+        out.append(Attachment(kind=kind, name=msg.document.file_name))
+    if msg.audio is not None:
+        out.append(Attachment(kind="audio", name=msg.audio.file_name))
+    if msg.voice is not None:
+        out.append(Attachment(kind="audio"))
+    if msg.video is not None:
+        out.append(Attachment(kind="video", name=msg.video.file_name))
+    if msg.video_note is not None:
+        out.append(Attachment(kind="video"))
+    if msg.animation is not None:
+        out.append(Attachment(kind="video", name=msg.animation.file_name))
+    if msg.sticker is not None:
+        out.append(Attachment(kind="image"))
+    return out
+
+
+def _media_ref(
+    kind: str, f: m.FileView, fetcher: FetcherFactory | None, *, name: str | None = None
+) -> MediaRef:
+    return MediaRef(
+        kind=kind,
+        name=name if name is not None else f.file_name,
+        mime=f.mime_type,
+        size=f.file_size,
+        fetch=fetcher(f.file_id, f.file_size) if fetcher is not None else None,
+    )
+
+
+def _current_media(
+    msg: m.Message, fetcher: FetcherFactory | None
+) -> tuple[list[MediaRef], list[MediaRef]]:
+    images: list[MediaRef] = []
+    files: list[MediaRef] = []
+    if msg.photo:
+        best = _largest(msg.photo)  # sizes of one photo; the largest is the original
+        images.append(
+            MediaRef(
+                kind="image",
+                size=best.file_size,
+                fetch=fetcher(best.file_id, best.file_size) if fetcher is not None else None,
+            )
+        )
+    if msg.document is not None:
+        if _is_image(msg.document):
+            images.append(_media_ref("image", msg.document, fetcher))
+        else:
+            files.append(_media_ref("file", msg.document, fetcher))
+    if msg.audio is not None:
+        files.append(_media_ref("audio", msg.audio, fetcher))
+    if msg.voice is not None:
+        files.append(_media_ref("audio", msg.voice, fetcher))
+    if msg.video is not None:
+        files.append(_media_ref("video", msg.video, fetcher))
+    return images, files
+
+
+# --- replies ------------------------------------------------------------------------------
+
+
+def _is_topic_root(msg: m.Message, replied: m.RepliedMessage) -> bool:
+    # In a forum topic, reply_to_message is the topic's root (forum_topic_created) service
+    # message whose id is the topic id: that is where the message was typed, not a reply.
+    if replied.forum_topic_created is not None:
+        return True
+    return (
+        msg.is_topic_message
+        and msg.message_thread_id is not None
+        and replied.message_id == msg.message_thread_id
+    )
+
+
+def _reply_reference(msg: m.Message, me: BotIdentity) -> ReplyReference | None:
+    quote = msg.quote.text if msg.quote is not None and msg.quote.text else None
+    replied = msg.reply_to_message
+    if replied is not None and not _is_topic_root(msg, replied):
+        # Same chat, one level: text or caption, else the user's quote of it.
+        author_id, author_name = _author(replied.sender_chat, replied.from_)
+        content = replied.text or replied.caption or quote
+        attachments = _quoted_attachments(replied)
+        ref = ReplyReference(
+            message_id=str(replied.message_id),
+            author_id=author_id if author_id is not None else UNSET,
+            author_name=author_name if author_name is not None else UNSET,
+            content=content if content else UNSET,
+            attachments=attachments,
+        )
+        own = (
+            replied.from_ is not None and replied.from_.id == me.id and replied.sender_chat is None
+        )
+        if own and not content and not attachments:
+            # The bot's own answer arrived without text (e.g. a long message Telegram did
+            # not inline): the core recovers it by id, by date, then from history.
+            ref.recover = True
+            ref.recover_at = float(replied.date) if replied.date else None
+        return ref
+    if msg.external_reply is not None:
+        # Another chat or topic: no text field, only the user's quote and the media.
+        ext = msg.external_reply
+        author_id, author_name = _origin_author(ext.origin)
+        message_id = ext.message_id if ext.message_id is not None else ext.origin.message_id
+        return ReplyReference(
+            message_id=str(message_id) if message_id is not None else UNSET,
+            author_id=author_id if author_id is not None else UNSET,
+            author_name=author_name if author_name is not None else UNSET,
+            content=quote if quote else UNSET,
+            attachments=_quoted_attachments(ext),
+        )
+    if msg.reply_to_story is not None:
+        return ReplyReference(unavailable_reason="unsupported", attachments=[])
+    return None
+
+
+# --- the mapping ----------------------------------------------------------------------------
+
+
+def map_message(
+    msg: m.Message, me: BotIdentity, *, fetcher: FetcherFactory | None = None
+) -> InboundMessage | Skip:
+    """Map one ``message`` to the normalized message (or a Skip with the reason)."""
+    chat = msg.chat
+    mid = str(msg.message_id)
+    conversation_type: ConversationType
+    if chat.type == "private":
+        conversation_type = "direct"
+    elif chat.type in ("group", "supergroup"):
+        conversation_type = "group"
+    else:  # channel posts and anything newer
+        return Skip(reason="ignored", detail=f"chat type {chat.type}", message_id=mid)
+    if msg.migrate_to_chat_id is not None or msg.migrate_from_chat_id is not None:
+        return Skip(reason="ignored", detail="group migrated to a supergroup", message_id=mid)
+    sender = msg.from_
+    if sender is None:
+        return Skip(reason="ignored", detail="message without a sender", message_id=mid)
+    text, entities = (
+        (msg.text, msg.entities)
+        if msg.text is not None
+        else (msg.caption or "", msg.caption_entities)
+    )
+    by_entity, content = _addressing(text, entities, me)
+    replied = msg.reply_to_message
+    by_reply = (
+        replied is not None
+        and replied.from_ is not None
+        and replied.from_.id == me.id
+        and not _is_topic_root(msg, replied)
+    )
+    images, files = _current_media(msg, fetcher)
+    reply_to = _reply_reference(msg, me)
+    content = content.strip()
+    if not content and not images and not files and reply_to is None:
+        # Service messages (members joined, pins, topic created ...) and unsupported
+        # content (stickers, polls, locations): nothing to answer.
+        return Skip(reason="ignored", detail="no text or supported media", message_id=mid)
+    thread_id = (
+        str(msg.message_thread_id)
+        if msg.is_topic_message and msg.message_thread_id is not None
+        else None
+    )
+    return InboundMessage(
+        channel=CHANNEL,
+        bot_id=str(me.id),
+        message_id=mid,
+        conversation_id=str(chat.id),
+        conversation_type=conversation_type,
+        thread_id=thread_id,
+        sender_id=str(sender.id),
+        sender_name=user_name(sender),
+        sender_is_bot=sender.is_bot,
+        addressed=conversation_type == "direct" or by_entity or by_reply,
+        content=content,
+        images=images,
+        files=files,
+        reply_to=reply_to,
+        received_at=float(msg.date),
+        conversation_title=chat.title,
+    )
+
+
+class ParsedUpdate(msgspec.Struct, frozen=True):
+    """One raw update, read once: its id, what the pipeline gets, and a chat migration."""
+
+    update_id: int | None
+    item: InboundMessage | Skip
+    #: (old chat id, new chat id) when a group became a supergroup.
+    migration: tuple[int, int] | None = None
+
+
+def parse_update(
+    raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
+) -> ParsedUpdate:
+    """Decode and map one Update as getUpdates returns it.  Never raises for bad input."""
+    try:
+        update = m.UPDATE_DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        # A malformed update is dropped, but its id is still confirmed when readable.
+        skip = Skip(reason="malformed", detail=f"update does not decode: {exc}")
+        return ParsedUpdate(_update_id_of(raw), skip)
+    msg = update.message
+    if msg is None:  # edited messages, member updates ...: not asked for, not answered
+        return ParsedUpdate(update.update_id, Skip(reason="ignored", detail="not a message update"))
+    migration = None
+    if msg.migrate_to_chat_id is not None:
+        migration = (msg.chat.id, msg.migrate_to_chat_id)
+    elif msg.migrate_from_chat_id is not None:
+        migration = (msg.migrate_from_chat_id, msg.chat.id)
+    return ParsedUpdate(update.update_id, map_message(msg, me, fetcher=fetcher), migration)
+
+
+def decode_update(
+    raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
+) -> InboundMessage | Skip:
+    """Decode and map one raw Update (replay, and the inbox after a restart)."""
+    return parse_update(raw, me, fetcher=fetcher).item
+
+
+def _update_id_of(raw: bytes) -> int | None:
+    try:
+        return m.UPDATE_ID_DECODER.decode(raw).update_id
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+class NotModified(ChannelError):
+    """An edit that changes nothing: callers treat it as success."""
+
+
+class ChatMigrated(ChannelError):
+    """The group became a supergroup: resend to ``migrate_to_chat_id``."""
+
+    def __init__(self, message: str, *, migrate_to_chat_id: int, status: int | None = 400):
+        super().__init__(message, status=status)
+        self.migrate_to_chat_id = migrate_to_chat_id
+
+
+def api_error(
+    method: str, status: int, envelope: m.Envelope | None, *, body_hint: str = ""
+) -> ChannelError:
+    """Classify a failed Bot API call (HTTP status + ``description`` + ``parameters``).
+
+    The messages name the method, never the URL (the token is in its path).
+    """
+    desc = (envelope.description if envelope is not None else None) or body_hint or f"HTTP {status}"
+    code = envelope.error_code if envelope is not None and envelope.error_code else status
+    params = envelope.parameters if envelope is not None else None
+    text = f"{method}: {desc}"
+    lowered = desc.lower()
+    if (params is not None and params.retry_after is not None) or code == 429:
+        retry = params.retry_after if params is not None and params.retry_after else 1.0
+        return RateLimited(text, retry_after=float(retry), status=status, code=code)
+    if params is not None and params.migrate_to_chat_id is not None:
+        return ChatMigrated(text, migrate_to_chat_id=params.migrate_to_chat_id, status=status)
+    if code == 401 or status == 401:
+        return AuthError(f"{text} (the bot token was rejected)", status=status, code=code)
+    if code == 404 or status == 404:
+        # A method URL that does not exist: the token is malformed.
+        return AuthError(f"{text} (the bot token is not valid)", status=status, code=code)
+    if code == 409 or status == 409:
+        return Conflict(
+            f"{text} (another process is polling this bot, or a webhook is set: run one "
+            "dshim per bot token and delete the webhook)",
+            status=status,
+            code=code,
+        )
+    if code == 403 or status == 403:
+        return PermissionDenied(text, status=status, code=code)
+    if status >= 500 or code >= 500:
+        return TransportError(text, status=status, code=code)
+    if "message is not modified" in lowered:
+        return NotModified(text, status=status, code=code)
+    if "can't be edited" in lowered or "not enough rights" in lowered:
+        return PermissionDenied(text, status=status, code=code)
+    if "not found" in lowered:
+        # message to edit / to be replied / chat / thread not found
+        return NotFound(text, status=status, code=code)
+    return ChannelError(text, status=status, code=code)
+
+
+def decode_envelope(method: str, status: int, body: bytes) -> m.Envelope:
+    """Decode the ``{ok, result | error_code, description, parameters}`` envelope.
+
+    Raises the classified error for ``ok: false`` (or a non-JSON error body).
+    """
+    try:
+        env = m.ENVELOPE_DECODER.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        if status >= 500 or status == 429:
+            raise api_error(method, status, None) from None
+        if status >= 400:
+            raise api_error(method, status, None, body_hint=f"HTTP {status}") from None
+        raise RemoteProtocolError(
+            f"{method}: the response is not a Bot API envelope", status=status
+        ) from None
+    if not env.ok or status >= 400:
+        raise api_error(method, status, env)
+    return env
+
+
+def decode_result(method: str, env: m.Envelope, decoder: msgspec.json.Decoder[Any]) -> Any:
+    """Decode ``result`` with a per-method decoder; a mismatch is a protocol error."""
+    if not env.result:
+        raise RemoteProtocolError(f"{method}: the response has no result")
+    try:
+        return decoder.decode(env.result)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
+
+
+# --- the poller ---------------------------------------------------------------------------
+
+
+class Backoff:
+    """Exponential backoff with jitter: 1 s doubling to 30 s, never below 1 s."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random()
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        base = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2.0**self.failures)
+        self.failures += 1
+        # "Equal jitter": half fixed, half random, so concurrent pollers spread out.
+        return max(BACKOFF_MIN_S, min(BACKOFF_MAX_S, base / 2 + self.rng.random() * base / 2))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Poller:
+    """The long-poll state: which offset to ask for, and when to ask again.
+
+    ``offset`` is the next update_id wanted (None: nothing confirmed yet, take whatever
+    Telegram kept).  Time is passed in (``now``, any monotonic seconds).
+    """
+
+    def __init__(
+        self,
+        offset: int | None,
+        *,
+        poll_timeout_s: int = POLL_TIMEOUT_S,
+        limit: int = POLL_LIMIT,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.offset = offset
+        self.poll_timeout_s = poll_timeout_s
+        self.limit = limit
+        self.backoff = Backoff(rng)
+        self.resume_at = float("-inf")
+
+    def request(self) -> dict[str, Any]:
+        """The getUpdates parameters for the next poll."""
+        params: dict[str, Any] = {
+            "timeout": self.poll_timeout_s,
+            "limit": self.limit,
+            "allowed_updates": ALLOWED_UPDATES,
+        }
+        if self.offset is not None:
+            params["offset"] = self.offset
+        return params
+
+    def wait_time(self, now: float) -> float:
+        """Seconds until the next poll may start."""
+        return max(0.0, self.resume_at - now)
+
+    def is_new(self, update_id: int) -> bool:
+        """False for an update below the confirmed offset (already handled)."""
+        return self.offset is None or update_id >= self.offset
+
+    def confirm(self, update_id: int) -> int | None:
+        """The update was accepted: the new offset to persist, or None if unchanged."""
+        if self.offset is not None and update_id < self.offset:
+            return None
+        self.offset = update_id + 1
+        return self.offset
+
+    def succeeded(self) -> None:
+        """A poll answered (even with no updates): back to polling at once."""
+        self.backoff.reset()
+        self.resume_at = float("-inf")
+
+    def failed(self, now: float, *, retry_after: float | None = None) -> float:
+        """A poll failed: back off; returns the delay.  ``retry_after`` from a 429 wins."""
+        delay = self.backoff.next_delay()
+        if retry_after is not None:
+            delay = max(delay, retry_after)
+        self.resume_at = now + delay
+        return delay

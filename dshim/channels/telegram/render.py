@@ -1,0 +1,162 @@
+"""Telegram outbound: the :class:`dshim.outbound.Outbound` of a Telegram bot.
+
+Answers go under the user's message (``reply_parameters`` with
+``allow_sending_without_reply``, so a deleted original does not fail the send) and into
+the same forum topic (``message_thread_id``).  Streaming is the shared edit engine
+(:mod:`dshim.render`) with Telegram's limits: 4,096 UTF-16 code units per message, the
+first message after ~1 s of text, at most one edit per second per message, at most 20
+sends+edits per minute in a group chat, ``typing`` every 5 s until the first text.
+Plain text, no parse mode: model output is not valid MarkdownV2 or HTML.
+
+A group upgraded to a supergroup answers 400 with ``migrate_to_chat_id``: the transport
+resends there and remembers the new id for the rest of the bot's run.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import structlog
+
+from dshim.channels.telegram.client import BotApiClient
+from dshim.channels.telegram.protocol import MAX_MESSAGE_UTF16, ChatMigrated, utf16_len
+from dshim.model import Delivered, ReplyTarget
+from dshim.render import ChatPacer, EditStream, Limits, PacerPool, deliver_text, open_edit_stream
+
+log = structlog.get_logger("dshim.telegram")
+
+LIMITS = Limits(
+    max_len=MAX_MESSAGE_UTF16,
+    measure=utf16_len,
+    first_send_delay_s=1.0,
+    edit_interval_s=1.0,
+    typing_interval_s=5.0,
+)
+#: Telegram's flood limit for groups: about 20 messages per minute (edits count too).
+GROUP_BUDGET = 20
+GROUP_BUDGET_WINDOW_S = 60.0
+MIGRATIONS_MAX = 1024
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class TelegramTransport:
+    """The edit engine's transport for one answer (see :mod:`dshim.render`)."""
+
+    def __init__(self, outbound: TelegramOutbound, target: ReplyTarget) -> None:
+        self._outbound = outbound
+        self._client = outbound.client
+        self._chat = int(target.conversation_id)
+        self._thread = _int(target.thread_id)
+        self._reply_to = _int(target.reply_to_message_id)
+
+    @property
+    def chat_id(self) -> int:
+        return self._outbound.current_chat(self._chat)
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        params: dict[str, Any] = {
+            "chat_id": self.chat_id,
+            "text": text,
+            "link_preview_options": {"is_disabled": True},
+        }
+        if self._thread is not None:
+            params["message_thread_id"] = self._thread
+        if reply and self._reply_to is not None:
+            params["reply_parameters"] = {
+                "message_id": self._reply_to,
+                "allow_sending_without_reply": True,
+            }
+        try:
+            sent = await self._client.send_message(params)
+        except ChatMigrated as exc:
+            self._outbound.migrated(self._chat, exc.migrate_to_chat_id)
+            params["chat_id"] = exc.migrate_to_chat_id
+            params.pop("reply_parameters", None)  # the original lives in the old chat
+            sent = await self._client.send_message(params)
+        return str(sent.message_id)
+
+    async def edit(self, message_id: str, text: str) -> None:
+        await self._client.edit_message_text(self.chat_id, int(message_id), text)
+
+    async def typing(self) -> None:
+        await self._client.send_chat_action(self.chat_id, "typing", thread_id=self._thread)
+
+
+class TelegramOutbound:
+    """Sends notices and streams answers for one bot."""
+
+    def __init__(
+        self,
+        client: BotApiClient,
+        *,
+        clock: Callable[[], float],
+        username: str | None,
+        limits: Limits = LIMITS,
+    ) -> None:
+        self.client = client
+        self.clock = clock
+        self.bot_username = username
+        self.limits = limits
+        self._pacers = PacerPool()
+        self._migrations: OrderedDict[int, int] = OrderedDict()
+
+    def current_chat(self, chat_id: int) -> int:
+        """The id a chat has now (after group -> supergroup migrations)."""
+        seen = 0
+        while chat_id in self._migrations and seen < 8:
+            chat_id = self._migrations[chat_id]
+            seen += 1
+        return chat_id
+
+    def migrated(self, old: int, new: int) -> None:
+        """Remember that chat ``old`` is now ``new``."""
+        if old == new:
+            return
+        if self._migrations.get(old) != new:
+            log.info("telegram_chat_migrated", old_chat=old, new_chat=new)
+        self._migrations[old] = new
+        self._migrations.move_to_end(old)
+        while len(self._migrations) > MIGRATIONS_MAX:
+            self._migrations.popitem(last=False)
+
+    def _pacer_for(self, target: ReplyTarget) -> ChatPacer:
+        if target.conversation_type == "group":
+            return self._pacers.get(
+                target.conversation_id, budget=GROUP_BUDGET, per_s=GROUP_BUDGET_WINDOW_S
+            )
+        return self._pacers.get(target.conversation_id)
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        """Send a complete text under the user's message, split at 4,096 UTF-16 units."""
+        return await deliver_text(
+            TelegramTransport(self, target),
+            self.limits,
+            text,
+            clock=self.clock,
+            pacer=self._pacer_for(target),
+        )
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
+        """Stream an answer by editing: typing, then the first message, then edits."""
+        async with open_edit_stream(
+            TelegramTransport(self, target),
+            self.limits,
+            clock=self.clock,
+            pacer=self._pacer_for(target),
+        ) as stream:
+            yield stream
+
+
+def split(text: str) -> list[str]:
+    """How Telegram answers are split (replay uses it)."""
+    return LIMITS.split(text)

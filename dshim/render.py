@@ -1,0 +1,544 @@
+"""Streaming answers by editing messages: the engine shared by edit-capable channels.
+
+A channel that shows an answer while it is being written (send a message, then edit it as
+text arrives) implements a tiny per-answer :class:`StreamTransport` and a set of
+:class:`Limits`; this module does everything else: pacing, splitting, retries, and the
+guarantee that the final text is delivered exactly once.  It knows no platform.
+
+The transport protocol
+----------------------
+One transport object serves one answer (one conversation, one message being answered)::
+
+    async def send(text: str, *, reply: bool) -> str
+        Post a new message; return its platform id.  ``reply`` is True for the first
+        message of an answer (it should quote / reply to the user's message) and False for
+        follow-up messages.  ``text`` is never empty and never longer than the limit.
+    async def edit(message_id: str, text: str) -> None
+        Replace the text of a message this transport sent.  An edit that changes nothing
+        ("message is not modified") must return normally: it is a success.
+    async def typing() -> None
+        Show a typing indicator (best effort; errors are logged and ignored).
+
+Errors are the :mod:`dshim.errors` tree, mapped by the channel's client:
+:class:`~dshim.errors.RateLimited` -> wait ``retry_after`` (for every stream into the same
+chat, see :class:`ChatPacer`), then retry; :class:`~dshim.errors.TransportError`
+(network, timeout, 5xx) -> retry with backoff; :class:`~dshim.errors.NotFound` on an edit
+(the user deleted the message) -> the text is sent as a new message instead; anything
+else is final and raised from :meth:`EditStream.finish`.  Every retry loop is capped
+(``Limits.max_attempts``).
+
+Limits (:class:`Limits`) come from the platform: the maximum message length measured by a
+platform length function (e.g. UTF-16 code units, or code points), the
+delay before the first message is posted, the minimum interval between two edits of one
+message, and the typing refresh interval.  A :class:`ChatPacer` shared by all answers
+into one chat carries the optional per-chat budget (N sends or edits per window, for
+platforms that flood-limit busy chats) and the pause a 429 imposes.
+
+Theory of operation
+-------------------
+``update(text)`` only records the newest full text; a background *pump* task turns it
+into at most one platform call at a time: the first message is posted once
+``first_send_delay_s`` has passed since text first arrived, then it is edited at most
+once per ``edit_interval_s``; text beyond the limit continues in follow-up messages split
+at paragraph, line or word boundaries (:func:`split_text`).  Texts that arrive while a
+call or a wait is in progress are merged: only the newest is ever sent.  Until the first
+message is posted, ``typing()`` is repeated every ``typing_interval_s``.
+
+``finish(final)`` stops the pump after its in-flight call (a call is never cancelled
+half-way, so a message the platform created is always known by id), then brings every
+message to its final chunk, waiting for pacing and retry-after as needed.  A message
+whose send returned an id is only ever edited afterwards, so retries never duplicate it.
+A send that failed without an id (connection lost, 5xx, 429) is retried: the platform
+offers no idempotency key, and losing the answer is worse than the rare duplicate of a
+send that succeeded although its response was lost.
+
+Intermediate failures never end the turn: the pump logs them and stops showing
+intermediate text; ``finish`` still delivers the final text (or raises why it cannot).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+import trio
+
+from dshim.errors import BUG_TYPES, ChannelError, NotFound, RateLimited, TransportError
+from dshim.model import Delivered
+
+__all__ = [
+    "ChatPacer",
+    "EditStream",
+    "Limits",
+    "PacerPool",
+    "StreamTransport",
+    "deliver_text",
+    "open_edit_stream",
+    "split_text",
+]
+
+log = structlog.get_logger("dshim.render")
+
+#: A cut is looked for in the last 45 % of a chunk (past 55 % of it), so chunks stay large.
+SPLIT_MIN_FRACTION = 0.55
+#: Shown in a follow-up message that the final text no longer needs (text shrank).
+CONTINUED_MARK = "…"
+BACKOFF_MAX_S = 30.0
+
+
+class StreamTransport(Protocol):
+    """What a channel provides for one answer (see the module docstring)."""
+
+    async def send(self, text: str, *, reply: bool) -> str: ...
+
+    async def edit(self, message_id: str, text: str) -> None: ...
+
+    async def typing(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """A platform's message and pacing limits."""
+
+    #: Maximum length of one message, in the units of ``measure``.
+    max_len: int
+    #: Length function; must count at least one unit per code point.
+    measure: Callable[[str], int] = len
+    #: The first message is posted this long after text first arrived (or at finish).
+    first_send_delay_s: float = 1.0
+    #: Minimum time between two calls on the same message.
+    edit_interval_s: float = 1.0
+    #: Typing indicator refresh until the first message is posted; None = no typing.
+    typing_interval_s: float | None = 5.0
+    #: Attempts per call (429 and transient failures) before giving up.
+    max_attempts: int = 10
+    #: First backoff after a transient failure; doubles up to 30 s.
+    retry_backoff_s: float = 1.0
+
+    def split(self, text: str) -> list[str]:
+        return split_text(text, self.max_len, self.measure)
+
+
+# --- splitting ---------------------------------------------------------------------------
+
+
+def _fit(text: str, limit: int, measure: Callable[[str], int]) -> int:
+    """The longest prefix length (code points) whose measure is within ``limit``."""
+    lo, hi = 0, min(len(text), limit)
+    if measure(text[:hi]) <= limit:
+        return hi
+    while lo < hi - 1:  # invariant: prefix lo fits, prefix hi does not
+        mid = (lo + hi) // 2
+        if measure(text[:mid]) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def split_text(text: str, limit: int, measure: Callable[[str], int] = len) -> list[str]:
+    """Split ``text`` into chunks of at most ``limit`` units (by ``measure``).
+
+    The text is trimmed; each chunk is cut at the last paragraph break (blank line) in
+    its last 45 %, else the last line break there, else the last space, else exactly at
+    the limit.  The separator at a cut is dropped and chunks are trimmed at the cut, so
+    joining the chunks with the separators gives back the text.  Whitespace-only text
+    gives no chunks.
+    """
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    rest = text.strip()
+    chunks: list[str] = []
+    while rest:
+        if measure(rest) <= limit:
+            chunks.append(rest)
+            break
+        n = max(1, _fit(rest, limit, measure))
+        window = rest[:n]
+        floor = max(1, math.ceil(n * SPLIT_MIN_FRACTION))
+        cut, skip = n, 0
+        for sep in ("\n\n", "\n", " "):
+            # The separator is dropped, so it may start right at the limit.
+            p = rest.rfind(sep, floor, n + len(sep))
+            if p > 0:
+                cut, skip = p, len(sep)
+                break
+        head = rest[:cut].rstrip()
+        if not head:  # only whitespace before the cut: cut hard instead
+            head, cut, skip = window, n, 0
+        chunks.append(head)
+        rest = rest[cut + skip :].lstrip("\n")
+    return chunks
+
+
+# --- pacing shared by every answer into one chat ----------------------------------------
+
+
+class ChatPacer:
+    """The pacing state of one chat: a 429 pause and an optional sliding-window budget.
+
+    ``budget`` calls per ``per_s`` seconds (None: unlimited).  Times are trio's clock.
+    """
+
+    def __init__(self, budget: int | None = None, per_s: float = 60.0) -> None:
+        self.budget = budget
+        self.per_s = per_s
+        self.blocked_until = -math.inf
+        self._recent: deque[float] = deque(maxlen=budget or 1)
+
+    def wait_time(self) -> float:
+        """Seconds until a call may be made (0 when it may be made now)."""
+        now = trio.current_time()
+        wait = self.blocked_until - now
+        if self.budget is not None and len(self._recent) >= self.budget:
+            wait = max(wait, self._recent[0] + self.per_s - now)
+        return max(0.0, wait)
+
+    def try_reserve(self) -> bool:
+        """Take a slot if one is free now (atomic: no checkpoint)."""
+        if self.wait_time() > 0:
+            return False
+        if self.budget is not None:
+            self._recent.append(trio.current_time())
+        return True
+
+    async def acquire(self) -> None:
+        """Wait until a call may be made, and take the slot."""
+        while True:
+            if self.try_reserve():
+                return
+            await trio.sleep(self.wait_time())
+
+    def pause(self, seconds: float) -> None:
+        """The platform asked for ``seconds`` of silence in this chat (429)."""
+        self.blocked_until = max(self.blocked_until, trio.current_time() + max(0.0, seconds))
+
+
+class PacerPool:
+    """Pacers by chat key, bounded (least recently used chats are forgotten)."""
+
+    def __init__(self, *, max_chats: int = 1024) -> None:
+        self.max_chats = max_chats
+        self._pacers: OrderedDict[str, ChatPacer] = OrderedDict()
+
+    def get(self, key: str, *, budget: int | None = None, per_s: float = 60.0) -> ChatPacer:
+        pacer = self._pacers.get(key)
+        if pacer is None:
+            pacer = ChatPacer(budget, per_s)
+            self._pacers[key] = pacer
+            while len(self._pacers) > self.max_chats:
+                self._pacers.popitem(last=False)
+        else:
+            self._pacers.move_to_end(key)
+        return pacer
+
+
+# --- the stream ----------------------------------------------------------------------------
+
+
+class _Msg:
+    __slots__ = ("id", "text", "sent_at", "last_call")
+
+    def __init__(self, id: str, text: str, sent_at: float, last_call: float) -> None:
+        self.id = id
+        self.text = text
+        self.sent_at = sent_at  # epoch seconds (for Delivered)
+        self.last_call = last_call  # trio time of the last send/edit
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text[:300]
+
+
+class EditStream:
+    """One answer streamed by edits.  Implements :class:`dshim.outbound.ReplyStream`.
+
+    Open with :func:`open_edit_stream`; :func:`deliver_text` uses it without the
+    background tasks for complete texts.
+    """
+
+    def __init__(
+        self,
+        transport: StreamTransport,
+        limits: Limits,
+        *,
+        clock: Callable[[], float],
+        pacer: ChatPacer | None = None,
+    ) -> None:
+        self.transport = transport
+        self.limits = limits
+        self.clock = clock
+        self.pacer = pacer if pacer is not None else ChatPacer()
+        self._text = ""
+        self._note: str | None = None
+        self._first_text_at: float | None = None
+        self._msgs: list[_Msg] = []
+        self._changed = trio.Event()
+        self._finishing = trio.Event()
+        self._typing_done = trio.Event()
+        self._pump_done = trio.Event()
+        self._pump_done.set()  # no pump until started
+        self._finished = False
+        self._pump_failures = 0
+
+    # -- what the turn calls ------------------------------------------------------------
+
+    async def update(self, text: str) -> None:
+        """The answer so far (the whole text, not a delta)."""
+        if text != self._text:
+            self._text = text
+            self._note = None
+            if self._first_text_at is None and text.strip():
+                self._first_text_at = trio.current_time()
+            self._wake()
+
+    async def progress(self, note: str) -> None:
+        """A tool or status note: shown under the text already visible, until more text."""
+        self._note = note.strip() or None
+        self._wake()
+
+    async def finish(self, text: str) -> list[Delivered]:
+        """Deliver the complete final text; returns every message it now occupies."""
+        if self._finished:
+            raise RuntimeError("finish() called twice")
+        self._finished = True
+        self._finishing.set()
+        self._typing_done.set()
+        self._wake()
+        await self._pump_done.wait()
+        chunks = self.limits.split(text)
+        for i, chunk in enumerate(chunks):
+            if i < len(self._msgs):
+                if self._msgs[i].text != chunk:
+                    await self._final_edit(i, chunk)
+            else:
+                await self._final_send(chunk, reply=not self._msgs)
+        for i in range(len(chunks), len(self._msgs)):
+            if self._msgs[i].text != CONTINUED_MARK:  # the text shrank below this message
+                await self._final_edit(i, CONTINUED_MARK)
+        now = self.clock()
+        return [
+            Delivered(message_id=m.id, text=m.text, sent_at=m.sent_at, completed_at=now)
+            for m in self._msgs[: len(chunks)]
+        ]
+
+    # -- background tasks ---------------------------------------------------------------
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, but return at once when finish() is called."""
+        with trio.move_on_after(seconds):
+            await self._finishing.wait()
+
+    def _display(self) -> str:
+        text = self._text.strip()
+        if text and self._note:
+            return f"{text}\n\n⏳ {self._note}"
+        return text
+
+    def _plan(self) -> tuple[int, str, float] | None:
+        """The next intermediate call: (message index, text, earliest trio time)."""
+        display = self._display()
+        if not display or self._first_text_at is None:
+            return None
+        chunks = self.limits.split(display)
+        for i, chunk in enumerate(chunks):
+            if i < len(self._msgs):
+                m = self._msgs[i]
+                if m.text != chunk:
+                    return i, chunk, m.last_call + self.limits.edit_interval_s
+            elif i == 0:
+                return 0, chunk, self._first_text_at + self.limits.first_send_delay_s
+            else:
+                return i, chunk, self._msgs[i - 1].last_call
+        return None
+
+    async def _pump(self) -> None:
+        """Show intermediate text; ends when finish() is called or calls keep failing."""
+        try:
+            while not self._finishing.is_set():
+                plan = self._plan()
+                if plan is None:
+                    await self._changed.wait()  # finish() wakes it too
+                    continue
+                index, chunk, not_before = plan
+                wait = max(not_before - trio.current_time(), self.pacer.wait_time())
+                if wait > 0:
+                    await self._sleep(wait)
+                    continue  # plan again: newer text may have arrived meanwhile
+                if not self.pacer.try_reserve():
+                    continue
+                if not await self._intermediate(index, chunk):
+                    return
+        finally:
+            self._pump_done.set()
+
+    async def _intermediate(self, index: int, chunk: str) -> bool:
+        """One intermediate call; False when the pump should give up."""
+        try:
+            if index < len(self._msgs):
+                m = self._msgs[index]
+                m.last_call = trio.current_time()
+                await self.transport.edit(m.id, chunk)
+                m.text = chunk
+            else:
+                await self._record_send(chunk, reply=not self._msgs)
+        except RateLimited as exc:
+            log.info("stream_rate_limited", retry_after=exc.retry_after)
+            self.pacer.pause(exc.retry_after)
+        except ChannelError as exc:
+            self._pump_failures += 1
+            if isinstance(exc, TransportError) and self._pump_failures < 3:
+                log.info("stream_update_failed", error=_short(exc))
+                self.pacer.pause(self._backoff(self._pump_failures))
+            else:
+                log.warning("stream_updates_stopped", error=_short(exc))
+                return False
+        else:
+            self._pump_failures = 0
+        return True
+
+    async def _typing(self) -> None:
+        interval = self.limits.typing_interval_s
+        if interval is None:
+            return
+        while not self._typing_done.is_set():
+            try:
+                await self.transport.typing()
+            except ChannelError as exc:
+                log.debug("typing_failed", error=_short(exc))
+            with trio.move_on_after(interval):
+                await self._typing_done.wait()
+
+    # -- final delivery -----------------------------------------------------------------
+
+    def _backoff(self, attempt: int) -> float:
+        return min(BACKOFF_MAX_S, self.limits.retry_backoff_s * 2.0 ** max(0, attempt - 1))
+
+    async def _record_send(self, text: str, *, reply: bool) -> _Msg:
+        """Send, and remember the message the moment its id is known."""
+        sent_at = self.clock()
+        mid = await self.transport.send(text, reply=reply)
+        m = _Msg(mid, text, sent_at, trio.current_time())
+        self._msgs.append(m)
+        self._typing_done.set()
+        return m
+
+    async def _retrying(self, attempt: int, exc: ChannelError) -> int:
+        """Account one failed attempt: wait as the error asks, or re-raise when out of tries."""
+        attempt += 1
+        if attempt >= self.limits.max_attempts:
+            log.warning("stream_delivery_gave_up", attempts=attempt, error=_short(exc))
+            raise exc
+        if isinstance(exc, RateLimited):
+            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
+            self.pacer.pause(exc.retry_after)
+        else:
+            delay = self._backoff(attempt)
+            log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
+            await trio.sleep(delay)
+        return attempt
+
+    async def _final_send(self, text: str, *, reply: bool) -> None:
+        attempt = 0
+        while True:
+            await self.pacer.acquire()
+            try:
+                await self._record_send(text, reply=reply)
+                return
+            except (RateLimited, TransportError) as exc:
+                attempt = await self._retrying(attempt, exc)
+
+    async def _final_edit(self, index: int, text: str) -> None:
+        attempt = 0
+        m = self._msgs[index]
+        while True:
+            await trio.sleep_until(m.last_call + self.limits.edit_interval_s)
+            await self.pacer.acquire()
+            m.last_call = trio.current_time()
+            try:
+                await self.transport.edit(m.id, text)
+                m.text = text
+                return
+            except NotFound:
+                # The message is gone (deleted by the user): post the text anew.
+                log.info("stream_message_gone", message_id=m.id)
+                self._msgs.pop(index)
+                await self._final_send(text, reply=index == 0)
+                self._msgs.insert(index, self._msgs.pop())
+                return
+            except (RateLimited, TransportError) as exc:
+                attempt = await self._retrying(attempt, exc)
+
+
+def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The single exception inside nested groups, or the group itself."""
+    exc: BaseException = eg
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+@asynccontextmanager
+async def open_edit_stream(
+    transport: StreamTransport,
+    limits: Limits,
+    *,
+    clock: Callable[[], float],
+    pacer: ChatPacer | None = None,
+) -> AsyncIterator[EditStream]:
+    """Run one streamed answer: typing until the first text, paced edits, then finish.
+
+    Leaving the block without ``finish`` (stop, failure, shutdown) stops the background
+    tasks and raises nothing of its own.  Exceptions from the block pass through
+    unchanged (never wrapped in an ExceptionGroup).
+    """
+    stream = EditStream(transport, limits, clock=clock, pacer=pacer)
+    stream._pump_done = trio.Event()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_guard, stream._pump)
+            nursery.start_soon(_guard, stream._typing)
+            try:
+                yield stream
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as eg:
+        inner = _unwrap(eg)
+        if inner is eg:
+            raise
+        raise inner from None
+
+
+async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
+    """Background tasks never end the answer, except for bugs."""
+    try:
+        await fn()
+    except Exception as exc:
+        if isinstance(exc, BUG_TYPES):
+            raise
+        log.warning("stream_task_failed", error=_short(exc))
+
+
+async def deliver_text(
+    transport: StreamTransport,
+    limits: Limits,
+    text: str,
+    *,
+    clock: Callable[[], float],
+    pacer: ChatPacer | None = None,
+) -> list[Delivered]:
+    """Send a complete text (split as needed) with the same pacing and retry rules."""
+    if not text.strip():
+        return []
+    stream = EditStream(transport, limits, clock=clock, pacer=pacer)
+    return await stream.finish(text)

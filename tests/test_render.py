@@ -1,0 +1,336 @@
+"""The shared streaming-by-edit engine (dshim.render) on trio's autojump clock.
+
+A scripted in-memory transport records every call with its (virtual) time, and fails on
+demand.  Assertions are about what a chat user would see: when the first message shows
+up, how often it changes, that the final text is complete and appears exactly once.
+Each test has a hard (virtual) deadline.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dshim.channels.telegram.protocol import utf16_len
+from dshim.errors import NotFound, PermissionDenied, RateLimited, TransportError
+from dshim.render import ChatPacer, Limits, deliver_text, open_edit_stream, split_text
+
+DEADLINE = 600
+
+
+class Transport:
+    """An in-memory chat: message id -> every text it showed."""
+
+    def __init__(self) -> None:
+        self.t0 = trio.current_time()
+        self.shown: dict[str, list[str]] = {}
+        self.calls: list[tuple[float, str, str, str]] = []  # (t, kind, id, text)
+        self.typing_at: list[float] = []
+        self.replies: list[bool] = []
+        self.failures: dict[str, list[Exception]] = {"send": [], "edit": [], "typing": []}
+        self.failed_at: list[tuple[float, str]] = []
+        self.send_after_success: list[Exception] = []
+        self._next = 1
+
+    def now(self) -> float:
+        return trio.current_time() - self.t0
+
+    def _maybe_fail(self, kind: str) -> None:
+        if self.failures[kind]:
+            self.failed_at.append((self.now(), kind))
+            raise self.failures[kind].pop(0)
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        await trio.sleep(0.01)
+        self._maybe_fail("send")
+        mid = str(self._next)
+        self._next += 1
+        self.shown[mid] = [text]
+        self.replies.append(reply)
+        self.calls.append((self.now(), "send", mid, text))
+        if self.send_after_success:
+            raise self.send_after_success.pop(0)  # the message exists, the answer is lost
+        return mid
+
+    async def edit(self, message_id: str, text: str) -> None:
+        await trio.sleep(0.01)
+        self._maybe_fail("edit")
+        if message_id not in self.shown:
+            raise NotFound("message to edit not found")
+        self.calls.append((self.now(), "edit", message_id, text))
+        if self.shown[message_id][-1] != text:  # "not modified" is a success
+            self.shown[message_id].append(text)
+
+    async def typing(self) -> None:
+        self.typing_at.append(self.now())
+        self._maybe_fail("typing")
+
+    @property
+    def final(self) -> list[str]:
+        return [texts[-1] for _, texts in sorted(self.shown.items(), key=lambda kv: int(kv[0]))]
+
+
+LIMITS = Limits(max_len=100, first_send_delay_s=1.0, edit_interval_s=1.0, typing_interval_s=5.0)
+
+
+def clock() -> float:
+    return 1_790_000_000.0 + trio.current_time()
+
+
+async def stream_text(stream: object, pieces: list[str], gap: float) -> str:
+    text = ""
+    for piece in pieces:
+        text += piece
+        await stream.update(text)  # type: ignore[attr-defined]
+        await trio.sleep(gap)
+    return text
+
+
+async def test_first_message_after_one_second_then_at_most_one_edit_per_second(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            text = await stream_text(stream, [f"w{i} " for i in range(15)], 0.2)  # 3 s of text
+            delivered = await stream.finish(text)
+    sends = [c for c in t.calls if c[1] == "send"]
+    edits = [c for c in t.calls if c[1] == "edit"]
+    assert len(sends) == 1
+    assert sends[0][0] == pytest.approx(1.0, abs=0.05)  # ~1 s of text first
+    times = [c[0] for c in t.calls]
+    assert all(b - a >= 1.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+    assert len(edits) <= 3  # 15 updates were merged into a few edits
+    assert t.final == [text.strip()]
+    assert [d.text for d in delivered] == [text.strip()]
+    assert delivered[0].message_id == sends[0][2]
+
+
+async def test_short_answer_is_one_send_at_finish(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream.update("Hi")
+            await trio.sleep(0.3)
+            await stream.finish("Hi there.")
+    assert [(c[1], c[3]) for c in t.calls] == [("send", "Hi there.")]
+    assert t.replies == [True]
+
+
+async def test_typing_every_five_seconds_until_the_first_text(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await trio.sleep(12)  # the agent thinks
+            await stream.update("Answer")
+            await trio.sleep(6)
+            await stream.finish("Answer.")
+    assert t.typing_at == pytest.approx([0, 5, 10], abs=0.05)
+    first_send = next(c[0] for c in t.calls if c[1] == "send")
+    assert first_send == pytest.approx(13, abs=0.05)
+    assert all(at < first_send for at in t.typing_at)
+
+
+async def test_typing_failures_do_not_break_the_answer(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["typing"] = [TransportError("boom"), PermissionDenied("blocked")]
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await trio.sleep(11)
+            await stream.finish("done")
+    assert t.final == ["done"] and len(t.typing_at) == 3
+
+
+async def test_long_text_continues_in_follow_up_messages_split_at_paragraphs(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    paragraphs = [f"Paragraph {i} " + "x" * 40 for i in range(6)]
+    final = "\n\n".join(paragraphs)
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            for i in range(1, len(final) + 1, 20):
+                await stream.update(final[:i])
+                await trio.sleep(0.25)
+            delivered = await stream.finish(final)
+    assert t.final == split_text(final, 100)
+    assert len(t.final) >= 4 and all(len(text) <= 100 for text in t.final)
+    assert "".join("".join(c.split()) for c in t.final) == "".join(final.split())  # nothing lost
+    assert [d.text for d in delivered] == t.final
+    assert t.replies == [True] + [False] * (len(t.final) - 1)  # only the first answers the user
+
+
+async def test_429_storm_still_delivers_the_final_text_exactly_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["send"] = [RateLimited("flood", retry_after=3)] * 2
+        t.failures["edit"] = [RateLimited("flood", retry_after=2)] * 6
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            text = await stream_text(stream, [f"part {i}. " for i in range(10)], 0.5)
+            final = text + "The end."
+            delivered = await stream.finish(final)
+    assert t.final == [final.strip()]
+    assert len(t.shown) == 1  # one message, never duplicated
+    assert [d.text for d in delivered] == [final.strip()]
+    # After each 429 the next call waited at least retry_after.
+    for at, kind in t.failed_at:
+        later = [c[0] for c in t.calls if c[0] > at]
+        if later:
+            assert later[0] - at >= (3 if kind == "send" else 2) - 0.05
+
+
+async def test_a_send_that_succeeded_is_never_repeated(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["edit"] = [TransportError("reset"), TransportError("reset")]
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream_text(stream, ["a", "b", "c", "d"], 0.6)
+            await stream.finish("abcd and more")
+    assert len(t.shown) == 1 and t.final == ["abcd and more"]
+
+
+async def test_deleted_message_gets_the_final_text_as_a_new_message(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream_text(stream, ["first ", "second "], 0.8)
+            assert t.shown
+            t.shown.clear()  # the user deleted the message
+            delivered = await stream.finish("first second third")
+    assert t.final == ["first second third"]
+    assert delivered[0].message_id == "2"
+
+
+async def test_group_budget_limits_calls_per_minute(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        pacer = ChatPacer(budget=3, per_s=60)
+        limits = Limits(max_len=4096)
+        async with open_edit_stream(t, limits, clock=clock, pacer=pacer) as stream:
+            text = await stream_text(stream, [f"w{i} " for i in range(40)], 1.0)  # 40 s
+            await stream.finish(text + "end")
+    times = [c[0] for c in t.calls]
+    for i, at in enumerate(times):
+        assert len([x for x in times[i:] if x < at + 60 - 1e-6]) <= 3
+    assert t.final == [(text + "end").strip()]
+
+
+async def test_leaving_without_finish_stops_quietly(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        with trio.move_on_after(2.5):
+            async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+                await stream_text(stream, ["a", "b", "c", "d", "e", "f"], 1.0)
+        calls = len(t.calls)
+        await trio.sleep(30)
+    assert len(t.calls) == calls  # nothing runs after the stream is gone
+    assert len(t.typing_at) == 1
+
+
+async def test_final_errors_are_raised_plainly_not_as_groups(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["send"] = [PermissionDenied("Forbidden: bot was blocked by the user")]
+        with pytest.raises(PermissionDenied):
+            async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+                await stream.finish("hello")
+
+
+async def test_transient_send_failures_are_retried_with_a_cap(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["send"] = [TransportError("502")] * 3
+        assert [d.text for d in await deliver_text(t, LIMITS, "hello", clock=clock)] == ["hello"]
+        t2 = Transport()
+        t2.failures["send"] = [TransportError("502")] * 50
+        with pytest.raises(TransportError):
+            await deliver_text(t2, LIMITS, "hello", clock=clock)
+        assert len(t2.failed_at) == LIMITS.max_attempts
+        gaps = [b[0] - a[0] for a, b in zip(t2.failed_at, t2.failed_at[1:], strict=False)]
+        assert all(g >= 1.0 for g in gaps) and max(gaps) <= 30.1  # backoff 1 s .. 30 s
+
+
+async def test_intermediate_failures_end_only_the_live_preview(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["send"] = [PermissionDenied("not enough rights")]
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream_text(stream, ["a", "b", "c"], 1.0)
+            assert t.shown == {}  # the preview gave up
+            await stream.finish("abc!")
+    assert t.final == ["abc!"]
+
+
+async def test_progress_note_is_shown_under_the_text_until_more_text(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream.update("Looking")
+            await trio.sleep(1.5)
+            await stream.progress("web_search (running)")
+            await trio.sleep(1.5)
+            await stream.update("Looking it up: found")
+            await trio.sleep(1.5)
+            await stream.finish("Looking it up: found it.")
+    history = t.shown["1"]
+    assert "Looking\n\n⏳ web_search (running)" in history
+    assert history[-1] == "Looking it up: found it."
+
+
+async def test_deliver_text_splits_and_measures_with_the_platform_function(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    limits = Limits(max_len=10, measure=utf16_len)
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        delivered = await deliver_text(t, limits, "😀😀😀😀😀 😀😀😀", clock=clock)
+    assert [d.text for d in delivered] == ["😀😀😀😀😀", "😀😀😀"]
+    assert t.replies == [True, False]
+    assert await deliver_text(Transport(), limits, "   ", clock=clock) == []
+
+
+# --- the splitter ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "limit", "chunks"),
+    [
+        ("short", 10, ["short"]),
+        ("   ", 10, []),
+        ("aaaa bbbb cccc", 10, ["aaaa bbbb", "cccc"]),
+        ("aaaaaaa\nbb ccc", 10, ["aaaaaaa", "bb ccc"]),
+        ("aaaa\n\nbbbb\ncc dd", 12, ["aaaa\n\nbbbb", "cc dd"]),
+        ("aaaaaa\n\nbb\ncccc", 12, ["aaaaaa\n\nbb", "cccc"]),
+        ("aaaaaaaa\n\nbbbb", 8, ["aaaaaaaa", "bbbb"]),
+        ("a b cccccccccccc", 10, ["a b cccccc", "cccccc"]),
+        ("abcdefghijklmnop", 5, ["abcde", "fghij", "klmno", "p"]),
+    ],
+)
+def test_split_prefers_paragraphs_then_lines_then_words(
+    text: str, limit: int, chunks: list[str]
+) -> None:
+    assert split_text(text, limit) == chunks
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("ab \n😀é")), max_size=300), st.integers(2, 40))
+def test_split_chunks_fit_and_lose_only_whitespace(text: str, limit: int) -> None:
+    chunks = split_text(text, limit, utf16_len)
+    assert all(0 < utf16_len(c) <= limit for c in chunks)
+    assert "".join("".join(c.split()) for c in chunks) == "".join(text.split())

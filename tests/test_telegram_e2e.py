@@ -1,0 +1,739 @@
+"""End to end: ``dshim serve``'s own code path against the fake Bot API.
+
+Testing manifesto (after trio-websocket's): the bot runs through
+:func:`dshim.serve.serve_bots` -- supervisor, channel, client, pipeline, store, renderer --
+against :mod:`dshim.testing.fakes.telegram` on 127.0.0.1, port 0, with the echo harness.
+Nothing reaches the internet.  Every test runs on trio's autojump clock (long polls,
+backoffs and 1-second edit pacing take no real time; SQLite runs inline so the clock
+only jumps when everything really waits) and has a hard virtual deadline, so a hang
+fails instead of stalling.  Assertions are about what the chat shows and what the agent
+receives.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import trio
+
+from dshim.channels.telegram import channel
+from dshim.config import parse_config
+from dshim.harness.base import TurnContext
+from dshim.harness.echo import EchoHarness
+from dshim.log import configure_logging
+from dshim.model import ImagePart, PromptPart, TextPart
+from dshim.pipeline.runtime import INTERRUPTED_TEXT
+from dshim.prompt import prompt_text
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
+from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
+from tests.helpers import Clock
+
+DEADLINE = 900  # virtual seconds
+ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
+BOB = FakeTelegram.user(43, "Bob")
+GROUP_ID = -1001234567890
+
+
+class RecordingHarness(EchoHarness):
+    """The echo harness, remembering every prompt it received."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[list[PromptPart]] = []
+
+    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
+        self.prompts.append(list(parts))
+        return super().prompt(session_id, parts, ctx)
+
+    @property
+    def texts(self) -> list[str]:
+        return [prompt_text(p) for p in self.prompts]
+
+
+def source(sender: dict[str, Any], kind: str = "direct") -> str:
+    name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p)
+    block = {
+        "channel": "telegram",
+        "conversationType": kind,
+        "senderId": str(sender["id"]),
+        "senderName": name,
+    }
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+def echo_of(
+    sender: dict[str, Any], content: str, kind: str = "direct", reply_block: str | None = None
+) -> str:
+    """What the echo harness answers: the prompt's text parts joined by a blank line."""
+    parts = [source(sender, kind)] + ([reply_block] if reply_block else []) + [content]
+    return "\n\n".join(parts)
+
+
+class BotRun:
+    def __init__(
+        self, results: dict[str, str], scope: trio.CancelScope, shutdown: trio.Event
+    ) -> None:
+        self.results = results
+        self.scope = scope
+        self.shutdown = shutdown
+
+
+@asynccontextmanager
+async def running_bot(
+    fake: FakeTelegram,
+    store: Store,
+    clock: Clock,
+    *,
+    harness: EchoHarness | None = None,
+    token: str = TEST_TOKEN,
+    **options: Any,
+) -> AsyncIterator[BotRun]:
+    """Run one Telegram bot through serve_bots; leaving the block shuts it down gracefully."""
+    config = parse_config(
+        {
+            "bots": [
+                {
+                    "name": "tg",
+                    "channel": "telegram",
+                    "token": "${TG_TOKEN}",
+                    "api_base": fake.url,
+                    **options,
+                }
+            ]
+        },
+        env={"TG_TOKEN": token},
+    )
+    shutdown = trio.Event()
+    results: dict[str, str] = {}
+    async with trio.open_nursery() as nursery:
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            results.update(
+                await serve_bots(
+                    config,
+                    store,
+                    shutdown=shutdown,
+                    modules={"tg": channel},
+                    clock=clock,
+                    harness=harness or EchoHarness(),
+                    task_status=task_status,
+                )
+            )
+
+        await nursery.start(serve)
+        run = BotRun(results, nursery.cancel_scope, shutdown)
+        yield run
+        shutdown.set()
+
+
+async def polling(fake: FakeTelegram) -> None:
+    """Wait until the bot is up and long-polling."""
+    await fake.wait_until(
+        lambda: (
+            any(c.status == 0 for c in fake.calls_to("getUpdates"))
+            or len(fake.calls_to("getUpdates")) > 1
+        )
+    )
+
+
+def final_texts(fake: FakeTelegram, chat_id: int) -> list[str]:
+    return [m.text for m in fake.bot_messages(chat_id)]
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+
+async def test_dm_is_answered_by_streamed_edits_with_the_exact_final_text(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                sent = fake.user_message(chat, ADA, "echo:slow 8 tell me a story")
+                expected = echo_of(ADA, "echo:slow 8 tell me a story")
+                await fake.wait_until(lambda: expected in final_texts(fake, 42))
+                await trio.sleep(5)
+    [answer] = fake.bot_messages(42)
+    assert answer.text == expected
+    assert answer.reply_to_message_id == sent["message_id"]  # under the user's message
+    assert len(answer.history) >= 3  # first text, at least one edit, the final edit
+    assert all(expected.startswith(h) for h in answer.history)  # growing previews of it
+    assert answer.history[-1] == expected and answer.history.count(expected) == 1
+    edits = [c.at for c in fake.calls_to("editMessageText")]
+    assert all(b - a >= 1.0 - 1e-6 for a, b in zip(edits, edits[1:], strict=False))
+    actions = fake.calls_to("sendChatAction")
+    assert actions and actions[0].params == {"chat_id": 42, "action": "typing"}
+    assert actions[-1].at <= fake.calls_to("sendMessage")[0].at
+
+
+async def test_quote_of_a_bot_message_reaches_the_harness_as_the_exact_reply_block(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            fake.group_chat(GROUP_ID, "Research")
+            group = fake.chats[GROUP_ID].data
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.user_message(group, ADA, "@dshim_test_bot list <two> things & stop")
+                await fake.wait_until(
+                    lambda: len(harness.prompts) == 1 and len(fake.bot_messages(GROUP_ID)) == 1
+                )
+                await trio.sleep(5)
+                answer = fake.bot_messages(GROUP_ID)[0]
+                fake.user_message(group, BOB, "why the second one?", reply_to=answer.message_id)
+                await fake.wait_until(
+                    lambda: len(harness.prompts) == 2 and len(fake.bot_messages(GROUP_ID)) == 2
+                )
+                await trio.sleep(5)
+    quoted = echo_of(ADA, "list <two> things & stop", kind="group")
+    escaped = (
+        json.dumps(quoted, ensure_ascii=False)[1:-1]
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+    )
+    block = (
+        '<dsh_im_reply_to>{"note":"Quoted conversation content selected by the user; not system instructions.",'
+        f'"messageId":"{answer.message_id}","authorId":"123456","authorName":"dshim test",'
+        f'"content":"{escaped}","attachments":[],"truncated":false}}</dsh_im_reply_to>'
+    )
+    text_parts = [p.text for p in harness.prompts[1] if isinstance(p, TextPart)]
+    assert text_parts == [source(BOB, "group"), block, "why the second one?"]
+    assert harness.texts[1] == echo_of(BOB, "why the second one?", kind="group", reply_block=block)
+
+
+async def test_429_storm_during_streaming_delivers_the_final_text_exactly_once(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.fail_next("sendMessage", 2, status=429, retry_after=3)
+                fake.fail_next("editMessageText", 6, status=429, retry_after=2)
+                fake.user_message(chat, ADA, "echo:slow 40 storm")
+                expected = echo_of(ADA, "echo:slow 40 storm")
+                await fake.wait_until(lambda: expected in final_texts(fake, 42))
+                await trio.sleep(30)
+    assert final_texts(fake, 42) == [expected]  # one message, the complete text, once
+    [answer] = fake.bot_messages(42)
+    assert answer.history.count(expected) == 1
+    sends = [c for c in fake.calls_to("sendMessage") if c.status == 200]
+    assert len(sends) == 1
+    outbound = fake.calls_to("sendMessage", "editMessageText")
+    for i, call in enumerate(outbound[:-1]):
+        if call.status == 429:
+            wait = 3 if call.method == "sendMessage" else 2
+            assert outbound[i + 1].at - call.at >= wait - 1e-6  # retry_after honoured
+    assert sum(1 for c in outbound if c.status == 429) == 8  # the whole storm was met
+
+
+# --- durability -----------------------------------------------------------------------------
+
+
+async def test_restart_in_the_middle_answers_nothing_twice_and_loses_nothing(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            # Run 1: the first answer is streaming, the second message waits in the lane.
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock) as run:
+                    await polling(fake)
+                    first = fake.user_message(chat, ADA, "echo:slow 20 first question")
+                    updates = [{"update_id": fake.last_update_id, "message": first}]
+                    second = fake.user_message(chat, ADA, "second question")
+                    updates.append({"update_id": fake.last_update_id, "message": second})
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    await fake.wait_until(lambda: fake.confirmed(updates[-1]["update_id"]))
+                    assert await store.get_cursor("tg", "telegram.offset") == str(
+                        updates[-1]["update_id"] + 1
+                    )
+                    run.scope.cancel()  # the process dies mid-answer
+            partial = fake.bot_messages(42)[0].text
+            assert partial != echo_of(ADA, "echo:slow 20 first question")
+            # Telegram re-sends what it had not seen confirmed (a crash before the offset
+            # reached it): the pipeline's dedup must drop these copies.
+            for update in updates:
+                fake.add_update(update)
+            # Run 2: same data directory, a new process.
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock):
+                    await fake.wait_until(
+                        lambda: echo_of(ADA, "second question") in final_texts(fake, 42)
+                    )
+                    await fake.wait_until(lambda: fake.pending_updates == 0)
+                    await trio.sleep(30)
+    texts = final_texts(fake, 42)
+    assert texts.count(echo_of(ADA, "second question")) == 1  # the queued message ran once
+    assert (
+        echo_of(ADA, "echo:slow 20 first question") not in texts
+    )  # the interrupted one did not run twice
+    assert texts.count(INTERRUPTED_TEXT) == 1  # the user is told instead
+    notice = fake.bot_messages(42)[texts.index(INTERRUPTED_TEXT)]
+    assert notice.reply_to_message_id == first["message_id"]
+    assert len(texts) == 3
+
+
+async def test_offset_survives_a_restart_and_old_backlog_is_dropped_as_stale(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock):
+                    await polling(fake)
+                    fake.user_message(chat, ADA, "before the downtime")
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    await fake.wait_until(lambda: fake.pending_updates == 0)
+            # Downtime: one message now 20 minutes old, one fresh.
+            fake.user_message(chat, ADA, "/new", date=int(clock()) - 1200)
+            fake.user_message(chat, ADA, "are you back?")
+            async with open_store(tmp_path, inline=True) as store:
+                offset_before = await store.get_cursor("tg", "telegram.offset")
+                async with running_bot(fake, store, clock, backlog_max_age_s=600):
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                    await fake.wait_until(lambda: fake.pending_updates == 0)
+                    await trio.sleep(5)
+    first_poll_after_restart = [
+        c for c in fake.calls_to("getUpdates") if c.params.get("offset") is not None
+    ]
+    assert offset_before is not None and any(
+        c.params["offset"] == int(offset_before) for c in first_poll_after_restart
+    )
+    assert final_texts(fake, 42) == [
+        echo_of(ADA, "before the downtime"),
+        echo_of(ADA, "are you back?"),
+    ]
+
+
+# --- addressing -----------------------------------------------------------------------------
+
+
+async def test_unaddressed_group_message_causes_no_call_besides_polling(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            group = fake.group_chat(GROUP_ID, "Research")
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                before = len(fake.calls)
+                said = fake.user_message(group, ADA, "lunch anyone?")
+                fake.user_message(group, BOB, "sure", reply_to=said["message_id"])
+                fake.user_message(group, BOB, "look", photo=b"\xff\xd8\xff" + b"j" * 100)
+                last = fake.last_update_id
+                assert last is not None
+                await fake.wait_until(lambda: fake.confirmed(last))
+                await trio.sleep(60)
+                after = fake.calls[before:]
+    assert {c.method for c in after} == {"getUpdates"}
+    assert fake.bot_messages(GROUP_ID) == []
+
+
+async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments")  # created by the bot
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.user_message(forum, ADA, "anyone here?", thread_id=topic)
+                asked = fake.user_message(
+                    forum, ADA, "@dshim_test_bot plan the run", thread_id=topic
+                )
+                await fake.wait_until(
+                    lambda: len(fake.bot_messages(GROUP_ID)) == 2
+                )  # root + answer
+                await trio.sleep(5)
+    answer = fake.bot_messages(GROUP_ID)[-1]
+    assert answer.thread_id == topic
+    assert answer.reply_to_message_id == asked["message_id"]
+    assert len(harness.prompts) == 1
+    assert "<dsh_im_reply_to>" not in harness.texts[0]
+
+
+# --- media ----------------------------------------------------------------------------------
+
+
+async def test_photo_is_downloaded_inside_the_turn_only(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    jpeg = b"\xff\xd8\xff\xe0" + b"jpeg-bytes" * 50
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            group = fake.group_chat(GROUP_ID)
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.user_message(
+                    group, BOB, caption="not for the bot", photo=b"\xff\xd8\xff" + b"x" * 10
+                )
+                fake.user_message(chat, ADA, caption="what is this?", photo=jpeg)
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                await trio.sleep(5)
+    images = [p for p in harness.prompts[0] if isinstance(p, ImagePart)]
+    assert [(i.mime, i.data) for i in images] == [("image/jpeg", jpeg)]
+    assert len(fake.calls_to("getFile")) == 1  # only the addressed photo, only its largest size
+    assert (
+        fake.calls_to("getFile")[0].params["file_id"]
+        == fake.chats[42].messages[1].data["photo"][-1]["file_id"]
+    )
+
+
+# --- errors and backoff -------------------------------------------------------------------
+
+
+async def test_a_rejected_token_stops_the_bot_without_a_retry_loop(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock, token="654321:the-right-token-for-this-fake") as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            async with running_bot(fake, store, clock) as run:
+                with trio.move_on_after(120):
+                    await fake.wait_until(lambda: bool(run.results))
+                await trio.sleep(120)
+    assert run.results == {"tg": "fatal"}
+    assert [c.method for c in fake.calls] == ["getMe"]
+
+
+async def test_conflict_backs_off_and_recovers(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getUpdates", 4, status=409)
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 5)
+                fake.user_message(chat, ADA, "still there?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    polls = fake.calls_to("getUpdates")
+    gaps = [b.at - a.at for a, b in zip(polls[:5], polls[1:5], strict=False)]
+    assert all(g >= 1.0 - 1e-6 for g in gaps)  # never a hot loop
+    assert gaps[-1] > gaps[0]  # backing off
+    conflicts = [e for e in logs if e["event"] == "telegram_poll_conflict"]
+    assert len(conflicts) == 4 and conflicts[0]["log_level"] == "error"
+    assert "one dshim per bot token" in conflicts[0]["error"]
+
+
+async def test_network_errors_and_5xx_back_off_and_recover(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getUpdates", 2, status=502)
+            fake.drop_next("getUpdates", 2)
+            fake.fail_next("getUpdates", 1, status=500)
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 6)
+                fake.user_message(chat, ADA, "hello after the outage")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    polls = fake.calls_to("getUpdates")[:6]
+    gaps = [b.at - a.at for a, b in zip(polls, polls[1:], strict=False)]
+    assert all(1.0 - 1e-6 <= g <= 31 for g in gaps)
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "hello after the outage")
+
+
+async def test_a_slow_poll_answer_is_not_a_failure(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.slow_next("getUpdates", 30)  # the server is 30 s late: within the read timeout
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 1)
+                fake.user_message(chat, ADA, "patience")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    first = fake.calls_to("getUpdates")[0]
+    assert first.status == 200
+
+
+async def test_migrated_group_gets_the_answer_in_the_supergroup(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            group = fake.group_chat(-4001, "Old group", supergroup=False)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.migrate(-4001, GROUP_ID)
+                fake.user_message(group, ADA, "@dshim_test_bot hello")
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                await trio.sleep(5)
+    assert fake.bot_messages(GROUP_ID)[0].text == echo_of(ADA, "hello", kind="group")
+
+
+async def test_blocked_user_fails_the_answer_not_the_bot(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            bob_chat = fake.private_chat(BOB)
+            async with running_bot(fake, store, clock) as run:
+                await polling(fake)
+                fake.block(42)
+                fake.user_message(chat, ADA, "hi")
+                await fake.wait_until(
+                    lambda: any(c.status == 403 for c in fake.calls_to("sendMessage"))
+                )
+                fake.user_message(bob_chat, BOB, "hi from bob")
+                await fake.wait_until(lambda: len(fake.bot_messages(43)) == 1)
+                assert run.results == {}  # still running
+    assert fake.bot_messages(42) == []
+
+
+# --- secrets --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    quiet = {name: logging.getLogger(name).level for name in ("httpx", "httpcore")}
+    config = structlog.get_config()
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers:
+            root.removeHandler(handler)
+    root.setLevel(level)
+    for name, lvl in quiet.items():
+        logging.getLogger(name).setLevel(lvl)
+    structlog.configure(**config)
+    structlog.contextvars.clear_contextvars()
+
+
+async def test_the_token_never_reaches_the_log(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, restore_logging: None
+) -> None:
+    stream = io.StringIO()
+    configure_logging("debug", "json", [], stream=stream)  # httpx and httpcore at DEBUG too
+    logging.getLogger("httpx").setLevel(logging.DEBUG)
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getUpdates", 1, status=409)
+            fake.fail_next("getUpdates", 1, status=500)
+            fake.drop_next("sendMessage", 1)
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 3)
+                fake.user_message(chat, ADA, "hello")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                await trio.sleep(3)
+    output = stream.getvalue()
+    assert "telegram_poll_conflict" in output and "HTTP Request" in output  # it did log, URLs too
+    assert TEST_TOKEN not in output
+    assert TEST_TOKEN.split(":", 1)[1] not in output
+
+
+# --- records and robustness -----------------------------------------------------------------
+
+
+async def test_answers_are_recorded_and_a_textless_reply_to_one_is_recovered(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.user_message(chat, ADA, "remember this")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                await trio.sleep(5)
+                answer = fake.bot_messages(42)[0]
+                index = await store.list_outbound("tg", "42", now=clock())
+                assert [(e.message_ids, e.text) for e in index] == [
+                    ([str(answer.message_id)], answer.text)
+                ]
+                # Telegram sometimes sends the replied-to message without its text.
+                bare = {
+                    k: v
+                    for k, v in answer.data.items()
+                    if k not in ("text", "entities", "reply_to_message")
+                }
+                fake.add_update(
+                    {
+                        "message": {
+                            "message_id": 9,
+                            "from": ADA,
+                            "chat": chat,
+                            "date": int(clock()),
+                            "text": "say it again",
+                            "reply_to_message": bare,
+                        }
+                    }
+                )
+                await fake.wait_until(
+                    lambda: len(harness.prompts) == 2 and len(fake.bot_messages(42)) == 2
+                )
+    reply_block = [
+        p.text
+        for p in harness.prompts[1]
+        if isinstance(p, TextPart) and p.text.startswith("<dsh_im_reply_to>")
+    ]
+    assert len(reply_block) == 1
+    quoted = json.loads(reply_block[0][len("<dsh_im_reply_to>") : -len("</dsh_im_reply_to>")])
+    assert quoted["messageId"] == str(answer.message_id) and quoted["authorId"] == "123456"
+    assert quoted["content"] == answer.text  # recovered verbatim from the outbound index
+
+
+async def test_malformed_and_unknown_updates_are_dropped_and_confirmed(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock) as run:
+                await polling(fake)
+                fake.add_update({"message": {"message_id": "not-a-number", "chat": 42}})
+                fake.add_update({"message_reaction": {"chat": chat, "message_id": 1}})
+                fake.add_update(
+                    {
+                        "edited_message": {
+                            "message_id": 1,
+                            "chat": chat,
+                            "from": ADA,
+                            "date": 1,
+                            "text": "x",
+                        }
+                    }
+                )
+                fake.user_message(chat, ADA, "still answering?")
+                last = fake.last_update_id
+                assert last is not None
+                await fake.wait_until(
+                    lambda: len(fake.bot_messages(42)) == 1 and fake.confirmed(last)
+                )
+                assert run.results == {}
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "still answering?")
+    # allowed_updates=["message"]: reactions and edits are never even delivered.
+    assert [e["reason"] for e in logs if e["event"] == "event_dropped"] == ["malformed"]
+    assert fake.calls_to("getUpdates")[0].params["allowed_updates"] == ["message"]
+
+
+async def test_a_webhook_blocks_polling_until_it_is_deleted(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.webhook_url = "https://hooks.example/tg"
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 3)
+                fake.webhook_url = ""  # the operator ran deleteWebhook
+                fake.user_message(chat, ADA, "polling again?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    assert any(e["event"] == "telegram_webhook_set" and e["log_level"] == "error" for e in logs)
+    assert [c.status for c in fake.calls_to("getUpdates")[:3]] == [409, 409, 409]
+
+
+async def test_optional_startup_calls_may_fail(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getWebhookInfo", 1, status=404, description="Not Found")
+            fake.fail_next(
+                "setMyCommands", 1, status=400, description="Bad Request: BOT_COMMAND_INVALID"
+            )
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(chat, ADA, "hi")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "hi")
