@@ -1,7 +1,9 @@
 """dshim.toml: msgspec structs, environment substitution, errors that name the key path.
 
     [dshim]        data_dir, backlog_max_age_s
-    [harness]      kind = "echo" | "openai" | "acp" ...
+    [harness]      kind = "echo" | "openai" (base_url, api_key, model, system_prompt,
+                   max_context_messages, vision) | "acp" (command, env, cwd);
+                   interaction_timeout_s
     [[bots]]       name, channel, enabled, credentials ("${ENV}"), api_base, backlog_max_age_s,
                    [bots.access] [bots.prompt] [bots.reply] [bots.lanes]
 
@@ -459,8 +461,20 @@ def _check_semantics(config: Config, label: str) -> None:
             raise ConfigError(f'{label}: harness.base_url: required when kind = "openai"')
         if not h.model:
             raise ConfigError(f'{label}: harness.model: required when kind = "openai"')
+        if not h.base_url.startswith(("http://", "https://")):
+            raise ConfigError(
+                f"{label}: harness.base_url: expected an http:// or https:// URL, got {_describe_value(h.base_url)}"
+            )
     if h.kind == "acp" and not h.command:
         raise ConfigError(f'{label}: harness.command: required when kind = "acp"')
+    if h.max_context_messages < 1:
+        raise ConfigError(
+            f"{label}: harness.max_context_messages: expected at least 1, got {h.max_context_messages}"
+        )
+    if h.interaction_timeout_s <= 0:
+        raise ConfigError(
+            f"{label}: harness.interaction_timeout_s: expected a positive number, got {h.interaction_timeout_s!r}"
+        )
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
 

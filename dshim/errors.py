@@ -21,6 +21,9 @@ status exposes it as ``.status`` so the quoted-reply layer can classify lookup f
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class DshimError(Exception):
     """Root of every error dshim raises on purpose."""
@@ -121,3 +124,19 @@ BUG_TYPES: tuple[type[BaseException], ...] = (
     KeyError,
     IndexError,
 )
+
+
+@contextlib.contextmanager
+def single_error() -> Iterator[None]:
+    """Re-raise a nursery's ExceptionGroup of exactly one exception as that exception.
+
+    Public ``open_*`` context managers that hold a nursery use it so callers see the
+    error (or cancellation) itself, never a group of one.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            inner = group.exceptions[0]
+            raise inner from inner.__cause__
+        raise

@@ -186,9 +186,14 @@ class ToolProgress(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class Option(msgspec.Struct, kw_only=True, frozen=True):
+    """One choice of an approval or question.  ``kind`` classifies approval options
+    (``allow_once``, ``allow_always``, ``reject_once``, ``reject_always``) so that a
+    "yes" or "no" can be mapped to the agent's own option ids."""
+
     id: str
     label: str
     description: str | None = None
+    kind: str | None = None
 
 
 class ApprovalRequest(msgspec.Struct, kw_only=True):
@@ -198,6 +203,9 @@ class ApprovalRequest(msgspec.Struct, kw_only=True):
     options: list[Option]
     detail: str | None = None
     reply: Callable[[str | None], Awaitable[None]] | None = None
+    #: Returns when the harness withdraws the request (agent gone, request cancelled);
+    #: the pipeline then stops waiting for the user and does not reply.
+    withdrawn: Callable[[], Awaitable[None]] | None = None
 
 
 class QuestionRequest(msgspec.Struct, kw_only=True):
@@ -208,6 +216,8 @@ class QuestionRequest(msgspec.Struct, kw_only=True):
     multi_select: bool = False
     allow_free_text: bool = True
     reply: Callable[[list[str], str | None], Awaitable[None]] | None = None
+    #: As for :class:`ApprovalRequest`.
+    withdrawn: Callable[[], Awaitable[None]] | None = None
 
 
 class TurnEnd(msgspec.Struct, kw_only=True, frozen=True):

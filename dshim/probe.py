@@ -163,23 +163,35 @@ def _check_writable(path: Path) -> tuple[bool, str]:
 
 
 async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
-    from dshim.harness import create_harness
-    from dshim.store.base import Store as _Store  # noqa: F401  (typing only)
+    """The harness row, then one row per capability the adapter reports (ACP: image,
+    load session, models, steer; OpenAI: vision).  ACP agents are spawned, initialized,
+    asked and shut down again; OpenAI checks that ``GET /models`` lists the model."""
+    from dshim.harness import create_harness, open_harness
+    from dshim.harness.base import ProbesCapabilities
 
     t0 = time.perf_counter()
-    h: Any = None
     try:
-        h = create_harness(config.harness, bot="probe", store=None, workspace=None)  # type: ignore[arg-type]
-        with trio.fail_after(CHECK_TIMEOUT_S):
-            detail = await h.check()
-        rows.append(
-            ProbeRow(
-                "harness",
-                "ok",
-                _safe(f"{config.harness.kind}: {detail}"),
-                (time.perf_counter() - t0) * 1000,
+        harness = create_harness(config.harness, bot="probe", store=None, workspace=None)
+        async with open_harness(harness) as h:
+            with trio.fail_after(CHECK_TIMEOUT_S):
+                detail = await h.check()
+            rows.append(
+                ProbeRow(
+                    "harness",
+                    "ok",
+                    _safe(f"{config.harness.kind}: {detail}"),
+                    (time.perf_counter() - t0) * 1000,
+                )
             )
-        )
+            if isinstance(h, ProbesCapabilities):
+                t1 = time.perf_counter()
+                with trio.fail_after(CHECK_TIMEOUT_S):
+                    items = await h.probe_details()
+                ms = (time.perf_counter() - t1) * 1000
+                for item in items:
+                    rows.append(
+                        ProbeRow(f"harness: {item.name}", item.result, _safe(item.detail), ms)
+                    )
     except (DshimError, OSError, trio.TooSlowError) as exc:
         rows.append(
             ProbeRow(
@@ -189,10 +201,6 @@ async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
                 (time.perf_counter() - t0) * 1000,
             )
         )
-    finally:
-        if h is not None:
-            with trio.move_on_after(5):
-                await h.aclose()
 
 
 async def _bot_checks(

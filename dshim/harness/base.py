@@ -9,7 +9,7 @@ process is per bot) and is opened and closed by the bot's runtime.
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Sequence
-from typing import Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -30,6 +30,21 @@ class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):
     id: str
     name: str | None = None
     current: bool = False
+
+
+class ProbeItem(msgspec.Struct, kw_only=True, frozen=True):
+    """One line of ``dshim probe`` about a harness capability (image, models, steer...)."""
+
+    name: str
+    result: Literal["ok", "warn", "fail"]
+    detail: str
+
+
+@runtime_checkable
+class ProbesCapabilities(Protocol):
+    """Adapters that can list their capabilities for ``dshim probe`` (after ``check``)."""
+
+    async def probe_details(self) -> list[ProbeItem]: ...
 
 
 class Harness(Protocol):

@@ -3,8 +3,16 @@
 What an agent would see is visible in the chat, which makes it the harness of tests,
 replay and a fresh install.  Directives in the *current* text (the last text part):
 
-- ``echo:slow N``  stream N deltas 0.5 s apart (for /stop and shutdown tests)
-- ``echo:fail``    end the turn with an error
+- ``echo:slow N``   stream N deltas 0.5 s apart (for /stop and shutdown tests)
+- ``echo:fail``     end the turn with an error
+- ``echo:approval`` ask for approval (allow once / allow always / reject) and answer with
+  the decision that came back
+- ``echo:question`` ask a two-option question (free text allowed) and answer with the
+  answer that came back
+
+Interactions are answered through the request's ``reply`` callback, the same way an ACP
+agent's permission request is: the pipeline presents the request, waits for the user and
+calls ``reply`` before it asks the harness for the next event.
 """
 
 from __future__ import annotations
@@ -16,10 +24,48 @@ from collections.abc import AsyncGenerator, Sequence
 import trio
 
 from dshim.harness.base import ModelInfo, TurnContext
-from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
+from dshim.model import (
+    ApprovalRequest,
+    Option,
+    PromptPart,
+    QuestionRequest,
+    TextDelta,
+    TextPart,
+    TurnEnd,
+    TurnEvent,
+)
 
 DELTA_MAX = 64
 _SLOW = re.compile(r"^echo:slow\s+(\d{1,4})\b")
+
+APPROVAL_OPTIONS = [
+    Option(id="allow_once", label="Allow once", kind="allow_once"),
+    Option(id="allow_always", label="Allow always", kind="allow_always"),
+    Option(id="reject_once", label="Reject", kind="reject_once"),
+]
+QUESTION_OPTIONS = [
+    Option(id="red", label="Red"),
+    Option(id="blue", label="Blue"),
+]
+
+
+class _Answer:
+    """Collects what the pipeline passed to a request's ``reply`` callback."""
+
+    def __init__(self) -> None:
+        self.replied = False
+        self.option_id: str | None = None
+        self.selected: list[str] = []
+        self.custom: str | None = None
+
+    async def decide(self, option_id: str | None) -> None:
+        self.replied = True
+        self.option_id = option_id
+
+    async def answer(self, selected: list[str], custom: str | None) -> None:
+        self.replied = True
+        self.selected = list(selected)
+        self.custom = custom
 
 
 class EchoHarness:
@@ -44,6 +90,35 @@ class EchoHarness:
         current = texts[-1].strip() if texts else ""
         if current.startswith("echo:fail"):
             yield TurnEnd(stop_reason="error", error="echo:fail requested a failure")
+            return
+        if current.startswith("echo:approval"):
+            got = _Answer()
+            yield ApprovalRequest(
+                title="echo: run the scripted action",
+                detail="The echo harness asks for permission; nothing is run.",
+                options=list(APPROVAL_OPTIONS),
+                reply=got.decide,
+            )
+            yield TextDelta(f"Approval decision: {got.option_id or 'cancelled'}")
+            yield TurnEnd()
+            return
+        if current.startswith("echo:question"):
+            got = _Answer()
+            yield QuestionRequest(
+                question="echo: which colour?",
+                options=list(QUESTION_OPTIONS),
+                allow_free_text=True,
+                reply=got.answer,
+            )
+            if got.selected or got.custom:
+                labels = {o.id: o.label for o in QUESTION_OPTIONS}
+                chosen = [labels.get(s, s) for s in got.selected]
+                if got.custom:
+                    chosen.append(f"“{got.custom}”")
+                yield TextDelta("Answer: " + ", ".join(chosen))
+            else:
+                yield TextDelta("Answer: (none, the question was cancelled)")
+            yield TurnEnd()
             return
         m = _SLOW.match(current)
         if m:

@@ -37,7 +37,7 @@ import trio
 
 from dshim import normalized
 from dshim.config import BotConfig, Config, backlog_max_age
-from dshim.errors import BUG_TYPES, HarnessError
+from dshim.errors import BUG_TYPES, HarnessError, single_error
 from dshim.harness.base import Harness
 from dshim.model import InboundMessage, PromptPart, ReplyTarget, Skip
 from dshim.outbound import Outbound
@@ -579,37 +579,40 @@ async def open_bot_runtime(
     On exit everything still running is cancelled; call :meth:`BotRuntime.drain` first
     for a graceful stop.
     """
-    from dshim.harness import create_harness
+    from contextlib import AsyncExitStack
 
-    own_harness = harness is None
-    h = (
-        harness
-        if harness is not None
-        else create_harness(config.harness, bot=bot.name, store=store, workspace=bot.workspace)
-    )
-    try:
-        async with trio.open_nursery() as nursery:
-            rt = BotRuntime(
-                config=config,
-                bot=bot,
-                bot_id=bot_id,
-                store=store,
-                harness=h,
-                outbound=outbound,
-                nursery=nursery,
-                clock=clock,
-                observer=observer,
-                decode_raw=decode_raw,
-            )
-            nursery.start_soon(rt._notice_worker)
-            with structlog.contextvars.bound_contextvars(bot=bot.name):
-                if restore:
-                    await rt.restore()
-                try:
-                    yield rt
-                finally:
-                    nursery.cancel_scope.cancel()
-    finally:
-        if own_harness:
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await h.aclose()
+    from dshim.harness import create_harness, open_harness
+
+    with single_error():
+        async with AsyncExitStack() as stack:
+            if harness is None:
+                h = await stack.enter_async_context(
+                    open_harness(
+                        create_harness(
+                            config.harness, bot=bot.name, store=store, workspace=bot.workspace
+                        )
+                    )
+                )
+            else:
+                h = harness
+            async with trio.open_nursery() as nursery:
+                rt = BotRuntime(
+                    config=config,
+                    bot=bot,
+                    bot_id=bot_id,
+                    store=store,
+                    harness=h,
+                    outbound=outbound,
+                    nursery=nursery,
+                    clock=clock,
+                    observer=observer,
+                    decode_raw=decode_raw,
+                )
+                nursery.start_soon(rt._notice_worker)
+                with structlog.contextvars.bound_contextvars(bot=bot.name):
+                    if restore:
+                        await rt.restore()
+                    try:
+                        yield rt
+                    finally:
+                        nursery.cancel_scope.cancel()

@@ -187,49 +187,59 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
                         parts.insert(_after_text(parts), TextPart("\n".join(notes)))
                     if session_id is None:
                         title = prompt_mod.session_title(title_source)
-                        session_id = await rt.harness.create_session(title=title)
-                        await store.set_binding(bot, *key, session_id, title=title, now=rt.clock())
-                        log.info("session_bound", session=session_id)
-                    if rt.observer is not None:
-                        rt.observer.on_prompt(msg, parts)
-                    await store.append_transcript(
-                        bot,
-                        session_id,
-                        "user",
-                        prompt_mod.prompt_text(parts),
-                        at=started_at,
-                        completed=True,
-                    )
-                    prompt_sent = True
-                    tctx = TurnContext(
-                        bot=bot,
-                        conversation_id=msg.conversation_id,
-                        thread_id=msg.thread_id,
-                        sender_id=msg.sender_id,
-                        conversation_type=msg.conversation_type,
-                    )
-                    try:
-                        async with aclosing(rt.harness.prompt(session_id, parts, tctx)) as events:
-                            async for ev in events:
-                                if isinstance(ev, TextDelta):
-                                    text += ev.text
-                                    await stream.update(text)
-                                elif isinstance(ev, ToolProgress):
-                                    await stream.progress(f"{ev.title} ({ev.status})")
-                                elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
-                                    await rt.interactions.ask(ev, msg)
-                                elif isinstance(ev, TurnEnd):
-                                    error = ev.error
-                                    break
-                    except HarnessError as exc:
-                        error = str(exc)
-                        log.warning("harness_failed", error=error, code=exc.code)
-                    except Exception as exc:
-                        if isinstance(exc, BUG_TYPES):
-                            log.exception("harness_crashed")
+                        try:
+                            session_id = await rt.harness.create_session(title=title)
+                        except HarnessError as exc:  # e.g. the agent cannot be started
+                            error = str(exc)
+                            log.warning("harness_failed", error=error, code=exc.code)
                         else:
-                            log.warning("harness_failed", error=str(exc))
-                        error = str(exc) or type(exc).__name__
+                            await store.set_binding(
+                                bot, *key, session_id, title=title, now=rt.clock()
+                            )
+                            log.info("session_bound", session=session_id)
+                    if session_id is not None:
+                        if rt.observer is not None:
+                            rt.observer.on_prompt(msg, parts)
+                        await store.append_transcript(
+                            bot,
+                            session_id,
+                            "user",
+                            prompt_mod.prompt_text(parts),
+                            at=started_at,
+                            completed=True,
+                        )
+                        prompt_sent = True
+                        tctx = TurnContext(
+                            bot=bot,
+                            conversation_id=msg.conversation_id,
+                            thread_id=msg.thread_id,
+                            sender_id=msg.sender_id,
+                            conversation_type=msg.conversation_type,
+                        )
+                        try:
+                            async with aclosing(
+                                rt.harness.prompt(session_id, parts, tctx)
+                            ) as events:
+                                async for ev in events:
+                                    if isinstance(ev, TextDelta):
+                                        text += ev.text
+                                        await stream.update(text)
+                                    elif isinstance(ev, ToolProgress):
+                                        await stream.progress(f"{ev.title} ({ev.status})")
+                                    elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
+                                        await rt.interactions.ask(ev, msg)
+                                    elif isinstance(ev, TurnEnd):
+                                        error = ev.error
+                                        break
+                        except HarnessError as exc:
+                            error = str(exc)
+                            log.warning("harness_failed", error=error, code=exc.code)
+                        except Exception as exc:
+                            if isinstance(exc, BUG_TYPES):
+                                log.exception("harness_crashed")
+                            else:
+                                log.warning("harness_failed", error=str(exc))
+                            error = str(exc) or type(exc).__name__
                 stopped = stop_scope.cancelled_caught
                 if stopped and not prompt_sent:
                     log.info("turn_stopped_before_prompt")
