@@ -1,0 +1,134 @@
+"""``dshim serve`` as a real process: SIGTERM/SIGINT drain running answers, then exit 0.
+
+The bot is a Telegram bot pointed at the fake Bot API on 127.0.0.1 served by this test;
+the process is the real console entry point (``python -m dshim``) with its own store.
+Real clock; each test is bounded by ``trio.fail_after``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import trio
+
+from dshim.pipeline.runtime import INTERRUPTED_TEXT
+from dshim.pipeline.turn import STOPPED_MARK
+from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
+
+ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
+SOURCE = (
+    '<dsh_im_source>{"channel":"telegram","conversationType":"direct","senderId":"42",'
+    '"senderName":"Ada Lovelace"}</dsh_im_source>'
+)
+
+
+def write_config(tmp_path: Path, api_base: str) -> Path:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        f'[dshim]\ndata_dir = "{tmp_path / "state"}"\n\n'
+        f'[[bots]]\nname = "tg"\nchannel = "telegram"\ntoken = "${{DSHIM_TEST_TG_TOKEN}}"\napi_base = "{api_base}"\n'
+    )
+    return cfg
+
+
+async def start_serve(cfg: Path, log: Path) -> trio.Process:
+    env = {**os.environ, "DSHIM_TEST_TG_TOKEN": TEST_TOKEN}
+    env.pop("DSHIM_DATA_DIR", None)
+    with log.open("ab") as stderr:  # the child keeps its own copy of the descriptor
+        return await trio.lowlevel.open_process(
+            [sys.executable, "-m", "dshim", "--config", str(cfg), "--log-format", "json", "serve"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+
+
+async def polling(fake: FakeTelegram, n: int) -> None:
+    await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= n)
+
+
+def texts(fake: FakeTelegram) -> list[str]:
+    return [m.text for m in fake.bot_messages(42)]
+
+
+async def test_sigterm_lets_the_running_answer_finish_and_keeps_the_next_message(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "serve.log"
+    with trio.fail_after(60):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url)
+            chat = fake.private_chat(ADA)
+            proc = await start_serve(cfg, log)
+            try:
+                await polling(fake, 1)
+                fake.user_message(chat, ADA, "echo:slow 6 a story")
+                await fake.wait_until(lambda: len(fake.calls_to("sendMessage")) >= 1)
+                proc.send_signal(signal.SIGTERM)
+                await trio.sleep(0.3)
+                fake.user_message(chat, ADA, "sent during shutdown")
+                with trio.fail_after(15):
+                    code = await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            assert code == 0, log.read_text()[-3000:]
+            assert texts(fake) == [f"{SOURCE}\n\necho:slow 6 a story"]  # finished, not cut
+
+            # The message sent during shutdown was not confirmed: the next start answers it.
+            proc = await start_serve(cfg, log)
+            try:
+                await fake.wait_until(lambda: len(texts(fake)) == 2)
+                proc.send_signal(signal.SIGINT)
+                with trio.fail_after(15):
+                    code = await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            assert code == 0
+            assert texts(fake)[1] == f"{SOURCE}\n\nsent during shutdown"
+    assert TEST_TOKEN not in log.read_text()
+
+
+async def test_an_answer_longer_than_the_grace_is_cancelled_and_reported_after_restart(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "serve.log"
+    with trio.fail_after(90):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url)
+            chat = fake.private_chat(ADA)
+            proc = await start_serve(cfg, log)
+            try:
+                await polling(fake, 1)
+                fake.user_message(chat, ADA, "echo:slow 60 a very long story")
+                await fake.wait_until(lambda: len(fake.calls_to("sendMessage")) >= 1)
+                t0 = trio.current_time()
+                proc.send_signal(signal.SIGTERM)
+                with trio.fail_after(20):
+                    code = await proc.wait()
+                waited = trio.current_time() - t0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            assert code == 0, log.read_text()[-3000:]
+            assert 9.5 <= waited <= 16  # the 10 s grace, then cancel
+            partial = texts(fake)
+            assert len(partial) == 1 and not partial[0].endswith("a very long story")
+
+            proc = await start_serve(cfg, log)
+            try:
+                await fake.wait_until(lambda: len(texts(fake)) == 2)
+                proc.send_signal(signal.SIGTERM)
+                with trio.fail_after(15):
+                    await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            # No second answer to the cut-off message: a notice says what happened.
+            assert texts(fake)[1] == INTERRUPTED_TEXT
+            assert STOPPED_MARK not in texts(fake)[0]
