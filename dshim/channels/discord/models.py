@@ -1,0 +1,177 @@
+"""msgspec view structs for the Discord Gateway v10 and REST v10 payloads dshim reads.
+
+Only the fields dshim uses are named; everything else in a payload is skipped by the
+decoder.  Snowflakes are strings on the wire and stay strings here.  Decoders are built
+once per type (msgspec ``Decoder`` objects are reusable and thread-safe).
+
+Field meanings: https://discord.com/developers/docs (events/gateway-events,
+resources/message, resources/user).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+
+class Frame(msgspec.Struct, kw_only=True, gc=False):
+    """The gateway envelope ``{"op", "d", "s", "t"}``; ``d`` is decoded per opcode."""
+
+    op: int
+    d: msgspec.Raw = msgspec.Raw(b"null")
+    s: int | None = None
+    t: str | None = None
+
+
+class Hello(msgspec.Struct, kw_only=True, gc=False):
+    heartbeat_interval: float
+
+
+class User(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    username: str = ""
+    global_name: str | None = None
+    bot: bool = False
+
+
+class MentionedUser(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+
+
+class Member(msgspec.Struct, kw_only=True, gc=False):
+    nick: str | None = None
+
+
+class Ready(msgspec.Struct, kw_only=True, gc=False):
+    session_id: str
+    resume_gateway_url: str | None = None
+    user: User | None = None
+
+
+class Attachment(msgspec.Struct, kw_only=True, gc=False):
+    id: str = ""
+    filename: str = ""
+    content_type: str | None = None
+    size: int | None = None
+    url: str | None = None
+
+
+class StickerItem(msgspec.Struct, kw_only=True, gc=False):
+    id: str = ""
+    name: str = ""
+
+
+class MessageReference(msgspec.Struct, kw_only=True, gc=False):
+    #: 0 DEFAULT (a reply), 1 FORWARD; absent means DEFAULT.
+    type: int = 0
+    message_id: str | None = None
+    channel_id: str | None = None
+    guild_id: str | None = None
+
+
+class QuotedMessage(msgspec.Struct, kw_only=True, gc=False):
+    """A ``referenced_message`` or a fetched message: one level, its own quote not expanded."""
+
+    id: str | None = None
+    channel_id: str | None = None
+    author: User | None = None
+    member: Member | None = None
+    content: str = ""
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    sticker_items: list[StickerItem] = msgspec.field(default_factory=list)
+    timestamp: str | None = None
+
+
+class Message(msgspec.Struct, kw_only=True, gc=False):
+    """A MESSAGE_CREATE dispatch's ``d``: a message object plus the gateway's extra fields."""
+
+    id: str
+    channel_id: str
+    author: User
+    guild_id: str | None = None
+    member: Member | None = None
+    content: str = ""
+    timestamp: str | None = None
+    type: int = 0
+    mentions: list[MentionedUser] = msgspec.field(default_factory=list)
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    message_reference: MessageReference | None = None
+    #: Absent (UNSET): Discord did not try to resolve the reply; ``None``: it was deleted.
+    referenced_message: QuotedMessage | None | UnsetType = UNSET
+    webhook_id: str | None = None
+    channel_type: int | None = None
+    #: Only messages inside a thread carry a position.
+    position: int | None = None
+
+
+class SessionStartLimit(msgspec.Struct, kw_only=True, gc=False):
+    total: int = 1000
+    remaining: int = 1000
+    #: Milliseconds until ``remaining`` resets.
+    reset_after: float = 0.0
+    max_concurrency: int = 1
+
+
+class GatewayBot(msgspec.Struct, kw_only=True, gc=False):
+    """``GET /gateway/bot``."""
+
+    url: str
+    shards: int = 1
+    session_start_limit: SessionStartLimit = msgspec.field(default_factory=SessionStartLimit)
+
+
+class ErrorBody(msgspec.Struct, kw_only=True, gc=False):
+    """A REST error: ``{"code", "message"}``; a 429 adds ``retry_after`` and ``global``."""
+
+    code: int = 0
+    message: str = ""
+    retry_after: float | None = None
+    global_: bool = msgspec.field(default=False, name="global")
+
+
+class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
+    """What dshim reads from a created or edited message."""
+
+    id: str
+    channel_id: str = ""
+    content: str | None = None
+
+
+frame_decoder = msgspec.json.Decoder(Frame)
+hello_decoder = msgspec.json.Decoder(Hello)
+ready_decoder = msgspec.json.Decoder(Ready)
+message_decoder = msgspec.json.Decoder(Message)
+quoted_decoder = msgspec.json.Decoder(QuotedMessage)
+user_decoder = msgspec.json.Decoder(User)
+gateway_bot_decoder = msgspec.json.Decoder(GatewayBot)
+error_decoder = msgspec.json.Decoder(ErrorBody)
+created_decoder = msgspec.json.Decoder(CreatedMessage)
+encoder = msgspec.json.Encoder()
+
+
+def encode(obj: Any) -> bytes:
+    """Compact JSON for outgoing frames and request bodies."""
+    return encoder.encode(obj)
+
+
+__all__ = [
+    "UNSET",
+    "Attachment",
+    "CreatedMessage",
+    "ErrorBody",
+    "Frame",
+    "GatewayBot",
+    "Hello",
+    "Member",
+    "MentionedUser",
+    "Message",
+    "MessageReference",
+    "QuotedMessage",
+    "Ready",
+    "SessionStartLimit",
+    "StickerItem",
+    "User",
+    "encode",
+]

@@ -1,0 +1,120 @@
+"""Discord outbound: the transport for :mod:`dshim.render`'s streaming-by-edit engine.
+
+An answer is created as a reply to the user's message (``message_reference`` with
+``fail_if_not_exists: false``, so a deleted original does not lose the answer) and never
+pings anyone (``allowed_mentions {parse: [], replied_user: false}``: model output saying
+``@everyone`` stays text).  It is then streamed by ``PATCH`` edits at most once per second
+per message; text beyond 2,000 characters continues in follow-up messages (no reply
+reference); the typing indicator is refreshed every 8 s until the first message is up
+(Discord shows it for 10 s).  Pacing, splitting, retries and "the final text exactly
+once" live in :mod:`dshim.render`.
+
+Rate limits: bucket waits happen in the REST client; a 429 is handed to the engine at
+once (``retries=0``), which pauses the chat and sends the *newest* text when it retries
+instead of replaying a stale intermediate edit.  Every create carries a ``nonce`` with
+``enforce_nonce``: a create retried after its response was lost returns the message that
+already exists instead of posting a duplicate.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from dshim.channels.discord.client import RestClient
+from dshim.errors import ChannelError
+from dshim.model import Delivered, ReplyTarget
+from dshim.render import EditStream, Limits, PacerPool, deliver_text, open_edit_stream
+
+#: Discord's message length limit, in code points.
+MAX_MESSAGE_LEN = 2000
+#: "Cannot reply without permission to read message history".
+CANNOT_REPLY_CODE = 160002
+
+LIMITS = Limits(
+    max_len=MAX_MESSAGE_LEN,
+    measure=len,
+    first_send_delay_s=1.0,
+    edit_interval_s=1.0,
+    typing_interval_s=8.0,
+)
+
+
+def split(text: str) -> list[str]:
+    """The chunks a text is delivered in (2,000 characters each at most)."""
+    return LIMITS.split(text)
+
+
+class DiscordTransport:
+    """One answer's messages in one channel (see :class:`dshim.render.StreamTransport`)."""
+
+    def __init__(self, rest: RestClient, target: ReplyTarget) -> None:
+        self.rest = rest
+        self.channel_id = target.thread_id or target.conversation_id
+        self.reply_to = target.reply_to_message_id
+        # A nonce per logical message: retries of the same message reuse it.
+        self._nonce_base = secrets.token_hex(8)
+        self._sent = 0
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        nonce = f"{self._nonce_base}{self._sent:03d}"
+        reply_to = self.reply_to if reply else None
+        try:
+            created = await self.rest.create_message(
+                self.channel_id, text, reply_to=reply_to, nonce=nonce, retries=0
+            )
+        except ChannelError as exc:
+            if reply_to is None or exc.code != CANNOT_REPLY_CODE:
+                raise
+            # No Read Message History permission: answer without the reply reference.
+            self.reply_to = None
+            created = await self.rest.create_message(self.channel_id, text, nonce=nonce, retries=0)
+        self._sent += 1
+        if created.content is not None and created.content != text:
+            # The nonce matched a create whose response we lost, with older text.
+            await self.rest.edit_message(self.channel_id, created.id, text, retries=0)
+        return created.id
+
+    async def edit(self, message_id: str, text: str) -> None:
+        await self.rest.edit_message(self.channel_id, message_id, text, retries=0)
+
+    async def typing(self) -> None:
+        await self.rest.trigger_typing(self.channel_id, retries=0)
+
+
+class DiscordOutbound:
+    """The channel's :class:`dshim.outbound.Outbound`: replies, notices, streamed answers."""
+
+    def __init__(
+        self,
+        rest: RestClient,
+        *,
+        clock: Callable[[], float],
+        bot_username: str | None = None,
+        limits: Limits = LIMITS,
+    ) -> None:
+        self.rest = rest
+        self.clock = clock
+        self.bot_username = bot_username
+        self.limits = limits
+        self._pacers = PacerPool()
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        return await deliver_text(
+            DiscordTransport(self.rest, target),
+            self.limits,
+            text,
+            clock=self.clock,
+            pacer=self._pacers.get(target.conversation_id),
+        )
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
+        async with open_edit_stream(
+            DiscordTransport(self.rest, target),
+            self.limits,
+            clock=self.clock,
+            pacer=self._pacers.get(target.conversation_id),
+        ) as stream:
+            yield stream

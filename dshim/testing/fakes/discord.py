@@ -1,0 +1,998 @@
+"""A fake Discord: REST v10 and Gateway v10 on 127.0.0.1, with fault knobs.
+
+It speaks the real wire protocol -- opcodes, payload shapes, close codes, error bodies and
+rate-limit headers as documented in discord-api-docs -- so the real channel code runs
+against it unchanged (``api_base`` = :attr:`FakeDiscord.api_base`, ``gateway_url`` =
+:attr:`FakeDiscord.gateway_url`).  Usage::
+
+    async with open_fake_discord(heartbeat_interval_ms=200) as fake:
+        ...  # run the bot against fake.api_base / fake.gateway_url
+        await fake.wait_until(lambda: fake.ready_count >= 1)
+        msg = await fake.user_message(fake.dm_channel, "hello")
+        await fake.wait_until(lambda: fake.bot_messages(fake.dm_channel))
+
+Gateway: Hello -> Identify (new session, READY, GUILD_CREATE) or Resume (missed dispatches
+replayed in order, then RESUMED) -> dispatches, heartbeats answered with op 11.  Resumes go
+to ``/resume`` (the READY's ``resume_gateway_url``), so a test can see that the client
+used it.  Injected messages are appended to the current session's event log; while no
+session exists they wait for the next READY (a convenience; Discord would not keep them).
+
+Knobs (attributes, changeable at any time) and fault actions:
+
+* ``heartbeat_interval_ms``; ``ack_heartbeats`` (False: a zombie connection);
+  ``heartbeat_timeout_factor`` (close 4009 when the client stops beating; None: off);
+* ``drop_after(k)``: drop the TCP connection (no close frame) after k more MESSAGE_CREATE
+  dispatches; :meth:`drop_connection` now;
+* :meth:`send_reconnect` (op 7), :meth:`send_invalid_session` (op 9, d true/false),
+  :meth:`request_heartbeat` (op 1), :meth:`close_gateway` (any close code);
+  ``close_on_identify`` (answer every Identify with this close code, e.g. 4004);
+* ``replay_on_resume`` = n: a Resume also re-sends the n dispatches before the client's
+  ``seq`` (duplicates the client must not answer twice);
+* ``identify_remaining``, ``identify_window_s``, ``max_concurrency`` (session_start_limit;
+  too many identifies in the window -> op 9 d=false); ``message_content_enabled`` (False:
+  asking for MESSAGE_CONTENT closes with 4014);
+* :meth:`rate_limit`: the next ``count`` matching REST requests get 429 (per route, or
+  global); ``bucket_limits``: enforce per-route buckets (``X-RateLimit-*`` headers are
+  always sent); ``latency_s`` / ``route_latency``: slow REST answers;
+* ``flood_on_ready`` = n: dispatch n direct messages right after every READY (benchmarks);
+* ``forbidden``: channel id -> 50001 (no access: reads and sends fail) or 50013 (no Read
+  Message History: reads fail, replies fail with 160002).
+
+Reading what the bot did: :attr:`calls` (every REST request: method, path relative to
+the API base, JSON body, status), :meth:`bot_messages` (current state of the bot's
+messages after edits), :attr:`identifies`, :attr:`resumes`, :attr:`connections`,
+:attr:`heartbeats`.  :meth:`wait_until` waits for a condition on any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import re
+import secrets
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
+
+from dshim.testing.fakes.http import Request, Response, json_response, serve_http
+
+__all__ = ["FakeDiscord", "RestCall", "open_fake_discord", "snowflake"]
+
+API_PREFIX = "/api/v10"
+DISCORD_EPOCH_MS = 1420070400000
+PRIVILEGED_INTENTS = (1 << 1) | (1 << 8) | (1 << 15)  # members, presences, message content
+MESSAGE_CONTENT = 1 << 15
+VALID_INTENTS = (1 << 26) - 1
+MAX_SEND_BYTES = 4096
+MAX_CONTENT = 2000
+OUTBOX = 100_000
+
+_counter = itertools.count()
+
+
+def snowflake(at: float | None = None) -> str:
+    """A fresh snowflake id for time ``at`` (epoch seconds, default now)."""
+    ms = int((time.time() if at is None else at) * 1000) - DISCORD_EPOCH_MS
+    return str((ms << 22) | (next(_counter) & 0x3FFFFF))
+
+
+def iso_now(at: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if at is None else at, UTC).isoformat()
+
+
+@dataclass
+class RestCall:
+    """One REST request the bot made (``path`` relative to ``/api/v10``)."""
+
+    method: str
+    path: str
+    json: Any
+    status: int
+    at: float
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class GatewayConnection:
+    """One websocket connection (``path`` tells identify URL from resume URL)."""
+
+    id: int
+    path: str
+    opened_at: float
+    ws: WebSocketConnection
+    outbox_send: trio.MemorySendChannel[tuple[str, Any]]
+    query: str = ""
+    session: _Session | None = None
+    authenticated: bool = False
+    last_beat_at: float = 0.0
+    closed_code: int | None = None
+    closed_by: str | None = None  # "server" | "client" | "drop"
+    closed_at: float | None = None  # trio time
+    sends: list[float] = field(default_factory=list)
+
+    def push(self, kind: str, value: Any = None) -> None:
+        try:
+            self.outbox_send.send_nowait((kind, value))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            pass
+
+
+@dataclass
+class _Session:
+    id: str
+    seq: int = 0
+    log: list[tuple[int, str, str]] = field(default_factory=list)
+    conn: GatewayConnection | None = None
+    valid: bool = True
+
+
+@dataclass
+class _RateRule:
+    method: str | None
+    route: re.Pattern[str] | None
+    count: int
+    retry_after: float
+    is_global: bool
+
+
+@dataclass
+class _Bucket:
+    remaining: int
+    reset_at: float
+
+
+_ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
+    # method, pattern, route template (for buckets), handler name
+    ("GET", re.compile(r"^/users/@me$"), "/users/@me", "_get_me"),
+    ("GET", re.compile(r"^/gateway/bot$"), "/gateway/bot", "_get_gateway_bot"),
+    (
+        "GET",
+        re.compile(r"^/channels/(?P<channel>[^/]+)/messages/(?P<message>[^/]+)$"),
+        "/channels/{channel_id}/messages/{message_id}",
+        "_get_message",
+    ),
+    (
+        "POST",
+        re.compile(r"^/channels/(?P<channel>[^/]+)/messages$"),
+        "/channels/{channel_id}/messages",
+        "_create_message",
+    ),
+    (
+        "PATCH",
+        re.compile(r"^/channels/(?P<channel>[^/]+)/messages/(?P<message>[^/]+)$"),
+        "/channels/{channel_id}/messages/{message_id}",
+        "_edit_message",
+    ),
+    (
+        "POST",
+        re.compile(r"^/channels/(?P<channel>[^/]+)/typing$"),
+        "/channels/{channel_id}/typing",
+        "_typing",
+    ),
+]
+
+
+class FakeDiscord:
+    """State and behaviour of the fake; see the module docstring for the knobs."""
+
+    def __init__(
+        self,
+        *,
+        token: str = "fake-discord-token",
+        bot_id: str | None = None,
+        bot_username: str = "dshim-bot",
+        heartbeat_interval_ms: float = 41250,
+        guild_id: str | None = None,
+    ) -> None:
+        self.token = token
+        self.bot_user = {
+            "id": bot_id or snowflake(),
+            "username": bot_username,
+            "global_name": None,
+            "discriminator": "0",
+            "avatar": None,
+            "bot": True,
+        }
+        self.guild_id = guild_id or snowflake()
+        self.text_channel = snowflake()
+        self.other_channel = snowflake()
+        self.thread_channel = snowflake()
+        self.user = {
+            "id": snowflake(),
+            "username": "ada",
+            "global_name": "Ada Lovelace",
+            "discriminator": "0",
+            "avatar": None,
+        }
+        self.dm_channel = snowflake()
+        #: channel id -> {"id", "type", "guild_id"?, "parent_id"?}
+        self.channels: dict[str, dict[str, Any]] = {
+            self.dm_channel: {"id": self.dm_channel, "type": 1},
+            self.text_channel: {"id": self.text_channel, "type": 0, "guild_id": self.guild_id},
+            self.other_channel: {"id": self.other_channel, "type": 0, "guild_id": self.guild_id},
+            self.thread_channel: {
+                "id": self.thread_channel,
+                "type": 11,
+                "guild_id": self.guild_id,
+                "parent_id": self.text_channel,
+            },
+        }
+        # knobs
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.ack_heartbeats = True
+        self.heartbeat_timeout_factor: float | None = 2.0
+        self.close_on_identify: int | None = None
+        self.replay_on_resume = 0
+        self.identify_remaining = 1000
+        self.identify_total = 1000
+        self.identify_reset_after_ms = 3_600_000
+        self.identify_window_s = 5.0
+        self.max_concurrency = 1
+        self.message_content_enabled = True
+        self.latency_s = 0.0
+        self.route_latency: dict[str, float] = {}
+        self.bucket_limits: dict[str, tuple[int, float]] = {}
+        self.forbidden: dict[str, int] = {}
+        self.flood_on_ready = 0
+        self._drop_after: int | None = None
+        self._rate_rules: list[_RateRule] = []
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._global_until = 0.0
+        # state
+        self.messages: dict[str, dict[str, Any]] = {}
+        self.edits: dict[str, list[str]] = {}
+        self.calls: list[RestCall] = []
+        self.identifies: list[dict[str, Any]] = []
+        self.resumes: list[dict[str, Any]] = []
+        self.connections: list[GatewayConnection] = []
+        self.heartbeats: list[tuple[float, Any]] = []
+        self.ready_count = 0
+        self.resumed_count = 0
+        self.invalid_sessions = 0
+        self._sessions: dict[str, _Session] = {}
+        self._current: _Session | None = None
+        self._pending: list[tuple[str, Any]] = []
+        self._nonces: dict[tuple[str, str], str] = {}
+        self._identify_times: list[float] = []
+        self._changed = trio.Event()
+        self.api_base = ""
+        self.gateway_url = ""
+        self.http_url = ""
+
+    # -- waiting -----------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Wait until ``condition()`` holds (checked after every change in the fake)."""
+        while not condition():
+            await self._changed.wait()
+
+    # -- reading what the bot did ------------------------------------------------------
+
+    def calls_to(self, method: str, path_prefix: str = "") -> list[RestCall]:
+        return [c for c in self.calls if c.method == method and c.path.startswith(path_prefix)]
+
+    def bot_messages(self, channel_id: str) -> list[dict[str, Any]]:
+        """The bot's messages in a channel, oldest first, as they are now (after edits)."""
+        bot_id = self.bot_user["id"]
+        return [
+            msg
+            for msg in self.messages.values()
+            if msg["channel_id"] == channel_id and msg["author"]["id"] == bot_id
+        ]
+
+    @property
+    def live(self) -> GatewayConnection | None:
+        """The current session's open connection."""
+        s = self._current
+        if s is None or s.conn is None or s.conn.closed_by is not None:
+            return None
+        return s.conn
+
+    # -- fault actions -----------------------------------------------------------------
+
+    def drop_after(self, k: int) -> None:
+        """Drop the connection (no close frame) after k more MESSAGE_CREATE dispatches."""
+        self._drop_after = k
+
+    async def drop_connection(self) -> None:
+        conn = self.live
+        if conn is not None:
+            conn.push("drop")
+
+    async def send_reconnect(self) -> None:
+        """Op 7 Reconnect; the server closes the socket a moment later if the client does not."""
+        conn = self.live
+        if conn is not None:
+            conn.push("frame", {"op": 7, "d": None})
+
+    async def send_invalid_session(self, resumable: bool) -> None:
+        """Op 9 Invalid Session.  ``d=false`` also ends the session on the server."""
+        conn = self.live
+        if conn is None:
+            return
+        if not resumable and conn.session is not None:
+            conn.session.valid = False
+        self.invalid_sessions += 1
+        conn.push("frame", {"op": 9, "d": resumable})
+
+    async def request_heartbeat(self) -> None:
+        conn = self.live
+        if conn is not None:
+            conn.push("frame", {"op": 1, "d": None})
+
+    async def close_gateway(self, code: int, reason: str = "") -> None:
+        """Close the live connection with ``code`` (4004, 4014, 4009 ...)."""
+        conn = self.live
+        if conn is not None:
+            conn.push("close", (code, reason))
+
+    def rate_limit(
+        self,
+        *,
+        method: str | None = None,
+        route: str | None = None,
+        count: int = 1,
+        retry_after: float = 0.5,
+        is_global: bool = False,
+    ) -> None:
+        """The next ``count`` requests matching ``method`` and ``route`` (a regex on the
+        path relative to ``/api/v10``; None: any) answer 429."""
+        self._rate_rules.append(
+            _RateRule(method, re.compile(route) if route else None, count, retry_after, is_global)
+        )
+
+    def delete_message(self, message_id: str) -> None:
+        self.messages.pop(message_id, None)
+
+    # -- injecting user messages -------------------------------------------------------
+
+    def make_user(
+        self, username: str, *, global_name: str | None = None, bot: bool = False
+    ) -> dict[str, Any]:
+        user: dict[str, Any] = {
+            "id": snowflake(),
+            "username": username,
+            "global_name": global_name,
+            "discriminator": "0",
+            "avatar": None,
+        }
+        if bot:
+            user["bot"] = True
+        return user
+
+    def message(
+        self,
+        channel_id: str,
+        content: str,
+        *,
+        author: dict[str, Any] | None = None,
+        nick: str | None = None,
+        mention_bot: bool = False,
+        mention_text: bool = True,
+        reply_to: dict[str, Any] | str | None = None,
+        reference: str = "snapshot",
+        attachments: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """Build a MESSAGE_CREATE ``d`` as Discord sends it (and store the message).
+
+        ``reply_to`` (a stored message or its id) makes it a reply; ``reference`` says
+        what Discord includes: ``"snapshot"`` (``referenced_message`` object), ``"bare"``
+        (no ``referenced_message`` key), ``"deleted"`` (``referenced_message: null``).
+        ``mention_bot`` adds the bot to ``mentions`` and, with ``mention_text``,
+        ``<@id>`` in front of the content.
+        """
+        chan = self.channels[channel_id]
+        author = author or self.user
+        bot_id = self.bot_user["id"]
+        now = time.time()
+        mid = snowflake(now)
+        if mention_bot and mention_text:
+            content = f"<@{bot_id}> {content}"
+        msg: dict[str, Any] = {
+            "id": mid,
+            "type": 0,
+            "channel_id": channel_id,
+            "author": author,
+            "content": content,
+            "timestamp": iso_now(now),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [dict(self.bot_user)] if mention_bot else [],
+            "mention_roles": [],
+            "attachments": attachments or [],
+            "embeds": [],
+            "pinned": False,
+            "flags": 0,
+            "components": [],
+            "channel_type": chan["type"],
+        }
+        if "guild_id" in chan:
+            msg["guild_id"] = chan["guild_id"]
+            msg["member"] = {"nick": nick, "roles": [], "joined_at": iso_now(now)}
+        if chan["type"] in (10, 11, 12):
+            msg["position"] = sum(
+                1 for m in self.messages.values() if m["channel_id"] == channel_id
+            )
+        if reply_to is not None:
+            target = self.messages.get(reply_to) if isinstance(reply_to, str) else reply_to
+            target_id = reply_to if isinstance(reply_to, str) else reply_to["id"]
+            target_channel = target["channel_id"] if target else channel_id
+            msg["type"] = 19
+            msg["message_reference"] = {
+                "type": 0,
+                "message_id": target_id,
+                "channel_id": target_channel,
+            }
+            if "guild_id" in chan:
+                msg["message_reference"]["guild_id"] = chan["guild_id"]
+            if reference == "snapshot" and target is not None:
+                msg["referenced_message"] = {
+                    k: v for k, v in target.items() if k not in ("referenced_message", "member")
+                }
+            elif reference == "deleted":
+                msg["referenced_message"] = None
+                self.messages.pop(target_id, None)
+        self.messages[mid] = msg
+        return msg
+
+    async def user_message(self, channel_id: str, content: str, **kw: Any) -> dict[str, Any]:
+        """Build a user message (see :meth:`message`) and dispatch MESSAGE_CREATE."""
+        msg = self.message(channel_id, content, **kw)
+        await self.dispatch("MESSAGE_CREATE", msg)
+        return msg
+
+    async def dispatch(self, t: str, d: Any) -> None:
+        """Append a dispatch to the current session and send it if connected."""
+        session = self._current
+        if session is None or not session.valid:
+            self._pending.append((t, d))
+            return
+        self._dispatch_to(session, t, d)
+        await trio.lowlevel.checkpoint()
+
+    def _dispatch_to(self, session: _Session, t: str, d: Any) -> None:
+        session.seq += 1
+        frame = json.dumps({"op": 0, "t": t, "s": session.seq, "d": d}, separators=(",", ":"))
+        session.log.append((session.seq, t, frame))
+        conn = session.conn
+        if conn is not None and conn.closed_by is None and conn.authenticated:
+            conn.push("text", frame)
+            if t == "MESSAGE_CREATE" and self._drop_after is not None:
+                self._drop_after -= 1
+                if self._drop_after <= 0:
+                    self._drop_after = None
+                    conn.push("drop")
+
+    # -- gateway -----------------------------------------------------------------------
+
+    async def _gateway(self, request: WebSocketRequest) -> None:
+        ws = await request.accept()
+        send, recv = trio.open_memory_channel[tuple[str, Any]](OUTBOX)
+        path, _, query = request.path.partition("?")
+        conn = GatewayConnection(len(self.connections), path, time.time(), ws, send, query=query)
+        self.connections.append(conn)
+        self._notify()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._writer, conn, recv)
+            conn.push("frame", {"op": 10, "d": {"heartbeat_interval": self.heartbeat_interval_ms}})
+            conn.last_beat_at = trio.current_time()
+            nursery.start_soon(self._watchdog, conn)
+            try:
+                while True:
+                    data = await ws.get_message()
+                    await self._on_frame(conn, data)
+            except ConnectionClosed as exc:
+                if conn.closed_by is None:
+                    conn.closed_by = "client"
+                    conn.closed_code = int(exc.reason.code) if exc.reason else None
+                    conn.closed_at = trio.current_time()
+            finally:
+                send.close()
+                if conn.session is not None and conn.session.conn is conn:
+                    conn.session.conn = None
+                self._notify()
+                nursery.cancel_scope.cancel()
+
+    async def _writer(
+        self, conn: GatewayConnection, recv: trio.MemoryReceiveChannel[tuple[str, Any]]
+    ) -> None:
+        ws = conn.ws
+        try:
+            async for kind, value in recv:
+                if kind == "frame":
+                    await ws.send_message(json.dumps(value, separators=(",", ":")))
+                elif kind == "text":
+                    await ws.send_message(value)
+                elif kind == "close":
+                    code, reason = value
+                    conn.closed_by, conn.closed_code = "server", code
+                    conn.closed_at = trio.current_time()
+                    self._notify()
+                    with trio.move_on_after(2):
+                        await ws.aclose(code, reason)
+                    return
+                elif kind == "drop":
+                    conn.closed_by, conn.closed_code = "drop", None
+                    conn.closed_at = trio.current_time()
+                    self._notify()
+                    # An abrupt TCP close without a websocket close frame.
+                    await ws._stream.aclose()
+                    return
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            return
+
+    async def _watchdog(self, conn: GatewayConnection) -> None:
+        """Close a connection whose client stopped heartbeating (like Discord: 4009)."""
+        while conn.closed_by is None:
+            factor = self.heartbeat_timeout_factor
+            interval = self.heartbeat_interval_ms / 1000
+            if factor is None:
+                await trio.sleep(interval)
+                continue
+            deadline = conn.last_beat_at + interval * factor + 0.5
+            if trio.current_time() >= deadline:
+                conn.push("close", (4009, "Session timed out"))
+                return
+            await trio.sleep_until(deadline)
+
+    def _close(self, conn: GatewayConnection, code: int, reason: str) -> None:
+        conn.push("close", (code, reason))
+
+    async def _on_frame(self, conn: GatewayConnection, data: str | bytes) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        if len(raw) > MAX_SEND_BYTES:
+            self._close(conn, 4002, "Decode error")
+            return
+        now = trio.current_time()
+        conn.sends = [t for t in conn.sends if t > now - 60] + [now]
+        if len(conn.sends) > 120:
+            self._close(conn, 4008, "Rate limited")
+            return
+        try:
+            frame = json.loads(raw)
+            op = frame["op"]
+            d = frame.get("d")
+        except (ValueError, KeyError, TypeError):
+            self._close(conn, 4002, "Decode error")
+            return
+        if op == 1:
+            conn.last_beat_at = now
+            self.heartbeats.append((time.time(), d))
+            self._notify()
+            if self.ack_heartbeats:
+                conn.push("frame", {"op": 11})
+        elif op == 2:
+            await self._identify(conn, d)
+        elif op == 6:
+            self._resume(conn, d)
+        elif not conn.authenticated:
+            self._close(conn, 4003, "Not authenticated")
+        else:
+            self._close(conn, 4001, "Unknown opcode")
+
+    async def _identify(self, conn: GatewayConnection, d: Any) -> None:
+        if conn.authenticated:
+            self._close(conn, 4005, "Already authenticated")
+            return
+        record = {
+            "at": time.time(),
+            "intents": d.get("intents") if isinstance(d, dict) else None,
+            "properties": d.get("properties") if isinstance(d, dict) else None,
+            "token_ok": isinstance(d, dict) and d.get("token") == self.token,
+            "path": conn.path,
+        }
+        self.identifies.append(record)
+        self._notify()
+        if self.close_on_identify is not None:
+            self._close(conn, self.close_on_identify, "Closed on identify")
+            return
+        if not record["token_ok"]:
+            self._close(conn, 4004, "Authentication failed")
+            return
+        intents = record["intents"]
+        if not isinstance(intents, int) or isinstance(intents, bool) or intents & ~VALID_INTENTS:
+            self._close(conn, 4013, "Invalid intent(s)")
+            return
+        if intents & MESSAGE_CONTENT and not self.message_content_enabled:
+            self._close(conn, 4014, "Disallowed intent(s)")
+            return
+        now = trio.current_time()
+        self._identify_times = [t for t in self._identify_times if t > now - self.identify_window_s]
+        if len(self._identify_times) >= self.max_concurrency:
+            self.invalid_sessions += 1
+            conn.push("frame", {"op": 9, "d": False})
+            return
+        self._identify_times.append(now)
+        self.identify_remaining -= 1
+        session = _Session(secrets.token_hex(16))
+        self._sessions[session.id] = session
+        self._current = session
+        session.conn = conn
+        conn.session = session
+        conn.authenticated = True
+        self._dispatch_to(
+            session,
+            "READY",
+            {
+                "v": 10,
+                "user": self.bot_user,
+                "guilds": [{"id": self.guild_id, "unavailable": True}],
+                "session_id": session.id,
+                "resume_gateway_url": f"{self.gateway_url}/resume",
+                "shard": [0, 1],
+                "application": {"id": self.bot_user["id"], "flags": 0},
+            },
+        )
+        self.ready_count += 1
+        self._dispatch_to(
+            session,
+            "GUILD_CREATE",
+            {
+                "id": self.guild_id,
+                "name": "Fake Guild",
+                "unavailable": False,
+                "channels": [c for c in self.channels.values() if c["type"] == 0],
+                "threads": [c for c in self.channels.values() if c["type"] in (10, 11, 12)],
+                "members": [],
+            },
+        )
+        pending, self._pending = self._pending, []
+        for t, payload in pending:
+            self._dispatch_to(session, t, payload)
+        for _ in range(self.flood_on_ready):
+            self._dispatch_to(session, "MESSAGE_CREATE", self.message(self.dm_channel, "ping"))
+        self._notify()
+
+    def _resume(self, conn: GatewayConnection, d: Any) -> None:
+        ok = isinstance(d, dict)
+        session = self._sessions.get(d.get("session_id", "")) if isinstance(d, dict) else None
+        seq = d.get("seq") if isinstance(d, dict) else None
+        self.resumes.append(
+            {
+                "at": time.time(),
+                "session_id": d.get("session_id") if ok else None,
+                "seq": seq,
+                "path": conn.path,
+                "token_ok": ok and d.get("token") == self.token,
+            }
+        )
+        self._notify()
+        if not ok or d.get("token") != self.token:
+            self._close(conn, 4004, "Authentication failed")
+            return
+        if (
+            session is None
+            or not session.valid
+            or session is not self._current
+            or not isinstance(seq, int)
+            or seq > session.seq
+        ):
+            self.invalid_sessions += 1
+            conn.push("frame", {"op": 9, "d": False})
+            return
+        old = session.conn
+        if old is not None and old is not conn and old.closed_by is None:
+            old.push("close", (4000, "Session resumed elsewhere"))
+        session.conn = conn
+        conn.session = session
+        conn.authenticated = True
+        start = max(0, seq - self.replay_on_resume)
+        for s, t, frame in session.log:
+            if s > start and t not in ("READY", "RESUMED"):  # never replayed by Discord
+                conn.push("text", frame)
+        self._dispatch_to(session, "RESUMED", None)
+        self.resumed_count += 1
+        self._notify()
+
+    # -- REST --------------------------------------------------------------------------
+
+    async def _http(self, request: Request) -> Response:
+        path = request.path
+        if not path.startswith(API_PREFIX):
+            if path.startswith("/attachments/"):
+                return Response(200, b"\x89PNG\r\n\x1a\nfake", [("content-type", "image/png")])
+            return _error(404, 0, "404: Not Found")
+        rel = path[len(API_PREFIX) :] or "/"
+        try:
+            body = request.json() if request.body else None
+        except ValueError:
+            body = None
+        for method, pattern, template, handler in _ROUTES:
+            match = pattern.match(rel)
+            if match is None or method != request.method:
+                continue
+            major = match.groupdict().get("channel", "")
+            delay = self.route_latency.get(f"{method} {template}", self.latency_s)
+            if delay:
+                await trio.sleep(delay)
+            response = self._precheck(request, rel, method, template, major)
+            if response is None:
+                try:
+                    response = getattr(self, handler)(body, **match.groupdict())
+                except (KeyError, TypeError, AttributeError) as exc:
+                    response = _error(400, 50035, f"Invalid Form Body ({type(exc).__name__})")
+            break
+        else:
+            response = _error(404, 0, "404: Not Found")
+            template, major = rel, ""
+        self._add_bucket_headers(response, request.method, template, major)
+        self.calls.append(
+            RestCall(
+                request.method,
+                rel,
+                body,
+                response.status,
+                time.time(),
+                {k: v for k, v in request.headers if k != "authorization"},
+            )
+        )
+        self._notify()
+        return response
+
+    def _precheck(
+        self, request: Request, rel: str, method: str, template: str, major: str
+    ) -> Response | None:
+        if request.header("authorization") != f"Bot {self.token}":
+            return _error(401, 0, "401: Unauthorized")
+        now = trio.current_time()
+        if self._global_until > now:
+            return _rate_limited(self._global_until - now, True)
+        for rule in self._rate_rules:
+            if rule.count <= 0:
+                continue
+            if rule.method is not None and rule.method != method:
+                continue
+            if rule.route is not None and not rule.route.search(rel):
+                continue
+            rule.count -= 1
+            if rule.is_global:
+                self._global_until = now + rule.retry_after
+            return _rate_limited(rule.retry_after, rule.is_global)
+        self._rate_rules = [r for r in self._rate_rules if r.count > 0]
+        limit = self.bucket_limits.get(f"{method} {template}")
+        if limit is not None:
+            bucket = self._bucket(method, template, major, now)
+            if bucket.remaining <= 0:
+                return _rate_limited(bucket.reset_at - now, False)
+            bucket.remaining -= 1
+        return None
+
+    def _bucket(self, method: str, template: str, major: str, now: float) -> _Bucket:
+        limit, window = self.bucket_limits.get(f"{method} {template}", (50, 1.0))
+        key = (f"{method} {template}", major)
+        bucket = self._buckets.get(key)
+        if bucket is None or bucket.reset_at <= now:
+            bucket = self._buckets[key] = _Bucket(limit, now + window)
+        return bucket
+
+    def _add_bucket_headers(
+        self, response: Response, method: str, template: str, major: str
+    ) -> None:
+        now = trio.current_time()
+        limit, _ = self.bucket_limits.get(f"{method} {template}", (50, 1.0))
+        bucket = self._bucket(method, template, major, now)
+        if f"{method} {template}" not in self.bucket_limits and response.status != 429:
+            bucket.remaining = max(0, bucket.remaining - 1)
+        after = max(0.0, bucket.reset_at - now)
+        response.headers += [
+            ("x-ratelimit-limit", str(limit)),
+            ("x-ratelimit-remaining", str(max(0, bucket.remaining))),
+            ("x-ratelimit-reset", f"{time.time() + after:.3f}"),
+            ("x-ratelimit-reset-after", f"{after:.3f}"),
+            ("x-ratelimit-bucket", _bucket_hash(method, template)),
+        ]
+
+    def _get_me(self, body: Any) -> Response:
+        return json_response(self.bot_user)
+
+    def _get_gateway_bot(self, body: Any) -> Response:
+        return json_response(
+            {
+                "url": self.gateway_url,
+                "shards": 1,
+                "session_start_limit": {
+                    "total": self.identify_total,
+                    "remaining": max(0, self.identify_remaining),
+                    "reset_after": self.identify_reset_after_ms,
+                    "max_concurrency": self.max_concurrency,
+                },
+            }
+        )
+
+    def _get_message(self, body: Any, channel: str, message: str) -> Response:
+        if channel not in self.channels:
+            return _error(404, 10003, "Unknown Channel")
+        if channel in self.forbidden:
+            code = self.forbidden[channel]
+            return _error(403, code, "Missing Access" if code == 50001 else "Missing Permissions")
+        msg = self.messages.get(message)
+        if msg is None or msg["channel_id"] != channel:
+            return _error(404, 10008, "Unknown Message")
+        out = {
+            k: v
+            for k, v in msg.items()
+            if k not in ("member", "guild_id", "channel_type", "position")
+        }
+        if not self.message_content_enabled and msg["author"]["id"] != self.bot_user["id"]:
+            out["content"] = ""
+        return json_response(out)
+
+    def _create_message(self, body: Any, channel: str) -> Response:
+        if channel not in self.channels:
+            return _error(404, 10003, "Unknown Channel")
+        if not isinstance(body, dict):
+            return _error(400, 50035, "Invalid Form Body")
+        content = body.get("content", "")
+        if not isinstance(content, str) or not content or len(content) > MAX_CONTENT:
+            return _error(400, 50035, "Invalid Form Body (content)")
+        ref = body.get("message_reference")
+        if self.forbidden.get(channel) == 50001:
+            return _error(403, 50001, "Missing Access")
+        if self.forbidden.get(channel) == 50013 and isinstance(ref, dict):
+            return _error(400, 160002, "Cannot reply without permission to read message history")
+        nonce = body.get("nonce")
+        if body.get("enforce_nonce") and nonce is not None:
+            existing = self._nonces.get((channel, str(nonce)))
+            if existing is not None and existing in self.messages:
+                return json_response(self.messages[existing])
+        chan = self.channels[channel]
+        now = time.time()
+        msg: dict[str, Any] = {
+            "id": snowflake(now),
+            "type": 0,
+            "channel_id": channel,
+            "author": self.bot_user,
+            "content": content,
+            "timestamp": iso_now(now),
+            "edited_timestamp": None,
+            "tts": False,
+            "mention_everyone": False,
+            "mentions": [],
+            "mention_roles": [],
+            "attachments": [],
+            "embeds": [],
+            "pinned": False,
+            "flags": 0,
+            "components": [],
+        }
+        if isinstance(ref, dict) and ref.get("message_id"):
+            target = self.messages.get(str(ref["message_id"]))
+            if target is None and ref.get("fail_if_not_exists", True):
+                return _error(400, 50035, "Invalid Form Body (message_reference: Unknown message)")
+            if target is not None:
+                msg["type"] = 19
+                msg["message_reference"] = {
+                    "type": 0,
+                    "message_id": target["id"],
+                    "channel_id": channel,
+                }
+                msg["referenced_message"] = {
+                    k: v for k, v in target.items() if k not in ("referenced_message", "member")
+                }
+        if nonce is not None:
+            msg["nonce"] = nonce
+            self._nonces[(channel, str(nonce))] = msg["id"]
+        self.messages[msg["id"]] = msg
+        self.edits[msg["id"]] = [content]
+        echo = dict(msg)
+        echo["channel_type"] = chan["type"]
+        if "guild_id" in chan:
+            echo["guild_id"] = chan["guild_id"]
+        if self._current is not None and self._current.valid:
+            self._dispatch_to(self._current, "MESSAGE_CREATE", echo)
+        return json_response(msg)
+
+    def _edit_message(self, body: Any, channel: str, message: str) -> Response:
+        msg = self.messages.get(message)
+        if msg is None or msg["channel_id"] != channel:
+            return _error(404, 10008, "Unknown Message")
+        if msg["author"]["id"] != self.bot_user["id"]:
+            return _error(403, 50005, "Cannot edit a message authored by another user")
+        if not isinstance(body, dict):
+            return _error(400, 50035, "Invalid Form Body")
+        content = body.get("content")
+        if content is not None:
+            if not isinstance(content, str) or len(content) > MAX_CONTENT:
+                return _error(400, 50035, "Invalid Form Body (content)")
+            msg["content"] = content
+            msg["edited_timestamp"] = iso_now()
+            self.edits.setdefault(message, []).append(content)
+        return json_response(msg)
+
+    def _typing(self, body: Any, channel: str) -> Response:
+        if channel not in self.channels:
+            return _error(404, 10003, "Unknown Channel")
+        return Response(204)
+
+
+def _bucket_hash(method: str, template: str) -> str:
+    return f"{abs(hash((method, template))) % 16**12:012x}"
+
+
+def _error(status: int, code: int, message: str) -> Response:
+    return json_response({"message": message, "code": code}, status=status)
+
+
+def _rate_limited(retry_after: float, is_global: bool) -> Response:
+    retry_after = max(0.0, retry_after)
+    response = json_response(
+        {
+            "message": "You are being rate limited.",
+            "retry_after": round(retry_after, 3),
+            "global": is_global,
+        },
+        status=429,
+    )
+    response.headers += [
+        ("retry-after", str(max(1, math.ceil(retry_after)))),
+        ("x-ratelimit-scope", "global" if is_global else "user"),
+    ]
+    if is_global:
+        response.headers.append(("x-ratelimit-global", "true"))
+    return response
+
+
+@asynccontextmanager
+async def open_fake_discord(**kwargs: Any) -> AsyncIterator[FakeDiscord]:
+    """Run a fake Discord (REST + gateway on 127.0.0.1, kernel-chosen ports) for the block."""
+    fake = FakeDiscord(**kwargs)
+    async with trio.open_nursery() as nursery:
+        http = await nursery.start(serve_http, fake._http)
+        ws_server = await nursery.start(serve_websocket, fake._gateway, "127.0.0.1", 0, None)
+        fake.http_url = http.url
+        fake.api_base = http.url + API_PREFIX
+        fake.gateway_url = f"ws://127.0.0.1:{ws_server.port}"
+        try:
+            yield fake
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the fake as a process (benchmarks): prints one JSON line with its URLs."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flood", type=int, default=0, help="MESSAGE_CREATEs after each READY")
+    parser.add_argument("--heartbeat-ms", type=float, default=41250)
+    parser.add_argument("--token", default="fake-discord-token")
+    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        with trio.move_on_after(args.lifetime):
+            async with open_fake_discord(
+                token=args.token, heartbeat_interval_ms=args.heartbeat_ms
+            ) as fake:
+                fake.flood_on_ready = args.flood
+                fake.identify_window_s = 0.0
+                print(
+                    json.dumps(
+                        {
+                            "api_base": fake.api_base,
+                            "gateway_url": fake.gateway_url,
+                            "token": fake.token,
+                            "bot_id": fake.bot_user["id"],
+                        }
+                    ),
+                    flush=True,
+                )
+                await trio.sleep_forever()
+
+    trio.run(serve)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,124 @@
+"""``dshim probe`` for a Discord bot, against the fake Discord on 127.0.0.1.
+
+The probe reads a real config file (token from the environment), so these tests go
+through the same path as the command line; each has a hard deadline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from dshim.probe import ProbeRow, _probe, format_table
+from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord
+
+DEADLINE = 20.0
+
+
+def write_config(path: Path, fake: FakeDiscord) -> Path:
+    config = path / "dshim.toml"
+    config.write_text(
+        "[[bots]]\n"
+        'name = "disco"\n'
+        'channel = "discord"\n'
+        'token = "${DISCORD_BOT_TOKEN}"\n'
+        f'api_base = "{fake.api_base}"\n'
+        f'gateway_url = "{fake.gateway_url}"\n',
+        encoding="utf-8",
+    )
+    return config
+
+
+def row(rows: list[ProbeRow], check: str) -> ProbeRow:
+    [found] = [r for r in rows if r.check == check]
+    return found
+
+
+async def test_probe_checks_identity_gateway_ready_and_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_discord(heartbeat_interval_ms=5000) as fake:
+            monkeypatch.setenv("DISCORD_BOT_TOKEN", fake.token)
+            fake.identify_remaining = 997
+            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+            await fake.wait_until(
+                lambda: bool(fake.connections) and fake.connections[0].closed_by is not None
+            )
+    table = format_table(rows)
+    assert code == 0, table
+    assert row(rows, "disco: identity").detail == f"dshim-bot (id {fake.bot_user['id']}, bot)"
+    assert "identifies left today 997/1000" in row(rows, "disco: gateway info").detail
+    ready = row(rows, "disco: gateway")
+    assert ready.result == "ok" and ready.detail.startswith("READY in ")
+    assert row(rows, "disco: store").result == "ok"
+    assert "disco: send test" not in table
+    # connected once, identified once, then closed cleanly (1000) by the probe
+    [conn] = fake.connections
+    assert (conn.closed_by, conn.closed_code) == ("client", 1000)
+    assert len(fake.identifies) == 1
+    assert fake.token not in table
+
+
+async def test_probe_send_test_needs_a_direct_conversation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_discord(heartbeat_interval_ms=5000) as fake:
+            monkeypatch.setenv("DISCORD_BOT_TOKEN", fake.token)
+            config = write_config(tmp_path, fake)
+            rows, code = await _probe(config, tmp_path / "data", "disco", True)
+            assert code == 1
+            assert "send the bot a DM" in row(rows, "disco: send test").detail
+            # an identify within 5 s of the last one is refused with op 9 (max_concurrency)
+            rows, code = await _probe(config, tmp_path / "data", "disco", False)
+            assert "invalid session" in row(rows, "disco: gateway").detail
+            fake.identify_window_s = 0.0
+            # remember a DM the way the pipeline does, then probe again
+            from dshim.store import open_store
+
+            async with open_store(tmp_path / "data") as store:
+                await store.set_last_direct("disco", fake.dm_channel, now=0.0)
+            rows, code = await _probe(config, tmp_path / "data", "disco", True)
+    assert code == 0, format_table(rows)
+    assert row(rows, "disco: send test").result == "ok"
+    [sent] = fake.bot_messages(fake.dm_channel)
+    assert "connection test" in sent["content"]
+
+
+async def test_probe_reports_a_bad_token_without_showing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    wrong = "MTIzNDU2Nzg5MDEyMzQ1Njc4.GaBcDe.wrong-token-value-abcdefghijklmnop"
+    with trio.fail_after(DEADLINE):
+        async with open_fake_discord() as fake:
+            monkeypatch.setenv("DISCORD_BOT_TOKEN", wrong)
+            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    table = format_table(rows)
+    assert code == 1
+    identity = row(rows, "disco: identity")
+    assert identity.result == "fail" and "401" in identity.detail
+    assert wrong not in table and "wrong-token" not in table
+    assert not fake.connections  # no gateway attempt with a rejected token
+
+
+async def test_probe_fails_on_gateway_close_4004_and_when_no_identify_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_discord() as fake:
+            monkeypatch.setenv("DISCORD_BOT_TOKEN", fake.token)
+            config = write_config(tmp_path, fake)
+            fake.close_on_identify = 4004
+            rows, code = await _probe(config, tmp_path / "data", None, False)
+            assert code == 1
+            gateway = row(rows, "disco: gateway")
+            assert gateway.result == "fail" and "4004" in gateway.detail
+            fake.close_on_identify = None
+            fake.identify_remaining = 0
+            rows, code = await _probe(config, tmp_path / "data", None, False)
+    assert code == 1
+    assert row(rows, "disco: gateway info").result == "fail"
+    assert len(fake.identifies) == 1  # the second probe did not identify

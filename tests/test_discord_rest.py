@@ -1,0 +1,292 @@
+"""The Discord REST client over ``httpx.MockTransport``: rate limits, retries, error mapping.
+
+Every test runs on trio's autojump clock (the client reads ``trio.current_time``), so
+waits for ``retry_after`` and bucket resets are exact and instant; each has a hard
+deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from dshim.channels.discord.client import USER_AGENT, RestClient
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    RemoteProtocolError,
+    TransportError,
+)
+
+TOKEN = "MTA1.secret-token.value"
+BASE = "https://discord.test/api/v10"
+DEADLINE = 120  # virtual seconds
+
+
+class Server:
+    """A scripted REST endpoint: answers from a function, records (time, request)."""
+
+    def __init__(self, answer: Callable[[httpx.Request, int], httpx.Response]) -> None:
+        self.answer = answer
+        self.seen: list[tuple[float, httpx.Request]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.seen.append((trio.current_time(), request))
+        return self.answer(request, len(self.seen))
+
+    def paths(self) -> list[str]:
+        return [r.method + " " + r.url.path.removeprefix("/api/v10") for _, r in self.seen]
+
+
+def ok(
+    body: Any = None, headers: dict[str, str] | None = None, status: int = 200
+) -> httpx.Response:
+    return httpx.Response(status, json=body if body is not None else {"id": "1"}, headers=headers)
+
+
+def limited(
+    retry_after: float, *, is_global: bool = False, headers: dict[str, str] | None = None
+) -> httpx.Response:
+    h = {
+        "retry-after": str(int(retry_after) + 1),
+        "x-ratelimit-scope": "global" if is_global else "user",
+    }
+    if is_global:
+        h["x-ratelimit-global"] = "true"
+    h.update(headers or {})
+    return httpx.Response(
+        429,
+        json={
+            "message": "You are being rate limited.",
+            "retry_after": retry_after,
+            "global": is_global,
+        },
+        headers=h,
+    )
+
+
+def client(server: Server, **kw: Any) -> tuple[httpx.AsyncClient, RestClient]:
+    http = httpx.AsyncClient(transport=httpx.MockTransport(server))
+    return http, RestClient(http, token=TOKEN, api_base=BASE, **kw)
+
+
+async def test_sends_bot_authorization_user_agent_and_json(autojump_clock: object) -> None:
+    server = Server(lambda r, n: ok({"id": "55", "channel_id": "7", "content": "hi"}))
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            created = await rest.create_message("7", "hi", reply_to="42", nonce="abc")
+    assert created.id == "55"
+    _, req = server.seen[0]
+    assert req.headers["authorization"] == f"Bot {TOKEN}"
+    assert req.headers["user-agent"] == USER_AGENT and USER_AGENT.startswith("DiscordBot (")
+    assert req.headers["content-type"] == "application/json"
+    assert json.loads(req.content) == {
+        "content": "hi",
+        "allowed_mentions": {"parse": [], "replied_user": False},
+        "message_reference": {"message_id": "42", "fail_if_not_exists": False},
+        "nonce": "abc",
+        "enforce_nonce": True,
+    }
+    assert server.paths() == ["POST /channels/7/messages"]
+
+
+async def test_429_waits_retry_after_then_retries(autojump_clock: object) -> None:
+    server = Server(lambda r, n: limited(2.5) if n == 1 else ok())
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            await rest.edit_message("7", "9", "text")
+    (t1, _), (t2, _) = server.seen
+    assert t2 - t1 == pytest.approx(2.5)
+
+
+async def test_429_retries_are_capped(autojump_clock: object) -> None:
+    server = Server(lambda r, n: limited(1.0))
+    http, rest = client(server, max_retries=3)
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(RateLimited) as exc_info:
+            await rest.edit_message("7", "9", "text")
+    assert len(server.seen) == 4
+    assert exc_info.value.retry_after == 1.0 and exc_info.value.status == 429
+
+
+async def test_retries_zero_hands_429_to_the_caller_and_the_bucket_remembers(
+    autojump_clock: object,
+) -> None:
+    server = Server(lambda r, n: limited(3.0) if n == 1 else ok())
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            with pytest.raises(RateLimited):
+                await rest.edit_message("7", "9", "a", retries=0)
+            t0 = trio.current_time()
+            await rest.edit_message("7", "9", "b", retries=0)  # waits for the pause first
+    assert trio.current_time() - t0 == pytest.approx(3.0)
+    assert len(server.seen) == 2
+
+
+async def test_long_retry_after_is_raised_not_slept(autojump_clock: object) -> None:
+    server = Server(lambda r, n: limited(3600.0))
+    http, rest = client(server, max_wait_s=60.0)
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(RateLimited):
+            await rest.get_current_user()
+    assert len(server.seen) == 1
+
+
+async def test_global_429_pauses_every_route(autojump_clock: object) -> None:
+    def answer(r: httpx.Request, n: int) -> httpx.Response:
+        return limited(4.0, is_global=True) if n == 1 else ok({"id": "1", "username": "b"})
+
+    server = Server(answer)
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(rest.edit_message, "7", "9", "text")
+                await trio.sleep(0.5)
+                nursery.start_soon(rest.get_current_user)  # another route, same pause
+    times = [t for t, _ in server.seen]
+    assert times[0] == pytest.approx(0.0)
+    assert all(t >= 4.0 - 1e-6 for t in times[1:]) and len(times) == 3
+
+
+async def test_exhausted_bucket_waits_for_reset_per_channel(autojump_clock: object) -> None:
+    def answer(r: httpx.Request, n: int) -> httpx.Response:
+        return ok(
+            headers={
+                "x-ratelimit-bucket": "abcd1234",
+                "x-ratelimit-limit": "5",
+                "x-ratelimit-remaining": "0",
+                "x-ratelimit-reset-after": "1.75",
+            }
+        )
+
+    server = Server(answer)
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            await rest.create_message("A", "1")
+            await rest.create_message("B", "1")  # another channel: its own bucket
+            await rest.create_message("A", "2")  # A is exhausted: waits for its reset
+    times = [t for t, _ in server.seen]
+    assert times[0] == pytest.approx(0.0) and times[1] == pytest.approx(0.0)
+    assert times[2] == pytest.approx(1.75)
+    assert [r.url.path for _, r in server.seen] == [
+        "/api/v10/channels/A/messages",
+        "/api/v10/channels/B/messages",
+        "/api/v10/channels/A/messages",
+    ]
+
+
+async def test_routes_sharing_a_bucket_share_its_limit(autojump_clock: object) -> None:
+    headers = {
+        "x-ratelimit-bucket": "shared",
+        "x-ratelimit-limit": "1",
+        "x-ratelimit-remaining": "0",
+        "x-ratelimit-reset-after": "2",
+    }
+    server = Server(lambda r, n: ok(headers=headers))
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            await rest.edit_message("A", "1", "x")
+            await rest.edit_message("A", "2", "y")  # same route template and channel
+    assert server.seen[1][0] == pytest.approx(2.0)
+
+
+async def test_global_limit_of_50_per_second(autojump_clock: object) -> None:
+    server = Server(lambda r, n: ok())
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            for i in range(120):
+                await rest.trigger_typing(str(i))
+    times = [t for t, _ in server.seen]
+    for i in range(50, 120):
+        assert times[i] - times[i - 50] >= 1.0 - 1e-9
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "error", "code"),
+    [
+        (404, {"message": "Unknown Message", "code": 10008}, NotFound, 10008),
+        (404, {"message": "Unknown Channel", "code": 10003}, NotFound, 10003),
+        (403, {"message": "Missing Access", "code": 50001}, PermissionDenied, 50001),
+        (403, {"message": "Missing Permissions", "code": 50013}, PermissionDenied, 50013),
+        (400, {"message": "Invalid Form Body", "code": 50035}, ChannelError, 50035),
+        (502, {"message": "Bad Gateway", "code": 0}, TransportError, None),
+    ],
+)
+async def test_errors_are_mapped_from_status_and_code(
+    autojump_clock: object,
+    status: int,
+    body: dict[str, Any],
+    error: type[Exception],
+    code: int | None,
+) -> None:
+    server = Server(lambda r, n: httpx.Response(status, json=body))
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(error) as exc_info:
+            await rest.get_message("7", "9")
+    exc = exc_info.value
+    assert isinstance(exc, ChannelError)
+    assert exc.status == status and exc.code == code
+    assert TOKEN not in str(exc)
+    assert not rest.auth_failed.is_set()
+
+
+async def test_401_is_an_auth_error_and_signals_the_channel(autojump_clock: object) -> None:
+    server = Server(
+        lambda r, n: httpx.Response(401, json={"message": "401: Unauthorized", "code": 0})
+    )
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(AuthError) as exc_info:
+            await rest.get_current_user()
+    assert rest.auth_failed.is_set()
+    assert exc_info.value.status == 401 and TOKEN not in str(exc_info.value)
+    assert len(server.seen) == 1  # never retried
+
+
+async def test_network_errors_and_bad_json_are_mapped(autojump_clock: object) -> None:
+    def broken(r: httpx.Request, n: int) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=r)
+
+    http, rest = client(Server(broken))
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(TransportError):
+            await rest.get_current_user()
+    http, rest = client(Server(lambda r, n: httpx.Response(200, content=b"<html>")))
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(RemoteProtocolError):
+            await rest.get_current_user()
+
+
+async def test_downloads_only_from_discord_cdn_and_without_the_token(
+    autojump_clock: object,
+) -> None:
+    server = Server(lambda r, n: httpx.Response(200, content=b"x" * 100))
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            data = await rest.download("https://cdn.discordapp.com/attachments/1/2/a.png", 1000)
+            with pytest.raises(ChannelError):
+                await rest.download("https://evil.example/a.png", 1000)
+            with pytest.raises(ChannelError):
+                await rest.download("http://cdn.discordapp.com/a.png", 1000)
+            with pytest.raises(ChannelError, match="over"):
+                await rest.download("https://cdn.discordapp.com/big.png", 50)
+    assert data == b"x" * 100
+    assert len(server.seen) == 2
+    assert all("authorization" not in r.headers for _, r in server.seen)
