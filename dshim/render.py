@@ -115,8 +115,11 @@ class Limits:
     edit_interval_s: float = 1.0
     #: Typing indicator refresh until the first message is posted; None = no typing.
     typing_interval_s: float | None = 5.0
-    #: Attempts per call (429 and transient failures) before giving up.
+    #: Attempts per call after transient failures (network, 5xx) before giving up.
     max_attempts: int = 10
+    #: 429s are retried as the platform asks until this much waiting for one call has
+    #: accumulated: a long flood-control storm delays the final text, it does not drop it.
+    rate_limit_budget_s: float = 900.0
     #: First backoff after a transient failure; doubles up to 30 s.
     retry_backoff_s: float = 1.0
 
@@ -286,6 +289,7 @@ class EditStream:
         self._pump_done.set()  # no pump until started
         self._finished = False
         self._pump_failures = 0
+        self._rate_limited_s = 0.0
 
     # -- what the turn calls ------------------------------------------------------------
 
@@ -434,14 +438,23 @@ class EditStream:
         return m
 
     async def _retrying(self, attempt: int, exc: ChannelError) -> int:
-        """Account one failed attempt: wait as the error asks, or re-raise when out of tries."""
+        """Account one failed attempt: wait as the error asks, or re-raise when out of tries.
+
+        ``attempt`` counts transient failures; 429 waits are charged to the stream's
+        rate-limit budget instead, so flood control never makes us drop the final text.
+        """
+        if isinstance(exc, RateLimited):
+            self._rate_limited_s += exc.retry_after
+            if self._rate_limited_s > self.limits.rate_limit_budget_s:
+                log.warning("stream_delivery_gave_up", waited_s=self._rate_limited_s, error=_short(exc))
+                raise exc
+            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
+            self.pacer.pause(exc.retry_after)
+            return attempt
         attempt += 1
         if attempt >= self.limits.max_attempts:
             log.warning("stream_delivery_gave_up", attempts=attempt, error=_short(exc))
             raise exc
-        if isinstance(exc, RateLimited):
-            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
-            self.pacer.pause(exc.retry_after)
         else:
             delay = self._backoff(attempt)
             log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)

@@ -185,6 +185,22 @@ async def test_429_storm_still_delivers_the_final_text_exactly_once(
             assert later[0] - at >= (3 if kind == "send" else 2) - 0.05
 
 
+async def test_a_long_flood_control_storm_delays_but_never_drops_the_final_text(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        # Far more 429s than the transient-failure attempt cap, on every call.
+        t.failures["send"] = [RateLimited("flood", retry_after=5)] * (LIMITS.max_attempts + 5)
+        t.failures["edit"] = [RateLimited("flood", retry_after=5)] * (LIMITS.max_attempts * 3)
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream_text(stream, ["one ", "two ", "three "], 0.5)
+            delivered = await stream.finish("one two three, finally")
+    assert t.final == ["one two three, finally"]
+    assert len(t.shown) == 1
+    assert [d.text for d in delivered] == ["one two three, finally"]
+
+
 async def test_a_send_that_succeeded_is_never_repeated(autojump_clock: trio.abc.Clock) -> None:
     with trio.fail_after(DEADLINE):
         t = Transport()
