@@ -185,16 +185,22 @@ async def _serve_connection(
             except h11.RemoteProtocolError as exc:
                 if conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
                     body = str(exc).encode("utf-8")
-                    await _send(
-                        stream,
-                        conn,
-                        h11.Response(
-                            status_code=exc.error_status_hint,
-                            headers=[("content-length", str(len(body))), ("connection", "close")],
-                        ),
-                    )
-                    await _send(stream, conn, h11.Data(data=body))
-                    await _send(stream, conn, h11.EndOfMessage())
+                    try:
+                        await _send(
+                            stream,
+                            conn,
+                            h11.Response(
+                                status_code=exc.error_status_hint,
+                                headers=[
+                                    ("content-length", str(len(body))),
+                                    ("connection", "close"),
+                                ],
+                            ),
+                        )
+                        await _send(stream, conn, h11.Data(data=body))
+                        await _send(stream, conn, h11.EndOfMessage())
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass  # the client is gone (e.g. killed mid-request): nothing to tell it
                 return
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
