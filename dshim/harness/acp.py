@@ -64,7 +64,7 @@ import trio
 
 import dshim
 from dshim.errors import HarnessError
-from dshim.harness.base import ModelInfo, ProbeItem, TurnContext
+from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
 from dshim.model import (
     ApprovalRequest,
     FilePart,
@@ -95,7 +95,6 @@ RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 CLOSE_TIMEOUT_S = 2.0
 STDERR_LINE_MAX = 2000
-FILE_INLINE_MAX = 200 * 1024
 ABANDONED_IDS = 256
 
 METHOD_NOT_FOUND = -32601
@@ -1008,18 +1007,8 @@ def _blocks(parts: Sequence[PromptPart]) -> list[dict[str, Any]]:
                 }
             )
         elif isinstance(part, FilePart):
-            blocks.append({"type": "text", "text": _file_text(part)})
+            blocks.append({"type": "text", "text": file_part_text(part)})
     return blocks
-
-
-def _file_text(part: FilePart) -> str:
-    head = f"[attached file: {part.name}, {part.mime or 'unknown type'}, {len(part.data)} bytes]"
-    if len(part.data) <= FILE_INLINE_MAX:
-        try:
-            return f"{head}\n{part.data.decode('utf-8')}"
-        except UnicodeDecodeError:
-            pass
-    return f"{head}\n(binary or too large: content not included)"
 
 
 # --- the adapter -----------------------------------------------------------------------------

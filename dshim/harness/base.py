@@ -13,7 +13,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from dshim.model import PromptPart, TurnEvent
+from dshim.model import FilePart, PromptPart, TurnEvent
 
 
 class TurnContext(msgspec.Struct, kw_only=True, frozen=True):
@@ -81,3 +81,18 @@ class Harness(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+#: Text files up to this size are inlined into the prompt by adapters without file blocks.
+FILE_INLINE_MAX = 200 * 1024
+
+
+def file_part_text(part: FilePart) -> str:
+    """A current file attachment as prompt text: a header, then its UTF-8 content when small."""
+    head = f"[attached file: {part.name}, {part.mime or 'unknown type'}, {len(part.data)} bytes]"
+    if len(part.data) <= FILE_INLINE_MAX:
+        try:
+            return f"{head}\n{part.data.decode('utf-8')}"
+        except UnicodeDecodeError:
+            pass
+    return f"{head}\n(binary or too large: content not included)"

@@ -51,7 +51,7 @@ import trio
 
 import dshim
 from dshim.errors import HarnessError
-from dshim.harness.base import ModelInfo, ProbeItem, TurnContext
+from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
 from dshim.model import (
     FilePart,
     ImagePart,
@@ -75,7 +75,6 @@ RETRY_AFTER_MAX_S = 60.0
 IDLE_DATA_TIMEOUT_S = 600.0
 CLOSE_TIMEOUT_S = 2.0
 ERROR_BODY_MAX = 8192
-FILE_INLINE_MAX = 200 * 1024
 MODEL_CURSOR = "openai.model:"
 
 IMAGES_REFUSED = (
@@ -434,7 +433,7 @@ class OpenAIHarness:
     def _user_content(self, text: str, parts: Sequence[PromptPart]) -> str | list[dict[str, Any]]:
         files = [p for p in parts if isinstance(p, FilePart)]
         for f in files:
-            text += "\n\n" + _file_text(f)
+            text += "\n\n" + file_part_text(f)
         images = [p for p in parts if isinstance(p, ImagePart)]
         if not images:
             return text
@@ -732,16 +731,6 @@ async def _release(resp: httpx.Response, chunks: AsyncIterator[bytes] | None) ->
                     pass
             except (httpx.HTTPError, httpx.StreamError):
                 pass
-
-
-def _file_text(part: FilePart) -> str:
-    head = f"[attached file: {part.name}, {part.mime or 'unknown type'}, {len(part.data)} bytes]"
-    if len(part.data) <= FILE_INLINE_MAX:
-        try:
-            return f"{head}\n{part.data.decode('utf-8')}"
-        except UnicodeDecodeError:
-            pass
-    return f"{head}\n(binary or too large: content not included)"
 
 
 __all__ = ["OpenAIHarness", "SseDecoder", "SseItem", "parse_retry_after"]
