@@ -536,3 +536,26 @@ async def test_open_store_creates_private_data_dir(tmp_path: Path) -> None:
     assert await trio.Path(data_dir / DB_FILENAME).is_file()
     async with open_store(data_dir) as store:
         assert await store.get_cursor("bot", "offset") == "1"
+
+
+async def test_a_cancelled_caller_waits_for_its_write_to_finish(db_path: Path) -> None:
+    async with open_sqlite_store(db_path) as store:
+        with trio.CancelScope() as scope:
+            scope.cancel()  # cancelled before the call: nothing is written
+            await store.set_cursor("bot", "a", "1")
+        assert await store.get_cursor("bot", "a") is None
+        async with trio.open_nursery() as nursery:
+
+            async def write() -> None:
+                # The deadline passes while the call is queued/running on the worker thread.
+                nursery.cancel_scope.deadline = trio.current_time()
+                await store.add_outbound(
+                    "bot",
+                    "c",
+                    OutboundEntry(message_ids=["1"], text="t", sent_at=T0, completed_at=T0),
+                    now=T0,
+                )
+
+            nursery.start_soon(write)
+        # The write had started: it completed as a whole despite the cancellation.
+        assert [e.message_ids for e in await store.list_outbound("bot", "c", now=T0)] == [["1"]]
