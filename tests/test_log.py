@@ -295,7 +295,7 @@ def test_httpx_request_url_through_stdlib_logging_is_masked() -> None:
     logging.getLogger("httpx").setLevel(logging.INFO)  # the documented override
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json={"ok": True}))
     with httpx.Client(transport=transport) as client:
-        client.get(f"https://api.telegram.org/bot{TG_TOKEN}/getMe")
+        client.get(f"http://127.0.0.1:8081/bot{TG_TOKEN}/getMe")
         client.get(f"https://open.example.com/callback?state={SECRET}")
 
     text = stream.getvalue()
@@ -303,7 +303,7 @@ def test_httpx_request_url_through_stdlib_logging_is_masked() -> None:
     assert SECRET not in text
     recs = [r for r in records(stream) if r["logger"] == "httpx"]
     assert len(recs) == 2
-    assert "https://api.telegram.org/bot123456789:***/getMe" in recs[0]["event"]
+    assert "http://127.0.0.1:8081/bot123456789:***/getMe" in recs[0]["event"]
     assert "state=***" in recs[1]["event"]
 
 
@@ -311,7 +311,7 @@ def test_httpx_info_is_silenced_by_default() -> None:
     stream = capture(level="debug")
     transport = httpx.MockTransport(lambda request: httpx.Response(200))
     with httpx.Client(transport=transport) as client:
-        client.get(f"https://api.telegram.org/bot{TG_TOKEN}/getMe")
+        client.get(f"http://127.0.0.1:8081/bot{TG_TOKEN}/getMe")
     logging.getLogger("httpx").warning("still_shown")
     assert [r["event"] for r in records(stream)] == ["still_shown"]
 
@@ -321,9 +321,9 @@ def test_httpx_info_is_silenced_by_default() -> None:
     [
         pytest.param(TG_TOKEN, TG_SECRET_PART, "123456789:***", id="telegram"),
         pytest.param(
-            f"GET https://api.telegram.org/bot{TG_TOKEN}/getUpdates?offset=5",
+            f"GET http://127.0.0.1:8081/bot{TG_TOKEN}/getUpdates?offset=5",
             TG_SECRET_PART,
-            "GET https://api.telegram.org/bot123456789:***/getUpdates?offset=5",
+            "GET http://127.0.0.1:8081/bot123456789:***/getUpdates?offset=5",
             id="telegram-in-url-path",
         ),
         pytest.param(
