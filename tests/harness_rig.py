@@ -9,19 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from dshim.config import parse_config
 from dshim.harness.base import Harness
-from dshim.pipeline.runtime import open_bot_runtime
-from dshim.store import open_store
-from dshim.store.base import Store
-from dshim.testing.outbound import RecordingOutbound
-from tests.helpers import BOT_ID, Clock, Events, Rig
+from tests.helpers import Rig, open_rig
 
 FAKE_AGENT = [sys.executable, "-m", "dshim.testing.fakes.acp_agent"]
 
@@ -32,39 +27,11 @@ async def open_harness_rig(
     *,
     harness: Harness,
     harness_cfg: dict[str, Any] | None = None,
-    store: Store | None = None,
-    inline: bool = True,
-    **bot_options: Any,
+    **options: Any,
 ) -> AsyncIterator[Rig]:
-    config = parse_config(
-        {
-            "harness": harness_cfg or {},
-            "bots": [{"name": "t", "channel": "telegram", **bot_options}],
-        },
-        env={},
-    )
-    clock = Clock()
-    events = Events()
-    out = RecordingOutbound(clock=clock, bot_username="dshim_bot")
-    async with AsyncExitStack() as stack:
-        st = (
-            store
-            if store is not None
-            else await stack.enter_async_context(open_store(data_dir, inline=inline))
-        )
-        rt = await stack.enter_async_context(
-            open_bot_runtime(
-                config=config,
-                bot=config.bots[0],
-                bot_id=BOT_ID,
-                store=st,
-                outbound=out,
-                harness=harness,
-                clock=clock,
-                observer=events,
-            )
-        )
-        yield Rig(rt, out, events, st, clock)
+    """:func:`tests.helpers.open_rig` with a required harness instance."""
+    async with open_rig(data_dir, harness=harness, harness_cfg=harness_cfg, **options) as rig:
+        yield rig
 
 
 async def wait_until(predicate: Callable[[], bool], *, poll_s: float = 0.01) -> None:

@@ -86,8 +86,11 @@ def msg(
     )
 
 
-def bot_config(**options: Any) -> Config:
-    return parse_config({"bots": [{"name": "t", "channel": "telegram", **options}]}, env={})
+def bot_config(harness_cfg: dict[str, Any] | None = None, **options: Any) -> Config:
+    return parse_config(
+        {"harness": harness_cfg or {}, "bots": [{"name": "t", "channel": "telegram", **options}]},
+        env={},
+    )
 
 
 class Rig:
@@ -113,11 +116,12 @@ async def open_rig(
     inline: bool = True,
     store: Store | None = None,
     restore: bool = True,
+    harness_cfg: dict[str, Any] | None = None,
     **options: Any,
 ) -> AsyncIterator[Rig]:
     """A runtime on a real SQLite file.  ``inline`` keeps SQLite on the trio thread so the
     autojump clock stays deterministic."""
-    config = bot_config(**options)
+    config = bot_config(harness_cfg, **options)
     clock = Clock()
     events = Events()
     out = RecordingOutbound(clock=clock, bot_username="dshim_bot")
