@@ -8,7 +8,8 @@ event order.  Output lines (JSON, one per line)::
 
     {"fixture":F,"kind":"prompt","conversation":C,"thread":T,"text":TEXT,"images":N,"files":N}
     {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"text":FINAL_TEXT}
-    {"fixture":F,"kind":"drop","index":I,"reason":R}
+    {"fixture":F,"kind":"drop","index":I,"reason":R}     (echo, bot, unaddressed, duplicate,
+                                                          stale, malformed, denied)
     {"fixture":F,"kind":"command","index":I,"name":NAME}
     {"fixture":F,"kind":"http","method":M,"path":P}
 """
@@ -164,7 +165,10 @@ class _Recorder:
         self.lines.append({"fixture": self.name, "kind": kind, **fields})
 
     def on_drop(self, item: InboundMessage | Skip, reason: str) -> None:
-        self.emit("drop", index=self.index, reason=reason)
+        # Platform events that are not messages at all (channel posts, edits, service
+        # messages, non-message dispatches) are not drops of a message: no line.
+        if reason != "ignored":
+            self.emit("drop", index=self.index, reason=reason)
 
     def on_command(self, msg: InboundMessage, name: str) -> None:
         self.emit("command", index=self.index, name=name)
