@@ -35,6 +35,17 @@ DOWNLOAD_TIMEOUT = httpx.Timeout(10.0, read=60.0)
 USER_AGENT = "dshim (+telegram bot api client)"
 
 
+def map_transport_error(what: str, exc: httpx.TransportError) -> TransportError:
+    """httpx's network failures, mapped once: ``code`` says whether the request never left
+    (``"connect"``) or may have been processed (``"timeout"``, None)."""
+    name = type(exc).__name__
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return TransportError(f"{what}: cannot connect ({name})", code="connect")
+    if isinstance(exc, httpx.TimeoutException):
+        return TransportError(f"{what}: timed out ({name})", code="timeout")
+    return TransportError(f"{what}: connection failed ({name})")
+
+
 def poll_timeout(poll_s: float) -> httpx.Timeout:
     return httpx.Timeout(10.0, read=poll_s + POLL_READ_MARGIN_S)
 
@@ -72,16 +83,8 @@ class BotApiClient:
             return await self._http.post(
                 f"/bot{self._token}/{method}", json=params, timeout=http_timeout
             )
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise TransportError(
-                f"{method}: cannot connect ({type(exc).__name__})", code="connect"
-            ) from exc
-        except httpx.TimeoutException as exc:
-            raise TransportError(
-                f"{method}: timed out ({type(exc).__name__})", code="timeout"
-            ) from exc
         except httpx.TransportError as exc:
-            raise TransportError(f"{method}: connection failed ({type(exc).__name__})") from exc
+            raise map_transport_error(method, exc) from exc
 
     async def call(
         self,
@@ -180,16 +183,8 @@ class BotApiClient:
                         if len(data) > max_bytes:
                             break
                 return bytes(data[: max_bytes + 1])
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
-            raise TransportError(
-                f"{what}: cannot connect ({type(exc).__name__})", code="connect"
-            ) from exc
-        except httpx.TimeoutException as exc:
-            raise TransportError(
-                f"{what}: timed out ({type(exc).__name__})", code="timeout"
-            ) from exc
         except httpx.TransportError as exc:
-            raise TransportError(f"{what}: connection failed ({type(exc).__name__})") from exc
+            raise map_transport_error(what, exc) from exc
 
     async def fetch_file(self, file_id: str, max_bytes: int) -> bytes:
         """getFile, then download (the link is fresh: it is asked for inside the turn)."""
