@@ -79,6 +79,10 @@ class _Base(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, omit_defau
     pass
 
 
+class ChannelSettings(_Base):
+    """Base of every channel's settings struct: unknown keys are errors, keyword-only."""
+
+
 class DshimSection(_Base):
     data_dir: str | None = None
     backlog_max_age_s: float = 600.0
@@ -140,28 +144,43 @@ class LanesConfig(_Base):
 
 
 class BotConfig(_Base):
-    """One bot.  Credential fields are shared across channels; each channel uses its own."""
+    """One bot: the keys every channel shares.  The channel's own keys (credentials,
+    ``api_base`` ...) are validated by its settings struct into :attr:`settings`."""
 
     name: str
     channel: str
     enabled: bool = True
-    api_base: str | None = None
     backlog_max_age_s: float | None = None
     workspace: str | None = None
-    # credentials (written as "${ENV}")
-    token: Secret | None = None
-    app_id: str | None = None
-    app_secret: Secret | None = None
-    client_id: str | None = None
-    client_secret: Secret | None = None
-    bot_token: Secret | None = None
-    app_token: Secret | None = None
-    # channel-specific URL overrides
-    gateway_url: str | None = None
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
     prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
     reply: ReplyBudget = msgspec.field(default_factory=ReplyBudget)
     lanes: LanesConfig = msgspec.field(default_factory=LanesConfig)
+    #: The channel's settings (``Channel.settings``); None when loaded without them.
+    settings: msgspec.Struct | None = None
+
+    def secrets(self) -> list[str]:
+        """Every secret value of this bot (for log redaction)."""
+        out: list[str] = []
+        _collect_secrets(self, out)
+        return [s for s in out if s]
+
+
+S = typing.TypeVar("S", bound=msgspec.Struct)
+
+
+def settings_of(bot: BotConfig, kind: type[S]) -> S:
+    """A bot's channel settings, checked to be ``kind`` (they are validated at load)."""
+    settings = bot.settings
+    if not isinstance(settings, kind):
+        raise ConfigError(
+            f"bots.{bot.name}: the {bot.channel} settings were not loaded with the configuration"
+        )
+    return settings
+
+
+#: The keys of a ``[[bots]]`` table that are not the channel's own.
+COMMON_BOT_KEYS = frozenset(BotConfig.__struct_fields__) - {"settings"}
 
 
 class Config(_Base):
@@ -234,16 +253,58 @@ def load_config(
 
 
 def parse_config(
-    raw: dict[str, Any], *, label: str = "dshim.toml", env: typing.Mapping[str, str]
+    raw: dict[str, Any],
+    *,
+    label: str = "dshim.toml",
+    env: typing.Mapping[str, str],
+    channel_settings: bool = True,
 ) -> Config:
-    """Validate an already parsed TOML document."""
+    """Validate an already parsed TOML document.
+
+    Each ``[[bots]]`` table is split into the common keys (:class:`BotConfig`) and the
+    channel's own keys, which its ``Channel.settings`` struct validates (the channel
+    module is imported for that).  ``channel_settings=False`` skips the channel's keys
+    (replay fixtures and tests of the pipeline alone): ``settings`` stays None.
+    """
     substituted = _substitute(raw, env, label, ())
+    rests: list[dict[str, Any]] = []
+    if isinstance(substituted, dict) and isinstance(substituted.get("bots"), list):
+        commons: list[Any] = []
+        for item in substituted["bots"]:
+            if isinstance(item, dict):
+                commons.append({k: v for k, v in item.items() if k in COMMON_BOT_KEYS})
+                rests.append({k: v for k, v in item.items() if k not in COMMON_BOT_KEYS})
+            else:
+                commons.append(item)
+                rests.append({})
+        substituted = {**substituted, "bots": commons}
     try:
         config = msgspec.convert(substituted, Config, dec_hook=_dec_hook, str_keys=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(str(exc), substituted, label)) from None
     _check_semantics(config, label)
+    if channel_settings:
+        for i, bot in enumerate(config.bots):
+            bot.settings = _channel_settings(bot, rests[i], label, i)
     return config
+
+
+def _channel_settings(
+    bot: BotConfig, keys: dict[str, Any], label: str, index: int
+) -> msgspec.Struct:
+    from dshim.channels import load_channel
+
+    where: tuple[str | int, ...] = ("bots", index)
+    try:
+        channel = load_channel(bot.channel)
+    except ConfigError as exc:
+        raise ConfigError(f"{label}: {_fmt_path((*where, 'channel'))}: {exc}") from None
+    try:
+        return msgspec.convert(keys, channel.settings, dec_hook=_dec_hook, str_keys=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(
+            _explain(str(exc), keys, label, root=channel.settings, prefix=where)
+        ) from None
 
 
 def _substitute(
@@ -313,9 +374,9 @@ def _lookup(doc: Any, path: tuple[str | int, ...]) -> Any:
 _MISSING = object()
 
 
-def _field_type(path: tuple[str | int, ...]) -> Any:
-    """The annotated type at a key path of Config, or None when unknown."""
-    tp: Any = Config
+def _field_type(path: tuple[str | int, ...], root: Any) -> Any:
+    """The annotated type at a key path of ``root``, or None when unknown."""
+    tp: Any = root
     for part in path:
         tp = _strip_optional(tp)
         if isinstance(part, int):
@@ -382,19 +443,40 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _explain(message: str, doc: Any, label: str) -> str:
+_FIELD_MESSAGE = re.compile(r"^(?P<key>[A-Za-z_][A-Za-z0-9_]*): (?P<text>.+)$", re.DOTALL)
+
+
+def _explain(
+    message: str,
+    doc: Any,
+    label: str,
+    *,
+    root: Any = None,
+    prefix: tuple[str | int, ...] = (),
+) -> str:
+    """A msgspec validation message as ``<label>: <key path>: <what is wrong>``.
+
+    ``root`` is the struct type ``doc`` was validated against (default :class:`Config`);
+    ``prefix`` is where ``doc`` sits in the whole file.
+    """
+    root = Config if root is None else root
     m = _PATH_RE.search(message)
     path: tuple[str | int, ...] = _parse_msgspec_path(m.group("path")) if m else ()
     head = message[: m.start()] if m else message
+    full = (*prefix, *path)
     unknown = re.match(r"Object contains unknown field `(.+)`", head)
     if unknown:
         key = unknown.group(1)
-        return f"{label}: {_fmt_path((*path, key))}: unknown key"
+        return f"{label}: {_fmt_path((*full, key))}: unknown key"
     missing = re.match(r"Object missing required field `(.+)`", head)
     if missing:
         key = missing.group(1)
-        return f"{label}: {_fmt_path((*path, key))}: required key is missing"
-    tp = _field_type(path)
+        return f"{label}: {_fmt_path((*full, key))}: required key is missing"
+    tp = _field_type(path, root)
+    named = _FIELD_MESSAGE.match(head)
+    if named and _is_struct(tp) and named.group("key") in tp.__struct_fields__:
+        # A __post_init__ check: "<key>: <what is wrong>" about a field of that struct.
+        return f"{label}: {_fmt_path((*full, named.group('key')))}: {named.group('text')}"
     value = _lookup(doc, path)
     secret = _strip_optional(tp) is Secret
     if tp is not None:
@@ -403,8 +485,12 @@ def _explain(message: str, doc: Any, label: str) -> str:
             got = "" if value is _MISSING else f", got {_kind_of(value)}"
         else:
             got = f", got {_describe_value(value)}"
-        return f"{label}: {_fmt_path(path)}: expected {expected}{got}"
-    return f"{label}: {_fmt_path(path)}: {head[:1].lower() + head[1:]}"
+        return f"{label}: {_fmt_path(full)}: expected {expected}{got}"
+    return f"{label}: {_fmt_path(full)}: {head[:1].lower() + head[1:]}"
+
+
+def _is_struct(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, msgspec.Struct)
 
 
 def _kind_of(value: Any) -> str:

@@ -20,8 +20,13 @@ ATTACHMENT_KINDS = frozenset({"image", "file", "audio", "video", "other"})
 UNAVAILABLE_REASONS = frozenset(
     {"not-delivered", "not-found", "deleted", "permission-denied", "unsupported"}
 )
+#: Why an event did not become a turn.  ``ignored`` marks platform events that are not
+#: user messages at all (edits, joins, service messages); replay prints no line for them.
+DropReason = Literal[
+    "echo", "bot", "unaddressed", "duplicate", "stale", "malformed", "denied", "ignored"
+]
 #: Reasons the pipeline reports when it drops an event (replay prints them).
-DROP_REASONS = frozenset(
+DROP_REASONS: frozenset[str] = frozenset(
     {"echo", "bot", "unaddressed", "duplicate", "stale", "malformed", "denied", "ignored"}
 )
 
@@ -135,9 +140,28 @@ class InboundMessage(msgspec.Struct, kw_only=True):
 class Skip(msgspec.Struct, kw_only=True, frozen=True):
     """A platform event the channel could not or would not map (malformed, service...)."""
 
-    reason: str = "malformed"
+    reason: DropReason = "malformed"
     detail: str = ""
     message_id: str | None = None
+
+
+class Verdict(msgspec.Struct, frozen=True):
+    """What became of an event handed to the pipeline.
+
+    ``accepted`` True: the event is durable (dedup key and inbox entry written) and the
+    channel may confirm it to the platform.  Otherwise ``reason`` says why not: a
+    :data:`DropReason` (deliberately dropped: confirm it too, it must not come back), or
+    ``"shutdown"`` (not taken because the bot is stopping: do *not* confirm it, so the
+    platform delivers it again after the restart).
+    """
+
+    accepted: bool
+    reason: DropReason | Literal["shutdown"] | None = None
+
+    @property
+    def confirm(self) -> bool:
+        """True when the channel should confirm the event to the platform (ack/offset)."""
+        return self.reason != "shutdown"
 
 
 # --- prompt parts -------------------------------------------------------------------------

@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
 import msgspec
 import trio
 
-from dshim.config import BotConfig, Config, load_config, resolve_data_dir
+from dshim.channels.base import ChannelStore, Check, Identity, ProbeResult
+from dshim.config import BotConfig, Config, load_config, resolve_data_dir, settings_of
 from dshim.errors import ConfigError, DshimError
-from dshim.store.base import Store
+from dshim.log import register_secret
+from dshim.store.base import BoundStore, Store
 
-Result = Literal["ok", "warn", "fail"]
+Result = ProbeResult
+S = TypeVar("S", bound=msgspec.Struct)
 CHECK_TIMEOUT_S = 20.0
+#: The cursor the store check writes and reads back.
+PROBE_CURSOR = "probe"
 
 
 class ProbeRow(msgspec.Struct, frozen=True):
@@ -32,20 +37,36 @@ class ProbeRow(msgspec.Struct, frozen=True):
     ms: float
 
 
-class ProbeContext:
-    """What a channel's ``probe_checks`` gets: the bot, the store and a row recorder."""
+class BotProbe:
+    """The :class:`~dshim.channels.base.ProbeRows` of one bot: its rows of the table."""
 
-    def __init__(
-        self, *, config: Config, bot: BotConfig, store: Store | None, send_test: bool
-    ) -> None:
+    def __init__(self, *, config: Config, bot: BotConfig, store: Store, send_test: bool) -> None:
         self.config = config
-        self.bot = bot
-        self.store = store
-        self.send_test = send_test
+        self._bot = bot
+        self._store = BoundStore(store, bot.name)
+        self._send_test = send_test
         self.rows: list[ProbeRow] = []
 
+    @property
+    def store(self) -> ChannelStore:
+        return self._store
+
+    @property
+    def bot(self) -> BotConfig:
+        return self._bot
+
+    @property
+    def send_test(self) -> bool:
+        return self._send_test
+
+    def settings_as(self, kind: type[S]) -> S:
+        return settings_of(self._bot, kind)
+
+    def register_secret(self, secret: str) -> None:
+        register_secret(secret)
+
     def add(self, check: str, result: Result, detail: str, ms: float = 0.0) -> None:
-        self.rows.append(ProbeRow(check, result, _safe(detail), ms))
+        self.rows.append(ProbeRow(f"{self._bot.name}: {check}", result, _safe(detail), ms))
 
     async def run(
         self,
@@ -65,6 +86,56 @@ class ProbeContext:
             result, detail = "fail", f"{type(exc).__name__}: {exc}"
         self.add(check, result, detail, (time.perf_counter() - t0) * 1000)
         return result
+
+    async def standard(
+        self,
+        *,
+        credentials: str,
+        identity: Callable[[], Awaitable[Identity]],
+        checks: Sequence[Check] = (),
+        send_test: Callable[[str], Awaitable[str]],
+    ) -> None:
+        """See :meth:`dshim.channels.base.ProbeRows.standard`."""
+        self.add("credentials", "ok", credentials)
+
+        async def who() -> tuple[Result, str]:
+            me = await identity()
+            detail = f"{me.name} (id {me.id})"
+            if me.warning:
+                return "warn", f"{detail}: {me.warning}"
+            return "ok", detail
+
+        if await self.run("identity", who) == "fail":
+            return
+        channel_ok = True
+        for check in checks:
+            if await self.run(check.name, check.run, timeout_s=check.timeout_s) == "fail":
+                channel_ok = False
+                break
+        bound = self._store
+
+        async def writable() -> tuple[Result, str]:
+            stamp = f"{time.time():.6f}"
+            await bound.set_cursor(PROBE_CURSOR, stamp)
+            if await bound.get_cursor(PROBE_CURSOR) != stamp:
+                return "fail", "a value written to the store did not read back"
+            return "ok", "writable (a cursor was written and read back)"
+
+        await self.run("store", writable)
+        if not self._send_test or not channel_ok:
+            return
+
+        async def test_message() -> tuple[Result, str]:
+            conversation = await bound.last_direct()
+            if conversation is None:
+                return "warn", (
+                    "no direct conversation yet: send the bot a direct message, then run "
+                    "--send-test again"
+                )
+            sent = await send_test(conversation)
+            return "ok", f"sent to conversation {conversation} (message {sent})"
+
+        await self.run("send test", test_message)
 
 
 def _safe(text: str) -> str:
@@ -208,16 +279,16 @@ async def _bot_checks(
 ) -> list[ProbeRow]:
     from dshim.channels import load_channel
 
-    ctx = ProbeContext(config=config, bot=bot, store=store, send_test=send_test)
+    rows = BotProbe(config=config, bot=bot, store=store, send_test=send_test)
     try:
-        module = load_channel(bot.channel)
+        channel = load_channel(bot.channel)
     except ConfigError as exc:
-        ctx.add(f"{bot.name}: channel", "fail", str(exc))
-        return ctx.rows
+        rows.add("channel", "fail", str(exc))
+        return rows.rows
     if not bot.enabled:
-        ctx.add(f"{bot.name}: enabled", "warn", "enabled = false: serve will not start this bot")
-    await module.probe_checks(ctx)
-    return ctx.rows
+        rows.add("enabled", "warn", "enabled = false: serve will not start this bot")
+    await channel.probe(rows)
+    return rows.rows
 
 
 def run_probe(

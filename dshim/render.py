@@ -446,7 +446,9 @@ class EditStream:
         if isinstance(exc, RateLimited):
             self._rate_limited_s += exc.retry_after
             if self._rate_limited_s > self.limits.rate_limit_budget_s:
-                log.warning("stream_delivery_gave_up", waited_s=self._rate_limited_s, error=_short(exc))
+                log.warning(
+                    "stream_delivery_gave_up", waited_s=self._rate_limited_s, error=_short(exc)
+                )
                 raise exc
             log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
             self.pacer.pause(exc.retry_after)

@@ -21,7 +21,7 @@ import json
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import httpx
 import msgspec
@@ -29,7 +29,8 @@ import trio
 import trio.testing
 
 from dshim import normalized
-from dshim.config import CHANNEL_KEYS, Config, parse_config
+from dshim.channels.base import FixtureError, ReplayAdapter, ReplaySource
+from dshim.config import CHANNEL_KEYS, parse_config
 from dshim.errors import ConfigError
 from dshim.harness.echo import EchoHarness
 from dshim.model import InboundMessage, PromptPart, Skip, TextPart
@@ -41,6 +42,8 @@ from dshim.testing.outbound import RecordingOutbound, Sent
 
 Line = dict[str, Any]
 REPLAY_BOT = "replay"
+#: Lookups of raw fixtures go here; the recorded exchanges answer (nothing leaves).
+REPLAY_API_BASE = "https://replay.invalid"
 VIRTUAL_DEADLINE_S = 3600.0
 
 
@@ -79,31 +82,6 @@ class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     description: str | None = None
 
 
-class ReplayAdapter(Protocol):
-    """What a channel provides to decode its raw fixture events."""
-
-    bot_id: str
-    bot_username: str | None
-
-    def decode(self, raw: bytes) -> InboundMessage | Skip: ...
-
-    def split(self, text: str) -> list[str]: ...
-
-
-class ReplayContext:
-    """Handed to a channel's ``replay_adapter``: the fixture's bot and a recording HTTP client."""
-
-    def __init__(
-        self, fixture: Fixture, config: Config, http: httpx.AsyncClient, api_base: str
-    ) -> None:
-        self.fixture = fixture
-        self.bot = fixture.bot
-        self.config = config
-        self.bot_config = config.bots[0]
-        self.http = http
-        self.api_base = api_base
-
-
 class NormalizedAdapter:
     def __init__(self, channel: str, bot: dict[str, Any]) -> None:
         self.channel = channel
@@ -119,10 +97,6 @@ class NormalizedAdapter:
 
     def split(self, text: str) -> list[str]:
         return [text]
-
-
-class FixtureError(Exception):
-    """A fixture file itself is invalid."""
 
 
 def iter_fixture_files(paths: list[Path]) -> Iterator[Path]:
@@ -210,11 +184,13 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
     rec = _Recorder(name)
     bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
     try:
-        config = parse_config({"bots": [bot_table]}, label=f"{name}: options", env={})
+        config = parse_config(
+            {"bots": [bot_table]}, label=f"{name}: options", env={}, channel_settings=False
+        )
     except ConfigError as exc:
         raise FixtureError(str(exc)) from None
     bot_cfg = config.bots[0]
-    api_base = (bot_cfg.api_base or "https://replay.invalid").rstrip("/")
+    api_base = REPLAY_API_BASE
     base_path = httpx.URL(api_base).raw_path.decode().rstrip("/")
     async with httpx.AsyncClient(
         transport=_mock_transport(fx, rec, base_path), base_url=api_base
@@ -226,10 +202,18 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
             from dshim.channels import load_channel
 
             try:
-                module = load_channel(fx.channel)
+                channel = load_channel(fx.channel)
             except ConfigError as exc:
                 raise FixtureError(f"{name}: {exc}") from None
-            adapter = module.replay_adapter(ReplayContext(fx, config, http, api_base))
+            bot_id = fx.bot.get("id")
+            username = fx.bot.get("username")
+            source = ReplaySource(
+                bot_id=str(bot_id) if bot_id is not None else None,
+                bot_username=str(username) if username else None,
+                http=http,
+                api_base=api_base,
+            )
+            adapter = channel.replay_adapter(source)
         raws = [bytes(ev) for ev in fx.events]
         items = [adapter.decode(raw) for raw in raws]
         if fx.now is not None:
@@ -364,4 +348,4 @@ def replay(
     return 1 if failures else 0
 
 
-__all__ = ["replay", "run_fixture", "ReplayContext", "ReplayAdapter", "Fixture", "TextPart"]
+__all__ = ["Fixture", "FixtureError", "ReplayAdapter", "TextPart", "replay", "run_fixture"]

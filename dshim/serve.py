@@ -19,32 +19,30 @@ from __future__ import annotations
 
 import random
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import TypeVar
 
+import msgspec
 import structlog
 import trio
 
+from dshim.backoff import Backoff
 from dshim.channels import load_channel
-from dshim.config import BotConfig, Config
+from dshim.channels.base import Channel, ChannelStore, Inbound, RawDecoder, WebhookHandler
+from dshim.config import BotConfig, Config, settings_of
 from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError
 from dshim.harness.base import Harness
+from dshim.log import register_secret
 from dshim.outbound import Outbound
-from dshim.pipeline.runtime import (
-    BotRuntime,
-    Clock,
-    Observer,
-    RawDecoder,
-    open_bot_runtime,
-    wall_clock,
-)
+from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store
-from dshim.store.base import Store
+from dshim.store.base import BoundStore, Store
 
 log = structlog.get_logger("dshim.serve")
+
+S = TypeVar("S", bound=msgspec.Struct)
 
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -52,8 +50,8 @@ BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0
 
 
-class BotContext:
-    """Everything a channel's ``run`` needs from the process, and nothing global."""
+class ServeHost:
+    """The :class:`~dshim.channels.base.BotHost` of one bot under ``dshim serve``."""
 
     def __init__(
         self,
@@ -67,38 +65,73 @@ class BotContext:
         harness: Harness | None = None,
     ) -> None:
         self.config = config
-        self.bot = bot
-        self.store = store
+        self._bot = bot
+        self._store = store
+        self._bound = BoundStore(store, bot.name)
         self.shutdown = shutdown
-        self.clock = clock
+        self._clock = clock
         self.observer = observer
         self.harness = harness
+        self._runtime: BotRuntime | None = None
+        for secret in bot.secrets():
+            register_secret(secret)
+
+    @property
+    def bot(self) -> BotConfig:
+        return self._bot
+
+    @property
+    def store(self) -> ChannelStore:
+        return self._bound
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        return self._clock
+
+    def settings_as(self, kind: type[S]) -> S:
+        return settings_of(self._bot, kind)
+
+    def register_secret(self, secret: str) -> None:
+        register_secret(secret)
+
+    def mount(self, path: str, handler: WebhookHandler) -> None:
+        raise ConfigError(
+            f"bots.{self._bot.name}: this channel receives webhooks, and this version of dshim "
+            "has no HTTP endpoint yet"
+        )
 
     @asynccontextmanager
     async def open_runtime(
         self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
-    ) -> AsyncIterator[BotRuntime]:
+    ) -> AsyncIterator[Inbound]:
         """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
         async with open_bot_runtime(
             config=self.config,
-            bot=self.bot,
+            bot=self._bot,
             bot_id=bot_id,
-            store=self.store,
+            store=self._store,
             outbound=outbound,
             harness=self.harness,
-            clock=self.clock,
+            clock=self._clock,
             observer=self.observer,
             decode_raw=decode_raw,
         ) as rt:
-            yield rt
+            self._runtime = rt
+            try:
+                yield rt
+            finally:
+                self._runtime = None
 
-    async def serve(self, rt: BotRuntime, reader: Callable[[], Awaitable[None]]) -> None:
+    async def serve(self, rt: Inbound, reader: Callable[[], Awaitable[None]]) -> None:
         """Run the channel's reader until shutdown, then drain running turns.
 
         The reader returns or raises to end the bot; on shutdown it is cancelled (a
         cancellation between accepting an event and confirming it to the platform is
         safe: the platform redelivers, dedup drops the copy, the inbox runs the original).
         """
+        runtime = self._runtime
+        if runtime is None or rt is not runtime:
+            raise RuntimeError("serve() needs the runtime opened by this host's open_runtime()")
         async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
@@ -110,7 +143,7 @@ class BotContext:
             nursery.cancel_scope.cancel()
         if self.shutdown.is_set():
             log.info("bot_draining", grace_s=self.config.dshim.shutdown_grace_s)
-            await rt.drain(self.config.dshim.shutdown_grace_s)
+            await runtime.drain(self.config.dshim.shutdown_grace_s)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -133,22 +166,26 @@ def classify_failure(exc: BaseException) -> str:
 
 
 async def supervise_bot(
-    module: ModuleType,
-    ctx: BotContext,
+    channel: Channel,
+    host: ServeHost,
     *,
     rng: random.Random | None = None,
 ) -> str:
-    """Run one bot until shutdown or a fatal error.  Returns why it ended."""
-    rng = rng or random.Random()
-    backoff = BACKOFF_MIN_S
-    with structlog.contextvars.bound_contextvars(bot=ctx.bot.name, channel=ctx.bot.channel):
-        while not ctx.shutdown.is_set():
+    """Run one bot until shutdown or a fatal error.  Returns why it ended.
+
+    Restarts after a failure wait 1, 2, 4 ... 30 s (with jitter, never under 1 s); the
+    schedule starts over only after the bot ran for ``HEALTHY_RUN_S`` — a bot that
+    starts and fails at once is not restarted in a tight loop.
+    """
+    backoff = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S, rng=rng)
+    bot = host.bot
+    with structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel):
+        while not host.shutdown.is_set():
             started_at = trio.current_time()
             try:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(module.run, ctx)
+                    await nursery.start(channel.run, host)
                     log.info("bot_started")
-                    backoff = BACKOFF_MIN_S
             except Exception as exc:
                 kind = classify_failure(exc)
                 if kind == "fatal":
@@ -158,20 +195,25 @@ async def supervise_bot(
                     log.error("bot_crashed_bug", exc_info=exc)
                     return "bug"
                 if trio.current_time() - started_at > HEALTHY_RUN_S:
-                    backoff = BACKOFF_MIN_S
-                delay = min(BACKOFF_MAX_S, backoff) * (0.5 + rng.random())
+                    backoff.reset()
+                delay = backoff.next_delay()
                 log.warning(
-                    "bot_failed_restarting", error=_describe(exc), retry_in_s=round(delay, 2)
+                    "bot_failed_restarting",
+                    error=_describe(exc),
+                    retry_in_s=round(delay, 2),
+                    failures=backoff.failures,
                 )
-                backoff = min(BACKOFF_MAX_S, backoff * 2)
                 with trio.move_on_after(delay):
-                    await ctx.shutdown.wait()
+                    await host.shutdown.wait()
                 continue
-            if ctx.shutdown.is_set():
+            if host.shutdown.is_set():
                 break
-            log.warning("bot_reader_ended_restarting")
-            with trio.move_on_after(BACKOFF_MIN_S):
-                await ctx.shutdown.wait()
+            if trio.current_time() - started_at > HEALTHY_RUN_S:
+                backoff.reset()
+            delay = backoff.next_delay()
+            log.warning("bot_reader_ended_restarting", retry_in_s=round(delay, 2))
+            with trio.move_on_after(delay):
+                await host.shutdown.wait()
     log.info("bot_stopped")
     return "shutdown"
 
@@ -186,21 +228,39 @@ async def serve_bots(
     store: Store,
     *,
     shutdown: trio.Event,
-    modules: dict[str, ModuleType],
-    task_status: Any = trio.TASK_STATUS_IGNORED,
-    **ctx_kwargs: Any,
+    channels: Mapping[str, Channel] | None = None,
+    clock: Clock = wall_clock,
+    observer: Observer | None = None,
+    harness: Harness | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
-    """Supervise every enabled bot until all have ended.  Returns bot -> why it ended."""
+    """Supervise every enabled bot until all have ended.  Returns bot -> why it ended.
+
+    ``channels`` maps bot names to their channel (default: loaded by the bot's key).
+    """
     results: dict[str, str] = {}
 
-    async def one(bot: BotConfig) -> None:
-        ctx = BotContext(config=config, bot=bot, store=store, shutdown=shutdown, **ctx_kwargs)
-        results[bot.name] = await supervise_bot(modules[bot.name], ctx)
+    async def one(bot: BotConfig, channel: Channel) -> None:
+        host = ServeHost(
+            config=config,
+            bot=bot,
+            store=store,
+            shutdown=shutdown,
+            clock=clock,
+            observer=observer,
+            harness=harness,
+        )
+        results[bot.name] = await supervise_bot(channel, host)
 
     async with trio.open_nursery() as nursery:
         for bot in config.bots:
             if bot.enabled:
-                nursery.start_soon(one, bot)
+                channel = (
+                    channels[bot.name]
+                    if channels is not None and bot.name in channels
+                    else load_channel(bot.channel)
+                )
+                nursery.start_soon(one, bot, channel)
         task_status.started()
     return results
 
@@ -211,7 +271,7 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
         raise ConfigError(
             "no enabled bots in the configuration: add a [[bots]] table (see README.md)"
         )
-    modules = {b.name: load_channel(b.channel) for b in enabled}
+    channels = {b.name: load_channel(b.channel) for b in enabled}
     shutdown = trio.Event()
     async with open_store(data_dir) as store:
         log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
@@ -234,7 +294,7 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
                 root.cancel_scope.cancel()
 
             root.start_soon(signals)
-            results = await serve_bots(config, store, shutdown=shutdown, modules=modules)
+            results = await serve_bots(config, store, shutdown=shutdown, channels=channels)
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)
     if shutdown.is_set():

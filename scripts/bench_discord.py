@@ -222,6 +222,7 @@ async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float
     config = parse_config(
         {"bots": [{"name": "bench", "channel": "discord", "lanes": {"max_queue": n + 10}}]},
         env={},
+        channel_settings=False,
     )
     async with open_store(tmp) as store:
         async with open_bot_runtime(

@@ -127,7 +127,9 @@ def pct(values: list[float], p: float) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     configure_logging("error", "json")
-    config = parse_config({"bots": [{"name": "bench", "channel": "telegram"}]}, env={})
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": "telegram"}]}, env={}, channel_settings=False
+    )
     floor: list[float] = []
     adapter: list[float] = []
     accept: list[float] = []

@@ -114,6 +114,7 @@ async def run_dshim(
     config = parse_config(
         {"bots": [{"name": "bench", "channel": "telegram", "lanes": {"max_queue": len(events)}}]},
         env={},
+        channel_settings=False,
     )
     bot = config.bots[0]
     out = RecordingOutbound(clock=time.time)

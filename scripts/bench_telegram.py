@@ -50,6 +50,7 @@ from dshim.log import configure_logging  # noqa: E402
 from dshim.pipeline.lanes import LaneSet  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
+from dshim.store.base import BoundStore  # noqa: E402
 from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 BOT = {"id": 987654321, "is_bot": True, "first_name": "Dshim", "username": "DshimBot"}
@@ -183,18 +184,12 @@ def bench_sync(fn: Callable[[bytes], Any], raws: list[bytes]) -> tuple[float, fl
     return len(raws) / (t1 - t0), (c1 - c0) * 1000 / len(raws)
 
 
-class _Ctx:
-    """The slice of BotContext that ``_handle_batch`` uses."""
-
-    def __init__(self, store: Any, bot: Any) -> None:
-        self.store = store
-        self.bot = bot
-
-
 async def bench_pipeline(raws: list[bytes]) -> tuple[float, float, dict[str, int]]:
     """(updates/s, CPU ms per update, verdict counts) through the channel's batch path."""
     config = parse_config(
-        {"bots": [{"name": "bench", "channel": "telegram", "backlog_max_age_s": 10**9}]}, env={}
+        {"bots": [{"name": "bench", "channel": "telegram", "backlog_max_age_s": 10**9}]},
+        env={},
+        channel_settings=False,
     )
     bot = config.bots[0]
     verdicts: dict[str, int] = {}
@@ -232,18 +227,17 @@ async def bench_pipeline(raws: list[bytes]) -> tuple[float, float, dict[str, int
                 rt.accept = counting_accept  # type: ignore[method-assign]
                 client = BotApiClient(http, "123456:BENCH-not-a-real-token-000000")
                 poller = Poller(None)
-                ctx = _Ctx(store, bot)
+                bound = BoundStore(store, bot.name)
                 c0, t0 = time.process_time(), time.perf_counter()
                 for i in range(0, len(raws), BATCH):
                     await channel._handle_batch(
-                        ctx,  # type: ignore[arg-type]
+                        bound,
                         rt,
                         raws[i : i + BATCH],
                         poller,
                         ME,
                         None,  # type: ignore[arg-type]
                         client,
-                        bot.name,
                     )
                 await rt.wait_idle()
                 c1, t1 = time.process_time(), time.perf_counter()

@@ -90,6 +90,7 @@ def bot_config(harness_cfg: dict[str, Any] | None = None, **options: Any) -> Con
     return parse_config(
         {"harness": harness_cfg or {}, "bots": [{"name": "t", "channel": "telegram", **options}]},
         env={},
+        channel_settings=False,
     )
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from dshim.channels.telegram.channel import TelegramSettings
 from dshim.config import Config, Secret, load_config, parse_config, resolve_data_dir
 from dshim.errors import ConfigError
 
@@ -17,7 +18,7 @@ def bots(*tables: dict[str, object]) -> dict[str, object]:
 
 
 def tg(**kw: object) -> dict[str, object]:
-    return {"name": "tg", "channel": "telegram", **kw}
+    return {"name": "tg", "channel": "telegram", "token": TOKEN, **kw}
 
 
 @pytest.mark.parametrize(
@@ -56,6 +57,32 @@ def tg(**kw: object) -> dict[str, object]:
             "dshim.toml: bots[0].prompt.source_fields[0]: expected",
         ),
         ({"harness": {"kind": "openai"}}, "dshim.toml: harness.base_url: required"),
+        # The channel's own keys are validated by its settings, with the same key paths.
+        (
+            bots({"name": "tg", "channel": "telegram"}),
+            "dshim.toml: bots[0].token: required key is missing",
+        ),
+        (
+            bots(tg(token="not-a-token")),
+            "dshim.toml: bots[0].token: not a Telegram bot token",
+        ),
+        (
+            bots(tg(api_base="api.telegram.org")),
+            "dshim.toml: bots[0].api_base: expected an http:// or https:// URL",
+        ),
+        (bots(tg(gateway_url="wss://x")), "dshim.toml: bots[0].gateway_url: unknown key"),
+        (
+            bots({"name": "d", "channel": "discord", "token": "abc", "gateway_url": "http://x"}),
+            "dshim.toml: bots[0].gateway_url: expected a ws:// or wss:// URL",
+        ),
+        (
+            bots({"name": "d", "channel": "discord", "token": "two words"}),
+            "dshim.toml: bots[0].token: not a Discord bot token",
+        ),
+        (
+            bots({"name": "w", "channel": "whatsapp"}),
+            "dshim.toml: bots[0].channel: channel 'whatsapp' is not available",
+        ),
     ],
 )
 def test_errors_name_the_key_path(doc: dict[str, object], message: str) -> None:
@@ -66,7 +93,9 @@ def test_errors_name_the_key_path(doc: dict[str, object], message: str) -> None:
 
 def test_credentials_come_from_the_environment_and_stay_hidden() -> None:
     cfg = parse_config(bots(tg(token="${TG_TOKEN}")), env={"TG_TOKEN": TOKEN})
-    token = cfg.bots[0].token
+    settings = cfg.bots[0].settings
+    assert isinstance(settings, TelegramSettings)
+    token = settings.token
     assert isinstance(token, Secret) and token.get() == TOKEN
     assert TOKEN not in repr(cfg) and TOKEN not in str(cfg.bots[0])
     assert cfg.secrets() == [TOKEN]
@@ -110,7 +139,10 @@ def test_numeric_allowlist_users_become_strings() -> None:
 
 def test_load_config_names_the_file(tmp_path: Path) -> None:
     path = tmp_path / "my.toml"
-    path.write_text('[[bots]]\nname = "a"\nchannel = "telegram"\n[bots.access]\nmode = "safe"\n')
+    path.write_text(
+        f'[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "{TOKEN}"\n'
+        '[bots.access]\nmode = "safe"\n'
+    )
     with pytest.raises(
         ConfigError,
         match=r'^my\.toml: bots\[0\]\.access\.mode: expected "open" or "allowlist", got "safe"$',

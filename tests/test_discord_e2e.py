@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import json
 import random
-import types
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.discord import channel as discord_channel
+from dshim.channels.discord.channel import DiscordChannel
 from dshim.channels.discord.client import RestClient, open_http_client, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol, GatewayTuning
 from dshim.config import parse_config
@@ -85,9 +84,7 @@ async def running_bot(
             },
             env={},
         )
-        module = types.SimpleNamespace(
-            run=functools.partial(discord_channel.run, tuning=TUNING, rng=random.Random(7))
-        )
+        channel = DiscordChannel(tuning=TUNING, rng=random.Random(7))
         events = Events()
         bot = Bot(fake, events)
         async with open_store(tmp_path) as store, trio.open_nursery() as nursery:
@@ -97,7 +94,7 @@ async def running_bot(
                     config,
                     store,
                     shutdown=bot.shutdown,
-                    modules={"disco": module},  # type: ignore[dict-item]
+                    channels={"disco": channel},
                     observer=events,
                     harness=EchoHarness(slow_interval_s=0.4),
                 )

@@ -284,9 +284,9 @@ def test_url_quoted_secret_is_masked() -> None:
 
 def test_config_secrets_are_masked() -> None:
     raw = {"bots": [{"name": "tg", "channel": "telegram", "token": "${TG}"}]}
-    config = parse_config(raw, env={"TG": "cfg-token-from-env-1234"})
+    config = parse_config(raw, env={"TG": "123456789:cfg-token-from-env-1234"})
     stream = capture(secrets=config.secrets())
-    get_logger().info("bot_started", token="cfg-token-from-env-1234")
+    get_logger().info("bot_started", token="123456789:cfg-token-from-env-1234")
     assert only(stream, "bot_started")["token"] == "***"
 
 

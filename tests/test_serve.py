@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
-import types
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import trio
 from structlog.testing import capture_logs
 
-from dshim.config import parse_config
+from dshim.channels.base import BotHost, ProbeRows, ReplayAdapter, ReplaySource
+from dshim.config import Config, parse_config
 from dshim.errors import AuthError, TransportError
-from dshim.serve import BotContext, classify_failure, serve_bots, supervise_bot
+from dshim.serve import ServeHost, classify_failure, serve_bots, supervise_bot
 from dshim.store import open_store
 from dshim.testing.outbound import RecordingOutbound
 from tests.helpers import Clock, msg
 
 
 class ScriptedChannel:
-    """A channel module whose runs fail as scripted, then serve messages from a channel."""
+    """A channel whose runs fail as scripted, then serve messages from a memory channel."""
+
+    key = "telegram"
+    settings = msgspec.Struct
 
     def __init__(self, failures: list[BaseException] | None = None) -> None:
         self.failures = list(failures or [])
@@ -27,12 +31,15 @@ class ScriptedChannel:
         self.outbound: RecordingOutbound | None = None
         self.up = trio.Event()
 
-    def module(self) -> types.ModuleType:
-        mod = types.ModuleType("scripted_channel")
-        mod.run = self.run  # type: ignore[attr-defined]
-        return mod
+    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
+        raise NotImplementedError
 
-    async def run(self, ctx: BotContext, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def probe(self, rows: ProbeRows) -> None:
+        raise NotImplementedError
+
+    async def run(
+        self, ctx: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         self.starts += 1
         if self.failures:
             raise self.failures.pop(0)
@@ -48,8 +55,12 @@ class ScriptedChannel:
             await ctx.serve(rt, reader)
 
 
-def config(*names: str) -> Any:
-    return parse_config({"bots": [{"name": n, "channel": "telegram"} for n in names]}, env={})
+def config(*names: str) -> Config:
+    return parse_config(
+        {"bots": [{"name": n, "channel": "telegram"} for n in names]},
+        env={},
+        channel_settings=False,
+    )
 
 
 def test_classify_failure() -> None:
@@ -66,9 +77,9 @@ async def test_transient_failures_restart_with_backoff(
     cfg = config("a")
     shutdown = trio.Event()
     async with open_store(tmp_path, inline=True) as store:
-        ctx = BotContext(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        ctx = ServeHost(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(supervise_bot, ch.module(), ctx)
+            nursery.start_soon(supervise_bot, ch, ctx)
             t0 = trio.current_time()
             await ch.up.wait()
             elapsed = trio.current_time() - t0
@@ -76,7 +87,7 @@ async def test_transient_failures_restart_with_backoff(
             await trio.sleep(1)
             shutdown.set()
     assert ch.starts == 3
-    assert 1.5 <= elapsed <= 4.5  # 1 s then 2 s, each with jitter 0.5x-1.5x
+    assert 2.0 <= elapsed <= 4.5  # 1 s then 2 s, jitter ±50 %, never under 1 s
     assert ch.outbound.sent[0].text.endswith("after restarts")
 
 
@@ -96,7 +107,7 @@ async def test_fatal_error_stops_only_that_bot(autojump_clock: object, tmp_path:
                             cfg,
                             store,
                             shutdown=shutdown,
-                            modules={"bad": bad.module(), "good": good.module()},
+                            channels={"bad": bad, "good": good},
                             clock=Clock(),
                         )
                     )
@@ -116,11 +127,11 @@ async def test_bug_is_not_retried_quietly(autojump_clock: object, tmp_path: Path
     ch = ScriptedChannel([TypeError("'NoneType' object is not subscriptable")])
     cfg = config("a")
     async with open_store(tmp_path, inline=True) as store:
-        ctx = BotContext(
+        ctx = ServeHost(
             config=cfg, bot=cfg.bots[0], store=store, shutdown=trio.Event(), clock=Clock()
         )
         with capture_logs() as logs:
-            result = await supervise_bot(ch.module(), ctx)
+            result = await supervise_bot(ch, ctx)
     assert result == "bug" and ch.starts == 1
     assert any(e["event"] == "bot_crashed_bug" and e["log_level"] == "error" for e in logs)
 
@@ -132,9 +143,9 @@ async def test_shutdown_stops_reading_and_lets_the_running_turn_finish(
     cfg = config("a")
     shutdown = trio.Event()
     async with open_store(tmp_path, inline=True) as store:
-        ctx = BotContext(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        ctx = ServeHost(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(supervise_bot, ch.module(), ctx)
+            nursery.start_soon(supervise_bot, ch, ctx)
             await ch.up.wait()
             await ch.send.send(msg("echo:slow 8"))
             await trio.sleep(0.2)

@@ -24,7 +24,7 @@ import pytest
 import structlog
 import trio
 
-from dshim.channels.telegram import channel
+from dshim.channels.telegram.channel import CHANNEL
 from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
@@ -123,7 +123,7 @@ async def running_bot(
                     config,
                     store,
                     shutdown=shutdown,
-                    modules={"tg": channel},
+                    channels={"tg": CHANNEL},
                     clock=clock,
                     harness=harness or EchoHarness(),
                     task_status=task_status,

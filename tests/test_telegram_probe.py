@@ -67,10 +67,11 @@ async def test_healthy_bot_passes_every_check_without_moving_the_offset(tmp_path
             async with open_store(tmp_path / "data") as store:
                 after = await store.get_cursor("tg", "telegram.offset")
     assert code == 0
-    assert rows["tg: token"].result == "ok" and "bot id 123456" in rows["tg: token"].detail
+    creds = rows["tg: credentials"]
+    assert creds.result == "ok" and "bot id 123456" in creds.detail
     assert (
-        rows["tg: getMe"].result == "ok"
-        and rows["tg: getMe"].detail == "@dshim_test_bot (id 123456)"
+        rows["tg: identity"].result == "ok"
+        and rows["tg: identity"].detail == "@dshim_test_bot (id 123456)"
     )
     assert rows["tg: getWebhookInfo"].result == "ok"
     assert (
@@ -115,22 +116,23 @@ async def test_rejected_token_fails_getme_and_stops(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE):
         async with open_fake_telegram(token="654321:the-right-token-for-this-fake") as fake:
             rows, code, table = await probe(tmp_path, fake)
-    assert rows["tg: getMe"].result == "fail" and "rejected" in rows["tg: getMe"].detail
-    assert "tg: getUpdates" not in rows
+    assert rows["tg: identity"].result == "fail" and "rejected" in rows["tg: identity"].detail
+    assert "tg: getUpdates" not in rows and "tg: store" not in rows
     assert code == 1
     assert "123456" in table  # the public bot id may show; the secret never does
 
 
-async def test_malformed_token_fails_before_any_request(
+async def test_malformed_token_is_a_configuration_error_before_any_request(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TG_TOKEN", "not-a-token-at-all")
     with trio.fail_after(DEADLINE):
         async with open_fake_telegram() as fake:
             rows, code, table = await probe(tmp_path, fake)
-    assert rows["tg: token"].result == "fail"
+    assert rows["config"].result == "fail"
+    assert "bots[0].token: not a Telegram bot token" in rows["config"].detail
     assert fake.calls == []
-    assert code == 1 and "not-a-token-at-all" not in table
+    assert code == 2 and "not-a-token-at-all" not in table
 
 
 async def test_send_test_without_a_direct_conversation_says_so(tmp_path: Path) -> None:

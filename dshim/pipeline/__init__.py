@@ -1,5 +1,6 @@
-"""The ordered inbound pipeline (DESIGN.md §3): gates, commands, lanes, turns."""
+"""The ordered inbound pipeline (see :mod:`dshim.pipeline.runtime`)."""
 
-from dshim.pipeline.runtime import BotRuntime, Observer, Verdict, open_bot_runtime
+from dshim.model import Verdict
+from dshim.pipeline.runtime import BotRuntime, Observer, open_bot_runtime
 
 __all__ = ["BotRuntime", "Observer", "Verdict", "open_bot_runtime"]

@@ -39,7 +39,7 @@ from dshim import normalized
 from dshim.config import BotConfig, Config, backlog_max_age
 from dshim.errors import BUG_TYPES, HarnessError, single_error
 from dshim.harness.base import Harness
-from dshim.model import InboundMessage, PromptPart, ReplyTarget, Skip
+from dshim.model import DropReason, InboundMessage, PromptPart, ReplyTarget, Skip, Verdict
 from dshim.outbound import Outbound
 from dshim.pipeline import commands as cmds
 from dshim.pipeline.lanes import Lane, LaneSet
@@ -64,13 +64,6 @@ class Observer(Protocol):
     def on_command(self, msg: InboundMessage, name: str) -> None: ...
 
     def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None: ...
-
-
-class Verdict(msgspec.Struct, frozen=True):
-    """What became of an event: accepted (durable) or dropped with a reason."""
-
-    accepted: bool
-    reason: str | None = None
 
 
 ACCEPTED = Verdict(True)
@@ -159,7 +152,7 @@ class BotRuntime:
     def closing(self) -> bool:
         return self._closing
 
-    def _drop(self, item: InboundMessage | Skip, reason: str, **kw: Any) -> Verdict:
+    def _drop(self, item: InboundMessage | Skip, reason: DropReason, **kw: Any) -> Verdict:
         level = "warning" if reason == "malformed" else "info"
         getattr(log, level)(
             "event_dropped",
@@ -482,15 +475,7 @@ class BotRuntime:
         now = self.clock()
         for d in delivered:
             await self.store.add_outbound(
-                self.bot.name,
-                target.conversation_id,
-                OutboundEntry(
-                    message_ids=[d.message_id],
-                    text=d.text,
-                    sent_at=d.sent_at,
-                    completed_at=d.completed_at,
-                ),
-                now=now,
+                self.bot.name, target.conversation_id, OutboundEntry.from_delivered(d), now=now
             )
 
     async def _notice_worker(self) -> None:

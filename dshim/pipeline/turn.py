@@ -269,15 +269,7 @@ async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
                 answer_text=text,
                 answer_at=delivered[0].sent_at if delivered else completed_at,
                 completed=error is None and not stopped,
-                delivered=[
-                    OutboundEntry(
-                        message_ids=[d.message_id],
-                        text=d.text,
-                        sent_at=d.sent_at,
-                        completed_at=d.completed_at,
-                    )
-                    for d in delivered
-                ],
+                delivered=[OutboundEntry.from_delivered(d) for d in delivered],
                 inbox_done=item.inbox_keys,
             ),
             now=completed_at,

@@ -11,6 +11,8 @@ from typing import Protocol
 
 import msgspec
 
+from dshim.model import Delivered
+
 
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
     """A conversation (+ thread) bound to a harness session."""
@@ -28,6 +30,13 @@ class OutboundEntry(msgspec.Struct, frozen=True, kw_only=True):
     text: str
     sent_at: float
     completed_at: float
+
+    @classmethod
+    def from_delivered(cls, d: Delivered) -> OutboundEntry:
+        """The index entry of one delivered message."""
+        return cls(
+            message_ids=[d.message_id], text=d.text, sent_at=d.sent_at, completed_at=d.completed_at
+        )
 
 
 class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -183,3 +192,33 @@ class Store(Protocol):
     async def schema_version(self) -> int: ...
 
     async def aclose(self) -> None: ...
+
+
+class BoundStore:
+    """The part of a :class:`Store` a channel may use, bound to one bot.
+
+    Implements :class:`dshim.channels.base.ChannelStore`.
+    """
+
+    __slots__ = ("_store", "_bot")
+
+    def __init__(self, store: Store, bot: str) -> None:
+        self._store = store
+        self._bot = bot
+
+    async def get_cursor(self, name: str) -> str | None:
+        return await self._store.get_cursor(self._bot, name)
+
+    async def set_cursor(self, name: str, value: str) -> None:
+        await self._store.set_cursor(self._bot, name, value)
+
+    async def last_direct(self) -> str | None:
+        return await self._store.get_last_direct(self._bot)
+
+    async def outbound(self, conversation_id: str, *, now: float) -> list[OutboundEntry]:
+        return await self._store.list_outbound(self._bot, conversation_id, now=now)
+
+    async def record_outbound(
+        self, conversation_id: str, entry: OutboundEntry, *, now: float
+    ) -> None:
+        await self._store.add_outbound(self._bot, conversation_id, entry, now=now)

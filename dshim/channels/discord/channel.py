@@ -1,7 +1,7 @@
 """The Discord channel: a bot's nursery, the replay adapter and the probe checks.
 
-``run`` checks the token with ``GET /users/@me``, opens the bot's pipeline and keeps one
-gateway session (see :mod:`.protocol`).  The bot counts as started at the first READY.
+``run`` checks the token with ``GET /users/@me``, opens the bot's pipeline, counts as
+started (authenticated) and then keeps one gateway session (see :mod:`.protocol`).
 Each MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly
 as received (the durable inbox keeps it and decodes it again after a restart).  A 401
 from any REST call, or a fatal gateway close code, stops the bot without a reconnect
@@ -18,8 +18,20 @@ import msgspec
 import structlog
 import trio
 
+from dshim.channels.base import (
+    BotHost,
+    Channel,
+    ChannelSettings,
+    Check,
+    Identity,
+    ProbeResult,
+    ProbeRows,
+    ReplaySource,
+    Secret,
+)
 from dshim.channels.discord import models as m
 from dshim.channels.discord.client import (
+    DEFAULT_API_BASE,
     RestClient,
     connect_once,
     open_http_client,
@@ -34,13 +46,8 @@ from dshim.channels.discord.protocol import (
     fetched_reference,
 )
 from dshim.channels.discord.render import DiscordOutbound, split
-from dshim.config import BotConfig
-from dshim.errors import AuthError, ConfigError, NotFound
-from dshim.log import register_secret
+from dshim.errors import AuthError, NotFound
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
-from dshim.probe import ProbeContext, Result
-from dshim.replay import ReplayContext
-from dshim.serve import BotContext
 
 log = structlog.get_logger("dshim.discord")
 
@@ -49,16 +56,32 @@ PROBE_READY_TIMEOUT_S = 15.0
 TEST_TEXT = "✅ dshim connection test: the Discord bot {name} can send messages here."
 
 
-def _token(bot: BotConfig) -> str:
-    if bot.token is None or not bot.token.get():
-        raise ConfigError(
-            f'bots.{bot.name}.token: required for channel "discord" '
-            '(write token = "${DISCORD_BOT_TOKEN}")'
-        )
-    token = bot.token.get().strip()
-    if token.lower().startswith("bot "):  # a pasted header value
-        token = token[4:].strip()
-    return token
+class DiscordSettings(ChannelSettings):
+    """The ``[[bots]]`` keys of a Discord bot."""
+
+    #: The bot token from the Developer Portal (write ``"${DISCORD_BOT_TOKEN}"``).
+    token: Secret
+    #: REST base URL (the fake in tests).
+    api_base: str = DEFAULT_API_BASE
+    #: Gateway URL override (else the one ``GET /gateway/bot`` hands out).
+    gateway_url: str | None = None
+
+    def __post_init__(self) -> None:
+        token = self.token.get().strip()
+        if token.lower().startswith("bot "):  # a pasted header value
+            token = token[4:].strip()
+        if not token or any(c.isspace() for c in token):
+            raise ValueError("token: not a Discord bot token (empty or contains spaces)")
+        self.token = Secret(token)
+        if not self.api_base.startswith(("http://", "https://")):
+            raise ValueError(
+                f"api_base: expected an http:// or https:// URL, got {self.api_base!r}"
+            )
+        self.api_base = self.api_base.rstrip("/")
+        if self.gateway_url is not None and not self.gateway_url.startswith(("ws://", "wss://")):
+            raise ValueError(
+                f"gateway_url: expected a ws:// or wss:// URL, got {self.gateway_url!r}"
+            )
 
 
 def lookup_factory(rest: RestClient) -> Callable[[str, str], Loader]:
@@ -94,37 +117,33 @@ def media_factory(rest: RestClient) -> Callable[[m.Attachment], Fetcher | None]:
 
 
 async def run(
-    ctx: BotContext,
+    host: BotHost,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     tuning: GatewayTuning | None = None,
     rng: _random.Random | None = None,
 ) -> None:
     """Run one Discord bot until cancelled, or until a fatal error (raised)."""
-    bot = ctx.bot
-    token = _token(bot)
-    register_secret(token)
+    settings = host.settings_as(DiscordSettings)
+    token = settings.token.get()
     rng = rng or _random.Random()
     async with open_http_client() as http:
-        rest = RestClient(http, token=token, api_base=bot.api_base)
+        rest = RestClient(http, token=token, api_base=settings.api_base)
         me = await rest.get_current_user()
-        log.info("discord_identity", bot_user=me.username, bot_id=me.id)
+        log.info("bot_authenticated", bot_user=me.username, bot_id=me.id)
         mapper = MessageMapper(me.id, lookup=lookup_factory(rest), media=media_factory(rest))
-        outbound = DiscordOutbound(rest, clock=ctx.clock, bot_username=me.username or None)
+        outbound = DiscordOutbound(rest, clock=host.clock, bot_username=me.username or None)
         gw = GatewayProtocol(
-            token=token, random=rng.random, gateway_override=bot.gateway_url, tuning=tuning
+            token=token, random=rng.random, gateway_override=settings.gateway_url, tuning=tuning
         )
-        started = False
 
         def on_connected(event: Connected) -> None:
-            nonlocal started
-            if not started:
-                started = True
-                task_status.started()
+            return None
 
-        async with ctx.open_runtime(
+        async with host.open_runtime(
             outbound=outbound, bot_id=me.id, decode_raw=mapper.decode_frame
         ) as rt:
+            task_status.started()
 
             async def handle(dispatch: Dispatch) -> None:
                 # Steps 1-6 in gateway order; the next frame is read once this is durable.
@@ -141,18 +160,16 @@ async def run(
                         gw, rest, handle, wanted=WANTED_DISPATCHES, on_connected=on_connected
                     )
 
-            await ctx.serve(rt, reader)
+            await host.serve(rt, reader)
 
 
 class DiscordReplayAdapter:
     """Decodes fixture frames with the real mapping; lookups go through ``fx.http``."""
 
-    def __init__(self, fx: ReplayContext) -> None:
-        bot_id = fx.bot.get("id")
-        username = fx.bot.get("username")
-        self._learn = bot_id is None  # then the fixture's READY frame tells who the bot is
-        self.bot_id = str(bot_id) if bot_id is not None else "0"
-        self.bot_username = str(username) if username else None
+    def __init__(self, fx: ReplaySource) -> None:
+        self._learn = fx.bot_id is None  # then the fixture's READY frame tells who the bot is
+        self.bot_id = fx.bot_id if fx.bot_id is not None else "0"
+        self.bot_username = fx.bot_username
         self._lookup = lookup_factory(RestClient(fx.http, token="replay", api_base=fx.api_base))
         self._mapper = MessageMapper(self.bot_id, lookup=self._lookup)
 
@@ -179,38 +196,23 @@ class DiscordReplayAdapter:
         return split(text)
 
 
-def replay_adapter(fx: ReplayContext) -> DiscordReplayAdapter:
-    return DiscordReplayAdapter(fx)
-
-
 # --- probe -----------------------------------------------------------------------------------
 
 
-async def probe_checks(ctx: ProbeContext) -> None:
+async def probe(rows: ProbeRows) -> None:
     """Identity, gateway info (identify budget), READY within 15 s, store, ``--send-test``."""
-    bot = ctx.bot
-    name = bot.name
-    try:
-        token = _token(bot)
-    except ConfigError as exc:
-        ctx.add(f"{name}: token", "fail", str(exc))
-        return
-    register_secret(token)
+    settings = rows.settings_as(DiscordSettings)
+    token = settings.token.get()
     async with open_http_client() as http:
-        rest = RestClient(http, token=token, api_base=bot.api_base, max_wait_s=10.0)
-        me: list[m.User] = []
+        rest = RestClient(http, token=token, api_base=settings.api_base, max_wait_s=10.0)
         info: list[m.GatewayBot] = []
 
-        async def identity() -> tuple[Result, str]:
+        async def identity() -> Identity:
             user = await rest.get_current_user()
-            me.append(user)
-            kind = "bot" if user.bot else "NOT a bot account"
-            return ("ok" if user.bot else "warn"), f"{user.username} (id {user.id}, {kind})"
+            warning = None if user.bot else "NOT a bot account"
+            return Identity(name=user.username or "?", id=user.id, warning=warning)
 
-        if await ctx.run(f"{name}: identity", identity) == "fail":
-            return
-
-        async def gateway_info() -> tuple[Result, str]:
+        async def gateway_info() -> tuple[ProbeResult, str]:
             got = await rest.get_gateway_bot()
             info.append(got)
             limit = got.session_start_limit
@@ -221,12 +223,9 @@ async def probe_checks(ctx: ProbeContext) -> None:
             )
             return ("ok" if limit.remaining > 0 else "fail"), detail
 
-        if await ctx.run(f"{name}: gateway info", gateway_info) == "fail" or not info:
-            return
-
-        async def ready() -> tuple[Result, str]:
+        async def ready() -> tuple[ProbeResult, str]:
             gw = GatewayProtocol(
-                token=token, random=_random.random, gateway_override=bot.gateway_url
+                token=token, random=_random.random, gateway_override=settings.gateway_url
             )
             gw.set_gateway_info(info[0], trio.current_time())
             plan = gw.plan_connection(trio.current_time())
@@ -248,28 +247,50 @@ async def probe_checks(ctx: ProbeContext) -> None:
             ms = (time.perf_counter() - t0) * 1000
             return "ok", f"READY in {ms:.0f} ms (session {reached[0].session_id}), closed cleanly"
 
-        await ctx.run(f"{name}: gateway", ready, timeout_s=PROBE_READY_TIMEOUT_S)
+        async def send_test(conversation_id: str) -> str:
+            created = await rest.create_message(
+                conversation_id, TEST_TEXT.format(name=rows.bot.name)
+            )
+            return created.id
 
-        store = ctx.store
-        if store is not None:
+        await rows.standard(
+            credentials="token present",
+            identity=identity,
+            checks=[
+                Check("gateway info", gateway_info),
+                Check("gateway", ready, timeout_s=PROBE_READY_TIMEOUT_S),
+            ],
+            send_test=send_test,
+        )
 
-            async def writable() -> tuple[Result, str]:
-                stamp = f"{time.time():.3f}"
-                await store.set_cursor(name, "probe", stamp)
-                back = await store.get_cursor(name, "probe")
-                if back != stamp:
-                    return "fail", "the store did not return what was written"
-                return "ok", "cursor written and read back"
 
-            await ctx.run(f"{name}: store", writable)
+class DiscordChannel:
+    """The Discord channel (see :mod:`dshim.channels.base`).
 
-        if ctx.send_test:
+    ``tuning`` and ``rng`` shrink the reconnect timings and pin the jitter in tests.
+    """
 
-            async def send_test() -> tuple[Result, str]:
-                target = await store.get_last_direct(name) if store is not None else None
-                if target is None:
-                    return "fail", "no direct conversation yet: send the bot a DM, then retry"
-                created = await rest.create_message(target, TEST_TEXT.format(name=name))
-                return "ok", f"sent message {created.id} to direct conversation {target}"
+    key = "discord"
+    settings = DiscordSettings
 
-            await ctx.run(f"{name}: send test", send_test)
+    def __init__(
+        self, *, tuning: GatewayTuning | None = None, rng: _random.Random | None = None
+    ) -> None:
+        self.tuning = tuning
+        self.rng = rng
+
+    async def run(
+        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await run(host, task_status=task_status, tuning=self.tuning, rng=self.rng)
+
+    def replay_adapter(self, fx: ReplaySource) -> DiscordReplayAdapter:
+        return DiscordReplayAdapter(fx)
+
+    async def probe(self, rows: ProbeRows) -> None:
+        await probe(rows)
+
+
+CHANNEL: Channel = DiscordChannel()
+
+__all__ = ["CHANNEL", "DiscordChannel", "DiscordSettings"]

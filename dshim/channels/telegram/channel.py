@@ -12,38 +12,41 @@ pipeline.  Network errors, 5xx and 409 back off 1..30 s with jitter; the loop ne
 
 from __future__ import annotations
 
-import time
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 import trio
 
+from dshim.channels.base import (
+    BotHost,
+    Channel,
+    ChannelSettings,
+    ChannelStore,
+    Check,
+    FixtureError,
+    Identity,
+    Inbound,
+    ProbeResult,
+    ProbeRows,
+    ReplaySource,
+    Secret,
+)
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.client import DEFAULT_API_BASE, BotApiClient, open_http
 from dshim.channels.telegram.protocol import BotIdentity, Poller, token_bot_id
 from dshim.channels.telegram.render import TelegramOutbound, split
-from dshim.config import BotConfig
 from dshim.errors import (
     AuthError,
     ChannelError,
-    ConfigError,
     Conflict,
     RateLimited,
 )
-from dshim.log import register_secret
 from dshim.model import InboundMessage, Skip
-
-if TYPE_CHECKING:
-    from dshim.pipeline.runtime import BotRuntime
-    from dshim.probe import ProbeContext, Result
-    from dshim.replay import ReplayContext
-    from dshim.serve import BotContext
 
 log = structlog.get_logger("dshim.telegram")
 
 OFFSET_CURSOR = "telegram.offset"
-PROBE_CURSOR = "telegram.probe"
 CURSOR_WRITE_DEADLINE_S = 5.0
 TEST_MESSAGE = "dshim connection test"
 #: The command menu (setMyCommands); the commands themselves are the pipeline's.
@@ -57,48 +60,52 @@ COMMANDS = [
 ]
 
 
-def _token(bot: BotConfig) -> str:
-    """The bot token; a ConfigError (fatal) when missing or not shaped like one."""
-    if bot.token is None or not bot.token.get():
-        raise ConfigError(f'bots.{bot.name}.token: required for channel "telegram"')
-    token = bot.token.get().strip()
-    if token_bot_id(token) is None:
-        raise ConfigError(
-            f"bots.{bot.name}.token: not a Telegram bot token (expected <bot id>:<secret> "
-            "as BotFather shows it)"
-        )
-    return token
+class TelegramSettings(ChannelSettings):
+    """The ``[[bots]]`` keys of a Telegram bot."""
 
+    #: The bot token from @BotFather, ``<bot id>:<secret>`` (write ``"${TELEGRAM_BOT_TOKEN}"``).
+    token: Secret
+    #: The Bot API server (a local Bot API server, or the fake in tests).
+    api_base: str = DEFAULT_API_BASE
 
-def _api_base(bot: BotConfig) -> str:
-    return (bot.api_base or DEFAULT_API_BASE).rstrip("/")
+    def __post_init__(self) -> None:
+        token = self.token.get().strip()
+        if token_bot_id(token) is None:
+            raise ValueError(
+                "token: not a Telegram bot token (expected <bot id>:<secret> as BotFather shows it)"
+            )
+        self.token = Secret(token)
+        if not self.api_base.startswith(("http://", "https://")):
+            raise ValueError(
+                f"api_base: expected an http:// or https:// URL, got {self.api_base!r}"
+            )
+        self.api_base = self.api_base.rstrip("/")
 
 
 async def run(
-    ctx: BotContext, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
     """Run one Telegram bot: authenticate, report started, long-poll until shutdown."""
-    bot: BotConfig = ctx.bot
-    token = _token(bot)
-    register_secret(token)
-    async with open_http(_api_base(bot)) as http:
+    settings = host.settings_as(TelegramSettings)
+    token = settings.token.get()
+    async with open_http(settings.api_base) as http:
         client = BotApiClient(http, token)
         me = await client.get_me()
         identity = BotIdentity(me.id, me.username)
-        log.info("telegram_authenticated", username=me.username, bot_id=me.id)
+        log.info("bot_authenticated", username=me.username, bot_id=me.id)
         await _warn_webhook(client)
         await _set_commands(client)
-        outbound = TelegramOutbound(client, clock=ctx.clock, username=me.username)
+        outbound = TelegramOutbound(client, clock=host.clock, username=me.username)
         decode = partial(protocol.decode_update, me=identity, fetcher=client.fetcher)
-        async with ctx.open_runtime(outbound=outbound, bot_id=str(me.id), decode_raw=decode) as rt:
-            poller = Poller(await _stored_offset(ctx, bot.name))
+        async with host.open_runtime(outbound=outbound, bot_id=str(me.id), decode_raw=decode) as rt:
+            poller = Poller(await _stored_offset(host.store))
             task_status.started()
-            reader = partial(_poll_forever, ctx, rt, client, poller, identity, outbound)
-            await ctx.serve(rt, reader)
+            reader = partial(_poll_forever, host.store, rt, client, poller, identity, outbound)
+            await host.serve(rt, reader)
 
 
-async def _stored_offset(ctx: BotContext, bot_name: str) -> int | None:
-    stored = await ctx.store.get_cursor(bot_name, OFFSET_CURSOR)
+async def _stored_offset(store: ChannelStore) -> int | None:
+    stored = await store.get_cursor(OFFSET_CURSOR)
     if not stored:
         return None
     try:
@@ -133,15 +140,14 @@ async def _set_commands(client: BotApiClient) -> None:
 
 
 async def _poll_forever(
-    ctx: BotContext,
-    rt: BotRuntime,
+    store: ChannelStore,
+    rt: Inbound,
     client: BotApiClient,
     poller: Poller,
     me: BotIdentity,
     outbound: TelegramOutbound,
 ) -> None:
     """Long-poll until cancelled (shutdown) or the token is rejected (AuthError)."""
-    bot_name: str = ctx.bot.name
     while True:
         wait = poller.wait_time(trio.current_time())
         if wait > 0:
@@ -166,7 +172,7 @@ async def _poll_forever(
         if not raws:
             continue
         before = poller.offset
-        stop = await _handle_batch(ctx, rt, raws, poller, me, outbound, client, bot_name)
+        stop = await _handle_batch(store, rt, raws, poller, me, outbound, client)
         if stop:
             return
         if poller.offset == before:
@@ -175,14 +181,13 @@ async def _poll_forever(
 
 
 async def _handle_batch(
-    ctx: BotContext,
-    rt: BotRuntime,
+    store: ChannelStore,
+    rt: Inbound,
     raws: list[bytes],
     poller: Poller,
     me: BotIdentity,
     outbound: TelegramOutbound,
     client: BotApiClient,
-    bot_name: str,
 ) -> bool:
     """Accept a batch in order; persist the offset of what was accepted.  True = stop."""
     confirmed: int | None = None
@@ -206,7 +211,7 @@ async def _handle_batch(
         if confirmed is not None:
             # Shielded: a shutdown arriving now must not lose the progress just made.
             with trio.CancelScope(shield=True), trio.move_on_after(CURSOR_WRITE_DEADLINE_S):
-                await ctx.store.set_cursor(bot_name, OFFSET_CURSOR, str(confirmed))
+                await store.set_cursor(OFFSET_CURSOR, str(confirmed))
     return False
 
 
@@ -216,10 +221,12 @@ async def _handle_batch(
 class ReplayAdapter:
     """Decodes fixture events (Update objects) with the real mapping code."""
 
-    def __init__(self, bot: dict[str, Any]) -> None:
-        if "id" not in bot:
-            raise ConfigError('telegram fixtures need "bot": {"id": ..., "username": ...}')
-        self.identity = BotIdentity(int(bot["id"]), bot.get("username"))
+    def __init__(self, fx: ReplaySource) -> None:
+        if fx.bot_id is None or not fx.bot_id.lstrip("-").isdigit():
+            raise FixtureError(
+                'telegram fixtures need "bot": {"id": <numeric bot id>, "username": ...}'
+            )
+        self.identity = BotIdentity(int(fx.bot_id), fx.bot_username)
         self.bot_id = str(self.identity.id)
         self.bot_username = self.identity.username
 
@@ -230,36 +237,21 @@ class ReplayAdapter:
         return split(text)
 
 
-def replay_adapter(fx: ReplayContext) -> ReplayAdapter:
-    """The adapter ``dshim replay`` uses for ``"format": "raw"`` Telegram fixtures."""
-    return ReplayAdapter(fx.bot)
-
-
 # --- probe ----------------------------------------------------------------------------------
 
 
-async def probe_checks(ctx: ProbeContext) -> None:
-    """``dshim probe`` rows for a Telegram bot: token, getMe, webhook, getUpdates, store."""
-    bot: BotConfig = ctx.bot
-    prefix = f"{bot.name}: "
-    try:
-        token = _token(bot)
-    except ConfigError as exc:
-        ctx.add(prefix + "token", "fail", str(exc))
-        return
-    register_secret(token)
-    ctx.add(prefix + "token", "ok", f"present and well-formed (bot id {token_bot_id(token)})")
-    async with open_http(_api_base(bot)) as http:
+async def probe(rows: ProbeRows) -> None:
+    """``dshim probe`` rows for a Telegram bot: getMe, webhook, getUpdates, store, send test."""
+    settings = rows.settings_as(TelegramSettings)
+    token = settings.token.get()
+    async with open_http(settings.api_base) as http:
         client = BotApiClient(http, token)
 
-        async def get_me() -> tuple[Result, str]:
+        async def identity() -> Identity:
             me = await client.get_me()
-            return "ok", f"@{me.username} (id {me.id})"
+            return Identity(name=f"@{me.username}", id=str(me.id))
 
-        if await ctx.run(prefix + "getMe", get_me) == "fail":
-            return
-
-        async def webhook() -> tuple[Result, str]:
+        async def webhook() -> tuple[ProbeResult, str]:
             info = await client.get_webhook_info()
             if info.url:
                 return "warn", (
@@ -268,15 +260,12 @@ async def probe_checks(ctx: ProbeContext) -> None:
                 )
             return "ok", "no webhook set (long polling works)"
 
-        await ctx.run(prefix + "getWebhookInfo", webhook)
-
-        async def poll_once() -> tuple[Result, str]:
+        async def poll_once() -> tuple[ProbeResult, str]:
             params: dict[str, Any] = {"timeout": 0, "limit": 1}
-            if ctx.store is not None:
-                stored = await ctx.store.get_cursor(bot.name, OFFSET_CURSOR)
-                if stored:
-                    # The stored offset only confirms what dshim already handled.
-                    params["offset"] = int(stored)
+            stored = await rows.store.get_cursor(OFFSET_CURSOR)
+            if stored and stored.isdigit():
+                # The stored offset only confirms what dshim already handled.
+                params["offset"] = int(stored)
             try:
                 raws = await client.get_updates(params)
             except Conflict:
@@ -287,34 +276,18 @@ async def probe_checks(ctx: ProbeContext) -> None:
             waiting = "at least 1 update waiting" if raws else "no updates waiting"
             return "ok", f"getUpdates answers; {waiting}"
 
-        await ctx.run(prefix + "getUpdates", poll_once)
+        async def send_test(conversation_id: str) -> str:
+            sent = await client.send_message(
+                {"chat_id": int(conversation_id), "text": TEST_MESSAGE}
+            )
+            return str(sent.message_id)
 
-        async def store_writable() -> tuple[Result, str]:
-            if ctx.store is None:
-                return "fail", "the store is not open"
-            stamp = str(int(time.time()))
-            await ctx.store.set_cursor(bot.name, PROBE_CURSOR, stamp)
-            back = await ctx.store.get_cursor(bot.name, PROBE_CURSOR)
-            if back != stamp:
-                return "fail", "a value written to the store did not read back"
-            offset = await ctx.store.get_cursor(bot.name, OFFSET_CURSOR)
-            return "ok", f"writable; stored offset {offset or 'none yet'}"
-
-        await ctx.run(prefix + "store", store_writable)
-
-        if ctx.send_test:
-
-            async def send_test() -> tuple[Result, str]:
-                last = await ctx.store.get_last_direct(bot.name) if ctx.store else None
-                if last is None:
-                    return "warn", (
-                        "no direct conversation yet: send the bot a direct message, then "
-                        "run --send-test again"
-                    )
-                sent = await client.send_message({"chat_id": int(last), "text": TEST_MESSAGE})
-                return "ok", f"sent to chat {last} (message {sent.message_id})"
-
-            await ctx.run(prefix + "send test", send_test)
+        await rows.standard(
+            credentials=f"token present and well-formed (bot id {token_bot_id(token)})",
+            identity=identity,
+            checks=[Check("getWebhookInfo", webhook), Check("getUpdates", poll_once)],
+            send_test=send_test,
+        )
 
 
 def _origin(url: str) -> str:
@@ -324,4 +297,24 @@ def _origin(url: str) -> str:
     return f"{scheme}://{host}" if rest else "set"
 
 
-__all__ = ["run", "replay_adapter", "probe_checks"]
+class TelegramChannel:
+    """The Telegram channel (see :mod:`dshim.channels.base`)."""
+
+    key = "telegram"
+    settings = TelegramSettings
+
+    async def run(
+        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await run(host, task_status=task_status)
+
+    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
+        return ReplayAdapter(fx)
+
+    async def probe(self, rows: ProbeRows) -> None:
+        await probe(rows)
+
+
+CHANNEL: Channel = TelegramChannel()
+
+__all__ = ["CHANNEL", "TelegramChannel", "TelegramSettings"]

@@ -1,0 +1,334 @@
+"""The channel contract: what a platform channel is, and what it may use of dshim.
+
+A channel is one object, ``CHANNEL`` at the end of ``dshim/channels/<key>/channel.py``,
+that satisfies :class:`Channel`.  dshim finds it with
+:func:`dshim.channels.load_channel`.  Everything a channel may touch of the rest of
+the process comes through the objects it is handed: a :class:`BotHost` in ``run``, a
+:class:`ProbeRows` in ``probe``, a :class:`ReplaySource` in ``replay_adapter``.  A
+channel package imports only this module, :mod:`dshim.channels.kit`, :mod:`dshim.model`,
+:mod:`dshim.errors`, :mod:`dshim.render` and its own modules — never ``serve``,
+``probe``, ``replay``, the pipeline or a harness (a test checks ``sys.modules``).
+
+Rules every channel follows
+---------------------------
+1. **Settings.**  ``Channel.settings`` is a :class:`msgspec.Struct` naming the channel's
+   own keys of a ``[[bots]]`` table (credentials, ``api_base`` and other URL overrides,
+   switches).  It is validated when the configuration loads, so a missing or badly
+   shaped credential is a configuration error naming the key path (exit 2), never a bot
+   that starts and dies.  A check that needs code (a token's shape) lives in the
+   struct's ``__post_init__`` and raises ``ValueError("<key>: <what is wrong>")``;
+   the loader turns that into ``bots[i].<key>: <what is wrong>``.  Read the settings
+   with ``host.settings_as(MySettings)``.
+2. **Started means authenticated.**  ``run`` calls ``task_status.started()`` only after
+   the platform's identity call succeeded (Telegram ``getMe``, Discord
+   ``GET /users/@me``) and the pipeline is open — not at the first websocket READY.
+3. **What escapes ``run``.**  Only :class:`~dshim.errors.AuthError`,
+   :class:`~dshim.errors.FatalChannelError` and :class:`~dshim.errors.ConfigError`
+   (and cancellation).  Transient failures — network, timeouts, 5xx, 429, a dropped
+   socket, an undecodable answer — stay inside ``run``: it backs off
+   (:class:`dshim.backoff.Backoff`) and tries again, also before it has started.
+   Anything else that escapes is a bug; the supervisor logs it and restarts the bot
+   with a growing backoff.
+4. **Receiving.**  Each platform event is mapped by pure code in ``protocol.py`` to an
+   :class:`~dshim.model.InboundMessage` or a :class:`~dshim.model.Skip`, and handed in
+   platform order to :meth:`Inbound.accept` with the event's raw bytes (the durable
+   inbox keeps them and decodes them again after a restart with ``decode_raw``).
+   Confirm the event to the platform (offset, ack) only once ``accept`` returned and
+   its :class:`~dshim.model.Verdict` says ``confirm``; a ``"shutdown"`` verdict is left
+   unconfirmed so the platform delivers it again.  One bad event is a ``malformed``
+   Skip, never an exception: decode per event, with depth and size bounded.
+5. **Quotes.**  In a :class:`~dshim.model.ReplyReference`, a field the platform said
+   nothing about is ``msgspec.UNSET`` (the model's meaning); ``None`` is not used for
+   "absent".  A loaded reference overrides only the fields it sets.
+6. **Sending.**  The channel's :class:`Outbound` delivers text and streams; every
+   delivered message comes back as a :class:`~dshim.model.Delivered` with its platform
+   id, which the pipeline records in the message index.  A send whose outcome is
+   unknown is never repeated in a loop: use the platform's idempotency key where it
+   has one.
+7. **Secrets.**  Credentials from the settings are registered with the log redactor
+   when the configuration loads; a secret learned at runtime (a minted access token)
+   is registered with ``host.register_secret`` before it is used.
+8. **Replay.**  ``replay_adapter`` decodes fixture events with the same mapping code;
+   an unusable fixture raises :class:`FixtureError` (one failed fixture, the others run).
+9. **Probe.**  ``probe`` checks the platform the same way everywhere through
+   :meth:`ProbeRows.standard`: credentials, the identity call, channel checks (the
+   transport reaching ready), the store, and ``--send-test`` to the last direct
+   conversation (a ``warn`` when there is none yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+
+import msgspec
+import trio
+
+from dshim.config import BotConfig, ChannelSettings, Secret
+from dshim.model import InboundMessage, Skip, Verdict
+from dshim.outbound import Outbound, ReplyStream
+from dshim.store.base import OutboundEntry
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "BotConfig",
+    "BotHost",
+    "Channel",
+    "ChannelSettings",
+    "ChannelStore",
+    "Check",
+    "FixtureError",
+    "Identity",
+    "Inbound",
+    "Outbound",
+    "OutboundEntry",
+    "ProbeResult",
+    "ProbeRows",
+    "RawDecoder",
+    "ReplayAdapter",
+    "ReplaySource",
+    "ReplyStream",
+    "Secret",
+    "Verdict",
+    "WebhookHandler",
+]
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+#: Decodes an event's raw bytes as stored in the durable inbox (after a restart).
+RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
+ProbeResult = Literal["ok", "warn", "fail"]
+
+
+class FixtureError(Exception):
+    """A replay fixture cannot be used (missing bot identity, wrong shape...)."""
+
+
+# --- what a running bot gets -----------------------------------------------------------------
+
+
+class ChannelStore(Protocol):
+    """The part of the store a channel may use, bound to its bot."""
+
+    async def get_cursor(self, name: str) -> str | None:
+        """A transport cursor (offset, sequence number, session id) saved by this bot."""
+        ...
+
+    async def set_cursor(self, name: str, value: str) -> None: ...
+
+    async def last_direct(self) -> str | None:
+        """The conversation id of the last direct chat that reached a turn (probe)."""
+        ...
+
+    async def outbound(self, conversation_id: str, *, now: float) -> list[OutboundEntry]:
+        """The message index of a conversation: the bot's delivered messages, newest first."""
+        ...
+
+    async def record_outbound(
+        self, conversation_id: str, entry: OutboundEntry, *, now: float
+    ) -> None:
+        """Add a message the channel delivered on its own (not through the pipeline)."""
+        ...
+
+
+class Inbound(Protocol):
+    """The pipeline's receiving side (steps 1-6), as a channel's reader sees it."""
+
+    async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
+        """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
+        ...
+
+
+#: A webhook handler mounted on the local HTTP endpoint: (headers, body) -> (status, body).
+WebhookHandler = Callable[[list[tuple[str, str]], bytes], Awaitable[tuple[int, bytes]]]
+
+
+class BotHost(Protocol):
+    """What ``Channel.run`` may use of the process, and nothing more."""
+
+    @property
+    def bot(self) -> BotConfig:
+        """The bot's common configuration (name, access, budgets ...)."""
+        ...
+
+    @property
+    def store(self) -> ChannelStore: ...
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """Wall-clock epoch seconds (virtual in tests and replay)."""
+        ...
+
+    def settings_as(self, kind: type[S]) -> S:
+        """The channel's validated settings, checked to be a ``kind``."""
+        ...
+
+    def open_runtime(
+        self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
+    ) -> AbstractAsyncContextManager[Inbound]:
+        """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
+        ...
+
+    async def serve(self, rt: Inbound, reader: Callable[[], Awaitable[None]]) -> None:
+        """Run ``reader`` until shutdown, then let running answers finish (bounded).
+
+        The reader returns or raises to end the bot; on shutdown it is cancelled.
+        """
+        ...
+
+    def register_secret(self, secret: str) -> None:
+        """Never log this value (a token minted at runtime)."""
+        ...
+
+    def mount(self, path: str, handler: WebhookHandler) -> None:
+        """Receive platform webhooks at ``path`` on the local HTTP endpoint.
+
+        Reserved for webhook channels: raises ConfigError while dshim has no endpoint.
+        """
+        ...
+
+
+# --- replay -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaySource:
+    """What ``replay_adapter`` gets: the fixture's bot identity and a recording HTTP client.
+
+    ``http`` answers from the fixture's recorded exchanges (paths relative to
+    ``api_base``; anything else is 404) and records every request.
+    """
+
+    bot_id: str | None
+    bot_username: str | None
+    http: httpx.AsyncClient
+    api_base: str
+
+
+class ReplayAdapter(Protocol):
+    """Decodes a channel's raw fixture events with the real mapping code."""
+
+    @property
+    def bot_id(self) -> str: ...
+
+    @property
+    def bot_username(self) -> str | None: ...
+
+    def decode(self, raw: bytes) -> InboundMessage | Skip:
+        """One event; never raises for bad input (a ``malformed`` Skip)."""
+        ...
+
+    def split(self, text: str) -> list[str]:
+        """The chunks an answer of this length is delivered in."""
+        ...
+
+
+# --- probe ----------------------------------------------------------------------------------------
+
+
+class Identity(msgspec.Struct, frozen=True, kw_only=True):
+    """Who the platform says the bot is."""
+
+    name: str
+    id: str
+    #: Set when the identity is not what a bot should be (e.g. not a bot account).
+    warning: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One channel-specific probe row: ``run`` returns (result, detail)."""
+
+    name: str
+    run: Callable[[], Awaitable[tuple[ProbeResult, str]]]
+    timeout_s: float = 20.0
+
+
+class ProbeRows(Protocol):
+    """What ``Channel.probe`` gets: the bot, its store and the table being printed."""
+
+    @property
+    def bot(self) -> BotConfig: ...
+
+    @property
+    def send_test(self) -> bool:
+        """``--send-test`` was given."""
+        ...
+
+    @property
+    def store(self) -> ChannelStore:
+        """The bot's store (read cursors; a probe must not move them)."""
+        ...
+
+    def settings_as(self, kind: type[S]) -> S: ...
+
+    def register_secret(self, secret: str) -> None: ...
+
+    def add(self, check: str, result: ProbeResult, detail: str, ms: float = 0.0) -> None:
+        """Add a row (the bot's name is prefixed; the detail is redacted)."""
+        ...
+
+    async def run(
+        self,
+        check: str,
+        fn: Callable[[], Awaitable[tuple[ProbeResult, str]]],
+        *,
+        timeout_s: float = 20.0,
+    ) -> ProbeResult:
+        """Time one check; DshimError, OSError and a timeout become a ``fail`` row."""
+        ...
+
+    async def standard(
+        self,
+        *,
+        credentials: str,
+        identity: Callable[[], Awaitable[Identity]],
+        checks: Sequence[Check] = (),
+        send_test: Callable[[str], Awaitable[str]],
+    ) -> None:
+        """The probe every channel runs, in this order:
+
+        ``credentials`` (ok, with this detail: the settings already validated them),
+        ``identity`` (stops here when it fails), each of ``checks`` (a ``fail`` skips
+        the rest of them and the send test), ``store`` (a cursor written and read
+        back), and with ``--send-test`` ``send test``: ``send_test(conversation_id)``
+        to the last direct conversation, returning the sent message's id — a ``warn``
+        when there is no direct conversation yet.
+        """
+        ...
+
+
+# --- the channel ----------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """A platform channel.  See the module docstring for the rules."""
+
+    @property
+    def key(self) -> str:
+        """The ``channel = "..."`` key."""
+        ...
+
+    @property
+    def settings(self) -> type[msgspec.Struct]:
+        """The channel's own ``[[bots]]`` keys, validated when the configuration loads."""
+        ...
+
+    async def run(
+        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Authenticate, open the pipeline, ``task_status.started()``, read until shutdown."""
+        ...
+
+    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
+        """An adapter for ``"format": "raw"`` fixtures; FixtureError when unusable."""
+        ...
+
+    async def probe(self, rows: ProbeRows) -> None:
+        """``dshim probe`` rows for one bot (see :meth:`ProbeRows.standard`)."""
+        ...
