@@ -47,7 +47,24 @@ class ChannelError(DshimError):
 
 
 class TransportError(ChannelError):
-    """Network error, timeout or server error: transient, retry with backoff."""
+    """Network error, timeout or server error: transient, retry with backoff.
+
+    ``request_sent`` False means the request certainly never reached the platform (the
+    connection could not be made), so repeating it cannot duplicate anything.  True
+    means the platform may have processed it (a timeout or a dropped connection after
+    the request went out, a 5xx): the outcome is unknown.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: int | str | None = None,
+        request_sent: bool = True,
+    ):
+        super().__init__(message, status=status, code=code)
+        self.request_sent = request_sent
 
 
 class RemoteProtocolError(ChannelError):

@@ -1,0 +1,14 @@
+"""What channels share, so that a new channel is models/protocol/client/render/channel
+plus a fake, with nothing copied from another channel.
+
+- :mod:`dshim.channels.kit.http`: the bot's HTTP client, the one httpx error mapping
+  (``TransportError.request_sent``), capped downloads, Retry-After, access tokens;
+- :mod:`dshim.channels.kit.retry`: run a call until it succeeds, backing off on
+  transient errors (identity calls before a channel has started);
+- :mod:`dshim.channels.kit.poll`: the long-poll loop with a durable, shielded cursor
+  commit after acceptance (Telegram, WeChat iLink);
+- :mod:`dshim.channels.kit.ws`: the websocket connection runner over a sans-IO session
+  protocol (Discord; QQ, Slack, Feishu, DingTalk and WeCom next).
+
+The streaming-by-edit engine is :mod:`dshim.render`; the backoff :mod:`dshim.backoff`.
+"""

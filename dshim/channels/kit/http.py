@@ -1,0 +1,306 @@
+"""HTTP for channels: the bot's client, the one httpx error mapping, capped downloads,
+Retry-After, and short-lived access tokens.
+
+Every channel talks HTTP through one ``httpx.AsyncClient`` per bot (:func:`open_http`),
+and every httpx exception becomes a :class:`~dshim.errors.TransportError` in exactly one
+place (:func:`map_httpx_errors`), which says whether the request can have reached the
+platform (``request_sent``): the streaming engine and the senders use that to never
+repeat a send whose outcome is unknown in a loop.
+
+Platforms that mint short-lived tokens (Feishu tenant_access_token, DingTalk and QQ
+access tokens, WeCom ...) keep one :class:`AccessToken` per bot: it renews before expiry,
+shares one refresh between concurrent callers and refreshes once more when the platform
+rejects a token that should still be valid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import email.utils
+import math
+import time
+import urllib.parse
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import aclosing, asynccontextmanager
+from typing import TypeVar, cast
+
+import httpx
+import structlog
+import trio
+
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    TransportError,
+)
+
+__all__ = [
+    "AccessToken",
+    "TokenState",
+    "download_capped",
+    "map_httpx_errors",
+    "open_http",
+    "parse_retry_after",
+    "status_error",
+    "transport_error",
+]
+
+log = structlog.get_logger("dshim.kit")
+
+T = TypeVar("T")
+
+#: Ordinary calls: connect, write and pool 10 s; read 30 s.
+DEFAULT_TIMEOUT = httpx.Timeout(10.0, read=30.0)
+#: Downloads get a longer read timeout (the turn has its own deadline around them).
+DOWNLOAD_TIMEOUT = httpx.Timeout(10.0, read=60.0)
+
+
+@asynccontextmanager
+async def open_http(
+    api_base: str | None = None,
+    *,
+    user_agent: str,
+    timeout: httpx.Timeout = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - httpx's per-request limits
+    max_connections: int = 16,
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The one HTTP client of a bot: a connection pool shared by receiving and sending.
+
+    No redirects are followed (a redirect could carry credentials elsewhere) and the
+    environment's proxy settings are not read.  Paths are relative to ``api_base`` when
+    it is given.
+    """
+    async with httpx.AsyncClient(
+        base_url=(api_base or "").rstrip("/"),
+        timeout=timeout,
+        headers={"user-agent": user_agent},
+        limits=httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max(1, max_connections // 2)
+        ),
+        follow_redirects=False,
+        trust_env=False,
+    ) as http:
+        yield http
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+#: httpx failures that happen before a request is on the wire: a retry cannot duplicate.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def transport_error(what: str, exc: httpx.TransportError) -> TransportError:
+    """An httpx network failure as a TransportError (see :func:`map_httpx_errors`)."""
+    name = type(exc).__name__
+    if isinstance(exc, (*_NOT_SENT, httpx.ProxyError)):
+        return TransportError(f"{what}: cannot connect ({name})", request_sent=False)
+    if isinstance(exc, httpx.TimeoutException):
+        return TransportError(f"{what}: timed out ({name})", request_sent=True)
+    return TransportError(f"{what}: connection failed ({name})", request_sent=True)
+
+
+@contextlib.contextmanager
+def map_httpx_errors(what: str) -> Iterator[None]:
+    """Map httpx's network failures inside the block to TransportError, once.
+
+    ``request_sent`` is False only when the connection could not be made; timeouts and
+    connections lost after the request went out may have been processed.  The message
+    names ``what`` (a method or route), never a URL (URLs can carry tokens).
+    """
+    try:
+        yield
+    except httpx.TransportError as exc:
+        raise transport_error(what, exc) from exc
+
+
+def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (seconds or an HTTP date), else None."""
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if not math.isfinite(seconds):
+        return None
+    return max(0.0, seconds)
+
+
+def status_error(
+    status: int, what: str, *, headers: Mapping[str, str] | None = None
+) -> ChannelError:
+    """A generic HTTP failure status as the error tree (platform codes are the channel's)."""
+    text = f"{what}: HTTP {status}"
+    if status == 429:
+        retry = parse_retry_after(headers or {})
+        return RateLimited(text, retry_after=retry if retry is not None else 1.0, status=status)
+    if status in (404, 410):
+        return NotFound(text, status=status)
+    if status in (401, 403):
+        return PermissionDenied(text, status=status)
+    if status >= 500:
+        return TransportError(text, status=status, request_sent=True)
+    return ChannelError(text, status=status)
+
+
+# --- downloads ----------------------------------------------------------------------------------
+
+
+async def download_capped(
+    http: httpx.AsyncClient,
+    url: str,
+    max_bytes: int,
+    *,
+    allowed_hosts: frozenset[str] | None = None,
+    headers: Mapping[str, str] | None = None,
+    http_timeout: httpx.Timeout = DOWNLOAD_TIMEOUT,
+    what: str = "download",
+) -> bytes:
+    """GET ``url`` and return its body, never reading more than ``max_bytes``.
+
+    ``allowed_hosts`` (when given) is the set of host names a URL taken from a payload may
+    point to; anything else is refused before a connection is made.  A declared or
+    actual size over the limit raises ChannelError; 404/410 raise NotFound (the file is
+    gone or too old), 401/403 PermissionDenied, 5xx and network failures TransportError.
+    """
+    if allowed_hosts is not None:
+        parts = urllib.parse.urlsplit(url)
+        host = (parts.hostname or "").lower()
+        if host not in allowed_hosts:
+            raise PermissionDenied(f"{what}: refusing to download from host {host!r}")
+    with map_httpx_errors(what):
+        async with http.stream(
+            "GET", url, headers=dict(headers or {}), timeout=http_timeout, follow_redirects=False
+        ) as resp:
+            if resp.status_code != 200:
+                raise status_error(resp.status_code, what, headers=resp.headers)
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise ChannelError(f"{what}: {declared} bytes is over the {max_bytes} byte limit")
+            data = bytearray()
+            # aiter_bytes is an async generator: close it when stopping early.
+            chunk_gen = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
+            async with aclosing(chunk_gen) as chunks:
+                async for chunk in chunks:
+                    data += chunk
+                    if len(data) > max_bytes:
+                        raise ChannelError(f"{what}: over the {max_bytes} byte limit")
+            return bytes(data)
+
+
+# --- short-lived access tokens ------------------------------------------------------------------
+
+
+class TokenState:
+    """Sans-IO: the current token and when to renew it.  Time is an argument.
+
+    A token is renewed ``margin_s`` before it expires — but never earlier than half its
+    lifetime, so a platform that hands out short tokens is not asked again at once.
+    """
+
+    __slots__ = ("token", "expires_at", "renew_at", "margin_s")
+
+    def __init__(self, *, margin_s: float = 1800.0) -> None:
+        self.token: str | None = None
+        self.expires_at = -math.inf
+        self.renew_at = -math.inf
+        self.margin_s = margin_s
+
+    def current(self, now: float) -> str | None:
+        """The token to use now, or None when it must be renewed first."""
+        if self.token is None or now >= self.renew_at:
+            return None
+        return self.token
+
+    def set(self, token: str, expires_in_s: float, now: float) -> None:
+        lifetime = max(0.0, expires_in_s)
+        self.token = token
+        self.expires_at = now + lifetime
+        self.renew_at = now + max(lifetime - self.margin_s, lifetime / 2)
+
+    def invalidate(self, token: str) -> bool:
+        """The platform rejected ``token``: forget it if it is still the current one.
+
+        Returns True when it was (the next caller refreshes), False when a newer token
+        already replaced it (the caller just retries with that one).
+        """
+        if self.token is not None and self.token == token:
+            self.token = None
+            self.renew_at = -math.inf
+            return True
+        return False
+
+
+#: Mints a token: returns (token, lifetime in seconds).  Raises the error tree.
+TokenFetcher = Callable[[], Awaitable[tuple[str, float]]]
+
+
+class AccessToken:
+    """A bot's short-lived access token, renewed before expiry; one refresh at a time.
+
+    ``get()`` returns a valid token, fetching one when needed; concurrent callers wait
+    for the same fetch.  ``call(fn)`` runs ``fn(token)`` and, when it raises
+    :class:`~dshim.errors.AuthError` (the platform's "token expired/invalid" codes mapped
+    by the channel), refreshes once and runs it once more — a second AuthError is final
+    (a bad app secret is fatal, never a loop).  Every new token is passed to
+    ``on_new_token`` (register it with the log redactor) before it is used.
+    """
+
+    def __init__(
+        self,
+        fetch: TokenFetcher,
+        *,
+        margin_s: float = 1800.0,
+        on_new_token: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = trio.current_time,
+    ) -> None:
+        self._fetch = fetch
+        self._state = TokenState(margin_s=margin_s)
+        self._on_new = on_new_token
+        self._clock = clock
+        self._lock = trio.Lock()
+        #: How many tokens were fetched (probes and tests read it).
+        self.fetches = 0
+
+    @property
+    def expires_at(self) -> float:
+        return self._state.expires_at
+
+    async def get(self) -> str:
+        """A token valid for now (fetched when missing or due for renewal)."""
+        token = self._state.current(self._clock())
+        if token is not None:
+            return token
+        async with self._lock:
+            token = self._state.current(self._clock())  # another caller refreshed meanwhile
+            if token is not None:
+                return token
+            new, expires_in = await self._fetch()
+            self.fetches += 1
+            if self._on_new is not None:
+                self._on_new(new)
+            self._state.set(new, expires_in, self._clock())
+            log.info("access_token_refreshed", expires_in_s=round(expires_in))
+            return new
+
+    def invalidate(self, token: str) -> None:
+        """Forget ``token`` after the platform rejected it (see :meth:`TokenState.invalidate`)."""
+        self._state.invalidate(token)
+
+    async def call(self, fn: Callable[[str], Awaitable[T]]) -> T:
+        """``fn(token)``; on AuthError refresh once and try once more."""
+        token = await self.get()
+        try:
+            return await fn(token)
+        except AuthError:
+            self.invalidate(token)
+            log.info("access_token_rejected_refreshing")
+        return await fn(await self.get())
