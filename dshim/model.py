@@ -127,6 +127,10 @@ class InboundMessage(msgspec.Struct, kw_only=True):
     reply_to: ReplyReference | None = None
     received_at: float = 0.0
     conversation_title: str | None = None
+    #: The content was forwarded from elsewhere (Telegram ``forward_origin``, Discord
+    #: ``message_snapshots`` ...): it reaches the agent as the message's content, but it
+    #: is never a command, a /batch control word or an answer to a pending question.
+    forwarded: bool = False
     #: Opaque channel data needed to answer this message (webhook URL, context token,
     #: request id ...).  Only the channel that produced it reads it.
     route: Any = None

@@ -59,6 +59,7 @@ class WireEvent(msgspec.Struct, kw_only=True, omit_defaults=True):
     reply_to: WireReply | None = None
     received_at: str | float | None = None
     conversation_title: str | None = None
+    forwarded: bool = False
 
 
 _decoder = msgspec.json.Decoder(WireEvent)
@@ -126,6 +127,7 @@ def from_wire(ev: WireEvent, *, channel: str, bot_id: str) -> InboundMessage:
         reply_to=reply,
         received_at=received if received is not None else 0.0,
         conversation_title=ev.conversation_title,
+        forwarded=ev.forwarded,
     )
 
 
@@ -171,5 +173,6 @@ def encode_event(msg: InboundMessage) -> bytes:
         reply_to=wire_reply,
         received_at=msg.received_at,
         conversation_title=msg.conversation_title,
+        forwarded=msg.forwarded,
     )
     return _encoder.encode(ev)
