@@ -12,3 +12,7 @@ plus a fake, with nothing copied from another channel.
 
 The streaming-by-edit engine is :mod:`dshim.render`; the backoff :mod:`dshim.backoff`.
 """
+
+from dshim.backoff import Backoff
+
+__all__ = ["Backoff"]
