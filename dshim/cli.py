@@ -18,6 +18,9 @@ from dshim import __version__
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    # Plain help: typer's rich help shows every flag as "--flag <bool>".
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
     help="dshim connects IM bots on nine platforms to an AI agent (the harness).",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -44,23 +47,32 @@ def main_callback(
     ctx: typer.Context,
     config: Annotated[
         Path,
-        typer.Option("--config", envvar="DSHIM_CONFIG", help="Config file.", show_default=True),
+        typer.Option(
+            "--config",
+            envvar="DSHIM_CONFIG",
+            help="Config file.",
+            show_default=True,
+            metavar="PATH",
+        ),
     ] = Path("dshim.toml"),
     data_dir: Annotated[
         Path | None,
         typer.Option(
             "--data-dir",
             envvar="DSHIM_DATA_DIR",
+            metavar="PATH",
             help="State directory (default: $XDG_STATE_HOME/dshim, else ~/.local/state/dshim).",
         ),
     ] = None,
     log_level: Annotated[
-        str, typer.Option("--log-level", help="debug, info, warning or error.")
+        str, typer.Option("--log-level", help="debug, info, warning or error.", metavar="LEVEL")
     ] = "info",
     log_format: Annotated[
         str | None,
         typer.Option(
-            "--log-format", help="console or json (default: console on a TTY, else json)."
+            "--log-format",
+            help="console or json (default: console on a TTY, else json).",
+            metavar="FORMAT",
         ),
     ] = None,
     version: Annotated[
@@ -105,16 +117,31 @@ def _setup_logging(g: Globals, secrets: list[str]) -> None:
 
 
 @app.command()
-def serve(ctx: typer.Context) -> None:
-    """Run every enabled bot until SIGINT/SIGTERM."""
+def serve(
+    ctx: typer.Context,
+    bot: Annotated[
+        list[str] | None,
+        typer.Option("--bot", help="Run only this bot (repeat for several).", metavar="NAME"),
+    ] = None,
+) -> None:
+    """Run every enabled bot (or the ones named with --bot) until SIGINT/SIGTERM."""
     g: Globals = ctx.obj
     cfg = _load(g)
-    _setup_logging(g, cfg.secrets())
+    from dshim.config import data_dir_origin, prepare_data_dir
     from dshim.errors import ConfigError, StoreError
+
+    try:
+        if bot:
+            cfg = _only_bots(cfg, bot, g.config.name)
+        data_dir = _data_dir(g, cfg)
+        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, g.config.name))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    _setup_logging(g, cfg.secrets())
     from dshim.serve import run_serve
 
     try:
-        code = run_serve(cfg, _data_dir(g, cfg))
+        code = run_serve(cfg, data_dir)
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     except StoreError as exc:
@@ -122,10 +149,29 @@ def serve(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+def _only_bots(cfg: Any, names: list[str], label: str) -> Any:
+    """The configuration with only the named bots (each must exist and be enabled)."""
+    import msgspec
+
+    from dshim.errors import ConfigError
+
+    known = {b.name: b for b in cfg.bots}
+    for name in names:
+        if name not in known:
+            choices = ", ".join(known) or "none"
+            raise ConfigError(f"--bot {name}: no bot named {name!r} in {label} (bots: {choices})")
+        if not known[name].enabled:
+            raise ConfigError(f"--bot {name}: the bot is disabled (enabled = false in {label})")
+    wanted = set(names)
+    return msgspec.structs.replace(cfg, bots=[b for b in cfg.bots if b.name in wanted])
+
+
 @app.command()
 def probe(
     ctx: typer.Context,
-    bot: Annotated[str | None, typer.Argument(help="Only this bot (default: all).")] = None,
+    bot: Annotated[
+        str | None, typer.Argument(help="Only this bot (default: all).", metavar="BOT")
+    ] = None,
     send_test: Annotated[
         bool,
         typer.Option(
@@ -146,7 +192,8 @@ def probe(
 def replay(
     ctx: typer.Context,
     paths: Annotated[
-        list[Path], typer.Argument(help="Fixture files or directories (recursive *.json).")
+        list[Path],
+        typer.Argument(help="Fixture files or directories (recursive *.json).", metavar="PATH"),
     ],
     check: Annotated[
         bool, typer.Option("--check", help="Compare with each fixture's expect list.")

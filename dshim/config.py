@@ -580,3 +580,32 @@ def resolve_data_dir(config: Config | None, override: Path | None) -> Path:
     if config is not None and config.dshim.data_dir:
         return Path(os.path.expanduser(config.dshim.data_dir))
     return default_data_dir()
+
+
+def prepare_data_dir(path: Path, *, origin: str) -> None:
+    """Create the data directory (mode 0700) or raise a ConfigError naming ``origin``.
+
+    ``origin`` says where the path came from (``"dshim.toml: dshim.data_dir"``,
+    ``"--data-dir / DSHIM_DATA_DIR"``, ``"the default data directory"``).
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"{origin}: {path} exists and is not a directory") from None
+    except NotADirectoryError:
+        raise ConfigError(f"{origin}: {path}: a parent of it is a file, not a directory") from None
+    except OSError as exc:
+        raise ConfigError(f"{origin}: cannot create {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise ConfigError(f"{origin}: {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{origin}: {path} is not writable")
+
+
+def data_dir_origin(config: Config | None, override: Path | None, label: str) -> str:
+    """Where :func:`resolve_data_dir`'s answer came from, for error messages."""
+    if override is not None:
+        return "--data-dir / DSHIM_DATA_DIR"
+    if config is not None and config.dshim.data_dir:
+        return f"{label}: dshim.data_dir"
+    return "the default data directory"

@@ -186,6 +186,15 @@ async def _probe(
     for secret in config.secrets():
         register_secret(secret)
     bots = config.bots
+    if not bots:
+        rows.append(
+            ProbeRow(
+                "bots",
+                "fail",
+                "no bots in the configuration: add a [[bots]] table (see README.md)",
+                0.0,
+            )
+        )
     if bot_name is not None:
         bots = [b for b in config.bots if b.name == bot_name]
         if not bots:
@@ -218,6 +227,8 @@ async def _probe(
                 rows.extend(await _bot_checks(config, bot, store, send_test))
     except DshimError as exc:
         rows.append(ProbeRow("store", "fail", _safe(str(exc)), (time.perf_counter() - t0) * 1000))
+    if not config.bots:
+        return rows, 2  # like serve: there is nothing to run
     failed = any(r.result == "fail" for r in rows)
     return rows, 1 if failed else 0
 

@@ -130,15 +130,68 @@ def test_replay_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     assert r.returncode == 2
 
 
-def test_probe_core_checks(tmp_path: Path) -> None:
+def test_probe_core_checks_run_but_no_bots_exits_2_like_serve(tmp_path: Path) -> None:
     cfg = tmp_path / "dshim.toml"
     cfg.write_text('[harness]\nkind = "echo"\n')
     r = dshim("--config", str(cfg), "--data-dir", str(tmp_path / "state"), "probe")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 2, r.stdout + r.stderr
     rows = {line.split()[0]: line for line in r.stdout.splitlines()[2:]}
-    assert set(rows) >= {"config", "data", "store", "harness"}
-    assert all(" ok " in line for line in rows.values())
+    assert set(rows) >= {"config", "data", "store", "harness", "bots"}
+    assert all(" ok " in line for name, line in rows.items() if name != "bots")
+    assert " fail " in rows["bots"] and "no bots" in rows["bots"]
     assert "ms" in r.stdout.splitlines()[0]
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    r = dshim("--config", str(empty), "--data-dir", str(tmp_path / "state"), "probe")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+def test_help_shows_flags_as_flags() -> None:
+    top = dshim("--help").stdout
+    probe = dshim("probe", "--help").stdout
+    serve = dshim("serve", "--help").stdout
+    assert "<bool>" not in top + probe + serve
+    assert "--version " in top and "--send-test " in probe
+    assert "--bot NAME" in serve
+
+
+def test_serve_with_an_unusable_data_dir_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        f'[dshim]\ndata_dir = "{blocker}"\n\n'
+        '[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "123456:abcdefghijklmnopqrstuvwxyz"\n'
+    )
+    r = dshim("--config", str(cfg), "serve")
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0  # one line
+    assert "dshim.toml: dshim.data_dir:" in r.stderr and "not a directory" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = dshim("--config", str(cfg), "--data-dir", str(blocker / "sub"), "serve")
+    assert r.returncode == 2 and "--data-dir" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_badly_shaped_token_is_a_config_error(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text('[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "${TOKEN}"\n')
+    r = dshim("--config", str(cfg), "serve", env={"TOKEN": "no-colon-secret-value"})
+    assert r.returncode == 2
+    assert "bots[0].token: not a Telegram bot token" in r.stderr
+    assert "no-colon-secret-value" not in r.stderr and "Traceback" not in r.stderr
+
+
+def test_serve_bot_must_name_an_enabled_bot(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    token = 'token = "123456:abcdefghijklmnopqrstuvwxyz"\n'
+    cfg.write_text(
+        f'[[bots]]\nname = "a"\nchannel = "telegram"\n{token}\n'
+        f'[[bots]]\nname = "b"\nchannel = "telegram"\nenabled = false\n{token}'
+    )
+    r = dshim("--config", str(cfg), "serve", "--bot", "zed")
+    assert r.returncode == 2 and "--bot zed: no bot named 'zed'" in r.stderr
+    r = dshim("--config", str(cfg), "serve", "--bot", "b")
+    assert r.returncode == 2 and "disabled" in r.stderr
 
 
 def test_probe_with_bad_config_exits_2(tmp_path: Path) -> None:
