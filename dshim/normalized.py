@@ -15,6 +15,7 @@ from typing import Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from dshim.channels.kit.decode import decode as bounded_decode
 from dshim.model import Attachment, InboundMessage, MediaRef, ReplyReference
 
 Scalar = str | int | float | None
@@ -136,8 +137,9 @@ def _media(m: WireMedia, default_kind: str) -> MediaRef:
 
 
 def decode_event(data: bytes | str, *, channel: str, bot_id: str) -> InboundMessage:
-    """Decode one normalized event.  Raises msgspec errors or ValueError when malformed."""
-    return from_wire(_decoder.decode(data), channel=channel, bot_id=bot_id)
+    """Decode one normalized event.  Raises msgspec errors or ValueError when malformed
+    (nesting is bounded: a too-deep event is a DecodeError, never a RecursionError)."""
+    return from_wire(bounded_decode(_decoder, data), channel=channel, bot_id=bot_id)
 
 
 def encode_event(msg: InboundMessage) -> bytes:

@@ -1,6 +1,9 @@
-"""A recording :class:`~dshim.outbound.Outbound`: delivers nowhere, remembers everything.
+"""A recording :class:`~dshim.outbound.Outbound`: delivers nowhere, remembers what it sent.
 
 Used by replay and by pipeline tests.  Message ids are ``out-1``, ``out-2`` ... in order.
+Tests keep every intermediate text of a stream (``keep_updates=True``, the default);
+replay keeps only the count and the final texts, so memory stays linear in the answer's
+length however often a long answer is updated.
 """
 
 from __future__ import annotations
@@ -26,23 +29,29 @@ def no_split(text: str) -> list[str]:
 
 
 class RecordingStream:
-    def __init__(self, outbound: RecordingOutbound, target: ReplyTarget) -> None:
+    def __init__(self, outbound: RecordingOutbound, target: ReplyTarget, *, keep: bool) -> None:
         self._outbound = outbound
         self._target = target
+        self._keep = keep
+        #: Every intermediate text (only with ``keep_updates``).
         self.updates: list[str] = []
+        self.update_count = 0
         self.progress_notes: list[str] = []
         self.finished = False
 
     async def update(self, text: str) -> None:
-        self.updates.append(text)
+        self.update_count += 1
+        if self._keep:
+            self.updates.append(text)
 
     async def progress(self, note: str) -> None:
-        self.progress_notes.append(note)
+        if self._keep:
+            self.progress_notes.append(note)
 
     async def finish(self, text: str) -> list[Delivered]:
         assert not self.finished, "finish() called twice"
         self.finished = True
-        return self._outbound._deliver(self._target, text, tuple(self.updates))
+        return self._outbound.deliver(self._target, text, tuple(self.updates))
 
 
 class RecordingOutbound:
@@ -55,8 +64,10 @@ class RecordingOutbound:
         split: Callable[[str], list[str]] = no_split,
         bot_username: str | None = None,
         on_send: Callable[[Sent], None] | None = None,
+        keep_updates: bool = True,
     ) -> None:
         self.clock = clock
+        self.keep_updates = keep_updates
         self.split = split
         self.bot_username = bot_username
         self.on_send = on_send
@@ -64,7 +75,10 @@ class RecordingOutbound:
         self.streams: list[RecordingStream] = []
         self._next_id = 1
 
-    def _deliver(self, target: ReplyTarget, text: str, updates: tuple[str, ...]) -> list[Delivered]:
+    def deliver(
+        self, target: ReplyTarget, text: str, updates: tuple[str, ...] = ()
+    ) -> list[Delivered]:
+        """Record ``text`` as delivered (split like the channel would)."""
         out: list[Delivered] = []
         for chunk in self.split(text):
             mid = f"out-{self._next_id}"
@@ -78,10 +92,10 @@ class RecordingOutbound:
         return out
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        return self._deliver(target, text, ())
+        return self.deliver(target, text)
 
     @asynccontextmanager
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[RecordingStream]:
-        stream = RecordingStream(self, target)
+        stream = RecordingStream(self, target, keep=self.keep_updates)
         self.streams.append(stream)
         yield stream

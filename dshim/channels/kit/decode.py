@@ -24,7 +24,7 @@ from typing import TypeVar
 
 import msgspec
 
-__all__ = ["MAX_DEPTH", "decode", "depth_exceeds", "member", "split_array"]
+__all__ = ["MAX_DEPTH", "decode", "depth_exceeds", "member", "member_span", "split_array"]
 
 T = TypeVar("T")
 
@@ -115,6 +115,13 @@ def member(raw: bytes, key: str) -> bytes | None:
     member (or ``raw`` is not an object).  For envelopes whose payload must be split
     before it is decoded (``{"ok": true, "result": [...]}``).
     """
+    span = member_span(raw, key)
+    return raw[span[0] : span[1]] if span is not None else None
+
+
+def member_span(raw: bytes, key: str) -> tuple[int, int] | None:
+    """Where the value of the top-level member ``key`` of ``raw`` is: ``raw[start:end]``
+    (whitespace trimmed), or None.  See :func:`member`."""
     start = _skip_space(raw, 0)
     if start >= len(raw) or raw[start] != ord("{"):
         return None
@@ -139,14 +146,21 @@ def member(raw: bytes, key: str) -> bytes | None:
         elif c in _CLOSE:
             depth -= 1
             if depth == 0:
-                if value_start is not None:
-                    return raw[value_start:pos].strip() or None
-                return None
+                return _trimmed(raw, value_start, pos)
         elif c == ord(",") and depth == 1:
             if value_start is not None:
-                return raw[value_start:pos].strip() or None
+                return _trimmed(raw, value_start, pos)
             expect_key = True
     return None
+
+
+def _trimmed(raw: bytes, start: int | None, end: int) -> tuple[int, int] | None:
+    if start is None:
+        return None
+    start = _skip_space(raw, start)
+    while end > start and raw[end - 1] in b" \t\r\n":
+        end -= 1
+    return (start, end) if end > start else None
 
 
 def _skip_space(raw: bytes, pos: int) -> int:

@@ -1,0 +1,94 @@
+"""``dshim replay`` on hostile and broken fixtures: one bad event is one ``malformed`` drop,
+one bad fixture is one FAIL, and memory stays linear in the length of an answer."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+from dshim.replay import TEXT_PRINT_MAX, replay, run_fixture
+
+DEEP = 3000
+
+
+def event(mid: str, content: str) -> bytes:
+    return json.dumps(
+        {"message_id": mid, "conversation_id": "c1", "sender_id": "u1", "content": content}
+    ).encode()
+
+
+def write_fixture(path: Path, events: list[bytes], **extra: object) -> Path:
+    head = json.dumps({"channel": "telegram", "format": "normalized", **extra})[:-1]
+    path.write_bytes(head.encode() + b', "events": [' + b",\n".join(events) + b"]}")
+    return path
+
+
+def deep_event() -> bytes:
+    return (
+        b'{"message_id":"d","conversation_id":"c1","sender_id":"u1","content":"x","x":'
+        + b"[" * DEEP
+        + b"]" * DEEP
+        + b"}"
+    )
+
+
+def lone_surrogate_event() -> bytes:
+    return b'{"message_id":"s","conversation_id":"c1","sender_id":"u1","content":"\\ud800"}'
+
+
+def kinds(lines: list[dict[str, object]]) -> list[tuple[object, ...]]:
+    return [(x["kind"], x.get("index", x.get("text"))) for x in lines if x["kind"] != "prompt"]
+
+
+def test_deep_and_lone_surrogate_events_are_dropped_and_the_others_run(tmp_path: Path) -> None:
+    path = write_fixture(
+        tmp_path / "hostile.json",
+        [event("1", "first"), deep_event(), lone_surrogate_event(), event("4", "last")],
+    )
+    lines = run_fixture(path)
+    drops = [(x["index"], x["reason"]) for x in lines if x["kind"] == "drop"]
+    sends = [str(x["text"]) for x in lines if x["kind"] == "send"]
+    assert drops == [(1, "malformed"), (2, "malformed")]
+    assert [s.rsplit("\n\n", 1)[-1] for s in sends] == ["first", "last"]
+
+
+def test_a_broken_fixture_fails_alone_and_the_others_still_run(tmp_path: Path) -> None:
+    good = write_fixture(tmp_path / "b_good.json", [event("1", "hello")])
+    out: list[str] = []
+    assert replay([good], check=False, update=True, out=out.append, err=out.append) == 0
+    (tmp_path / "a_not_json.json").write_text("{ this is not json")
+    raw_tg = {"channel": "telegram", "format": "raw", "events": [{"update_id": 1}], "expect": []}
+    (tmp_path / "a_raw_without_bot.json").write_text(json.dumps(raw_tg))
+    errors: list[str] = []
+    printed: list[str] = []
+    code = replay([tmp_path], check=True, update=False, out=printed.append, err=errors.append)
+    assert code == 1
+    assert any("a_not_json.json" in e and "invalid fixture" in e for e in errors)
+    assert any("a_raw_without_bot.json" in e and '"bot"' in e for e in errors)
+    assert not any("Traceback" in e for e in errors)
+    assert printed[-1] == "1 passed, 2 failed"  # b_good.json ran after the broken ones
+
+
+def test_update_writes_goldens_for_a_fixture_the_json_module_cannot_read(tmp_path: Path) -> None:
+    path = write_fixture(tmp_path / "deep.json", [deep_event(), event("2", "after")])
+    out: list[str] = []
+    assert replay([path], check=False, update=True, out=out.append, err=out.append) == 0
+    assert replay([path], check=True, update=False, out=out.append, err=out.append) == 0
+    assert out[-1] == "1 passed, 0 failed"
+
+
+def test_memory_stays_linear_in_the_answer_length(tmp_path: Path) -> None:
+    text = "lorem ipsum " * 15_000  # 180,000 characters, streamed in ~2,800 updates
+    path = write_fixture(tmp_path / "long.json", [event("1", text)])
+    tracemalloc.start()
+    try:
+        lines = run_fixture(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    [send] = [x for x in lines if x["kind"] == "send"]
+    assert str(send["text"]).endswith("more characters]")
+    assert len(str(send["text"])) < TEXT_PRINT_MAX + 100
+    # Keeping every intermediate text costs ~250 MB here; only the final text is kept.
+    assert peak < 40 * 1024 * 1024, f"peak {peak / 1e6:.0f} MB"
