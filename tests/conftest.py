@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
+pytest_plugins = ("pytester",)
+
 #: Real seconds: generous for a loaded 2-core CI machine, far below "stalled".
 REAL_CLOCK_DEADLINE_S = 90.0
 #: Virtual seconds: above the longest waits the tests script (429 budgets, backoffs).

@@ -13,17 +13,14 @@ from pathlib import Path
 import trio
 
 from dshim.store.base import Binding, InboxEntry, OutboundEntry, Store, TranscriptRow
-from dshim.store.sqlite import SqliteStore, open_sqlite_store
 
 __all__ = [
     "DB_FILENAME",
     "Binding",
     "InboxEntry",
     "OutboundEntry",
-    "SqliteStore",
     "Store",
     "TranscriptRow",
-    "open_sqlite_store",
     "open_store",
 ]
 
@@ -39,6 +36,10 @@ async def open_store(data_dir: Path, *, inline: bool = False) -> AsyncIterator[S
     :class:`~dshim.errors.StoreError` if it cannot be opened or migrated.  ``inline``: see
     :func:`~dshim.store.sqlite.open_sqlite_store`.
     """
+    # Imported here: the records above are light, SQLite and its worker thread are not
+    # (channels import dshim.store.base without pulling the implementation in).
+    from dshim.store.sqlite import open_sqlite_store
+
     if inline:
         data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # noqa: ASYNC240
     else:
