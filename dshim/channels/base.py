@@ -1,7 +1,8 @@
 """The channel contract: what a platform channel is, and what it may use of dshim.
 
 A channel is one object, ``CHANNEL`` at the end of ``dshim/channels/<key>/channel.py``,
-that satisfies :class:`Channel`.  dshim finds it with
+that satisfies :class:`Channel` — usually a :class:`ChannelSpec` naming the channel's
+functions.  dshim finds it with
 :func:`dshim.channels.load_channel`.  Everything a channel may touch of the rest of
 the process comes through the objects it is handed: a :class:`BotHost` in ``run``, a
 :class:`ProbeRows` in ``probe``, a :class:`ReplaySource` in ``replay_adapter``.  A
@@ -79,6 +80,7 @@ __all__ = [
     "BotHost",
     "Channel",
     "ChannelSettings",
+    "ChannelSpec",
     "ChannelStore",
     "Check",
     "FixtureError",
@@ -332,3 +334,33 @@ class Channel(Protocol):
     async def probe(self, rows: ProbeRows) -> None:
         """``dshim probe`` rows for one bot (see :meth:`ProbeRows.standard`)."""
         ...
+
+
+RunFn = Callable[..., Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelSpec:
+    """A :class:`Channel` made of a channel module's functions.
+
+    ``run(host, *, task_status)``, ``replay_adapter(source)`` and ``probe(rows)`` are the
+    channel's own; tests make variants with :func:`dataclasses.replace` (e.g. ``run`` with
+    shrunk timings bound by ``functools.partial``).
+    """
+
+    key: str
+    settings: type[msgspec.Struct]
+    run_fn: RunFn
+    replay_fn: Callable[[ReplaySource], ReplayAdapter]
+    probe_fn: Callable[[ProbeRows], Awaitable[None]]
+
+    async def run(
+        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        await self.run_fn(host, task_status=task_status)
+
+    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
+        return self.replay_fn(fx)
+
+    async def probe(self, rows: ProbeRows) -> None:
+        await self.probe_fn(rows)

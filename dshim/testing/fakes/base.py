@@ -137,20 +137,9 @@ class FakePlatform(Generic[C]):
 
     # -- faults ---------------------------------------------------------------------------
 
-    def fail_next(
-        self,
-        op: str,
-        count: int = 1,
-        *,
-        status: int = 429,
-        retry_after: float | None = None,
-        description: str | None = None,
-        **extra: Any,
-    ) -> None:
-        """See :meth:`FaultQueue.fail_next`."""
-        self.faults.fail_next(
-            op, count, status=status, retry_after=retry_after, description=description, **extra
-        )
+    def fail_next(self, op: str, count: int = 1, **kw: Any) -> None:
+        """See :meth:`FaultQueue.fail_next` (``status``, ``retry_after``, ...)."""
+        self.faults.fail_next(op, count, **kw)
 
     def slow_next(self, op: str, seconds: float, count: int = 1) -> None:
         """See :meth:`FaultQueue.slow_next`."""
