@@ -155,27 +155,6 @@ async def test_rate_limit_retry_after_reaches_the_caller() -> None:
     assert info.value.retry_after == 17
 
 
-@pytest.mark.parametrize(
-    ("exc", "code"),
-    [
-        (httpx.ConnectError("Connection refused"), "connect"),
-        (httpx.ConnectTimeout("connect timed out"), "connect"),
-        (httpx.ReadTimeout("read timed out"), "timeout"),
-        (httpx.RemoteProtocolError("Server disconnected without sending a response."), None),
-        (httpx.ReadError("connection reset"), None),
-    ],
-)
-async def test_network_failures_become_transport_errors(exc: Exception, code: str | None) -> None:
-    def handle(request: httpx.Request) -> httpx.Response:
-        raise exc
-
-    client = client_for(handle)
-    with pytest.raises(TransportError) as info:
-        await client.get_me()
-    assert info.value.code == code
-    assert TOKEN not in str(info.value)
-
-
 async def test_repr_does_not_show_the_token() -> None:
     client = client_for(answer(200, {}))
     assert SECRET_PART not in repr(client)
@@ -205,6 +184,8 @@ async def test_file_download_within_the_limit() -> None:
 
 
 async def test_file_download_stops_after_the_limit() -> None:
+    seen: list[httpx.Request] = []
+
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/getFile"):
             return httpx.Response(
@@ -212,8 +193,9 @@ async def test_file_download_stops_after_the_limit() -> None:
             )
         return httpx.Response(200, content=b"y" * 10_000)
 
-    got = await client_for(handle).fetch_file("f", 100)
-    assert len(got) == 101  # one byte over: the turn reports "over the limit"
+    with pytest.raises(ChannelError, match="over the 100 byte limit"):
+        await client_for(handle, seen).fetch_file("f", 100)
+    assert len(seen) == 2  # getFile, then the download it stopped
 
 
 async def test_file_declared_too_large_is_not_downloaded() -> None:
@@ -262,3 +244,42 @@ async def test_calls_are_cancellable() -> None:
     with trio.move_on_after(0.05) as scope:
         await client.get_me()
     assert scope.cancelled_caught
+
+
+# --- issue 9 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "sent"),
+    [
+        (httpx.ConnectError("Connection refused"), False),
+        (httpx.ConnectTimeout("connect timed out"), False),
+        (httpx.PoolTimeout("no free connection"), False),
+        (httpx.ReadTimeout("read timed out"), True),
+        (httpx.WriteTimeout("write timed out"), True),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), True),
+        (httpx.ReadError("connection reset"), True),
+    ],
+)
+async def test_a_failed_send_says_whether_it_can_have_reached_telegram(
+    exc: Exception, sent: bool
+) -> None:
+    """Telegram has no idempotency key: only a send that never left may be repeated freely."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    client = client_for(handle, seen)
+    with pytest.raises(TransportError) as info:
+        await client.send_message({"chat_id": 1, "text": "x"})
+    assert info.value.request_sent is sent
+    assert len(seen) == 1  # the client never repeats a send on its own
+    assert TOKEN not in str(info.value) and SECRET_PART not in str(info.value)
+
+
+async def test_a_server_error_after_a_send_is_an_unknown_outcome() -> None:
+    client = client_for(error(502, "Bad Gateway"))
+    with pytest.raises(TransportError) as info:
+        await client.send_message({"chat_id": 1, "text": "x"})
+    assert info.value.request_sent is True

@@ -448,6 +448,37 @@ async def test_a_rejected_token_stops_the_bot_without_a_retry_loop(
     assert [c.method for c in fake.calls] == ["getMe"]
 
 
+async def test_a_flaky_get_me_at_start_is_retried_inside_the_bot_before_it_counts_as_up(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getMe", 2, status=502)
+            async with running_bot(fake, store, clock) as run:
+                # Faults of one call stack: queue each kind once the previous one was used.
+                await fake.wait_until(lambda: len(fake.calls_to("getMe")) == 2)
+                fake.drop_next("getMe", 1)
+                await fake.wait_until(lambda: len(fake.calls_to("getMe")) == 3)
+                fake.fail_next("getMe", 1, status=429, retry_after=20)
+                await polling(fake)
+                fake.user_message(chat, ADA, "are you up?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                assert run.results == {}
+    calls = fake.calls_to("getMe")
+    assert [c.status for c in calls] == [502, 502, 0, 429, 200]
+    gaps = [b.at - a.at for a, b in zip(calls, calls[1:], strict=False)]
+    assert all(g >= 1.0 - 1e-6 for g in gaps) and gaps[-1] >= 20 - 1e-6  # retry_after honoured
+    events = [e["event"] for e in logs]
+    assert "bot_failed_restarting" not in events  # inside run: the supervisor never saw it
+    assert events.index("bot_authenticated") < events.index("bot_started")
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "are you up?")
+
+
 async def test_conflict_backs_off_and_recovers(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
@@ -467,7 +498,7 @@ async def test_conflict_backs_off_and_recovers(
     gaps = [b.at - a.at for a, b in zip(polls[:5], polls[1:5], strict=False)]
     assert all(g >= 1.0 - 1e-6 for g in gaps)  # never a hot loop
     assert gaps[-1] > gaps[0]  # backing off
-    conflicts = [e for e in logs if e["event"] == "telegram_poll_conflict"]
+    conflicts = [e for e in logs if e["event"] == "poll_conflict"]
     assert len(conflicts) == 4 and conflicts[0]["log_level"] == "error"
     assert "one dshim per bot token" in conflicts[0]["error"]
 
@@ -599,7 +630,7 @@ async def test_the_token_never_reaches_the_log(
                 await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
                 await trio.sleep(3)
     output = stream.getvalue()
-    assert "telegram_poll_conflict" in output and "HTTP Request" in output  # it did log, URLs too
+    assert "poll_conflict" in output and "HTTP Request" in output  # it did log, URLs too
     assert TEST_TOKEN not in output
     assert TEST_TOKEN.split(":", 1)[1] not in output
 
@@ -714,7 +745,7 @@ async def test_a_webhook_blocks_polling_until_it_is_deleted(
                 fake.webhook_url = ""  # the operator ran deleteWebhook
                 fake.user_message(chat, ADA, "polling again?")
                 await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
-    assert any(e["event"] == "telegram_webhook_set" and e["log_level"] == "error" for e in logs)
+    assert any(e["event"] == "webhook_set" and e["log_level"] == "error" for e in logs)
     assert [c.status for c in fake.calls_to("getUpdates")[:3]] == [409, 409, 409]
 
 

@@ -7,7 +7,6 @@ No I/O, no clock: these run in microseconds.  Fuzzed payloads must never raise.
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import msgspec
@@ -22,11 +21,13 @@ from dshim.channels.telegram.protocol import (
     BotIdentity,
     ChatMigrated,
     NotModified,
-    Poller,
+    UpdateFeed,
     api_error,
     decode_envelope,
     decode_update,
+    parse_offset,
     parse_update,
+    poll_params,
     token_bot_id,
     utf16_len,
 )
@@ -854,43 +855,46 @@ def test_token_shape(token: str, bot_id: int | None) -> None:
     assert token_bot_id(token) == bot_id
 
 
-def test_poller_requests_long_polls_with_the_offset() -> None:
-    p = Poller(None)
-    first = p.request()
+def test_polls_are_long_polls_from_the_offset() -> None:
+    first = poll_params(None)
     assert first == {"timeout": POLL_TIMEOUT_S, "limit": 100, "allowed_updates": ALLOWED_UPDATES}
     assert first["allowed_updates"] == ["message"] and first["timeout"] == 25
-    assert p.confirm(500) == 501
-    assert p.request()["offset"] == 501
-    assert p.is_new(501) and not p.is_new(500)
-    assert p.confirm(400) is None  # never moves backwards
-    assert Poller(77).request()["offset"] == 77
+    assert poll_params(501)["offset"] == 501
 
 
-def test_poller_backs_off_from_1_to_30_seconds_with_jitter() -> None:
-    p = Poller(1, rng=random.Random(7))
-    delays = [p.failed(100.0) for _ in range(10)]
-    assert all(1.0 <= d <= 30.0 for d in delays)
-    assert delays[0] == 1.0
-    assert delays[4] >= 8.0 and max(delays) == pytest.approx(30.0, abs=15)
-    assert p.wait_time(100.0) == pytest.approx(delays[-1])
-    assert p.wait_time(100.0 + delays[-1]) == 0
-    p.succeeded()
-    assert p.wait_time(100.0) == 0 and p.failed(200.0) == 1.0
+@pytest.mark.parametrize(
+    ("cursor", "offset"),
+    [
+        (None, None),
+        ("", None),
+        ("501", 501),
+        (" 77 ", 77),
+        ("-1", -1),
+        ("x12", None),
+        ("1.5", None),
+    ],
+)
+def test_the_stored_cursor_is_the_offset(cursor: str | None, offset: int | None) -> None:
+    assert parse_offset(cursor) == offset
 
 
-def test_poller_honours_retry_after() -> None:
-    p = Poller(1, rng=random.Random(1))
-    assert p.failed(0.0, retry_after=12) == 12
-    assert p.wait_time(5.0) == 7
+def update_raw(uid: int, text: str = "hi") -> bytes:
+    return json.dumps({"update_id": uid, "message": message(uid, text=text)}).encode()
 
 
-def test_jitter_spreads_pollers() -> None:
-    a = Poller(1, rng=random.Random(1))
-    b = Poller(1, rng=random.Random(2))
-    for _ in range(3):
-        a.failed(0.0)
-        b.failed(0.0)
-    assert a.failed(0.0) != b.failed(0.0)
+def test_each_update_is_confirmed_by_its_id_plus_one_and_old_ones_are_dropped() -> None:
+    feed = UpdateFeed(ME)
+    raws = [update_raw(499), update_raw(500), update_raw(507)]
+    ready = feed.take(raws, 500)
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(500, 501), (507, 508)]
+    assert [r.raw for r in ready] == raws[1:]
+    assert [r.parsed.update_id for r in feed.take(raws, None)] == [499, 500, 507]
+
+
+def test_an_update_without_a_readable_id_confirms_nothing() -> None:
+    [ready] = UpdateFeed(ME).take([b'{"message": {"message_id": 1}}'], 10)
+    assert ready.offset is None and isinstance(ready.parsed.item, Skip)
+    assert ready.parsed.item.reason == "malformed"
 
 
 def test_configured_username_with_an_at_sign_still_matches() -> None:

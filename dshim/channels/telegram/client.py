@@ -3,21 +3,24 @@
 Every method is one HTTPS request ``POST {api_base}/bot<token>/<method>`` with a JSON
 body; the envelope is decoded and errors are classified once, in
 :func:`dshim.channels.telegram.protocol.api_error`.  httpx exceptions are mapped here, at
-the boundary, to :class:`~dshim.errors.TransportError` (``code="connect"`` when the
-request never left, ``"timeout"`` for timeouts).  The token sits in the URL path: no
-message built here contains a URL, and the token is registered with the log redactor by
-the channel as a backstop.
+the boundary, by the kit (:func:`~dshim.channels.kit.http.map_httpx_errors`): a
+:class:`~dshim.errors.TransportError` says with ``request_sent`` whether the request can
+have reached Telegram.  Telegram has no idempotency key, so nothing here repeats a call
+on its own: whoever retries a send decides knowing that.  The token sits in the URL path:
+no message built here contains a URL, and the token is registered with the log redactor
+by the channel as a backstop.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
-from typing import Any, cast
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import httpx
 import msgspec
 
+from dshim.channels.kit import http as kit_http
 from dshim.channels.telegram import models as m
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.protocol import NotModified
@@ -35,17 +38,6 @@ DOWNLOAD_TIMEOUT = httpx.Timeout(10.0, read=60.0)
 USER_AGENT = "dshim (+telegram bot api client)"
 
 
-def map_transport_error(what: str, exc: httpx.TransportError) -> TransportError:
-    """httpx's network failures, mapped once: ``code`` says whether the request never left
-    (``"connect"``) or may have been processed (``"timeout"``, None)."""
-    name = type(exc).__name__
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return TransportError(f"{what}: cannot connect ({name})", code="connect")
-    if isinstance(exc, httpx.TimeoutException):
-        return TransportError(f"{what}: timed out ({name})", code="timeout")
-    return TransportError(f"{what}: connection failed ({name})")
-
-
 def poll_timeout(poll_s: float) -> httpx.Timeout:
     return httpx.Timeout(10.0, read=poll_s + POLL_READ_MARGIN_S)
 
@@ -53,14 +45,7 @@ def poll_timeout(poll_s: float) -> httpx.Timeout:
 @asynccontextmanager
 async def open_http(api_base: str) -> AsyncIterator[httpx.AsyncClient]:
     """The one HTTP client of a bot (connection pool shared by polling and sending)."""
-    async with httpx.AsyncClient(
-        base_url=api_base.rstrip("/"),
-        timeout=CALL_TIMEOUT,
-        headers={"user-agent": USER_AGENT},
-        limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
-        follow_redirects=False,
-        trust_env=False,
-    ) as http:
+    async with kit_http.open_http(api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         yield http
 
 
@@ -79,12 +64,10 @@ class BotApiClient:
     async def _post(
         self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
     ) -> httpx.Response:
-        try:
+        with kit_http.map_httpx_errors(method):
             return await self._http.post(
                 f"/bot{self._token}/{method}", json=params, timeout=http_timeout
             )
-        except httpx.TransportError as exc:
-            raise map_transport_error(method, exc) from exc
 
     async def call(
         self,
@@ -162,29 +145,14 @@ class BotApiClient:
         return f
 
     async def download(self, file_path: str, max_bytes: int) -> bytes:
-        """Download a file; stops after ``max_bytes + 1`` bytes (the caller sees it is over)."""
-        what = "file download"
-        try:
-            async with self._http.stream(
-                "GET", f"/file/bot{self._token}/{file_path}", timeout=DOWNLOAD_TIMEOUT
-            ) as resp:
-                if resp.status_code != 200:
-                    body = await resp.aread()
-                    protocol.decode_envelope(what, resp.status_code, body)
-                    raise TransportError(
-                        f"{what}: HTTP {resp.status_code}", status=resp.status_code
-                    )
-                data = bytearray()
-                # aiter_bytes is an async generator: close it when stopping early.
-                chunk_gen = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
-                async with aclosing(chunk_gen) as chunks:
-                    async for chunk in chunks:
-                        data += chunk
-                        if len(data) > max_bytes:
-                            break
-                return bytes(data[: max_bytes + 1])
-        except httpx.TransportError as exc:
-            raise map_transport_error(what, exc) from exc
+        """Download a file, never reading more than ``max_bytes`` (ChannelError when over)."""
+        return await kit_http.download_capped(
+            self._http,
+            f"/file/bot{self._token}/{file_path}",
+            max_bytes,
+            http_timeout=DOWNLOAD_TIMEOUT,
+            what="file download",
+        )
 
     async def fetch_file(self, file_id: str, max_bytes: int) -> bytes:
         """getFile, then download (the link is fresh: it is asked for inside the turn)."""

@@ -1,27 +1,24 @@
-"""Telegram Bot API, sans-IO: Update -> InboundMessage, error classification, the poller.
+"""Telegram Bot API, sans-IO: Update -> InboundMessage, error classification, offsets.
 
 Theory of operation
 -------------------
-Receiving is long polling (core.telegram.org/bots/api#getupdates).  The bot asks
+Receiving is long polling (core.telegram.org/bots/api#getupdates), run by the kit's
+poll loop (:mod:`dshim.channels.kit.poll`).  The bot asks
 ``getUpdates(offset, timeout=25, limit=100, allowed_updates=["message"])``; the server
 answers as soon as updates with ``update_id >= offset`` exist, or with ``[]`` after the
 timeout.  Asking with ``offset = last update_id + 1`` *confirms* everything below it:
 confirmed updates are never sent again, unconfirmed ones are re-sent on every poll (and
 kept by Telegram for 24 hours).  ``update_id`` grows but is not contiguous.
 
-States of :class:`Poller`: *polling* (a request is due now) and *backing off* (a request
-is due at ``resume_at``).  Transitions:
-
-- a batch arrives -> each update is mapped (:func:`decode_update`) and handed to the
-  pipeline in order; after the pipeline accepted it (dedup key written) the channel calls
-  :meth:`Poller.confirm` and persists the new offset.  A crash before that re-polls the
-  same updates, and the pipeline's dedup drops the copies: nothing accepted is lost and
-  nothing handled runs twice;
-- network error, timeout or 5xx -> backing off, 1 s doubling to 30 s, with jitter;
-- 429 -> backing off for ``retry_after`` (at least the backoff);
-- 409 (another poller owns the token, or a webhook is set) -> backing off, the same
-  schedule; the channel logs a clear error each time;
-- 401 / 404 (bad token) -> fatal: raised as AuthError, the bot stops.
+The cursor is the offset, stored as a decimal string.  :class:`UpdateFeed` maps an answer
+(each update decoded on its own, see :func:`parse_update`) and gives every update the
+offset that confirms it, ``update_id + 1``; the loop moves the cursor there only after
+the pipeline accepted the update (dedup key and inbox written) and persists it after the
+batch.  A crash before that re-polls the same updates and the pipeline's dedup drops the
+copies: nothing accepted is lost and nothing handled runs twice.  Failures (the loop's
+backoff, 1 s doubling to 30 s with jitter): network errors, timeouts and 5xx; 429 waits
+``retry_after``; 409 (another poller owns the token, or a webhook is set) is logged as an
+error each time; 401 / 404 (bad token) are fatal: AuthError, the bot stops.
 
 Mapping rules (the platform rule sits next to the line implementing it below): private
 chats are direct, groups and supergroups are group chats, channel posts are ignored;
@@ -37,10 +34,9 @@ Nothing here imports trio or httpx or reads a clock: time is an argument.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec import UNSET
@@ -72,8 +68,6 @@ MAX_MESSAGE_UTF16 = 4096
 POLL_TIMEOUT_S = 25
 POLL_LIMIT = 100
 ALLOWED_UPDATES = ["message"]
-BACKOFF_MIN_S = 1.0
-BACKOFF_MAX_S = 30.0
 #: dsh-im's token shape: "<numeric bot id>:<secret>".
 TOKEN_RE = re.compile(r"^(\d{5,20}):[A-Za-z0-9_-]{20,}$")
 
@@ -528,82 +522,65 @@ def decode_result(method: str, env: m.Envelope, decoder: msgspec.json.Decoder[An
         raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
 
 
-# --- the poller ---------------------------------------------------------------------------
+# --- polling -------------------------------------------------------------------------------
 
 
-class Backoff:
-    """Exponential backoff with jitter: 1 s doubling to 30 s, never below 1 s."""
-
-    def __init__(self, rng: random.Random | None = None) -> None:
-        self.rng = rng or random.Random()
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        base = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2.0**self.failures)
-        self.failures += 1
-        # "Equal jitter": half fixed, half random, so concurrent pollers spread out.
-        return max(BACKOFF_MIN_S, min(BACKOFF_MAX_S, base / 2 + self.rng.random() * base / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
+def parse_offset(cursor: str | None) -> int | None:
+    """The stored cursor as an offset (None: nothing confirmed yet, or unreadable)."""
+    if cursor is None:
+        return None
+    cursor = cursor.strip()
+    if not cursor or not cursor.lstrip("-").isdigit():
+        return None
+    return int(cursor)
 
 
-class Poller:
-    """The long-poll state: which offset to ask for, and when to ask again.
+def poll_params(
+    offset: int | None, *, timeout_s: int = POLL_TIMEOUT_S, limit: int = POLL_LIMIT
+) -> dict[str, Any]:
+    """The getUpdates parameters of a (long) poll from ``offset``."""
+    params: dict[str, Any] = {
+        "timeout": timeout_s,
+        "limit": limit,
+        "allowed_updates": ALLOWED_UPDATES,
+    }
+    if offset is not None:
+        params["offset"] = offset
+    return params
 
-    ``offset`` is the next update_id wanted (None: nothing confirmed yet, take whatever
-    Telegram kept).  Time is passed in (``now``, any monotonic seconds).
+
+class Ready(NamedTuple):
+    """One update ready for the pipeline, with the offset that confirms it."""
+
+    parsed: ParsedUpdate
+    raw: bytes
+    #: ``update_id + 1``: asking from it confirms this update and every earlier one
+    #: (None when the update's id could not be read).
+    offset: int | None
+
+
+class UpdateFeed:
+    """Which updates of a getUpdates answer are new, and which offset confirms each.
+
+    ``offset`` is what the bot asked from: updates below it are already confirmed (an
+    answer never holds them, but a feed never trusts that).  ``update_id`` grows but is
+    not contiguous, so the offset confirming an update is ``update_id + 1``.
     """
 
-    def __init__(
-        self,
-        offset: int | None,
-        *,
-        poll_timeout_s: int = POLL_TIMEOUT_S,
-        limit: int = POLL_LIMIT,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.offset = offset
-        self.poll_timeout_s = poll_timeout_s
-        self.limit = limit
-        self.backoff = Backoff(rng)
-        self.resume_at = float("-inf")
+    def __init__(self, me: BotIdentity, *, fetcher: FetcherFactory | None = None) -> None:
+        self.me = me
+        self.fetcher = fetcher
 
-    def request(self) -> dict[str, Any]:
-        """The getUpdates parameters for the next poll."""
-        params: dict[str, Any] = {
-            "timeout": self.poll_timeout_s,
-            "limit": self.limit,
-            "allowed_updates": ALLOWED_UPDATES,
-        }
-        if self.offset is not None:
-            params["offset"] = self.offset
-        return params
-
-    def wait_time(self, now: float) -> float:
-        """Seconds until the next poll may start."""
-        return max(0.0, self.resume_at - now)
-
-    def is_new(self, update_id: int) -> bool:
-        """False for an update below the confirmed offset (already handled)."""
-        return self.offset is None or update_id >= self.offset
-
-    def confirm(self, update_id: int) -> int | None:
-        """The update was accepted: the new offset to persist, or None if unchanged."""
-        if self.offset is not None and update_id < self.offset:
-            return None
-        self.offset = update_id + 1
-        return self.offset
-
-    def succeeded(self) -> None:
-        """A poll answered (even with no updates): back to polling at once."""
-        self.backoff.reset()
-        self.resume_at = float("-inf")
-
-    def failed(self, now: float, *, retry_after: float | None = None) -> float:
-        """A poll failed: back off; returns the delay.  ``retry_after`` from a 429 wins."""
-        delay = self.backoff.next_delay()
-        if retry_after is not None:
-            delay = max(delay, retry_after)
-        self.resume_at = now + delay
-        return delay
+    def take(self, raws: list[bytes], offset: int | None) -> list[Ready]:
+        """Map an answer's updates, in order; drop the ones below ``offset``."""
+        out: list[Ready] = []
+        for raw in raws:
+            parsed = parse_update(raw, self.me, fetcher=self.fetcher)
+            uid = parsed.update_id
+            if uid is None:
+                out.append(Ready(parsed, raw, None))
+                continue
+            if offset is not None and uid < offset:
+                continue
+            out.append(Ready(parsed, raw, uid + 1))
+        return out

@@ -122,7 +122,7 @@ class TelegramOutbound:
         if old == new:
             return
         if self._migrations.get(old) != new:
-            log.info("telegram_chat_migrated", old_chat=old, new_chat=new)
+            log.info("chat_migrated", old_chat=old, new_chat=new)
         self._migrations[old] = new
         self._migrations.move_to_end(old)
         while len(self._migrations) > MIGRATIONS_MAX:
