@@ -283,3 +283,39 @@ async def test_a_server_error_after_a_send_is_an_unknown_outcome() -> None:
     with pytest.raises(TransportError) as info:
         await client.send_message({"chat_id": 1, "text": "x"})
     assert info.value.request_sent is True
+
+
+def file_answers(download: httpx.Response) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/getFile"):
+            return httpx.Response(
+                200,
+                json={"ok": True, "result": {"file_id": "f", "file_path": "photos/file_9.jpg"}},
+            )
+        return download
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        # The download link expired or the file is gone.
+        file_answers(
+            httpx.Response(404, json={"ok": False, "error_code": 404, "description": "Not Found"})
+        ),
+        file_answers(httpx.Response(404, content=b"")),
+        # getFile itself refuses: too big for the Bot API, a wrong or expired file_id.
+        error(400, "Bad Request: file is too big"),
+        error(400, "Bad Request: wrong file_id or the file is temporarily unavailable"),
+        error(400, "Bad Request: invalid file_id"),
+        error(404, "Not Found"),
+    ],
+)
+async def test_an_unavailable_file_is_not_reported_as_a_bad_token(handler: Handler) -> None:
+    with pytest.raises(ChannelError) as info:
+        await client_for(handler).fetch_file("f", 10_000)
+    assert not isinstance(info.value, AuthError)
+    assert isinstance(info.value, NotFound)
+    assert "token" not in str(info.value)
+    assert TOKEN not in str(info.value) and SECRET_PART not in str(info.value)

@@ -428,6 +428,38 @@ async def test_photo_is_downloaded_inside_the_turn_only(
     )
 
 
+async def test_an_unavailable_file_is_a_note_for_the_agent_not_a_bad_token(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, harness=harness) as run:
+                await polling(fake)
+                # The file is gone by the time the turn asks for it (getFile answers 404).
+                fake.fail_next("getFile", 1, status=404, description="Not Found")
+                fake.user_message(chat, ADA, caption="first photo", photo=b"\xff\xd8\xffA")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                # getFile works, but the download link no longer does.
+                fake.fail_next("file", 1, status=404)
+                fake.user_message(chat, ADA, caption="second photo", photo=b"\xff\xd8\xffB")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                fake.user_message(chat, ADA, "and a text")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 3)
+                assert run.results == {}  # the bot never stopped
+    first, second = harness.texts[:2]
+    for prompt in (first, second):
+        assert "could not be downloaded" in prompt and "unavailable" in prompt
+        assert "token" not in prompt
+    assert not any(isinstance(p, ImagePart) for p in harness.prompts[0] + harness.prompts[1])
+    assert harness.texts[2].endswith("and a text")
+
+
 # --- errors and backoff -------------------------------------------------------------------
 
 

@@ -24,7 +24,7 @@ from dshim.channels.kit import http as kit_http
 from dshim.channels.telegram import models as m
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.protocol import NotModified
-from dshim.errors import ChannelError, TransportError
+from dshim.errors import ChannelError, NotFound
 from dshim.model import Fetcher
 
 DEFAULT_API_BASE = "https://api.telegram.org"
@@ -75,10 +75,14 @@ class BotApiClient:
         params: dict[str, Any] | None = None,
         *,
         http_timeout: httpx.Timeout = CALL_TIMEOUT,
+        file: bool = False,
     ) -> m.Envelope:
-        """Call a method; returns the envelope of a successful answer."""
+        """Call a method; returns the envelope of a successful answer.
+
+        ``file`` marks getFile (see :func:`~dshim.channels.telegram.protocol.api_error`).
+        """
         resp = await self._post(method, params or {}, http_timeout)
-        return protocol.decode_envelope(method, resp.status_code, resp.content)
+        return protocol.decode_envelope(method, resp.status_code, resp.content, file=file)
 
     async def _result(
         self,
@@ -87,8 +91,9 @@ class BotApiClient:
         decoder: msgspec.json.Decoder[Any],
         *,
         http_timeout: httpx.Timeout = CALL_TIMEOUT,
+        file: bool = False,
     ) -> Any:
-        env = await self.call(method, params, http_timeout=http_timeout)
+        env = await self.call(method, params, http_timeout=http_timeout, file=file)
         return protocol.decode_result(method, env, decoder)
 
     # -- methods -----------------------------------------------------------------------
@@ -141,18 +146,28 @@ class BotApiClient:
         )
 
     async def get_file(self, file_id: str) -> m.File:
-        f: m.File = await self._result("getFile", {"file_id": file_id}, m.FILE_DECODER)
+        f: m.File = await self._result("getFile", {"file_id": file_id}, m.FILE_DECODER, file=True)
         return f
 
     async def download(self, file_path: str, max_bytes: int) -> bytes:
-        """Download a file, never reading more than ``max_bytes`` (ChannelError when over)."""
-        return await kit_http.download_capped(
-            self._http,
-            f"/file/bot{self._token}/{file_path}",
-            max_bytes,
-            http_timeout=DOWNLOAD_TIMEOUT,
-            what="file download",
-        )
+        """Download a file, never reading more than ``max_bytes`` (ChannelError when over).
+
+        A link that expired or a file that is gone answers 404: NotFound, never AuthError.
+        """
+        try:
+            return await kit_http.download_capped(
+                self._http,
+                f"/file/bot{self._token}/{file_path}",
+                max_bytes,
+                http_timeout=DOWNLOAD_TIMEOUT,
+                what="file download",
+            )
+        except NotFound as exc:
+            raise NotFound(
+                f"file download: the file is unavailable (HTTP {exc.status}: the link "
+                "expired or the file is gone)",
+                status=exc.status,
+            ) from exc
 
     async def fetch_file(self, file_id: str, max_bytes: int) -> bytes:
         """getFile, then download (the link is fresh: it is asked for inside the turn)."""
@@ -160,7 +175,7 @@ class BotApiClient:
         if f.file_size is not None and f.file_size > max_bytes:
             raise ChannelError(f"the file is {f.file_size} bytes, over the {max_bytes} byte limit")
         if not f.file_path:
-            raise TransportError("getFile: no file_path in the answer (file unavailable)")
+            raise NotFound("getFile: the file is unavailable (no file_path in the answer)")
         return await self.download(f.file_path, max_bytes)
 
     def fetcher(self, file_id: str, size: int | None) -> Fetcher:

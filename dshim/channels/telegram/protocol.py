@@ -450,11 +450,19 @@ class ChatMigrated(ChannelError):
 
 
 def api_error(
-    method: str, status: int, envelope: m.Envelope | None, *, body_hint: str = ""
+    method: str,
+    status: int,
+    envelope: m.Envelope | None,
+    *,
+    body_hint: str = "",
+    file: bool = False,
 ) -> ChannelError:
     """Classify a failed Bot API call (HTTP status + ``description`` + ``parameters``).
 
-    The messages name the method, never the URL (the token is in its path).
+    ``file`` marks getFile: there a 400 ("file is too big", "wrong file_id", "invalid
+    file_id") or a 404 (the file is gone or too old) means the file is unavailable — the
+    token already worked for getMe — so it is NotFound, never AuthError.  The messages
+    name the method, never the URL (the token is in its path).
     """
     desc = (envelope.description if envelope is not None else None) or body_hint or f"HTTP {status}"
     code = envelope.error_code if envelope is not None and envelope.error_code else status
@@ -468,6 +476,8 @@ def api_error(
         return ChatMigrated(text, migrate_to_chat_id=params.migrate_to_chat_id, status=status)
     if code == 401 or status == 401:
         return AuthError(f"{text} (the bot token was rejected)", status=status, code=code)
+    if file and (code in (400, 404) or status in (400, 404)):
+        return NotFound(f"{method}: the file is unavailable ({desc})", status=status, code=code)
     if code == 404 or status == 404:
         # A method URL that does not exist: the token is malformed.
         return AuthError(f"{text} (the bot token is not valid)", status=status, code=code)
@@ -492,23 +502,24 @@ def api_error(
     return ChannelError(text, status=status, code=code)
 
 
-def decode_envelope(method: str, status: int, body: bytes) -> m.Envelope:
+def decode_envelope(method: str, status: int, body: bytes, *, file: bool = False) -> m.Envelope:
     """Decode the ``{ok, result | error_code, description, parameters}`` envelope.
 
-    Raises the classified error for ``ok: false`` (or a non-JSON error body).
+    Raises the classified error for ``ok: false`` (or a non-JSON error body); ``file``
+    as for :func:`api_error`.
     """
     try:
         env = m.ENVELOPE_DECODER.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         if status >= 500 or status == 429:
-            raise api_error(method, status, None) from None
+            raise api_error(method, status, None, file=file) from None
         if status >= 400:
-            raise api_error(method, status, None, body_hint=f"HTTP {status}") from None
+            raise api_error(method, status, None, body_hint=f"HTTP {status}", file=file) from None
         raise RemoteProtocolError(
             f"{method}: the response is not a Bot API envelope", status=status
         ) from None
     if not env.ok or status >= 400:
-        raise api_error(method, status, env)
+        raise api_error(method, status, env, file=file)
     return env
 
 
