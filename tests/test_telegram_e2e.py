@@ -761,6 +761,82 @@ async def test_malformed_and_unknown_updates_are_dropped_and_confirmed(
     assert fake.calls_to("getUpdates")[0].params["allowed_updates"] == ["message"]
 
 
+def hostile_updates(fake: FakeTelegram, chat: dict[str, Any]) -> list[int]:
+    """Queue a lone-surrogate update and one nested 2,000 levels deep; returns their ids."""
+    ids = []
+    for tail in (b'"text": "broken \\ud800"', b'"text": "deep", "x": ' + b"[" * 2000 + b"]" * 2000):
+        uid = (fake.last_update_id or 700_000_000) + 1
+        raw = (
+            (
+                f'{{"update_id": {uid}, "message": {{"message_id": {uid % 1000}, "date": '
+                f'{int(fake.clock())}, "chat": {json.dumps(chat)}, "from": {json.dumps(ADA)}, '
+            ).encode()
+            + tail
+            + b"}}"
+        )
+        fake.add_update(raw)
+        ids.append(uid)
+    return ids
+
+
+async def test_one_undecodable_update_never_blocks_the_others(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """A lone surrogate and 2,000 levels of nesting in one getUpdates answer (issue 9 #1, #2)."""
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            bob = fake.private_chat(BOB)
+            async with running_bot(fake, store, clock) as run:
+                await polling(fake)
+                fake.user_message(chat, ADA, "before")
+                bad = hostile_updates(fake, chat)
+                fake.user_message(bob, BOB, "after")
+                last = fake.last_update_id
+                assert last is not None
+                await fake.wait_until(
+                    lambda: (
+                        len(fake.bot_messages(42)) == 1
+                        and len(fake.bot_messages(43)) == 1
+                        and fake.confirmed(last)
+                    )
+                )
+                assert run.results == {}
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "before")
+    assert fake.bot_messages(43)[0].text == echo_of(BOB, "after")
+    assert all(fake.confirmed(uid) for uid in bad)
+    drops = [e for e in logs if e["event"] == "event_dropped"]
+    assert [e["reason"] for e in drops] == ["malformed", "malformed"]
+    events = [e["event"] for e in logs]
+    assert "bot_failed_restarting" not in events and "poll_failed" not in events
+
+
+async def test_a_hostile_update_last_in_its_batch_is_confirmed_too(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                _, deep = hostile_updates(fake, chat)
+                await fake.wait_until(lambda: fake.confirmed(deep))
+                await trio.sleep(60)  # no re-polls of it, no restarts
+                fake.user_message(chat, ADA, "still here?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    events = [e["event"] for e in logs]
+    assert events.count("bot_started") == 1 and "bot_crashed_bug" not in events
+    assert len(fake.calls_to("getMe")) == 1
+
+
 async def test_a_webhook_blocks_polling_until_it_is_deleted(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:

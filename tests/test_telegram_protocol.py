@@ -25,6 +25,7 @@ from dshim.channels.telegram.protocol import (
     api_error,
     decode_envelope,
     decode_update,
+    decode_updates,
     parse_offset,
     parse_update,
     poll_params,
@@ -190,6 +191,83 @@ def test_malformed_update_still_tells_its_id_so_it_is_confirmed() -> None:
     assert parsed.update_id == 77
     assert isinstance(parsed.item, Skip) and parsed.item.reason == "malformed"
     assert parse_update(b"not json", ME).update_id is None
+
+
+LONE_SURROGATE = (
+    b'{"update_id": 78, "message": {"message_id": 5, "chat": {"id": 42, "type": "private"},'
+    b' "from": {"id": 42, "first_name": "Ada"}, "date": 1796032800, "text": "broken \\ud800"}}'
+)
+
+
+def deeply_nested(uid: int, depth: int = 1500) -> bytes:
+    return (
+        f'{{"update_id": {uid}, "message": {{"message_id": 6, "chat": {{"id": 42, "type": '
+        f'"private"}}, "date": 1796032800, "text": "hi", "x": '.encode()
+        + b"[" * depth
+        + b"]" * depth
+        + b"}}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "uid"),
+    [
+        (LONE_SURROGATE, 78),
+        (deeply_nested(79), 79),
+        (deeply_nested(80, 1000), 80),
+        (  # inside a field that is decoded into Python objects
+            b'{"update_id": 83, "message": {"message_id": 1, "chat": {"id": 1, "type": '
+            b'"private"}, "date": 1, "reply_to_story": '
+            + b'{"a":' * 3000
+            + b"1"
+            + b"}" * 3000
+            + b"}}",
+            83,
+        ),
+        (b'{"update_id": 81, "message": {"message_id": 1, "text": "\xff\xfe"}}', 81),
+        (b'{"message": {"text": "\\ud800"}, "update_id": 82}', 82),
+    ],
+)
+def test_an_undecodable_update_is_malformed_and_still_tells_its_id(raw: bytes, uid: int) -> None:
+    """A lone surrogate, invalid UTF-8 or 1,000+ levels of nesting: a drop, never a crash."""
+    parsed = parse_update(raw, ME)
+    assert parsed.update_id == uid
+    assert isinstance(parsed.item, Skip) and parsed.item.reason == "malformed"
+    assert isinstance(decode_update(raw, ME), Skip)
+
+
+def test_the_updates_of_an_answer_are_split_even_when_one_does_not_decode() -> None:
+    good = [
+        json.dumps({"update_id": 90 + i, "message": message(90 + i, text="ok")}).encode()
+        for i in range(2)
+    ]
+    for bad in (LONE_SURROGATE, deeply_nested(79)):
+        body = b'{"ok":true,"result":[' + good[0] + b", " + bad + b"," + good[1] + b"]}"
+        assert decode_updates("getUpdates", 200, body) == [good[0], bad, good[1]]
+    body = b'{"ok":true,"result":[' + b",".join(good) + b"]}"
+    assert decode_updates("getUpdates", 200, body) == good  # the fast path, same answer
+    assert decode_updates("getUpdates", 200, b'{"ok":true,"result":[]}') == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"ok":true,"result":[{"update_id":1},',  # truncated
+        b'{"ok":true,"result":{"update_id":1}}',  # not a list
+        b'{"ok":true}',
+        b"<html>502</html>",
+    ],
+)
+def test_an_answer_that_cannot_be_split_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_updates("getUpdates", 200, body)
+
+
+def test_an_error_answer_is_still_classified_when_the_updates_cannot_be() -> None:
+    with pytest.raises(Conflict):
+        decode_updates(
+            "getUpdates", 409, b'{"ok":false,"error_code":409,"description":"Conflict: x"}'
+        )
 
 
 def test_migration_is_reported() -> None:

@@ -107,12 +107,13 @@ class BotApiClient:
         return info
 
     async def get_updates(self, params: dict[str, Any]) -> list[bytes]:
-        """One (long) poll; returns each update's raw JSON (for the durable inbox)."""
+        """One (long) poll; returns each update's raw JSON (for the durable inbox).
+
+        The updates are split, not decoded: each is decoded on its own by the mapping.
+        """
         wait = float(params.get("timeout", 0))
-        raws: list[msgspec.Raw] = await self._result(
-            "getUpdates", params, m.RAW_LIST_DECODER, http_timeout=poll_timeout(wait)
-        )
-        return [bytes(raw) for raw in raws]
+        resp = await self._post("getUpdates", params, poll_timeout(wait))
+        return protocol.decode_updates("getUpdates", resp.status_code, resp.content)
 
     async def send_message(self, params: dict[str, Any]) -> m.SentMessage:
         sent: m.SentMessage = await self._result("sendMessage", params, m.SENT_DECODER)

@@ -140,12 +140,6 @@ class Update(_View):
     message: Message | None = None
 
 
-class UpdateId(_View):
-    """Just the id: read when the rest of an update does not decode."""
-
-    update_id: int
-
-
 class ResponseParameters(_View):
     retry_after: float | None = None
     migrate_to_chat_id: int | None = None
@@ -182,7 +176,6 @@ class WebhookInfo(_View):
 
 
 UPDATE_DECODER = msgspec.json.Decoder(Update)
-UPDATE_ID_DECODER = msgspec.json.Decoder(UpdateId)
 ENVELOPE_DECODER = msgspec.json.Decoder(Envelope)
 RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 ME_DECODER = msgspec.json.Decoder(Me)

@@ -41,6 +41,7 @@ from typing import Any, NamedTuple
 import msgspec
 from msgspec import UNSET
 
+from dshim.channels.kit import decode as kit_decode
 from dshim.channels.telegram import models as m
 from dshim.errors import (
     AuthError,
@@ -399,16 +400,33 @@ class ParsedUpdate(msgspec.Struct, frozen=True):
     migration: tuple[int, int] | None = None
 
 
+def _decode(raw: bytes) -> m.Update:
+    """One Update, nesting bounded.  Raises msgspec.DecodeError / ValidationError."""
+    try:
+        # The fast path, taken by nearly every update: msgspec's own decode.  Nesting
+        # far beyond any real update makes it raise RecursionError, caught right here.
+        return m.UPDATE_DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        pass
+    # Bad input: decode again with the depth bounded (kit.decode, far below the
+    # interpreter's limit), for a plain DecodeError / ValidationError with its reason.
+    return kit_decode.decode(m.UPDATE_DECODER, raw)
+
+
 def parse_update(
     raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
 ) -> ParsedUpdate:
-    """Decode and map one Update as getUpdates returns it.  Never raises for bad input."""
+    """Decode and map one Update as getUpdates returns it.  Never raises for bad input.
+
+    Each update is decoded on its own (see :func:`decode_updates`): a lone surrogate
+    escape, invalid UTF-8 or nesting 1,000 levels deep makes *this* update a
+    ``malformed`` Skip, with its id read without decoding it, so it is confirmed.
+    """
     try:
-        update = m.UPDATE_DECODER.decode(raw)
+        update = _decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        # A malformed update is dropped, but its id is still confirmed when readable.
         skip = Skip(reason="malformed", detail=f"update does not decode: {exc}")
-        return ParsedUpdate(_update_id_of(raw), skip)
+        return ParsedUpdate(update_id_of(raw), skip)
     msg = update.message
     if msg is None:  # edited messages, member updates ...: not asked for, not answered
         return ParsedUpdate(update.update_id, Skip(reason="ignored", detail="not a message update"))
@@ -427,11 +445,44 @@ def decode_update(
     return parse_update(raw, me, fetcher=fetcher).item
 
 
-def _update_id_of(raw: bytes) -> int | None:
-    try:
-        return m.UPDATE_ID_DECODER.decode(raw).update_id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+def update_id_of(raw: bytes) -> int | None:
+    """The ``update_id`` of an update that does not decode, read without decoding it."""
+    value = kit_decode.member(raw, "update_id")
+    if value is None or not value.isdigit() or len(value) > 20:
         return None
+    return int(value)
+
+
+def decode_updates(method: str, status: int, body: bytes) -> list[bytes]:
+    """getUpdates' answer: the raw bytes of each update, in order, none decoded yet.
+
+    The fast path decodes the envelope (``result`` as raw elements); when that fails —
+    one update with a lone surrogate or absurd nesting makes the whole answer
+    undecodable — the answer is split without decoding (``kit.decode.member`` and
+    ``split_array``), so every other update still runs and the bad one is dropped alone
+    (:func:`parse_update`).  Error answers are classified as for every method.
+    """
+    try:
+        env = m.ENVELOPE_DECODER.decode(body)
+        raws = m.RAW_LIST_DECODER.decode(env.result) if env.ok and status < 400 else None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _split_updates(method, status, body)
+    if raws is None:
+        raise api_error(method, status, env)
+    return [bytes(raw) for raw in raws]
+
+
+def _split_updates(method: str, status: int, body: bytes) -> list[bytes]:
+    if status >= 400 or kit_decode.member(body, "ok") != b"true":
+        decode_envelope(method, status, body)  # raises the classified error
+        raise RemoteProtocolError(f"{method}: the response is not a Bot API envelope")
+    result = kit_decode.member(body, "result")
+    if result is None:
+        raise RemoteProtocolError(f"{method}: the response has no result")
+    try:
+        return kit_decode.split_array(result)
+    except ValueError as exc:
+        raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
 
 
 # --- errors ----------------------------------------------------------------------------------
