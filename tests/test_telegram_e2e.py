@@ -36,7 +36,7 @@ from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
-from tests.helpers import Clock
+from tests.helpers import Clock, Events
 
 DEADLINE = 900  # virtual seconds
 ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
@@ -96,6 +96,7 @@ async def running_bot(
     *,
     harness: EchoHarness | None = None,
     token: str = TEST_TOKEN,
+    observer: Events | None = None,
     **options: Any,
 ) -> AsyncIterator[BotRun]:
     """Run one Telegram bot through serve_bots; leaving the block shuts it down gracefully."""
@@ -126,6 +127,7 @@ async def running_bot(
                     channels={"tg": CHANNEL},
                     clock=clock,
                     harness=harness or EchoHarness(),
+                    observer=observer,
                     task_status=task_status,
                 )
             )
@@ -393,6 +395,61 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
     assert answer.reply_to_message_id == asked["message_id"]
     assert len(harness.prompts) == 1
     assert "<dsh_im_reply_to>" not in harness.texts[0]
+
+
+# --- forwards and anonymous senders (issue 9 #6, #10) ---------------------------------------
+
+
+async def test_a_forwarded_message_reaches_the_pipeline_marked_as_forwarded(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    events = Events()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, observer=events):
+                await polling(fake)
+                origin = {"type": "user", "date": int(clock()) - 3600, "sender_user": BOB}
+                fake.user_message(chat, ADA, "yes, go ahead", forward_origin=origin)
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                fake.user_message(chat, ADA, "my own words")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+    forwarded, own = events.prompt_msgs
+    assert forwarded.forwarded is True and own.forwarded is False
+    assert forwarded.content == "yes, go ahead"  # the text still goes to the agent ...
+    assert forwarded.sender_id == "42"  # ... from the person who forwarded it
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "yes, go ahead")
+
+
+async def test_an_anonymous_admin_is_answered_as_the_group(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            group = fake.group_chat(GROUP_ID, "Research")
+            anonymous = FakeTelegram.user(
+                1087968824, "Group", username="GroupAnonymousBot", is_bot=True
+            )
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(group, anonymous, "@dshim_test_bot status?", sender_chat=group)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+    block = {
+        "channel": "telegram",
+        "conversationType": "group",
+        "senderId": str(GROUP_ID),
+        "senderName": "Research",
+    }
+    source_block = "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+    assert fake.bot_messages(GROUP_ID)[0].text == source_block + "\n\nstatus?"
 
 
 # --- media ----------------------------------------------------------------------------------

@@ -600,6 +600,103 @@ def test_sender_chat_is_the_author_of_an_anonymous_message() -> None:
     assert ref is not None and (ref.author_id, ref.author_name) == (str(GROUP["id"]), "Research")
 
 
+# --- forwards and messages sent on behalf of a chat (issue 9 #6, #10) ---------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"forward_origin": {"type": "user", "date": T, "sender_user": BOB}},
+        {"forward_origin": {"type": "hidden_user", "date": T, "sender_user_name": "Someone"}},
+        {"forward_origin": {"type": "chat", "date": T, "sender_chat": GROUP}},
+        {
+            "forward_origin": {
+                "type": "channel",
+                "date": T,
+                "chat": {"id": -1001, "type": "channel", "title": "News"},
+                "message_id": 77,
+            }
+        },
+        # Bot API before 7.0 (and servers that still send both):
+        {"forward_from": BOB, "forward_date": T},
+        {"forward_from_chat": {"id": -1001, "type": "channel", "title": "News"}, "forward_date": T},
+        {"forward_sender_name": "Someone", "forward_date": T},
+        {"forward_date": T},
+    ],
+)
+def test_a_forwarded_message_is_marked_and_its_sender_is_who_forwarded_it(
+    fields: dict[str, Any],
+) -> None:
+    item = inbound(message(text="/new yes", **fields))
+    assert item.forwarded is True
+    assert item.content == "/new yes"  # still the message's content for the agent
+    assert (item.sender_id, item.sender_name, item.sender_is_bot) == ("42", "Ada Lovelace", False)
+
+
+def test_a_forwarded_photo_is_marked_too() -> None:
+    photo = [{"file_id": "p1", "width": 10, "height": 10}]
+    item = inbound(
+        message(
+            caption="look",
+            photo=photo,
+            forward_origin={"type": "user", "date": T, "sender_user": BOB},
+        )
+    )
+    assert item.forwarded and item.content == "look" and len(item.images) == 1
+
+
+def test_an_own_message_is_not_forwarded() -> None:
+    assert inbound(message(text="/new")).forwarded is False
+
+
+GROUP_ANONYMOUS_BOT = {
+    "id": 1087968824,
+    "is_bot": True,
+    "first_name": "Group",
+    "username": "GroupAnonymousBot",
+}
+CHANNEL_BOT = {"id": 136817688, "is_bot": True, "first_name": "Channel", "username": "Channel_Bot"}
+
+
+@pytest.mark.parametrize(
+    ("sender", "sender_chat", "expected"),
+    [
+        (GROUP_ANONYMOUS_BOT, GROUP, (str(GROUP["id"]), "Research")),
+        (
+            CHANNEL_BOT,
+            {"id": -1005555, "type": "channel", "title": "Lab news", "username": "labnews"},
+            ("-1005555", "Lab news"),
+        ),
+        (
+            CHANNEL_BOT,
+            {"id": -1005556, "type": "channel", "username": "labnews"},
+            ("-1005556", "labnews"),
+        ),
+    ],
+)
+def test_a_message_sent_on_behalf_of_a_chat_is_a_persons_message_from_that_chat(
+    sender: dict[str, Any], sender_chat: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    text = "@DshimBot status?"
+    item = inbound(
+        message(
+            chat=GROUP,
+            sender=sender,
+            text=text,
+            entities=[ent(text, "@DshimBot")],
+            sender_chat=sender_chat,
+        )
+    )
+    assert item.sender_is_bot is False  # not a bot: an anonymous admin or a channel
+    assert (item.sender_id, item.sender_name) == expected
+    assert item.addressed and item.content == "status?"
+
+
+def test_a_real_bot_is_still_a_bot() -> None:
+    other = {"id": 555, "is_bot": True, "first_name": "Other", "username": "other_bot"}
+    assert inbound(message(chat=GROUP, sender=other, text="hi")).sender_is_bot is True
+
+
 @pytest.mark.parametrize(
     ("origin", "author"),
     [

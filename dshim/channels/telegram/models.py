@@ -133,6 +133,12 @@ class Message(_Media, kw_only=True):
     reply_to_story: dict[str, Any] | None = None
     migrate_to_chat_id: int | None = None
     migrate_from_chat_id: int | None = None
+    #: Forwarded from elsewhere (Bot API 7.0+); the older fields below still arrive too.
+    forward_origin: MessageOrigin | None = None
+    forward_date: int | None = None
+    forward_from: User | None = None
+    forward_from_chat: Chat | None = None
+    forward_sender_name: str | None = None
 
 
 class Update(_View):

@@ -27,7 +27,11 @@ units; in a forum topic every message "replies" to the topic's root service mess
 which is neither a reply nor a quote.  There is no Bot API method that returns a message
 by id, so a quoted message is whatever arrives inline (``reply_to_message``, one level,
 same chat; ``external_reply`` for other chats, text only via ``quote``), and the bot's own
-answers without inline text are recovered by the core (outbound index, then history).
+answers without inline text are recovered by the core (outbound index, then history).  A
+forwarded message (``forward_origin``, or the older ``forward_*`` fields) is marked
+``forwarded``: its text is content, never the sender's command or answer.  A message sent
+on behalf of a chat (an anonymous admin, "sent as" a channel) carries a placeholder bot in
+``from`` and the chat in ``sender_chat``: a person wrote it, the chat is its sender.
 
 Nothing here imports trio or httpx or reads a clock: time is an argument.
 """
@@ -325,6 +329,18 @@ def _reply_reference(msg: m.Message, me: BotIdentity) -> ReplyReference | None:
     return None
 
 
+def _is_forward(msg: m.Message) -> bool:
+    # forward_origin since Bot API 7.0; forward_date and friends before it (some
+    # servers still send both).  Forwarded text is content, never the sender's command.
+    return (
+        msg.forward_origin is not None
+        or msg.forward_date is not None
+        or msg.forward_from is not None
+        or msg.forward_from_chat is not None
+        or msg.forward_sender_name is not None
+    )
+
+
 # --- the mapping ----------------------------------------------------------------------------
 
 
@@ -346,6 +362,15 @@ def map_message(
     sender = msg.from_
     if sender is None:
         return Skip(reason="ignored", detail="message without a sender", message_id=mid)
+    if msg.sender_chat is not None:
+        # Sent on behalf of a chat (an anonymous group admin, a channel): ``from`` is a
+        # placeholder bot (GroupAnonymousBot, Channel_Bot), but a person wrote it.  The
+        # chat is the sender.
+        sender_id = str(msg.sender_chat.id)
+        sender_name = msg.sender_chat.title or msg.sender_chat.username
+        sender_is_bot = False
+    else:
+        sender_id, sender_name, sender_is_bot = str(sender.id), user_name(sender), sender.is_bot
     text, entities = (
         (msg.text, msg.entities)
         if msg.text is not None
@@ -378,9 +403,9 @@ def map_message(
         conversation_id=str(chat.id),
         conversation_type=conversation_type,
         thread_id=thread_id,
-        sender_id=str(sender.id),
-        sender_name=user_name(sender),
-        sender_is_bot=sender.is_bot,
+        sender_id=sender_id,
+        sender_name=sender_name,
+        sender_is_bot=sender_is_bot,
         addressed=conversation_type == "direct" or by_entity or by_reply,
         content=content,
         images=images,
@@ -388,6 +413,7 @@ def map_message(
         reply_to=reply_to,
         received_at=float(msg.date),
         conversation_title=chat.title,
+        forwarded=_is_forward(msg),
     )
 
 

@@ -380,16 +380,25 @@ class FakeTelegram(FakePlatform[Call]):
         external_reply: dict[str, Any] | None = None,
         thread_id: int | None = None,
         date: int | None = None,
+        forward_origin: dict[str, Any] | None = None,
+        sender_chat: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Inject a message from a user; returns the Message object (also queued as an Update).
 
         ``entities`` default to the mentions and commands found in the text or caption.
         ``reply_to`` is a message id in the same chat; ``thread_id`` a forum topic (a
         message without ``reply_to`` then "replies" to the topic's root, as in Telegram).
-        ``document`` is (file name, MIME type, bytes).
+        ``document`` is (file name, MIME type, bytes).  ``forward_origin`` (a MessageOrigin)
+        makes it a forwarded message; ``sender_chat`` a message sent on behalf of a chat
+        (then ``sender`` is the placeholder, e.g. GroupAnonymousBot).
         """
         state = self._chat(chat)
         fields: dict[str, Any] = {"from": sender}
+        if sender_chat is not None:
+            fields["sender_chat"] = sender_chat
+        if forward_origin is not None:
+            fields["forward_origin"] = forward_origin
+            fields["forward_date"] = forward_origin.get("date", int(self.clock()))
         if text is not None:
             fields["text"] = text
             ents = entities if entities is not None else self._entities(text)
