@@ -397,6 +397,35 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
     assert "<dsh_im_reply_to>" not in harness.texts[0]
 
 
+async def test_an_answer_into_a_deleted_topic_goes_to_the_chat_once(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """The topic was deleted while the agent answered (issue 9 #13)."""
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                asked = fake.user_message(
+                    forum, ADA, "@dshim_test_bot echo:slow 3 plan the run", thread_id=topic
+                )
+                await fake.wait_until(lambda: bool(fake.calls_to("sendChatAction")))
+                fake.delete_topic(GROUP_ID, topic)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                await trio.sleep(30)
+    [answer] = fake.bot_messages(GROUP_ID)
+    assert answer.text == echo_of(ADA, "echo:slow 3 plan the run", kind="group")
+    assert answer.thread_id is None  # in the chat, not the topic that is gone
+    assert answer.reply_to_message_id == asked["message_id"]  # still under the question
+    statuses = [c.status for c in fake.calls_to("sendMessage")]
+    assert statuses == [400, 200]  # one refused send into the topic, one resend: once
+
+
 # --- forwards and anonymous senders (issue 9 #6, #10) ---------------------------------------
 
 

@@ -21,6 +21,7 @@ from dshim.channels.telegram.protocol import (
     BotIdentity,
     ChatMigrated,
     NotModified,
+    ThreadNotFound,
     UpdateFeed,
     api_error,
     decode_envelope,
@@ -933,7 +934,7 @@ def env(status: int, description: str, **parameters: Any) -> models.Envelope:
         (400, "Bad Request: message to be replied not found", {}, NotFound),
         (400, "Bad Request: reply message not found", {}, NotFound),
         (400, "Bad Request: chat not found", {}, NotFound),
-        (400, "Bad Request: message thread not found", {}, NotFound),
+        (400, "Bad Request: message thread not found", {}, ThreadNotFound),
         (400, "Bad Request: message can't be edited", {}, PermissionDenied),
         (
             400,

@@ -518,6 +518,10 @@ class NotModified(ChannelError):
     """An edit that changes nothing: callers treat it as success."""
 
 
+class ThreadNotFound(NotFound):
+    """The forum topic a message was sent into is gone (deleted or never existed)."""
+
+
 class ChatMigrated(ChannelError):
     """The group became a supergroup: resend to ``migrate_to_chat_id``."""
 
@@ -573,8 +577,10 @@ def api_error(
         return NotModified(text, status=status, code=code)
     if "can't be edited" in lowered or "not enough rights" in lowered:
         return PermissionDenied(text, status=status, code=code)
+    if "message thread not found" in lowered:
+        return ThreadNotFound(text, status=status, code=code)
     if "not found" in lowered:
-        # message to edit / to be replied / chat / thread not found
+        # message to edit / to be replied / chat not found
         return NotFound(text, status=status, code=code)
     return ChannelError(text, status=status, code=code)
 

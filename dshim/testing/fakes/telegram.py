@@ -320,6 +320,12 @@ class FakeTelegram(FakePlatform[Call]):
         chat.topics.add(mid)
         return mid
 
+    def delete_topic(self, chat_id: int, thread_id: int) -> None:
+        """Delete a forum topic: sends into it answer "message thread not found"."""
+        chat = self.chats[chat_id]
+        chat.topics.discard(thread_id)
+        chat.messages.pop(thread_id, None)
+
     def add_file(self, data: bytes, *, name: str = "file") -> tuple[str, int]:
         """Store a downloadable file; returns (file_id, size)."""
         file_id = f"FILE{self._next_file:06d}"
