@@ -15,8 +15,9 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.telegram.client import POLL_READ_MARGIN_S, BotApiClient
+from dshim.channels.telegram.client import POLL_READ_MARGIN_S, BotApiClient, open_http
 from dshim.channels.telegram.protocol import ChatMigrated
+from dshim.channels.telegram.render import TelegramOutbound, TelegramTransport
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -27,6 +28,8 @@ from dshim.errors import (
     RemoteProtocolError,
     TransportError,
 )
+from dshim.model import ReplyTarget
+from dshim.testing.fakes.telegram import BOT_USERNAME, TEST_TOKEN, open_fake_telegram
 
 TOKEN = "123456:TEST-token-for-dshim-tests-only"
 SECRET_PART = TOKEN.split(":", 1)[1]
@@ -319,3 +322,23 @@ async def test_an_unavailable_file_is_not_reported_as_a_bad_token(handler: Handl
     assert isinstance(info.value, NotFound)
     assert "token" not in str(info.value)
     assert TOKEN not in str(info.value) and SECRET_PART not in str(info.value)
+
+
+async def test_the_transport_sends_once_when_the_answer_is_lost() -> None:
+    """The processed-but-unanswered send surfaces as an unknown outcome, never retried here."""
+    async with open_fake_telegram() as fake, open_http(fake.url) as http:
+        fake.private_chat(fake.user(42))
+        outbound = TelegramOutbound(
+            BotApiClient(http, TEST_TOKEN), clock=lambda: 0.0, username=BOT_USERNAME
+        )
+        transport = TelegramTransport(outbound, ReplyTarget(conversation_id="42"))
+        fake.lose_response_next("sendMessage")
+        with pytest.raises(TransportError) as info:
+            await transport.send("hello", reply=True)
+        assert info.value.request_sent is True
+        assert len(fake.calls_to("sendMessage")) == 1
+        assert [m.text for m in fake.bot_messages(42)] == ["hello"]  # it did arrive
+        fake.drop_next("sendMessage")  # refused before it was performed: not sent
+        with pytest.raises(TransportError):
+            await transport.send("again", reply=True)
+        assert len(fake.calls_to("sendMessage")) == 2
