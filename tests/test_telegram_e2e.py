@@ -546,6 +546,139 @@ async def test_an_unavailable_file_is_a_note_for_the_agent_not_a_bad_token(
     assert harness.texts[2].endswith("and a text")
 
 
+# --- albums (issue 9 #11) -------------------------------------------------------------------
+
+PHOTOS = [b"\xff\xd8\xff" + bytes([i]) * 40 for i in range(3)]
+
+
+def images_of(prompt: list[PromptPart]) -> list[bytes]:
+    return [p.data for p in prompt if isinstance(p, ImagePart)]
+
+
+async def test_an_album_is_one_message_with_all_its_photos_and_its_caption(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                parts = fake.album(chat, ADA, PHOTOS[:2])
+                await trio.sleep(0.4)  # the last photo (with the caption) comes a bit later
+                parts.append(
+                    fake.user_message(
+                        chat,
+                        ADA,
+                        caption="which is sharpest?",
+                        photo=PHOTOS[2],
+                        media_group_id=parts[0]["media_group_id"],
+                    )
+                )
+                last_at = trio.current_time()
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                await trio.sleep(30)
+    assert len(harness.prompts) == 1  # one turn, not one per photo
+    assert images_of(harness.prompts[0]) == PHOTOS
+    assert harness.texts[0].endswith("which is sharpest?")
+    [answer] = fake.bot_messages(42)
+    assert answer.reply_to_message_id == parts[0]["message_id"]  # under the album
+    assert answer.sent_at - last_at >= 1.0 - 1e-6  # collected ~1 s after its last part
+    assert fake.pending_updates == 0  # every part confirmed
+
+
+async def test_a_group_album_is_addressed_by_the_mention_in_any_caption(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            group = fake.group_chat(GROUP_ID, "Research")
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.album(group, BOB, PHOTOS[:2])  # nobody asked the bot: no turn
+                fake.album(
+                    group, ADA, PHOTOS, caption="@dshim_test_bot compare these", caption_on=2
+                )
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                await trio.sleep(30)
+    assert len(harness.prompts) == 1
+    assert images_of(harness.prompts[0]) == PHOTOS
+    assert harness.texts[0].endswith("compare these")
+    assert len(fake.calls_to("getFile")) == 3  # only the addressed album's photos
+
+
+async def test_an_album_being_collected_is_not_confirmed_and_survives_a_crash(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock) as run:
+                    await polling(fake)
+                    fake.user_message(chat, ADA, "hello")
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    before = fake.last_update_id
+                    assert before is not None
+                    fake.album(chat, ADA, PHOTOS, caption="look")
+                    await fake.wait_until(
+                        lambda: any(c.params.get("offset") == before + 1 for c in fake.calls)
+                    )
+                    await trio.sleep(0.5)  # the bot holds the parts, collecting
+                    assert not fake.confirmed(before + 1)
+                    assert await store.get_cursor("tg", "telegram.offset") == str(before + 1)
+                    run.scope.cancel()  # the process dies while collecting
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock, harness=harness):
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                    await trio.sleep(30)
+    assert len(harness.prompts) == 1 and images_of(harness.prompts[0]) == PHOTOS
+    assert fake.pending_updates == 0
+
+
+async def test_an_accepted_album_runs_from_the_inbox_after_a_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock) as run:
+                    await polling(fake)
+                    fake.user_message(chat, ADA, "echo:slow 30 a long answer first")
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    parts = fake.album(chat, ADA, PHOTOS, caption="then these")
+                    last = fake.last_update_id
+                    assert last is not None
+                    # Accepted (in the durable inbox, queued behind the long answer).
+                    await fake.wait_until(lambda: fake.confirmed(last))
+                    run.scope.cancel()
+            for message in parts:  # Telegram re-sends them (the crash beat the offset)
+                fake.add_update({"message": message})
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock, harness=harness):
+                    await fake.wait_until(
+                        lambda: any(t.endswith("then these") for t in final_texts(fake, 42))
+                    )
+                    await trio.sleep(30)
+    album_prompts = [p for p in harness.prompts if images_of(p)]
+    assert len(album_prompts) == 1  # decoded from the inbox once; the copies were dropped
+    assert images_of(album_prompts[0]) == PHOTOS
+
+
 # --- errors and backoff -------------------------------------------------------------------
 
 

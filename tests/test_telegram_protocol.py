@@ -1064,7 +1064,8 @@ def test_each_update_is_confirmed_by_its_id_plus_one_and_old_ones_are_dropped() 
     ready = feed.take(raws, 500)
     assert [(r.parsed.update_id, r.offset) for r in ready] == [(500, 501), (507, 508)]
     assert [r.raw for r in ready] == raws[1:]
-    assert [r.parsed.update_id for r in feed.take(raws, None)] == [499, 500, 507]
+    assert [r.parsed.update_id for r in UpdateFeed(ME).take(raws, None)] == [499, 500, 507]
+    assert feed.take(raws, 500) == []  # already handed over in this run
 
 
 def test_an_update_without_a_readable_id_confirms_nothing() -> None:
@@ -1087,3 +1088,140 @@ def test_configured_username_with_an_at_sign_still_matches() -> None:
     ).encode()
     item = decode_update(raw, me)
     assert isinstance(item, InboundMessage) and item.addressed and item.content == "hi"
+
+
+# --- albums (issue 9 #11) ------------------------------------------------------------------
+
+
+def album_part(
+    uid: int,
+    *,
+    group: str = "g1",
+    chat: dict[str, Any] = DM,
+    caption: str | None = None,
+    sender: dict[str, Any] = ADA,
+    **fields: Any,
+) -> bytes:
+    msg = message(
+        uid,
+        chat,
+        sender,
+        photo=[{"file_id": f"p{uid}", "width": 10, "height": 10}],
+        media_group_id=group,
+        **fields,
+    )
+    if caption is not None:
+        msg["caption"] = caption
+        if "@" in caption:
+            msg["caption_entities"] = [ent(caption, "@DshimBot")]
+    return json.dumps({"update_id": uid, "message": msg}).encode()
+
+
+def fetcher(file_id: str, size: int | None) -> Any:
+    async def fetch(limit: int) -> bytes:
+        return file_id.encode()
+
+    return fetch
+
+
+def test_an_album_is_handed_over_as_one_message_once_it_is_complete() -> None:
+    feed = UpdateFeed(ME, fetcher=fetcher)
+    caption = "@DshimBot which one?"
+    raws = [
+        album_part(100, chat=GROUP),
+        update_raw(101, "meanwhile"),
+        album_part(102, chat=GROUP, caption=caption),
+        album_part(103, chat=GROUP),
+    ]
+    ready = feed.take(raws, 100, now=10.0)
+    # The other update goes on at once, but its offset stops below the album.
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(101, 100)]
+    assert feed.holding and feed.due_at() == 11.0
+    assert feed.take([], 100, now=10.9) == []
+    [album] = feed.take([], 100, now=11.0)
+    assert album.offset == 104 and not feed.holding and feed.due_at() is None
+    item = album.parsed.item
+    assert isinstance(item, InboundMessage)
+    assert item.message_id == "100"  # the album is its first part
+    assert item.content == "which one?" and item.addressed  # the caption's mention counts
+    assert [ref.kind for ref in item.images] == ["image"] * 3
+    # The durable inbox keeps the parts as one JSON array and reads the same message back.
+    assert json.loads(album.raw) == [json.loads(r) for r in (raws[0], raws[2], raws[3])]
+    again = decode_update(album.raw, ME, fetcher=fetcher)
+    assert isinstance(again, InboundMessage)
+    assert (again.message_id, again.content, again.addressed, len(again.images)) == (
+        "100",
+        "which one?",
+        True,
+        3,
+    )
+
+
+async def test_an_albums_images_keep_their_order_and_their_downloads() -> None:
+    feed = UpdateFeed(ME, fetcher=fetcher)
+    feed.take([album_part(7), album_part(8, caption="hi"), album_part(9)], None, now=0.0)
+    [album] = feed.take([], None, now=1.0)
+    item = album.parsed.item
+    assert isinstance(item, InboundMessage)
+    got = [await ref.fetch(100) for ref in item.images if ref.fetch is not None]
+    assert got == [b"p7", b"p8", b"p9"]
+
+
+def test_an_unaddressed_group_album_stays_unaddressed() -> None:
+    feed = UpdateFeed(ME)
+    feed.take([album_part(1, chat=GROUP), album_part(2, chat=GROUP, caption="nice")], None, now=0)
+    [album] = feed.take([], None, now=5)
+    assert isinstance(album.parsed.item, InboundMessage)
+    assert album.parsed.item.addressed is False
+
+
+def test_a_late_part_extends_the_window_within_a_bound() -> None:
+    feed = UpdateFeed(ME)
+    feed.take([album_part(1)], None, now=0.0)
+    assert feed.take([album_part(2)], None, now=0.9) == []  # quiet again until 1.9
+    assert feed.take([], None, now=1.5) == [] and feed.due_at() == 1.9
+    for i, t in enumerate((1.8, 2.7, 3.6, 4.5), start=3):
+        assert feed.take([album_part(i)], None, now=t) == []
+    [album] = feed.take([], None, now=5.0)  # never longer than 5 s after the first part
+    assert isinstance(album.parsed.item, InboundMessage) and len(album.parsed.item.images) == 6
+
+
+def test_an_album_at_telegrams_limit_of_ten_parts_is_handed_over_at_once() -> None:
+    feed = UpdateFeed(ME)
+    ready = feed.take([album_part(i) for i in range(1, 12)], None, now=0.0)
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(1, 11)]  # part 11: a new album
+    assert feed.holding
+
+
+def test_albums_are_per_chat_and_bounded_in_number() -> None:
+    feed = UpdateFeed(ME, max_open=2)
+    other = {"id": 43, "type": "private", "first_name": "Bob"}
+    raws = [album_part(1), album_part(2, chat=other), album_part(3, group="g2")]
+    [oldest] = feed.take(raws, None, now=0.0)  # a third album: the oldest is handed over
+    assert oldest.parsed.update_id == 1 and oldest.offset == 2  # stops below the others
+    rest = feed.take([], None, now=1.0)
+    assert [(r.parsed.update_id, r.offset) for r in rest] == [(2, 3), (3, 4)]
+
+
+def test_updates_seen_while_an_album_is_held_are_not_handed_over_twice() -> None:
+    feed = UpdateFeed(ME)
+    first = [album_part(50), update_raw(51)]
+    assert [r.parsed.update_id for r in feed.take(first, 50, now=0.0)] == [51]
+    # The bot re-polls from 50 (below the album): Telegram answers with both again.
+    assert feed.take(first + [update_raw(52)], 50, now=0.5)[0].parsed.update_id == 52
+    [album] = feed.take(first, 50, now=1.0)
+    assert album.parsed.update_id == 50 and album.offset == 53
+
+
+def test_a_one_part_album_keeps_its_own_raw() -> None:
+    feed = UpdateFeed(ME)
+    raw = album_part(5, caption="just one")
+    feed.take([raw], None, now=0.0)
+    [album] = feed.take([], None, now=1.0)
+    assert album.raw == raw and album.offset == 6
+
+
+@pytest.mark.parametrize("raw", [b"[", b"[1, 2]", b'[{"update_id": 1}]', b"  [ ]"])
+def test_an_unreadable_stored_album_is_malformed(raw: bytes) -> None:
+    item = decode_update(raw, ME)
+    assert isinstance(item, Skip) and item.reason == "malformed"

@@ -8,7 +8,8 @@ stored offset (cursor ``telegram.offset``) and maps each update with
 :mod:`~dshim.channels.telegram.protocol`; the loop hands them to the pipeline in order
 and moves and persists the offset only past what was accepted, so a crash never loses an
 accepted update and never runs a handled one twice (the pipeline's dedup drops the
-redelivery).  Updates older than ``backlog_max_age_s`` are confirmed and dropped as
+redelivery).  An album (several photos, one update each) is collected for about a second
+and answered as one message.  Updates older than ``backlog_max_age_s`` are confirmed and dropped as
 ``stale`` by the pipeline.  Network errors, 5xx and 409 back off 1..30 s with jitter; the
 loop never spins.
 """
@@ -123,18 +124,27 @@ class UpdateSource:
 
     async def poll(self, cursor: str | None) -> PollBatch:
         offset = self.offset_of(cursor)
-        raws = await self.client.get_updates(protocol.poll_params(offset))
-        return self.batch(raws, offset)
+        due = self.feed.due_at()
+        if due is None:
+            params = protocol.poll_params(offset)
+        else:
+            # An album is being collected: the offset must stay below its parts, so a
+            # long poll would come back at once with what was already seen.  Wait until
+            # the album would be complete, then ask once more without waiting.
+            await trio.sleep_until(due)
+            params = protocol.poll_params(offset, timeout_s=0)
+        raws = await self.client.get_updates(params)
+        return self.batch(raws, offset, now=trio.current_time())
 
-    def batch(self, raws: list[bytes], offset: int | None) -> PollBatch:
-        """Map one getUpdates answer into the loop's events."""
+    def batch(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> PollBatch:
+        """Map one getUpdates answer into the loop's events (``now``: trio time)."""
         events: list[PollEvent] = []
-        for parsed, raw, confirms in self.feed.take(raws, offset):
+        for parsed, raw, confirms in self.feed.take(raws, offset, now=now):
             if parsed.migration is not None:
                 self.outbound.migrated(*parsed.migration)
             cursor = str(confirms) if confirms is not None else None
             events.append(PollEvent(parsed.item, raw, cursor))
-        return PollBatch(events, received=len(raws))
+        return PollBatch(events, received=len(raws), holding=self.feed.holding)
 
 
 async def _warn_webhook(client: BotApiClient) -> None:

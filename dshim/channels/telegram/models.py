@@ -133,6 +133,8 @@ class Message(_Media, kw_only=True):
     reply_to_story: dict[str, Any] | None = None
     migrate_to_chat_id: int | None = None
     migrate_from_chat_id: int | None = None
+    #: Set on every part of an album (several photos sent together).
+    media_group_id: str | None = None
     #: Forwarded from elsewhere (Bot API 7.0+); the older fields below still arrive too.
     forward_origin: MessageOrigin | None = None
     forward_date: int | None = None

@@ -15,7 +15,10 @@ The cursor is the offset, stored as a decimal string.  :class:`UpdateFeed` maps 
 offset that confirms it, ``update_id + 1``; the loop moves the cursor there only after
 the pipeline accepted the update (dedup key and inbox written) and persists it after the
 batch.  A crash before that re-polls the same updates and the pipeline's dedup drops the
-copies: nothing accepted is lost and nothing handled runs twice.  Failures (the loop's
+copies: nothing accepted is lost and nothing handled runs twice.  The parts of an album
+(one update per photo, one ``media_group_id``) are held until the album is complete and
+handed over as one message; meanwhile no offset passes them (see :class:`UpdateFeed`),
+and the bot re-polls at the album's deadline without waiting.  Failures (the loop's
 backoff, 1 s doubling to 30 s with jitter): network errors, timeouts and 5xx; 429 waits
 ``retry_after``; 409 (another poller owns the token, or a webhook is set) is logged as an
 error each time; 401 / 404 (bad token) are fatal: AuthError, the bot stops.
@@ -424,6 +427,8 @@ class ParsedUpdate(msgspec.Struct, frozen=True):
     item: InboundMessage | Skip
     #: (old chat id, new chat id) when a group became a supergroup.
     migration: tuple[int, int] | None = None
+    #: (chat id, media_group_id) when the message is one part of an album.
+    album: tuple[int, str] | None = None
 
 
 def _decode(raw: bytes) -> m.Update:
@@ -461,13 +466,31 @@ def parse_update(
         migration = (msg.chat.id, msg.migrate_to_chat_id)
     elif msg.migrate_from_chat_id is not None:
         migration = (msg.migrate_from_chat_id, msg.chat.id)
-    return ParsedUpdate(update.update_id, map_message(msg, me, fetcher=fetcher), migration)
+    item = map_message(msg, me, fetcher=fetcher)
+    album = None
+    if msg.media_group_id is not None and isinstance(item, InboundMessage):
+        album = (msg.chat.id, msg.media_group_id)
+    return ParsedUpdate(update.update_id, item, migration, album)
 
 
 def decode_update(
     raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
 ) -> InboundMessage | Skip:
-    """Decode and map one raw Update (replay, and the inbox after a restart)."""
+    """Decode and map one raw Update (replay, and the inbox after a restart).
+
+    A JSON array is a collected album, as :class:`UpdateFeed` stores it: its parts are
+    combined again (:func:`combine_album`).
+    """
+    if raw[:1] == b"[" or raw.lstrip()[:1] == b"[":
+        try:
+            raws = kit_decode.split_array(raw)
+        except ValueError as exc:
+            return Skip(reason="malformed", detail=f"album does not decode: {exc}")
+        parts = [parse_update(r, me, fetcher=fetcher).item for r in raws]
+        messages = [p for p in parts if isinstance(p, InboundMessage)]
+        if not messages:
+            return Skip(reason="malformed", detail="album without a readable part")
+        return combine_album(messages)
     return parse_update(raw, me, fetcher=fetcher).item
 
 
@@ -616,6 +639,50 @@ def decode_result(method: str, env: m.Envelope, decoder: msgspec.json.Decoder[An
         raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
 
 
+# --- albums ---------------------------------------------------------------------------------
+
+#: An album is collected until this long after its last part arrived ...
+ALBUM_QUIET_S = 1.0
+#: ... but never longer than this after its first part ...
+ALBUM_MAX_S = 5.0
+#: ... nor beyond Telegram's own limit of parts per album.
+ALBUM_MAX_PARTS = 10
+#: Albums collected at once (beyond it, the oldest is handed over as it is).
+ALBUM_MAX_OPEN = 32
+
+
+def combine_album(parts: list[InboundMessage]) -> InboundMessage:
+    """One message for an album's parts (in order): every image and file, the caption of
+    whichever part carries one, addressed when any part is (a mention in the caption)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    texts = [p.content for p in parts if p.content]
+    return msgspec.structs.replace(
+        first,
+        content="\n\n".join(texts),
+        images=[ref for p in parts for ref in p.images],
+        files=[ref for p in parts for ref in p.files],
+        addressed=any(p.addressed for p in parts),
+        reply_to=next((p.reply_to for p in parts if p.reply_to is not None), None),
+        forwarded=any(p.forwarded for p in parts),
+    )
+
+
+class _Album:
+    """An album being collected: its parts (update_id, message, raw) and their times."""
+
+    __slots__ = ("parts", "first_at", "last_at")
+
+    def __init__(self, now: float) -> None:
+        self.parts: list[tuple[int, InboundMessage, bytes]] = []
+        self.first_at = now
+        self.last_at = now
+
+    def due_at(self, quiet_s: float, max_s: float) -> float:
+        return min(self.last_at + quiet_s, self.first_at + max_s)
+
+
 # --- polling -------------------------------------------------------------------------------
 
 
@@ -654,19 +721,64 @@ class Ready(NamedTuple):
 
 
 class UpdateFeed:
-    """Which updates of a getUpdates answer are new, and which offset confirms each.
+    """Which updates of a getUpdates answer are new, which offset confirms each, and the
+    albums being collected.
 
     ``offset`` is what the bot asked from: updates below it are already confirmed (an
     answer never holds them, but a feed never trusts that).  ``update_id`` grows but is
     not contiguous, so the offset confirming an update is ``update_id + 1``.
+
+    Albums: Telegram delivers each photo of an album as its own update, all with one
+    ``media_group_id``, the caption on one of them.  The feed holds the parts of an album
+    (per chat and media_group_id) until :data:`ALBUM_QUIET_S` after its last part
+    arrived (at most :data:`ALBUM_MAX_S` after its first, at most
+    :data:`ALBUM_MAX_PARTS` parts), then hands over *one* message
+    (:func:`combine_album`) whose raw is the JSON array of the parts' raws (the durable
+    inbox keeps it; :func:`decode_update` reads it back).  While parts are held, no
+    offset passes the first of them: other updates are handed over meanwhile, but the
+    offset they carry stops below the album, so nothing of it is confirmed before the
+    combined message was accepted; after a crash Telegram sends the parts again.
+
+    While an album is held the bot re-polls from below it, so Telegram answers again with
+    updates this feed already handed over or holds: they are recognised by id (above
+    the highest seen in this run) and skipped.  Time is the caller's (``now``).
     """
 
-    def __init__(self, me: BotIdentity, *, fetcher: FetcherFactory | None = None) -> None:
+    def __init__(
+        self,
+        me: BotIdentity,
+        *,
+        fetcher: FetcherFactory | None = None,
+        quiet_s: float = ALBUM_QUIET_S,
+        max_s: float = ALBUM_MAX_S,
+        max_parts: int = ALBUM_MAX_PARTS,
+        max_open: int = ALBUM_MAX_OPEN,
+    ) -> None:
         self.me = me
         self.fetcher = fetcher
+        self.quiet_s = quiet_s
+        self.max_s = max_s
+        self.max_parts = max_parts
+        self.max_open = max_open
+        #: Albums being collected, oldest first.
+        self._albums: dict[tuple[int, str], _Album] = {}
+        #: The highest update_id handed over or held in this run.
+        self._seen: int | None = None
 
-    def take(self, raws: list[bytes], offset: int | None) -> list[Ready]:
-        """Map an answer's updates, in order; drop the ones below ``offset``."""
+    @property
+    def holding(self) -> bool:
+        """True while album parts are held (the offset must not pass them)."""
+        return bool(self._albums)
+
+    def due_at(self) -> float | None:
+        """When the next held album is complete (None: nothing held)."""
+        if not self._albums:
+            return None
+        return min(a.due_at(self.quiet_s, self.max_s) for a in self._albums.values())
+
+    def take(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> list[Ready]:
+        """Map an answer's updates, in order; drop the ones below ``offset`` or already
+        seen; collect album parts; hand over the albums complete at ``now``."""
         out: list[Ready] = []
         for raw in raws:
             parsed = parse_update(raw, self.me, fetcher=self.fetcher)
@@ -674,7 +786,54 @@ class UpdateFeed:
             if uid is None:
                 out.append(Ready(parsed, raw, None))
                 continue
-            if offset is not None and uid < offset:
+            if (offset is not None and uid < offset) or (
+                self._seen is not None and uid <= self._seen
+            ):
                 continue
-            out.append(Ready(parsed, raw, uid + 1))
+            self._seen = uid
+            if parsed.album is not None and isinstance(parsed.item, InboundMessage):
+                self._collect(parsed.album, uid, parsed.item, raw, now, out)
+                continue
+            out.append(Ready(parsed, raw, self._confirming()))
+        for key in [
+            k for k, a in self._albums.items() if now >= a.due_at(self.quiet_s, self.max_s)
+        ]:
+            self._hand_over(key, out)
         return out
+
+    def _collect(
+        self,
+        key: tuple[int, str],
+        uid: int,
+        item: InboundMessage,
+        raw: bytes,
+        now: float,
+        out: list[Ready],
+    ) -> None:
+        album = self._albums.get(key)
+        if album is None:
+            album = self._albums[key] = _Album(now)
+        album.parts.append((uid, item, raw))
+        album.last_at = now
+        if len(album.parts) >= self.max_parts:
+            self._hand_over(key, out)
+        elif len(self._albums) > self.max_open:
+            # Held first, so the offset handed over with the oldest stops below this one.
+            self._hand_over(next(iter(self._albums)), out)
+
+    def _hand_over(self, key: tuple[int, str], out: list[Ready]) -> None:
+        parts = self._albums.pop(key).parts
+        first_uid = parts[0][0]
+        item = combine_album([p[1] for p in parts])
+        raw = parts[0][2] if len(parts) == 1 else b"[" + b",".join(p[2] for p in parts) + b"]"
+        out.append(Ready(ParsedUpdate(first_uid, item), raw, self._confirming()))
+
+    def _confirming(self) -> int | None:
+        """The offset that confirms everything handed over so far and nothing held:
+        just above the highest update seen, or the first held part of an album."""
+        if self._seen is None:
+            return None
+        offset = self._seen + 1
+        for album in self._albums.values():
+            offset = min(offset, album.parts[0][0])
+        return offset

@@ -190,6 +190,7 @@ class FakeTelegram(FakePlatform[Call]):
         self._updates: list[tuple[int, dict[str, Any] | bytes]] = []
         self._next_update_id = first_update_id
         self._next_file = 1
+        self._next_album = 0
         #: The update_id of the update injected last (None before the first).
         self.last_update_id: int | None = None
         self._new_update = trio.Event()
@@ -388,6 +389,7 @@ class FakeTelegram(FakePlatform[Call]):
         date: int | None = None,
         forward_origin: dict[str, Any] | None = None,
         sender_chat: dict[str, Any] | None = None,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
         """Inject a message from a user; returns the Message object (also queued as an Update).
 
@@ -396,12 +398,15 @@ class FakeTelegram(FakePlatform[Call]):
         message without ``reply_to`` then "replies" to the topic's root, as in Telegram).
         ``document`` is (file name, MIME type, bytes).  ``forward_origin`` (a MessageOrigin)
         makes it a forwarded message; ``sender_chat`` a message sent on behalf of a chat
-        (then ``sender`` is the placeholder, e.g. GroupAnonymousBot).
+        (then ``sender`` is the placeholder, e.g. GroupAnonymousBot); ``media_group_id``
+        makes it one part of an album (see :meth:`album`).
         """
         state = self._chat(chat)
         fields: dict[str, Any] = {"from": sender}
         if sender_chat is not None:
             fields["sender_chat"] = sender_chat
+        if media_group_id is not None:
+            fields["media_group_id"] = media_group_id
         if forward_origin is not None:
             fields["forward_origin"] = forward_origin
             fields["forward_date"] = forward_origin.get("date", int(self.clock()))
@@ -462,6 +467,33 @@ class FakeTelegram(FakePlatform[Call]):
             msg.data["date"] = date
         self.add_update({"message": msg.data})
         return msg.data
+
+    def album(
+        self,
+        chat: dict[str, Any],
+        sender: dict[str, Any],
+        photos: list[bytes],
+        *,
+        caption: str | None = None,
+        caption_on: int = 0,
+        reply_to: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Inject an album as Telegram delivers it: one update per photo, all with the same
+        ``media_group_id``; the caption (with its entities) on photo ``caption_on`` only.
+        Returns the Message objects, in order."""
+        self._next_album += 1
+        group_id = f"1348{self._next_album:014d}"
+        return [
+            self.user_message(
+                chat,
+                sender,
+                caption=caption if i == caption_on else None,
+                photo=data,
+                reply_to=reply_to if i == 0 else None,
+                media_group_id=group_id,
+            )
+            for i, data in enumerate(photos)
+        ]
 
     def add_update(self, update: dict[str, Any] | bytes) -> int:
         """Queue a raw Update (a dict without ``update_id`` gets the next one, or raw bytes
