@@ -916,6 +916,50 @@ async def test_the_token_never_reaches_the_log(
     assert TEST_TOKEN.split(":", 1)[1] not in output
 
 
+async def test_the_token_never_reaches_the_log_on_the_new_paths_either(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, restore_logging: None
+) -> None:
+    """getMe retried at start, unavailable files, hostile updates, a deleted topic, an
+    album, a lost send: every log line of them, httpx's included, without the token."""
+    stream = io.StringIO()
+    configure_logging("debug", "json", [], stream=stream)
+    logging.getLogger("httpx").setLevel(logging.DEBUG)
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with (
+            open_fake_telegram(clock=clock) as fake,
+            open_store(tmp_path, inline=True) as store,
+        ):
+            chat = fake.private_chat(ADA)
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
+            fake.fail_next("getMe", 1, status=502)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.fail_next("getFile", 1, status=404)
+                fake.user_message(chat, ADA, caption="gone", photo=PHOTOS[0])
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                fake.fail_next("file", 1, status=404)
+                fake.album(chat, ADA, PHOTOS[:2], caption="expired links")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                hostile_updates(fake, chat)
+                fake.user_message(forum, ADA, "@dshim_test_bot hi", thread_id=topic)
+                fake.delete_topic(GROUP_ID, topic)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                fake.lose_response_next("sendMessage", 1)
+                fake.user_message(chat, ADA, "one more")
+                await fake.wait_until(
+                    lambda: any(t.endswith("one more") for t in final_texts(fake, 42))
+                )
+                await trio.sleep(5)
+    output = stream.getvalue()
+    for event in ("call_failed_retrying", "thread_gone_sent_to_chat", "event_dropped"):
+        assert event in output  # the paths ran and logged
+    assert "HTTP Request" in output and "/file/bot" in output  # URLs were logged too
+    assert TEST_TOKEN not in output
+    assert TEST_TOKEN.split(":", 1)[1] not in output
+
+
 # --- records and robustness -----------------------------------------------------------------
 
 
