@@ -138,6 +138,17 @@ async def running_bot(
         shutdown.set()
 
 
+@asynccontextmanager
+async def telegram_world(tmp_path: Path) -> AsyncIterator[tuple[FakeTelegram, Store, Clock]]:
+    """The fake Bot API and a real SQLite store (inline: the autojump clock stays exact)."""
+    clock = Clock()
+    async with (
+        open_fake_telegram(clock=clock) as fake,
+        open_store(tmp_path, inline=True) as store,
+    ):
+        yield fake, store, clock
+
+
 async def polling(fake: FakeTelegram) -> None:
     """Wait until the bot is up and long-polling."""
     await fake.wait_until(
@@ -159,11 +170,7 @@ async def test_dm_is_answered_by_streamed_edits_with_the_exact_final_text(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -189,11 +196,7 @@ async def test_quote_of_a_bot_message_reaches_the_harness_as_the_exact_reply_blo
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             fake.group_chat(GROUP_ID, "Research")
             group = fake.chats[GROUP_ID].data
             async with running_bot(fake, store, clock, harness=harness):
@@ -230,11 +233,7 @@ async def test_429_storm_during_streaming_delivers_the_final_text_exactly_once(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -347,11 +346,7 @@ async def test_unaddressed_group_message_causes_no_call_besides_polling(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(GROUP_ID, "Research")
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -373,11 +368,7 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
             topic = fake.create_topic(GROUP_ID, "Experiments")  # created by the bot
             async with running_bot(fake, store, clock, harness=harness):
@@ -402,11 +393,7 @@ async def test_an_answer_into_a_deleted_topic_goes_to_the_chat_once(
 ) -> None:
     """The topic was deleted while the agent answered (issue 9 #13)."""
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
             topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
             async with running_bot(fake, store, clock):
@@ -434,11 +421,7 @@ async def test_a_forwarded_message_reaches_the_pipeline_marked_as_forwarded(
 ) -> None:
     events = Events()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock, observer=events):
                 await polling(fake)
@@ -458,11 +441,7 @@ async def test_an_anonymous_admin_is_answered_as_the_group(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(GROUP_ID, "Research")
             anonymous = FakeTelegram.user(
                 1087968824, "Group", username="GroupAnonymousBot", is_bot=True
@@ -490,11 +469,7 @@ async def test_photo_is_downloaded_inside_the_turn_only(
     harness = RecordingHarness()
     jpeg = b"\xff\xd8\xff\xe0" + b"jpeg-bytes" * 50
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             group = fake.group_chat(GROUP_ID)
             async with running_bot(fake, store, clock, harness=harness):
@@ -519,11 +494,7 @@ async def test_an_unavailable_file_is_a_note_for_the_agent_not_a_bad_token(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock, harness=harness) as run:
                 await polling(fake)
@@ -560,11 +531,7 @@ async def test_an_album_is_one_message_with_all_its_photos_and_its_caption(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock, harness=harness):
                 await polling(fake)
@@ -596,11 +563,7 @@ async def test_a_group_album_is_addressed_by_the_mention_in_any_caption(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(GROUP_ID, "Research")
             async with running_bot(fake, store, clock, harness=harness):
                 await polling(fake)
@@ -703,11 +666,7 @@ async def test_a_flaky_get_me_at_start_is_retried_inside_the_bot_before_it_count
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getMe", 2, status=502)
             async with running_bot(fake, store, clock) as run:
@@ -734,11 +693,7 @@ async def test_conflict_backs_off_and_recovers(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 4, status=409)
             async with running_bot(fake, store, clock):
@@ -758,11 +713,7 @@ async def test_network_errors_and_5xx_back_off_and_recover(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 2, status=502)
             fake.drop_next("getUpdates", 2)
@@ -781,11 +732,7 @@ async def test_a_slow_poll_answer_is_not_a_failure(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.slow_next("getUpdates", 30)  # the server is 30 s late: within the read timeout
             async with running_bot(fake, store, clock):
@@ -810,11 +757,7 @@ async def test_a_send_whose_answer_was_lost_is_not_repeated_into_many_copies(
     never in a loop — the user sees at most 2 copies, never 6.
     """
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -830,11 +773,7 @@ async def test_migrated_group_gets_the_answer_in_the_supergroup(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(-4001, "Old group", supergroup=False)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -849,11 +788,7 @@ async def test_blocked_user_fails_the_answer_not_the_bot(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             bob_chat = fake.private_chat(BOB)
             async with running_bot(fake, store, clock) as run:
@@ -896,11 +831,7 @@ async def test_the_token_never_reaches_the_log(
     configure_logging("debug", "json", [], stream=stream)  # httpx and httpcore at DEBUG too
     logging.getLogger("httpx").setLevel(logging.DEBUG)
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 1, status=409)
             fake.fail_next("getUpdates", 1, status=500)
@@ -925,11 +856,7 @@ async def test_the_token_never_reaches_the_log_on_the_new_paths_either(
     configure_logging("debug", "json", [], stream=stream)
     logging.getLogger("httpx").setLevel(logging.DEBUG)
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
             topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
@@ -968,11 +895,7 @@ async def test_answers_are_recorded_and_a_textless_reply_to_one_is_recovered(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock, harness=harness):
                 await polling(fake)
@@ -1020,11 +943,7 @@ async def test_malformed_and_unknown_updates_are_dropped_and_confirmed(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock) as run:
                 await polling(fake)
@@ -1077,11 +996,7 @@ async def test_one_undecodable_update_never_blocks_the_others(
 ) -> None:
     """A lone surrogate and 2,000 levels of nesting in one getUpdates answer (issue 9 #1, #2)."""
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             bob = fake.private_chat(BOB)
             async with running_bot(fake, store, clock) as run:
@@ -1112,11 +1027,7 @@ async def test_a_hostile_update_last_in_its_batch_is_confirmed_too(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -1134,11 +1045,7 @@ async def test_a_webhook_blocks_polling_until_it_is_deleted(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.webhook_url = "https://hooks.example/tg"
             async with running_bot(fake, store, clock):
@@ -1154,11 +1061,7 @@ async def test_optional_startup_calls_may_fail(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getWebhookInfo", 1, status=404, description="Not Found")
             fake.fail_next(
