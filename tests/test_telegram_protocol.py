@@ -18,6 +18,7 @@ from dshim.channels.telegram import models
 from dshim.channels.telegram.protocol import (
     ALLOWED_UPDATES,
     POLL_TIMEOUT_S,
+    AlbumLimits,
     BotIdentity,
     ChatMigrated,
     NotModified,
@@ -1194,7 +1195,7 @@ def test_an_album_at_telegrams_limit_of_ten_parts_is_handed_over_at_once() -> No
 
 
 def test_albums_are_per_chat_and_bounded_in_number() -> None:
-    feed = UpdateFeed(ME, max_open=2)
+    feed = UpdateFeed(ME, albums=AlbumLimits(max_open=2))
     other = {"id": 43, "type": "private", "first_name": "Bob"}
     raws = [album_part(1), album_part(2, chat=other), album_part(3, group="g2")]
     [oldest] = feed.take(raws, None, now=0.0)  # a third album: the oldest is handed over

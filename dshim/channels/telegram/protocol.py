@@ -641,14 +641,21 @@ def decode_result(method: str, env: m.Envelope, decoder: msgspec.json.Decoder[An
 
 # --- albums ---------------------------------------------------------------------------------
 
-#: An album is collected until this long after its last part arrived ...
-ALBUM_QUIET_S = 1.0
-#: ... but never longer than this after its first part ...
-ALBUM_MAX_S = 5.0
-#: ... nor beyond Telegram's own limit of parts per album.
-ALBUM_MAX_PARTS = 10
-#: Albums collected at once (beyond it, the oldest is handed over as it is).
-ALBUM_MAX_OPEN = 32
+
+class AlbumLimits(NamedTuple):
+    """How albums are collected."""
+
+    #: An album is collected until this long after its last part arrived ...
+    quiet_s: float = 1.0
+    #: ... but never longer than this after its first part ...
+    max_s: float = 5.0
+    #: ... nor beyond Telegram's own limit of parts per album.
+    max_parts: int = 10
+    #: Albums collected at once (beyond it, the oldest is handed over as it is).
+    max_open: int = 32
+
+
+ALBUM_LIMITS = AlbumLimits()
 
 
 def combine_album(parts: list[InboundMessage]) -> InboundMessage:
@@ -679,8 +686,8 @@ class _Album:
         self.first_at = now
         self.last_at = now
 
-    def due_at(self, quiet_s: float, max_s: float) -> float:
-        return min(self.last_at + quiet_s, self.first_at + max_s)
+    def due_at(self, limits: AlbumLimits) -> float:
+        return min(self.last_at + limits.quiet_s, self.first_at + limits.max_s)
 
 
 # --- polling -------------------------------------------------------------------------------
@@ -730,9 +737,8 @@ class UpdateFeed:
 
     Albums: Telegram delivers each photo of an album as its own update, all with one
     ``media_group_id``, the caption on one of them.  The feed holds the parts of an album
-    (per chat and media_group_id) until :data:`ALBUM_QUIET_S` after its last part
-    arrived (at most :data:`ALBUM_MAX_S` after its first, at most
-    :data:`ALBUM_MAX_PARTS` parts), then hands over *one* message
+    (per chat and media_group_id) until about a second after its last part arrived
+    (bounded in time and parts, see :class:`AlbumLimits`), then hands over *one* message
     (:func:`combine_album`) whose raw is the JSON array of the parts' raws (the durable
     inbox keeps it; :func:`decode_update` reads it back).  While parts are held, no
     offset passes the first of them: other updates are handed over meanwhile, but the
@@ -749,17 +755,11 @@ class UpdateFeed:
         me: BotIdentity,
         *,
         fetcher: FetcherFactory | None = None,
-        quiet_s: float = ALBUM_QUIET_S,
-        max_s: float = ALBUM_MAX_S,
-        max_parts: int = ALBUM_MAX_PARTS,
-        max_open: int = ALBUM_MAX_OPEN,
+        albums: AlbumLimits = ALBUM_LIMITS,
     ) -> None:
         self.me = me
         self.fetcher = fetcher
-        self.quiet_s = quiet_s
-        self.max_s = max_s
-        self.max_parts = max_parts
-        self.max_open = max_open
+        self.limits = albums
         #: Albums being collected, oldest first.
         self._albums: dict[tuple[int, str], _Album] = {}
         #: The highest update_id handed over or held in this run.
@@ -774,7 +774,7 @@ class UpdateFeed:
         """When the next held album is complete (None: nothing held)."""
         if not self._albums:
             return None
-        return min(a.due_at(self.quiet_s, self.max_s) for a in self._albums.values())
+        return min(a.due_at(self.limits) for a in self._albums.values())
 
     def take(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> list[Ready]:
         """Map an answer's updates, in order; drop the ones below ``offset`` or already
@@ -795,9 +795,7 @@ class UpdateFeed:
                 self._collect(parsed.album, uid, parsed.item, raw, now, out)
                 continue
             out.append(Ready(parsed, raw, self._confirming()))
-        for key in [
-            k for k, a in self._albums.items() if now >= a.due_at(self.quiet_s, self.max_s)
-        ]:
+        for key in [k for k, a in self._albums.items() if now >= a.due_at(self.limits)]:
             self._hand_over(key, out)
         return out
 
@@ -815,9 +813,9 @@ class UpdateFeed:
             album = self._albums[key] = _Album(now)
         album.parts.append((uid, item, raw))
         album.last_at = now
-        if len(album.parts) >= self.max_parts:
+        if len(album.parts) >= self.limits.max_parts:
             self._hand_over(key, out)
-        elif len(self._albums) > self.max_open:
+        elif len(self._albums) > self.limits.max_open:
             # Held first, so the offset handed over with the oldest stops below this one.
             self._hand_over(next(iter(self._albums)), out)
 
