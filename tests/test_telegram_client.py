@@ -15,7 +15,8 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.telegram.client import POLL_READ_MARGIN_S, BotApiClient, open_http
+from dshim.channels.kit.http import open_http
+from dshim.channels.telegram.client import POLL_READ_MARGIN_S, USER_AGENT, BotApiClient
 from dshim.channels.telegram.protocol import ChatMigrated
 from dshim.channels.telegram.render import TelegramOutbound, TelegramTransport
 from dshim.errors import (
@@ -326,7 +327,7 @@ async def test_an_unavailable_file_is_not_reported_as_a_bad_token(handler: Handl
 
 async def test_the_transport_sends_once_when_the_answer_is_lost() -> None:
     """The processed-but-unanswered send surfaces as an unknown outcome, never retried here."""
-    async with open_fake_telegram() as fake, open_http(fake.url) as http:
+    async with open_fake_telegram() as fake, open_http(fake.url, user_agent=USER_AGENT) as http:
         fake.private_chat(fake.user(42))
         outbound = TelegramOutbound(
             BotApiClient(http, TEST_TOKEN), clock=lambda: 0.0, username=BOT_USERNAME

@@ -880,7 +880,7 @@ async def test_the_token_never_reaches_the_log_on_the_new_paths_either(
                 )
                 await trio.sleep(5)
     output = stream.getvalue()
-    for event in ("call_failed_retrying", "thread_gone_sent_to_chat", "event_dropped"):
+    for event in ("call_failed_retrying", "reply_thread_dropped", "event_dropped"):
         assert event in output  # the paths ran and logged
     assert "HTTP Request" in output and "/file/bot" in output  # URLs were logged too
     assert TEST_TOKEN not in output

@@ -34,10 +34,11 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
+from dshim.channels.kit.http import open_http
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.telegram import protocol
-from dshim.channels.telegram.client import DEFAULT_API_BASE, BotApiClient, open_http
+from dshim.channels.telegram.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_AGENT, BotApiClient
 from dshim.channels.telegram.protocol import BotIdentity, UpdateFeed, token_bot_id
 from dshim.channels.telegram.render import TelegramOutbound, split
 from dshim.errors import ChannelError, Conflict
@@ -86,7 +87,7 @@ async def run(
     """Run one Telegram bot: authenticate, report started, long-poll until shutdown."""
     settings = host.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(settings.api_base) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
         # Network errors, 5xx and 429 are waited out here; a rejected token raises at once.
         me = await until_ok("getMe", client.get_me)
@@ -200,7 +201,7 @@ async def probe(rows: ProbeRows) -> None:
     """``dshim probe`` rows for a Telegram bot: getMe, webhook, getUpdates, store, send test."""
     settings = rows.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(settings.api_base) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
 
         async def identity() -> Identity:

@@ -13,8 +13,6 @@ by the channel as a backstop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -42,15 +40,12 @@ def poll_timeout(poll_s: float) -> httpx.Timeout:
     return httpx.Timeout(10.0, read=poll_s + POLL_READ_MARGIN_S)
 
 
-@asynccontextmanager
-async def open_http(api_base: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The one HTTP client of a bot (connection pool shared by polling and sending)."""
-    async with kit_http.open_http(api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
-        yield http
-
-
 class BotApiClient:
-    """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree."""
+    """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree.
+
+    ``http`` is the bot's one client, from :func:`dshim.channels.kit.http.open_http`
+    with :data:`USER_AGENT` and :data:`CALL_TIMEOUT` (one pool for polling and sending).
+    """
 
     def __init__(self, http: httpx.AsyncClient, token: str) -> None:
         self._http = http

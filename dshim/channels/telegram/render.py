@@ -102,7 +102,7 @@ class TelegramTransport:
                 raise
         # The topic was deleted while the agent answered: the answer goes to the chat
         # itself (still under the question when it survives), once, and stays there.
-        log.info("thread_gone_sent_to_chat", thread=self._thread, chat=params["chat_id"])
+        log.info("reply_thread_dropped", thread=self._thread, chat=params["chat_id"])
         self._thread = None
         del params["message_thread_id"]
         return await self._client.send_message(params)
