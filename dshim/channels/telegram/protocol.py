@@ -746,8 +746,8 @@ class UpdateFeed:
     combined message was accepted; after a crash Telegram sends the parts again.
 
     While an album is held the bot re-polls from below it, so Telegram answers again with
-    updates this feed already handed over or holds: they are recognised by id (above
-    the highest seen in this run) and skipped.  Time is the caller's (``now``).
+    updates this feed already handed over or holds: they are recognised by id (at or
+    below the highest seen in this run) and skipped.  Time is the caller's (``now``).
     """
 
     def __init__(
