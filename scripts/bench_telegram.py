@@ -11,10 +11,11 @@ one run, on one machine:
 1. ``floor``    -- the named floor: ``json.loads`` + plain dict access building the same
                    fields (no validation, no UTF-16 entity handling, no reply rules);
 2. ``mapping``  -- dshim's real mapping, :func:`protocol.parse_update` (msgspec views);
-3. ``pipeline`` -- the channel's real batch path (``channel._handle_batch``: parse, then
-                   ``BotRuntime.accept`` = steps 1-6 with dedup and the durable inbox in
-                   SQLite in its worker thread, offset persisted per batch of 100), with
-                   the turn itself (step 7) replaced by a no-op so only 1-6 are counted.
+3. ``pipeline`` -- the channel's real batch path (``UpdateSource.batch``: parse and
+                   offsets, then the kit's ``poll.accept_batch``: ``BotRuntime.accept`` =
+                   steps 1-6 with dedup and the durable inbox in SQLite in its worker
+                   thread, offset persisted per batch of 100), with the turn itself
+                   (step 7) replaced by a no-op so only 1-6 are counted.
 
 Figures: updates/s (wall) and CPU ms per update (process CPU, all threads), median of
 ``--repeat`` runs, with the ratio to the floor.  Environment is printed with the result.
@@ -41,9 +42,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from dshim.channels.kit.poll import accept_batch  # noqa: E402
 from dshim.channels.telegram import channel, protocol  # noqa: E402
 from dshim.channels.telegram.client import BotApiClient  # noqa: E402
-from dshim.channels.telegram.protocol import BotIdentity, Poller  # noqa: E402
+from dshim.channels.telegram.protocol import BotIdentity  # noqa: E402
 from dshim.config import parse_config  # noqa: E402
 from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
@@ -226,18 +228,15 @@ async def bench_pipeline(raws: list[bytes]) -> tuple[float, float, dict[str, int
 
                 rt.accept = counting_accept  # type: ignore[method-assign]
                 client = BotApiClient(http, "123456:BENCH-not-a-real-token-000000")
-                poller = Poller(None)
+                # No migrations in the stream: the outbound is never asked.
+                source = channel.UpdateSource(client, ME, None)  # type: ignore[arg-type]
                 bound = BoundStore(store, bot.name)
+                cursor: str | None = None
                 c0, t0 = time.process_time(), time.perf_counter()
                 for i in range(0, len(raws), BATCH):
-                    await channel._handle_batch(
-                        bound,
-                        rt,
-                        raws[i : i + BATCH],
-                        poller,
-                        ME,
-                        None,  # type: ignore[arg-type]
-                        client,
+                    batch = source.batch(raws[i : i + BATCH], protocol.parse_offset(cursor))
+                    cursor, _ = await accept_batch(
+                        rt, bound, batch, cursor_name=channel.OFFSET_CURSOR, cursor=cursor
                     )
                 await rt.wait_idle()
                 c1, t1 = time.process_time(), time.perf_counter()

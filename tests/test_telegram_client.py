@@ -15,8 +15,10 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.telegram.client import POLL_READ_MARGIN_S, BotApiClient
+from dshim.channels.kit.http import open_http
+from dshim.channels.telegram.client import POLL_READ_MARGIN_S, USER_AGENT, BotApiClient
 from dshim.channels.telegram.protocol import ChatMigrated
+from dshim.channels.telegram.render import TelegramOutbound, TelegramTransport
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -27,6 +29,8 @@ from dshim.errors import (
     RemoteProtocolError,
     TransportError,
 )
+from dshim.model import ReplyTarget
+from dshim.testing.fakes.telegram import BOT_USERNAME, TEST_TOKEN, open_fake_telegram
 
 TOKEN = "123456:TEST-token-for-dshim-tests-only"
 SECRET_PART = TOKEN.split(":", 1)[1]
@@ -155,27 +159,6 @@ async def test_rate_limit_retry_after_reaches_the_caller() -> None:
     assert info.value.retry_after == 17
 
 
-@pytest.mark.parametrize(
-    ("exc", "code"),
-    [
-        (httpx.ConnectError("Connection refused"), "connect"),
-        (httpx.ConnectTimeout("connect timed out"), "connect"),
-        (httpx.ReadTimeout("read timed out"), "timeout"),
-        (httpx.RemoteProtocolError("Server disconnected without sending a response."), None),
-        (httpx.ReadError("connection reset"), None),
-    ],
-)
-async def test_network_failures_become_transport_errors(exc: Exception, code: str | None) -> None:
-    def handle(request: httpx.Request) -> httpx.Response:
-        raise exc
-
-    client = client_for(handle)
-    with pytest.raises(TransportError) as info:
-        await client.get_me()
-    assert info.value.code == code
-    assert TOKEN not in str(info.value)
-
-
 async def test_repr_does_not_show_the_token() -> None:
     client = client_for(answer(200, {}))
     assert SECRET_PART not in repr(client)
@@ -205,6 +188,8 @@ async def test_file_download_within_the_limit() -> None:
 
 
 async def test_file_download_stops_after_the_limit() -> None:
+    seen: list[httpx.Request] = []
+
     def handle(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/getFile"):
             return httpx.Response(
@@ -212,8 +197,9 @@ async def test_file_download_stops_after_the_limit() -> None:
             )
         return httpx.Response(200, content=b"y" * 10_000)
 
-    got = await client_for(handle).fetch_file("f", 100)
-    assert len(got) == 101  # one byte over: the turn reports "over the limit"
+    with pytest.raises(ChannelError, match="over the 100 byte limit"):
+        await client_for(handle, seen).fetch_file("f", 100)
+    assert len(seen) == 2  # getFile, then the download it stopped
 
 
 async def test_file_declared_too_large_is_not_downloaded() -> None:
@@ -262,3 +248,98 @@ async def test_calls_are_cancellable() -> None:
     with trio.move_on_after(0.05) as scope:
         await client.get_me()
     assert scope.cancelled_caught
+
+
+# --- issue 9 --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("exc", "sent"),
+    [
+        (httpx.ConnectError("Connection refused"), False),
+        (httpx.ConnectTimeout("connect timed out"), False),
+        (httpx.PoolTimeout("no free connection"), False),
+        (httpx.ReadTimeout("read timed out"), True),
+        (httpx.WriteTimeout("write timed out"), True),
+        (httpx.RemoteProtocolError("Server disconnected without sending a response."), True),
+        (httpx.ReadError("connection reset"), True),
+    ],
+)
+async def test_a_failed_send_says_whether_it_can_have_reached_telegram(
+    exc: Exception, sent: bool
+) -> None:
+    """Telegram has no idempotency key: only a send that never left may be repeated freely."""
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        raise exc
+
+    client = client_for(handle, seen)
+    with pytest.raises(TransportError) as info:
+        await client.send_message({"chat_id": 1, "text": "x"})
+    assert info.value.request_sent is sent
+    assert len(seen) == 1  # the client never repeats a send on its own
+    assert TOKEN not in str(info.value) and SECRET_PART not in str(info.value)
+
+
+async def test_a_server_error_after_a_send_is_an_unknown_outcome() -> None:
+    client = client_for(error(502, "Bad Gateway"))
+    with pytest.raises(TransportError) as info:
+        await client.send_message({"chat_id": 1, "text": "x"})
+    assert info.value.request_sent is True
+
+
+def file_answers(download: httpx.Response) -> Handler:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/getFile"):
+            return httpx.Response(
+                200,
+                json={"ok": True, "result": {"file_id": "f", "file_path": "photos/file_9.jpg"}},
+            )
+        return download
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        # The download link expired or the file is gone.
+        file_answers(
+            httpx.Response(404, json={"ok": False, "error_code": 404, "description": "Not Found"})
+        ),
+        file_answers(httpx.Response(404, content=b"")),
+        # getFile itself refuses: too big for the Bot API, a wrong or expired file_id.
+        error(400, "Bad Request: file is too big"),
+        error(400, "Bad Request: wrong file_id or the file is temporarily unavailable"),
+        error(400, "Bad Request: invalid file_id"),
+        error(404, "Not Found"),
+    ],
+)
+async def test_an_unavailable_file_is_not_reported_as_a_bad_token(handler: Handler) -> None:
+    with pytest.raises(ChannelError) as info:
+        await client_for(handler).fetch_file("f", 10_000)
+    assert not isinstance(info.value, AuthError)
+    assert isinstance(info.value, NotFound)
+    assert "token" not in str(info.value)
+    assert TOKEN not in str(info.value) and SECRET_PART not in str(info.value)
+
+
+async def test_the_transport_sends_once_when_the_answer_is_lost() -> None:
+    """The processed-but-unanswered send surfaces as an unknown outcome, never retried here."""
+    async with open_fake_telegram() as fake, open_http(fake.url, user_agent=USER_AGENT) as http:
+        fake.private_chat(fake.user(42))
+        outbound = TelegramOutbound(
+            BotApiClient(http, TEST_TOKEN), clock=lambda: 0.0, username=BOT_USERNAME
+        )
+        transport = TelegramTransport(outbound, ReplyTarget(conversation_id="42"))
+        fake.lose_response_next("sendMessage")
+        with pytest.raises(TransportError) as info:
+            await transport.send("hello", reply=True)
+        assert info.value.request_sent is True
+        assert len(fake.calls_to("sendMessage")) == 1
+        assert [m.text for m in fake.bot_messages(42)] == ["hello"]  # it did arrive
+        fake.drop_next("sendMessage")  # refused before it was performed: not sent
+        with pytest.raises(TransportError):
+            await transport.send("again", reply=True)
+        assert len(fake.calls_to("sendMessage")) == 2

@@ -36,7 +36,7 @@ from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
-from tests.helpers import Clock
+from tests.helpers import Clock, Events
 
 DEADLINE = 900  # virtual seconds
 ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
@@ -96,6 +96,7 @@ async def running_bot(
     *,
     harness: EchoHarness | None = None,
     token: str = TEST_TOKEN,
+    observer: Events | None = None,
     **options: Any,
 ) -> AsyncIterator[BotRun]:
     """Run one Telegram bot through serve_bots; leaving the block shuts it down gracefully."""
@@ -126,6 +127,7 @@ async def running_bot(
                     channels={"tg": CHANNEL},
                     clock=clock,
                     harness=harness or EchoHarness(),
+                    observer=observer,
                     task_status=task_status,
                 )
             )
@@ -134,6 +136,17 @@ async def running_bot(
         run = BotRun(results, nursery.cancel_scope, shutdown)
         yield run
         shutdown.set()
+
+
+@asynccontextmanager
+async def telegram_world(tmp_path: Path) -> AsyncIterator[tuple[FakeTelegram, Store, Clock]]:
+    """The fake Bot API and a real SQLite store (inline: the autojump clock stays exact)."""
+    clock = Clock()
+    async with (
+        open_fake_telegram(clock=clock) as fake,
+        open_store(tmp_path, inline=True) as store,
+    ):
+        yield fake, store, clock
 
 
 async def polling(fake: FakeTelegram) -> None:
@@ -157,11 +170,7 @@ async def test_dm_is_answered_by_streamed_edits_with_the_exact_final_text(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -187,11 +196,7 @@ async def test_quote_of_a_bot_message_reaches_the_harness_as_the_exact_reply_blo
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             fake.group_chat(GROUP_ID, "Research")
             group = fake.chats[GROUP_ID].data
             async with running_bot(fake, store, clock, harness=harness):
@@ -228,11 +233,7 @@ async def test_429_storm_during_streaming_delivers_the_final_text_exactly_once(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -345,11 +346,7 @@ async def test_unaddressed_group_message_causes_no_call_besides_polling(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(GROUP_ID, "Research")
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -371,11 +368,7 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
             topic = fake.create_topic(GROUP_ID, "Experiments")  # created by the bot
             async with running_bot(fake, store, clock, harness=harness):
@@ -395,6 +388,78 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
     assert "<dsh_im_reply_to>" not in harness.texts[0]
 
 
+async def test_an_answer_into_a_deleted_topic_goes_to_the_chat_once(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """The topic was deleted while the agent answered (issue 9 #13)."""
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                asked = fake.user_message(
+                    forum, ADA, "@dshim_test_bot echo:slow 3 plan the run", thread_id=topic
+                )
+                await fake.wait_until(lambda: bool(fake.calls_to("sendChatAction")))
+                fake.delete_topic(GROUP_ID, topic)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                await trio.sleep(30)
+    [answer] = fake.bot_messages(GROUP_ID)
+    assert answer.text == echo_of(ADA, "echo:slow 3 plan the run", kind="group")
+    assert answer.thread_id is None  # in the chat, not the topic that is gone
+    assert answer.reply_to_message_id == asked["message_id"]  # still under the question
+    statuses = [c.status for c in fake.calls_to("sendMessage")]
+    assert statuses == [400, 200]  # one refused send into the topic, one resend: once
+
+
+# --- forwards and anonymous senders (issue 9 #6, #10) ---------------------------------------
+
+
+async def test_a_forwarded_message_reaches_the_pipeline_marked_as_forwarded(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    events = Events()
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, observer=events):
+                await polling(fake)
+                origin = {"type": "user", "date": int(clock()) - 3600, "sender_user": BOB}
+                fake.user_message(chat, ADA, "yes, go ahead", forward_origin=origin)
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                fake.user_message(chat, ADA, "my own words")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+    forwarded, own = events.prompt_msgs
+    assert forwarded.forwarded is True and own.forwarded is False
+    assert forwarded.content == "yes, go ahead"  # the text still goes to the agent ...
+    assert forwarded.sender_id == "42"  # ... from the person who forwarded it
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "yes, go ahead")
+
+
+async def test_an_anonymous_admin_is_answered_as_the_group(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            group = fake.group_chat(GROUP_ID, "Research")
+            anonymous = FakeTelegram.user(
+                1087968824, "Group", username="GroupAnonymousBot", is_bot=True
+            )
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(group, anonymous, "@dshim_test_bot status?", sender_chat=group)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+    block = {
+        "channel": "telegram",
+        "conversationType": "group",
+        "senderId": str(GROUP_ID),
+        "senderName": "Research",
+    }
+    source_block = "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+    assert fake.bot_messages(GROUP_ID)[0].text == source_block + "\n\nstatus?"
+
+
 # --- media ----------------------------------------------------------------------------------
 
 
@@ -404,11 +469,7 @@ async def test_photo_is_downloaded_inside_the_turn_only(
     harness = RecordingHarness()
     jpeg = b"\xff\xd8\xff\xe0" + b"jpeg-bytes" * 50
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             group = fake.group_chat(GROUP_ID)
             async with running_bot(fake, store, clock, harness=harness):
@@ -426,6 +487,159 @@ async def test_photo_is_downloaded_inside_the_turn_only(
         fake.calls_to("getFile")[0].params["file_id"]
         == fake.chats[42].messages[1].data["photo"][-1]["file_id"]
     )
+
+
+async def test_an_unavailable_file_is_a_note_for_the_agent_not_a_bad_token(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, harness=harness) as run:
+                await polling(fake)
+                # The file is gone by the time the turn asks for it (getFile answers 404).
+                fake.fail_next("getFile", 1, status=404, description="Not Found")
+                fake.user_message(chat, ADA, caption="first photo", photo=b"\xff\xd8\xffA")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                # getFile works, but the download link no longer does.
+                fake.fail_next("file", 1, status=404)
+                fake.user_message(chat, ADA, caption="second photo", photo=b"\xff\xd8\xffB")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                fake.user_message(chat, ADA, "and a text")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 3)
+                assert run.results == {}  # the bot never stopped
+    first, second = harness.texts[:2]
+    for prompt in (first, second):
+        assert "could not be downloaded" in prompt and "unavailable" in prompt
+        assert "token" not in prompt
+    assert not any(isinstance(p, ImagePart) for p in harness.prompts[0] + harness.prompts[1])
+    assert harness.texts[2].endswith("and a text")
+
+
+# --- albums (issue 9 #11) -------------------------------------------------------------------
+
+PHOTOS = [b"\xff\xd8\xff" + bytes([i]) * 40 for i in range(3)]
+
+
+def images_of(prompt: list[PromptPart]) -> list[bytes]:
+    return [p.data for p in prompt if isinstance(p, ImagePart)]
+
+
+async def test_an_album_is_one_message_with_all_its_photos_and_its_caption(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                parts = fake.album(chat, ADA, PHOTOS[:2])
+                await trio.sleep(0.4)  # the last photo (with the caption) comes a bit later
+                parts.append(
+                    fake.user_message(
+                        chat,
+                        ADA,
+                        caption="which is sharpest?",
+                        photo=PHOTOS[2],
+                        media_group_id=parts[0]["media_group_id"],
+                    )
+                )
+                last_at = trio.current_time()
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                await trio.sleep(30)
+    assert len(harness.prompts) == 1  # one turn, not one per photo
+    assert images_of(harness.prompts[0]) == PHOTOS
+    assert harness.texts[0].endswith("which is sharpest?")
+    [answer] = fake.bot_messages(42)
+    assert answer.reply_to_message_id == parts[0]["message_id"]  # under the album
+    assert answer.sent_at - last_at >= 1.0 - 1e-6  # collected ~1 s after its last part
+    assert fake.pending_updates == 0  # every part confirmed
+
+
+async def test_a_group_album_is_addressed_by_the_mention_in_any_caption(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            group = fake.group_chat(GROUP_ID, "Research")
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                fake.album(group, BOB, PHOTOS[:2])  # nobody asked the bot: no turn
+                fake.album(
+                    group, ADA, PHOTOS, caption="@dshim_test_bot compare these", caption_on=2
+                )
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                await trio.sleep(30)
+    assert len(harness.prompts) == 1
+    assert images_of(harness.prompts[0]) == PHOTOS
+    assert harness.texts[0].endswith("compare these")
+    assert len(fake.calls_to("getFile")) == 3  # only the addressed album's photos
+
+
+async def test_an_album_being_collected_is_not_confirmed_and_survives_a_crash(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock) as run:
+                    await polling(fake)
+                    fake.user_message(chat, ADA, "hello")
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    before = fake.last_update_id
+                    assert before is not None
+                    fake.album(chat, ADA, PHOTOS, caption="look")
+                    await fake.wait_until(
+                        lambda: any(c.params.get("offset") == before + 1 for c in fake.calls)
+                    )
+                    await trio.sleep(0.5)  # the bot holds the parts, collecting
+                    assert not fake.confirmed(before + 1)
+                    assert await store.get_cursor("tg", "telegram.offset") == str(before + 1)
+                    run.scope.cancel()  # the process dies while collecting
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock, harness=harness):
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                    await trio.sleep(30)
+    assert len(harness.prompts) == 1 and images_of(harness.prompts[0]) == PHOTOS
+    assert fake.pending_updates == 0
+
+
+async def test_an_accepted_album_runs_from_the_inbox_after_a_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock) as fake:
+            chat = fake.private_chat(ADA)
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock) as run:
+                    await polling(fake)
+                    fake.user_message(chat, ADA, "echo:slow 30 a long answer first")
+                    await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                    parts = fake.album(chat, ADA, PHOTOS, caption="then these")
+                    last = fake.last_update_id
+                    assert last is not None
+                    # Accepted (in the durable inbox, queued behind the long answer).
+                    await fake.wait_until(lambda: fake.confirmed(last))
+                    run.scope.cancel()
+            for message in parts:  # Telegram re-sends them (the crash beat the offset)
+                fake.add_update({"message": message})
+            async with open_store(tmp_path, inline=True) as store:
+                async with running_bot(fake, store, clock, harness=harness):
+                    await fake.wait_until(
+                        lambda: any(t.endswith("then these") for t in final_texts(fake, 42))
+                    )
+                    await trio.sleep(30)
+    album_prompts = [p for p in harness.prompts if images_of(p)]
+    assert len(album_prompts) == 1  # decoded from the inbox once; the copies were dropped
+    assert images_of(album_prompts[0]) == PHOTOS
 
 
 # --- errors and backoff -------------------------------------------------------------------
@@ -448,15 +662,38 @@ async def test_a_rejected_token_stops_the_bot_without_a_retry_loop(
     assert [c.method for c in fake.calls] == ["getMe"]
 
 
+async def test_a_flaky_get_me_at_start_is_retried_inside_the_bot_before_it_counts_as_up(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            fake.fail_next("getMe", 2, status=502)
+            async with running_bot(fake, store, clock) as run:
+                # Faults of one call stack: queue each kind once the previous one was used.
+                await fake.wait_until(lambda: len(fake.calls_to("getMe")) == 2)
+                fake.drop_next("getMe", 1)
+                await fake.wait_until(lambda: len(fake.calls_to("getMe")) == 3)
+                fake.fail_next("getMe", 1, status=429, retry_after=20)
+                await polling(fake)
+                fake.user_message(chat, ADA, "are you up?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                assert run.results == {}
+    calls = fake.calls_to("getMe")
+    assert [c.status for c in calls] == [502, 502, 0, 429, 200]
+    gaps = [b.at - a.at for a, b in zip(calls, calls[1:], strict=False)]
+    assert all(g >= 1.0 - 1e-6 for g in gaps) and gaps[-1] >= 20 - 1e-6  # retry_after honoured
+    events = [e["event"] for e in logs]
+    assert "bot_failed_restarting" not in events  # inside run: the supervisor never saw it
+    assert events.index("bot_authenticated") < events.index("bot_started")
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "are you up?")
+
+
 async def test_conflict_backs_off_and_recovers(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 4, status=409)
             async with running_bot(fake, store, clock):
@@ -467,7 +704,7 @@ async def test_conflict_backs_off_and_recovers(
     gaps = [b.at - a.at for a, b in zip(polls[:5], polls[1:5], strict=False)]
     assert all(g >= 1.0 - 1e-6 for g in gaps)  # never a hot loop
     assert gaps[-1] > gaps[0]  # backing off
-    conflicts = [e for e in logs if e["event"] == "telegram_poll_conflict"]
+    conflicts = [e for e in logs if e["event"] == "poll_conflict"]
     assert len(conflicts) == 4 and conflicts[0]["log_level"] == "error"
     assert "one dshim per bot token" in conflicts[0]["error"]
 
@@ -476,11 +713,7 @@ async def test_network_errors_and_5xx_back_off_and_recover(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 2, status=502)
             fake.drop_next("getUpdates", 2)
@@ -499,11 +732,7 @@ async def test_a_slow_poll_answer_is_not_a_failure(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.slow_next("getUpdates", 30)  # the server is 30 s late: within the read timeout
             async with running_bot(fake, store, clock):
@@ -514,15 +743,37 @@ async def test_a_slow_poll_answer_is_not_a_failure(
     assert first.status == 200
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs the streaming engine's unknown-outcome rule (issue 9 #8, dshim/render.py, "
+    "another branch): delete this marker once it is merged",
+)
+async def test_a_send_whose_answer_was_lost_is_not_repeated_into_many_copies(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """sendMessage was processed, then the connection dropped (issue 9 #8).
+
+    Telegram has no idempotency key: an outcome that is unknown may be retried once,
+    never in a loop — the user sees at most 2 copies, never 6.
+    """
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.lose_response_next("sendMessage", 10)
+                fake.user_message(chat, ADA, "echo:slow 5 count to ten")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) >= 1)
+                await trio.sleep(600)  # every retry the engine would make has happened
+    copies = [m for m in fake.bot_messages(42) if m.text.startswith("<dsh_im_source>")]
+    assert 1 <= len(copies) <= 2  # (an error notice, if the engine sends one, is no copy)
+
+
 async def test_migrated_group_gets_the_answer_in_the_supergroup(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             group = fake.group_chat(-4001, "Old group", supergroup=False)
             async with running_bot(fake, store, clock):
                 await polling(fake)
@@ -537,11 +788,7 @@ async def test_blocked_user_fails_the_answer_not_the_bot(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             bob_chat = fake.private_chat(BOB)
             async with running_bot(fake, store, clock) as run:
@@ -584,11 +831,7 @@ async def test_the_token_never_reaches_the_log(
     configure_logging("debug", "json", [], stream=stream)  # httpx and httpcore at DEBUG too
     logging.getLogger("httpx").setLevel(logging.DEBUG)
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getUpdates", 1, status=409)
             fake.fail_next("getUpdates", 1, status=500)
@@ -599,7 +842,47 @@ async def test_the_token_never_reaches_the_log(
                 await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
                 await trio.sleep(3)
     output = stream.getvalue()
-    assert "telegram_poll_conflict" in output and "HTTP Request" in output  # it did log, URLs too
+    assert "poll_conflict" in output and "HTTP Request" in output  # it did log, URLs too
+    assert TEST_TOKEN not in output
+    assert TEST_TOKEN.split(":", 1)[1] not in output
+
+
+async def test_the_token_never_reaches_the_log_on_the_new_paths_either(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, restore_logging: None
+) -> None:
+    """getMe retried at start, unavailable files, hostile updates, a deleted topic, an
+    album, a lost send: every log line of them, httpx's included, without the token."""
+    stream = io.StringIO()
+    configure_logging("debug", "json", [], stream=stream)
+    logging.getLogger("httpx").setLevel(logging.DEBUG)
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
+            fake.fail_next("getMe", 1, status=502)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.fail_next("getFile", 1, status=404)
+                fake.user_message(chat, ADA, caption="gone", photo=PHOTOS[0])
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                fake.fail_next("file", 1, status=404)
+                fake.album(chat, ADA, PHOTOS[:2], caption="expired links")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
+                hostile_updates(fake, chat)
+                fake.user_message(forum, ADA, "@dshim_test_bot hi", thread_id=topic)
+                fake.delete_topic(GROUP_ID, topic)
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
+                fake.lose_response_next("sendMessage", 1)
+                fake.user_message(chat, ADA, "one more")
+                await fake.wait_until(
+                    lambda: any(t.endswith("one more") for t in final_texts(fake, 42))
+                )
+                await trio.sleep(5)
+    output = stream.getvalue()
+    for event in ("call_failed_retrying", "reply_thread_dropped", "event_dropped"):
+        assert event in output  # the paths ran and logged
+    assert "HTTP Request" in output and "/file/bot" in output  # URLs were logged too
     assert TEST_TOKEN not in output
     assert TEST_TOKEN.split(":", 1)[1] not in output
 
@@ -612,11 +895,7 @@ async def test_answers_are_recorded_and_a_textless_reply_to_one_is_recovered(
 ) -> None:
     harness = RecordingHarness()
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock, harness=harness):
                 await polling(fake)
@@ -664,11 +943,7 @@ async def test_malformed_and_unknown_updates_are_dropped_and_confirmed(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             async with running_bot(fake, store, clock) as run:
                 await polling(fake)
@@ -698,15 +973,79 @@ async def test_malformed_and_unknown_updates_are_dropped_and_confirmed(
     assert fake.calls_to("getUpdates")[0].params["allowed_updates"] == ["message"]
 
 
+def hostile_updates(fake: FakeTelegram, chat: dict[str, Any]) -> list[int]:
+    """Queue a lone-surrogate update and one nested 2,000 levels deep; returns their ids."""
+    ids = []
+    for tail in (b'"text": "broken \\ud800"', b'"text": "deep", "x": ' + b"[" * 2000 + b"]" * 2000):
+        uid = (fake.last_update_id or 700_000_000) + 1
+        raw = (
+            (
+                f'{{"update_id": {uid}, "message": {{"message_id": {uid % 1000}, "date": '
+                f'{int(fake.clock())}, "chat": {json.dumps(chat)}, "from": {json.dumps(ADA)}, '
+            ).encode()
+            + tail
+            + b"}}"
+        )
+        fake.add_update(raw)
+        ids.append(uid)
+    return ids
+
+
+async def test_one_undecodable_update_never_blocks_the_others(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """A lone surrogate and 2,000 levels of nesting in one getUpdates answer (issue 9 #1, #2)."""
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            bob = fake.private_chat(BOB)
+            async with running_bot(fake, store, clock) as run:
+                await polling(fake)
+                fake.user_message(chat, ADA, "before")
+                bad = hostile_updates(fake, chat)
+                fake.user_message(bob, BOB, "after")
+                last = fake.last_update_id
+                assert last is not None
+                await fake.wait_until(
+                    lambda: (
+                        len(fake.bot_messages(42)) == 1
+                        and len(fake.bot_messages(43)) == 1
+                        and fake.confirmed(last)
+                    )
+                )
+                assert run.results == {}
+    assert fake.bot_messages(42)[0].text == echo_of(ADA, "before")
+    assert fake.bot_messages(43)[0].text == echo_of(BOB, "after")
+    assert all(fake.confirmed(uid) for uid in bad)
+    drops = [e for e in logs if e["event"] == "event_dropped"]
+    assert [e["reason"] for e in drops] == ["malformed", "malformed"]
+    events = [e["event"] for e in logs]
+    assert "bot_failed_restarting" not in events and "poll_failed" not in events
+
+
+async def test_a_hostile_update_last_in_its_batch_is_confirmed_too(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                _, deep = hostile_updates(fake, chat)
+                await fake.wait_until(lambda: fake.confirmed(deep))
+                await trio.sleep(60)  # no re-polls of it, no restarts
+                fake.user_message(chat, ADA, "still here?")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+    events = [e["event"] for e in logs]
+    assert events.count("bot_started") == 1 and "bot_crashed_bug" not in events
+    assert len(fake.calls_to("getMe")) == 1
+
+
 async def test_a_webhook_blocks_polling_until_it_is_deleted(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.webhook_url = "https://hooks.example/tg"
             async with running_bot(fake, store, clock):
@@ -714,7 +1053,7 @@ async def test_a_webhook_blocks_polling_until_it_is_deleted(
                 fake.webhook_url = ""  # the operator ran deleteWebhook
                 fake.user_message(chat, ADA, "polling again?")
                 await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
-    assert any(e["event"] == "telegram_webhook_set" and e["log_level"] == "error" for e in logs)
+    assert any(e["event"] == "webhook_set" and e["log_level"] == "error" for e in logs)
     assert [c.status for c in fake.calls_to("getUpdates")[:3]] == [409, 409, 409]
 
 
@@ -722,11 +1061,7 @@ async def test_optional_startup_calls_may_fail(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with trio.fail_after(DEADLINE):
-        clock = Clock()
-        async with (
-            open_fake_telegram(clock=clock) as fake,
-            open_store(tmp_path, inline=True) as store,
-        ):
+        async with telegram_world(tmp_path) as (fake, store, clock):
             chat = fake.private_chat(ADA)
             fake.fail_next("getWebhookInfo", 1, status=404, description="Not Found")
             fake.fail_next(

@@ -7,7 +7,6 @@ No I/O, no clock: these run in microseconds.  Fuzzed payloads must never raise.
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import msgspec
@@ -19,14 +18,19 @@ from dshim.channels.telegram import models
 from dshim.channels.telegram.protocol import (
     ALLOWED_UPDATES,
     POLL_TIMEOUT_S,
+    AlbumLimits,
     BotIdentity,
     ChatMigrated,
     NotModified,
-    Poller,
+    ThreadNotFound,
+    UpdateFeed,
     api_error,
     decode_envelope,
     decode_update,
+    decode_updates,
+    parse_offset,
     parse_update,
+    poll_params,
     token_bot_id,
     utf16_len,
 )
@@ -189,6 +193,83 @@ def test_malformed_update_still_tells_its_id_so_it_is_confirmed() -> None:
     assert parsed.update_id == 77
     assert isinstance(parsed.item, Skip) and parsed.item.reason == "malformed"
     assert parse_update(b"not json", ME).update_id is None
+
+
+LONE_SURROGATE = (
+    b'{"update_id": 78, "message": {"message_id": 5, "chat": {"id": 42, "type": "private"},'
+    b' "from": {"id": 42, "first_name": "Ada"}, "date": 1796032800, "text": "broken \\ud800"}}'
+)
+
+
+def deeply_nested(uid: int, depth: int = 1500) -> bytes:
+    return (
+        f'{{"update_id": {uid}, "message": {{"message_id": 6, "chat": {{"id": 42, "type": '
+        f'"private"}}, "date": 1796032800, "text": "hi", "x": '.encode()
+        + b"[" * depth
+        + b"]" * depth
+        + b"}}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("raw", "uid"),
+    [
+        (LONE_SURROGATE, 78),
+        (deeply_nested(79), 79),
+        (deeply_nested(80, 1000), 80),
+        (  # inside a field that is decoded into Python objects
+            b'{"update_id": 83, "message": {"message_id": 1, "chat": {"id": 1, "type": '
+            b'"private"}, "date": 1, "reply_to_story": '
+            + b'{"a":' * 3000
+            + b"1"
+            + b"}" * 3000
+            + b"}}",
+            83,
+        ),
+        (b'{"update_id": 81, "message": {"message_id": 1, "text": "\xff\xfe"}}', 81),
+        (b'{"message": {"text": "\\ud800"}, "update_id": 82}', 82),
+    ],
+)
+def test_an_undecodable_update_is_malformed_and_still_tells_its_id(raw: bytes, uid: int) -> None:
+    """A lone surrogate, invalid UTF-8 or 1,000+ levels of nesting: a drop, never a crash."""
+    parsed = parse_update(raw, ME)
+    assert parsed.update_id == uid
+    assert isinstance(parsed.item, Skip) and parsed.item.reason == "malformed"
+    assert isinstance(decode_update(raw, ME), Skip)
+
+
+def test_the_updates_of_an_answer_are_split_even_when_one_does_not_decode() -> None:
+    good = [
+        json.dumps({"update_id": 90 + i, "message": message(90 + i, text="ok")}).encode()
+        for i in range(2)
+    ]
+    for bad in (LONE_SURROGATE, deeply_nested(79)):
+        body = b'{"ok":true,"result":[' + good[0] + b", " + bad + b"," + good[1] + b"]}"
+        assert decode_updates("getUpdates", 200, body) == [good[0], bad, good[1]]
+    body = b'{"ok":true,"result":[' + b",".join(good) + b"]}"
+    assert decode_updates("getUpdates", 200, body) == good  # the fast path, same answer
+    assert decode_updates("getUpdates", 200, b'{"ok":true,"result":[]}') == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"ok":true,"result":[{"update_id":1},',  # truncated
+        b'{"ok":true,"result":{"update_id":1}}',  # not a list
+        b'{"ok":true}',
+        b"<html>502</html>",
+    ],
+)
+def test_an_answer_that_cannot_be_split_is_a_protocol_error(body: bytes) -> None:
+    with pytest.raises(RemoteProtocolError):
+        decode_updates("getUpdates", 200, body)
+
+
+def test_an_error_answer_is_still_classified_when_the_updates_cannot_be() -> None:
+    with pytest.raises(Conflict):
+        decode_updates(
+            "getUpdates", 409, b'{"ok":false,"error_code":409,"description":"Conflict: x"}'
+        )
 
 
 def test_migration_is_reported() -> None:
@@ -521,6 +602,103 @@ def test_sender_chat_is_the_author_of_an_anonymous_message() -> None:
     assert ref is not None and (ref.author_id, ref.author_name) == (str(GROUP["id"]), "Research")
 
 
+# --- forwards and messages sent on behalf of a chat (issue 9 #6, #10) ---------------------
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"forward_origin": {"type": "user", "date": T, "sender_user": BOB}},
+        {"forward_origin": {"type": "hidden_user", "date": T, "sender_user_name": "Someone"}},
+        {"forward_origin": {"type": "chat", "date": T, "sender_chat": GROUP}},
+        {
+            "forward_origin": {
+                "type": "channel",
+                "date": T,
+                "chat": {"id": -1001, "type": "channel", "title": "News"},
+                "message_id": 77,
+            }
+        },
+        # Bot API before 7.0 (and servers that still send both):
+        {"forward_from": BOB, "forward_date": T},
+        {"forward_from_chat": {"id": -1001, "type": "channel", "title": "News"}, "forward_date": T},
+        {"forward_sender_name": "Someone", "forward_date": T},
+        {"forward_date": T},
+    ],
+)
+def test_a_forwarded_message_is_marked_and_its_sender_is_who_forwarded_it(
+    fields: dict[str, Any],
+) -> None:
+    item = inbound(message(text="/new yes", **fields))
+    assert item.forwarded is True
+    assert item.content == "/new yes"  # still the message's content for the agent
+    assert (item.sender_id, item.sender_name, item.sender_is_bot) == ("42", "Ada Lovelace", False)
+
+
+def test_a_forwarded_photo_is_marked_too() -> None:
+    photo = [{"file_id": "p1", "width": 10, "height": 10}]
+    item = inbound(
+        message(
+            caption="look",
+            photo=photo,
+            forward_origin={"type": "user", "date": T, "sender_user": BOB},
+        )
+    )
+    assert item.forwarded and item.content == "look" and len(item.images) == 1
+
+
+def test_an_own_message_is_not_forwarded() -> None:
+    assert inbound(message(text="/new")).forwarded is False
+
+
+GROUP_ANONYMOUS_BOT = {
+    "id": 1087968824,
+    "is_bot": True,
+    "first_name": "Group",
+    "username": "GroupAnonymousBot",
+}
+CHANNEL_BOT = {"id": 136817688, "is_bot": True, "first_name": "Channel", "username": "Channel_Bot"}
+
+
+@pytest.mark.parametrize(
+    ("sender", "sender_chat", "expected"),
+    [
+        (GROUP_ANONYMOUS_BOT, GROUP, (str(GROUP["id"]), "Research")),
+        (
+            CHANNEL_BOT,
+            {"id": -1005555, "type": "channel", "title": "Lab news", "username": "labnews"},
+            ("-1005555", "Lab news"),
+        ),
+        (
+            CHANNEL_BOT,
+            {"id": -1005556, "type": "channel", "username": "labnews"},
+            ("-1005556", "labnews"),
+        ),
+    ],
+)
+def test_a_message_sent_on_behalf_of_a_chat_is_a_persons_message_from_that_chat(
+    sender: dict[str, Any], sender_chat: dict[str, Any], expected: tuple[str, str]
+) -> None:
+    text = "@DshimBot status?"
+    item = inbound(
+        message(
+            chat=GROUP,
+            sender=sender,
+            text=text,
+            entities=[ent(text, "@DshimBot")],
+            sender_chat=sender_chat,
+        )
+    )
+    assert item.sender_is_bot is False  # not a bot: an anonymous admin or a channel
+    assert (item.sender_id, item.sender_name) == expected
+    assert item.addressed and item.content == "status?"
+
+
+def test_a_real_bot_is_still_a_bot() -> None:
+    other = {"id": 555, "is_bot": True, "first_name": "Other", "username": "other_bot"}
+    assert inbound(message(chat=GROUP, sender=other, text="hi")).sender_is_bot is True
+
+
 @pytest.mark.parametrize(
     ("origin", "author"),
     [
@@ -757,7 +935,7 @@ def env(status: int, description: str, **parameters: Any) -> models.Envelope:
         (400, "Bad Request: message to be replied not found", {}, NotFound),
         (400, "Bad Request: reply message not found", {}, NotFound),
         (400, "Bad Request: chat not found", {}, NotFound),
-        (400, "Bad Request: message thread not found", {}, NotFound),
+        (400, "Bad Request: message thread not found", {}, ThreadNotFound),
         (400, "Bad Request: message can't be edited", {}, PermissionDenied),
         (
             400,
@@ -854,43 +1032,47 @@ def test_token_shape(token: str, bot_id: int | None) -> None:
     assert token_bot_id(token) == bot_id
 
 
-def test_poller_requests_long_polls_with_the_offset() -> None:
-    p = Poller(None)
-    first = p.request()
+def test_polls_are_long_polls_from_the_offset() -> None:
+    first = poll_params(None)
     assert first == {"timeout": POLL_TIMEOUT_S, "limit": 100, "allowed_updates": ALLOWED_UPDATES}
     assert first["allowed_updates"] == ["message"] and first["timeout"] == 25
-    assert p.confirm(500) == 501
-    assert p.request()["offset"] == 501
-    assert p.is_new(501) and not p.is_new(500)
-    assert p.confirm(400) is None  # never moves backwards
-    assert Poller(77).request()["offset"] == 77
+    assert poll_params(501)["offset"] == 501
 
 
-def test_poller_backs_off_from_1_to_30_seconds_with_jitter() -> None:
-    p = Poller(1, rng=random.Random(7))
-    delays = [p.failed(100.0) for _ in range(10)]
-    assert all(1.0 <= d <= 30.0 for d in delays)
-    assert delays[0] == 1.0
-    assert delays[4] >= 8.0 and max(delays) == pytest.approx(30.0, abs=15)
-    assert p.wait_time(100.0) == pytest.approx(delays[-1])
-    assert p.wait_time(100.0 + delays[-1]) == 0
-    p.succeeded()
-    assert p.wait_time(100.0) == 0 and p.failed(200.0) == 1.0
+@pytest.mark.parametrize(
+    ("cursor", "offset"),
+    [
+        (None, None),
+        ("", None),
+        ("501", 501),
+        (" 77 ", 77),
+        ("-1", -1),
+        ("x12", None),
+        ("1.5", None),
+    ],
+)
+def test_the_stored_cursor_is_the_offset(cursor: str | None, offset: int | None) -> None:
+    assert parse_offset(cursor) == offset
 
 
-def test_poller_honours_retry_after() -> None:
-    p = Poller(1, rng=random.Random(1))
-    assert p.failed(0.0, retry_after=12) == 12
-    assert p.wait_time(5.0) == 7
+def update_raw(uid: int, text: str = "hi") -> bytes:
+    return json.dumps({"update_id": uid, "message": message(uid, text=text)}).encode()
 
 
-def test_jitter_spreads_pollers() -> None:
-    a = Poller(1, rng=random.Random(1))
-    b = Poller(1, rng=random.Random(2))
-    for _ in range(3):
-        a.failed(0.0)
-        b.failed(0.0)
-    assert a.failed(0.0) != b.failed(0.0)
+def test_each_update_is_confirmed_by_its_id_plus_one_and_old_ones_are_dropped() -> None:
+    feed = UpdateFeed(ME)
+    raws = [update_raw(499), update_raw(500), update_raw(507)]
+    ready = feed.take(raws, 500)
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(500, 501), (507, 508)]
+    assert [r.raw for r in ready] == raws[1:]
+    assert [r.parsed.update_id for r in UpdateFeed(ME).take(raws, None)] == [499, 500, 507]
+    assert feed.take(raws, 500) == []  # already handed over in this run
+
+
+def test_an_update_without_a_readable_id_confirms_nothing() -> None:
+    [ready] = UpdateFeed(ME).take([b'{"message": {"message_id": 1}}'], 10)
+    assert ready.offset is None and isinstance(ready.parsed.item, Skip)
+    assert ready.parsed.item.reason == "malformed"
 
 
 def test_configured_username_with_an_at_sign_still_matches() -> None:
@@ -907,3 +1089,140 @@ def test_configured_username_with_an_at_sign_still_matches() -> None:
     ).encode()
     item = decode_update(raw, me)
     assert isinstance(item, InboundMessage) and item.addressed and item.content == "hi"
+
+
+# --- albums (issue 9 #11) ------------------------------------------------------------------
+
+
+def album_part(
+    uid: int,
+    *,
+    group: str = "g1",
+    chat: dict[str, Any] = DM,
+    caption: str | None = None,
+    sender: dict[str, Any] = ADA,
+    **fields: Any,
+) -> bytes:
+    msg = message(
+        uid,
+        chat,
+        sender,
+        photo=[{"file_id": f"p{uid}", "width": 10, "height": 10}],
+        media_group_id=group,
+        **fields,
+    )
+    if caption is not None:
+        msg["caption"] = caption
+        if "@" in caption:
+            msg["caption_entities"] = [ent(caption, "@DshimBot")]
+    return json.dumps({"update_id": uid, "message": msg}).encode()
+
+
+def fetcher(file_id: str, size: int | None) -> Any:
+    async def fetch(limit: int) -> bytes:
+        return file_id.encode()
+
+    return fetch
+
+
+def test_an_album_is_handed_over_as_one_message_once_it_is_complete() -> None:
+    feed = UpdateFeed(ME, fetcher=fetcher)
+    caption = "@DshimBot which one?"
+    raws = [
+        album_part(100, chat=GROUP),
+        update_raw(101, "meanwhile"),
+        album_part(102, chat=GROUP, caption=caption),
+        album_part(103, chat=GROUP),
+    ]
+    ready = feed.take(raws, 100, now=10.0)
+    # The other update goes on at once, but its offset stops below the album.
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(101, 100)]
+    assert feed.holding and feed.due_at() == 11.0
+    assert feed.take([], 100, now=10.9) == []
+    [album] = feed.take([], 100, now=11.0)
+    assert album.offset == 104 and not feed.holding and feed.due_at() is None
+    item = album.parsed.item
+    assert isinstance(item, InboundMessage)
+    assert item.message_id == "100"  # the album is its first part
+    assert item.content == "which one?" and item.addressed  # the caption's mention counts
+    assert [ref.kind for ref in item.images] == ["image"] * 3
+    # The durable inbox keeps the parts as one JSON array and reads the same message back.
+    assert json.loads(album.raw) == [json.loads(r) for r in (raws[0], raws[2], raws[3])]
+    again = decode_update(album.raw, ME, fetcher=fetcher)
+    assert isinstance(again, InboundMessage)
+    assert (again.message_id, again.content, again.addressed, len(again.images)) == (
+        "100",
+        "which one?",
+        True,
+        3,
+    )
+
+
+async def test_an_albums_images_keep_their_order_and_their_downloads() -> None:
+    feed = UpdateFeed(ME, fetcher=fetcher)
+    feed.take([album_part(7), album_part(8, caption="hi"), album_part(9)], None, now=0.0)
+    [album] = feed.take([], None, now=1.0)
+    item = album.parsed.item
+    assert isinstance(item, InboundMessage)
+    got = [await ref.fetch(100) for ref in item.images if ref.fetch is not None]
+    assert got == [b"p7", b"p8", b"p9"]
+
+
+def test_an_unaddressed_group_album_stays_unaddressed() -> None:
+    feed = UpdateFeed(ME)
+    feed.take([album_part(1, chat=GROUP), album_part(2, chat=GROUP, caption="nice")], None, now=0)
+    [album] = feed.take([], None, now=5)
+    assert isinstance(album.parsed.item, InboundMessage)
+    assert album.parsed.item.addressed is False
+
+
+def test_a_late_part_extends_the_window_within_a_bound() -> None:
+    feed = UpdateFeed(ME)
+    feed.take([album_part(1)], None, now=0.0)
+    assert feed.take([album_part(2)], None, now=0.9) == []  # quiet again until 1.9
+    assert feed.take([], None, now=1.5) == [] and feed.due_at() == 1.9
+    for i, t in enumerate((1.8, 2.7, 3.6, 4.5), start=3):
+        assert feed.take([album_part(i)], None, now=t) == []
+    [album] = feed.take([], None, now=5.0)  # never longer than 5 s after the first part
+    assert isinstance(album.parsed.item, InboundMessage) and len(album.parsed.item.images) == 6
+
+
+def test_an_album_at_telegrams_limit_of_ten_parts_is_handed_over_at_once() -> None:
+    feed = UpdateFeed(ME)
+    ready = feed.take([album_part(i) for i in range(1, 12)], None, now=0.0)
+    assert [(r.parsed.update_id, r.offset) for r in ready] == [(1, 11)]  # part 11: a new album
+    assert feed.holding
+
+
+def test_albums_are_per_chat_and_bounded_in_number() -> None:
+    feed = UpdateFeed(ME, albums=AlbumLimits(max_open=2))
+    other = {"id": 43, "type": "private", "first_name": "Bob"}
+    raws = [album_part(1), album_part(2, chat=other), album_part(3, group="g2")]
+    [oldest] = feed.take(raws, None, now=0.0)  # a third album: the oldest is handed over
+    assert oldest.parsed.update_id == 1 and oldest.offset == 2  # stops below the others
+    rest = feed.take([], None, now=1.0)
+    assert [(r.parsed.update_id, r.offset) for r in rest] == [(2, 3), (3, 4)]
+
+
+def test_updates_seen_while_an_album_is_held_are_not_handed_over_twice() -> None:
+    feed = UpdateFeed(ME)
+    first = [album_part(50), update_raw(51)]
+    assert [r.parsed.update_id for r in feed.take(first, 50, now=0.0)] == [51]
+    # The bot re-polls from 50 (below the album): Telegram answers with both again.
+    assert feed.take(first + [update_raw(52)], 50, now=0.5)[0].parsed.update_id == 52
+    [album] = feed.take(first, 50, now=1.0)
+    assert album.parsed.update_id == 50 and album.offset == 53
+
+
+def test_a_one_part_album_keeps_its_own_raw() -> None:
+    feed = UpdateFeed(ME)
+    raw = album_part(5, caption="just one")
+    feed.take([raw], None, now=0.0)
+    [album] = feed.take([], None, now=1.0)
+    assert album.raw == raw and album.offset == 6
+
+
+@pytest.mark.parametrize("raw", [b"[", b"[1, 2]", b'[{"update_id": 1}]', b"  [ ]"])
+def test_an_unreadable_stored_album_is_malformed(raw: bytes) -> None:
+    item = decode_update(raw, ME)
+    assert isinstance(item, Skip) and item.reason == "malformed"

@@ -1,13 +1,17 @@
 """The Telegram channel: a bot's nursery, its replay adapter and its probe checks.
 
-``run`` authenticates (``getMe``; 401 stops the bot for good), warns about a webhook,
-registers the command menu, opens the pipeline, reports started, then long-polls:
-each update is mapped by :mod:`~dshim.channels.telegram.protocol` and handed to
-``BotRuntime.accept`` in order; only after accept returned is the offset advanced and
-persisted in the store (cursor ``telegram.offset``), so a crash never loses an accepted
-update and never runs a handled one twice (the pipeline's dedup drops the redelivery).
-Updates older than ``backlog_max_age_s`` are confirmed and dropped as ``stale`` by the
-pipeline.  Network errors, 5xx and 409 back off 1..30 s with jitter; the loop never spins.
+``run`` authenticates (``getMe``, retried through network errors, 5xx and 429 before the
+bot counts as started; 401 stops the bot for good), warns about a webhook, registers the
+command menu, opens the pipeline, reports started, then long-polls with the kit's poll
+loop (:mod:`dshim.channels.kit.poll`): :class:`UpdateSource` asks ``getUpdates`` from the
+stored offset (cursor ``telegram.offset``) and maps each update with
+:mod:`~dshim.channels.telegram.protocol`; the loop hands them to the pipeline in order
+and moves and persists the offset only past what was accepted, so a crash never loses an
+accepted update and never runs a handled one twice (the pipeline's dedup drops the
+redelivery).  An album (several photos, one update each) is collected for about a second
+and answered as one message.  Updates older than ``backlog_max_age_s`` are confirmed and dropped as
+``stale`` by the pipeline.  Network errors, 5xx and 409 back off 1..30 s with jitter; the
+loop never spins.
 """
 
 from __future__ import annotations
@@ -22,32 +26,27 @@ from dshim.channels.base import (
     BotHost,
     Channel,
     ChannelSettings,
-    ChannelStore,
     Check,
     FixtureError,
     Identity,
-    Inbound,
     ProbeResult,
     ProbeRows,
     ReplaySource,
     Secret,
 )
+from dshim.channels.kit.http import open_http
+from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
+from dshim.channels.kit.retry import until_ok
 from dshim.channels.telegram import protocol
-from dshim.channels.telegram.client import DEFAULT_API_BASE, BotApiClient, open_http
-from dshim.channels.telegram.protocol import BotIdentity, Poller, token_bot_id
+from dshim.channels.telegram.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_AGENT, BotApiClient
+from dshim.channels.telegram.protocol import BotIdentity, UpdateFeed, token_bot_id
 from dshim.channels.telegram.render import TelegramOutbound, split
-from dshim.errors import (
-    AuthError,
-    ChannelError,
-    Conflict,
-    RateLimited,
-)
+from dshim.errors import ChannelError, Conflict
 from dshim.model import InboundMessage, Skip
 
 log = structlog.get_logger("dshim.telegram")
 
 OFFSET_CURSOR = "telegram.offset"
-CURSOR_WRITE_DEADLINE_S = 5.0
 TEST_MESSAGE = "dshim connection test"
 #: The command menu (setMyCommands); the commands themselves are the pipeline's.
 COMMANDS = [
@@ -88,9 +87,10 @@ async def run(
     """Run one Telegram bot: authenticate, report started, long-poll until shutdown."""
     settings = host.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(settings.api_base) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
-        me = await client.get_me()
+        # Network errors, 5xx and 429 are waited out here; a rejected token raises at once.
+        me = await until_ok("getMe", client.get_me)
         identity = BotIdentity(me.id, me.username)
         log.info("bot_authenticated", username=me.username, bot_id=me.id)
         await _warn_webhook(client)
@@ -98,34 +98,67 @@ async def run(
         outbound = TelegramOutbound(client, clock=host.clock, username=me.username)
         decode = partial(protocol.decode_update, me=identity, fetcher=client.fetcher)
         async with host.open_runtime(outbound=outbound, bot_id=str(me.id), decode_raw=decode) as rt:
-            poller = Poller(await _stored_offset(host.store))
             task_status.started()
-            reader = partial(_poll_forever, host.store, rt, client, poller, identity, outbound)
+            source = UpdateSource(client, identity, outbound)
+            reader = partial(run_poll_loop, source, rt, host.store, cursor_name=OFFSET_CURSOR)
             await host.serve(rt, reader)
 
 
-async def _stored_offset(store: ChannelStore) -> int | None:
-    stored = await store.get_cursor(OFFSET_CURSOR)
-    if not stored:
-        return None
-    try:
-        return int(stored)
-    except ValueError:
-        log.warning("telegram_offset_unreadable", stored=stored[:40])
-        return None
+class UpdateSource:
+    """Telegram's side of the kit's poll loop: ``getUpdates`` from the offset, mapped."""
+
+    def __init__(self, client: BotApiClient, me: BotIdentity, outbound: TelegramOutbound) -> None:
+        self.client = client
+        self.outbound = outbound
+        self.feed = UpdateFeed(me, fetcher=client.fetcher)
+        self._cursor: str | None = None
+        self._offset: int | None = None
+
+    def offset_of(self, cursor: str | None) -> int | None:
+        """The offset a stored cursor stands for (an unreadable one is logged, once)."""
+        if cursor != self._cursor:
+            self._cursor = cursor
+            self._offset = protocol.parse_offset(cursor)
+            if self._offset is None and cursor:
+                log.warning("offset_unreadable", stored=cursor[:40])
+        return self._offset
+
+    async def poll(self, cursor: str | None) -> PollBatch:
+        offset = self.offset_of(cursor)
+        due = self.feed.due_at()
+        if due is None:
+            params = protocol.poll_params(offset)
+        else:
+            # An album is being collected: the offset must stay below its parts, so a
+            # long poll would come back at once with what was already seen.  Wait until
+            # the album would be complete, then ask once more without waiting.
+            await trio.sleep_until(due)
+            params = protocol.poll_params(offset, timeout_s=0)
+        raws = await self.client.get_updates(params)
+        return self.batch(raws, offset, now=trio.current_time())
+
+    def batch(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> PollBatch:
+        """Map one getUpdates answer into the loop's events (``now``: trio time)."""
+        events: list[PollEvent] = []
+        for parsed, raw, confirms in self.feed.take(raws, offset, now=now):
+            if parsed.migration is not None:
+                self.outbound.migrated(*parsed.migration)
+            cursor = str(confirms) if confirms is not None else None
+            events.append(PollEvent(parsed.item, raw, cursor))
+        return PollBatch(events, received=len(raws), holding=self.feed.holding)
 
 
 async def _warn_webhook(client: BotApiClient) -> None:
     try:
         info = await client.get_webhook_info()
     except ChannelError as exc:  # getMe already proved the token: this is only a hint
-        log.warning("telegram_webhook_check_failed", error=str(exc))
+        log.warning("webhook_check_failed", error=str(exc))
         return
     if info.url:
         # While a webhook is set, getUpdates answers 409: say why, then keep backing off
         # so the bot recovers by itself once the webhook is deleted.
         log.error(
-            "telegram_webhook_set",
+            "webhook_set",
             detail="a webhook is set for this bot, so long polling gets 409 Conflict; "
             "delete it (deleteWebhook) or stop the other deployment",
             pending=info.pending_update_count,
@@ -136,83 +169,7 @@ async def _set_commands(client: BotApiClient) -> None:
     try:
         await client.set_my_commands(COMMANDS)
     except ChannelError as exc:  # the menu is a convenience; never fatal
-        log.info("telegram_set_commands_failed", error=str(exc))
-
-
-async def _poll_forever(
-    store: ChannelStore,
-    rt: Inbound,
-    client: BotApiClient,
-    poller: Poller,
-    me: BotIdentity,
-    outbound: TelegramOutbound,
-) -> None:
-    """Long-poll until cancelled (shutdown) or the token is rejected (AuthError)."""
-    while True:
-        wait = poller.wait_time(trio.current_time())
-        if wait > 0:
-            await trio.sleep(wait)
-        try:
-            raws = await client.get_updates(poller.request())
-        except AuthError:
-            raise
-        except RateLimited as exc:
-            delay = poller.failed(trio.current_time(), retry_after=exc.retry_after)
-            log.warning("telegram_poll_rate_limited", retry_in_s=round(delay, 2))
-            continue
-        except Conflict as exc:
-            delay = poller.failed(trio.current_time())
-            log.error("telegram_poll_conflict", error=str(exc), retry_in_s=round(delay, 2))
-            continue
-        except ChannelError as exc:  # network, timeout, 5xx, undecodable answer
-            delay = poller.failed(trio.current_time())
-            log.warning("telegram_poll_failed", error=str(exc), retry_in_s=round(delay, 2))
-            continue
-        poller.succeeded()
-        if not raws:
-            continue
-        before = poller.offset
-        stop = await _handle_batch(store, rt, raws, poller, me, outbound, client)
-        if stop:
-            return
-        if poller.offset == before:
-            # Updates came back but none could be confirmed: never spin on them.
-            poller.failed(trio.current_time())
-
-
-async def _handle_batch(
-    store: ChannelStore,
-    rt: Inbound,
-    raws: list[bytes],
-    poller: Poller,
-    me: BotIdentity,
-    outbound: TelegramOutbound,
-    client: BotApiClient,
-) -> bool:
-    """Accept a batch in order; persist the offset of what was accepted.  True = stop."""
-    confirmed: int | None = None
-    try:
-        for raw in raws:
-            parsed = protocol.parse_update(raw, me, fetcher=client.fetcher)
-            uid = parsed.update_id
-            if uid is None:
-                log.warning("telegram_update_without_id", size=len(raw))
-                continue
-            if not poller.is_new(uid):
-                continue
-            if parsed.migration is not None:
-                outbound.migrated(*parsed.migration)
-            item: InboundMessage | Skip = parsed.item
-            verdict = await rt.accept(item, raw)
-            if verdict.reason == "shutdown":
-                return True  # not accepted: Telegram sends it again after the restart
-            confirmed = poller.confirm(uid) or confirmed
-    finally:
-        if confirmed is not None:
-            # Shielded: a shutdown arriving now must not lose the progress just made.
-            with trio.CancelScope(shield=True), trio.move_on_after(CURSOR_WRITE_DEADLINE_S):
-                await store.set_cursor(OFFSET_CURSOR, str(confirmed))
-    return False
+        log.info("command_menu_failed", error=str(exc))
 
 
 # --- replay ---------------------------------------------------------------------------------
@@ -244,7 +201,7 @@ async def probe(rows: ProbeRows) -> None:
     """``dshim probe`` rows for a Telegram bot: getMe, webhook, getUpdates, store, send test."""
     settings = rows.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(settings.api_base) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
 
         async def identity() -> Identity:

@@ -3,25 +3,26 @@
 Every method is one HTTPS request ``POST {api_base}/bot<token>/<method>`` with a JSON
 body; the envelope is decoded and errors are classified once, in
 :func:`dshim.channels.telegram.protocol.api_error`.  httpx exceptions are mapped here, at
-the boundary, to :class:`~dshim.errors.TransportError` (``code="connect"`` when the
-request never left, ``"timeout"`` for timeouts).  The token sits in the URL path: no
-message built here contains a URL, and the token is registered with the log redactor by
-the channel as a backstop.
+the boundary, by the kit (:func:`~dshim.channels.kit.http.map_httpx_errors`): a
+:class:`~dshim.errors.TransportError` says with ``request_sent`` whether the request can
+have reached Telegram.  Telegram has no idempotency key, so nothing here repeats a call
+on its own: whoever retries a send decides knowing that.  The token sits in the URL path:
+no message built here contains a URL, and the token is registered with the log redactor
+by the channel as a backstop.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing, asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import httpx
 import msgspec
 
+from dshim.channels.kit import http as kit_http
 from dshim.channels.telegram import models as m
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.protocol import NotModified
-from dshim.errors import ChannelError, TransportError
+from dshim.errors import ChannelError, NotFound
 from dshim.model import Fetcher
 
 DEFAULT_API_BASE = "https://api.telegram.org"
@@ -35,37 +36,16 @@ DOWNLOAD_TIMEOUT = httpx.Timeout(10.0, read=60.0)
 USER_AGENT = "dshim (+telegram bot api client)"
 
 
-def map_transport_error(what: str, exc: httpx.TransportError) -> TransportError:
-    """httpx's network failures, mapped once: ``code`` says whether the request never left
-    (``"connect"``) or may have been processed (``"timeout"``, None)."""
-    name = type(exc).__name__
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return TransportError(f"{what}: cannot connect ({name})", code="connect")
-    if isinstance(exc, httpx.TimeoutException):
-        return TransportError(f"{what}: timed out ({name})", code="timeout")
-    return TransportError(f"{what}: connection failed ({name})")
-
-
 def poll_timeout(poll_s: float) -> httpx.Timeout:
     return httpx.Timeout(10.0, read=poll_s + POLL_READ_MARGIN_S)
 
 
-@asynccontextmanager
-async def open_http(api_base: str) -> AsyncIterator[httpx.AsyncClient]:
-    """The one HTTP client of a bot (connection pool shared by polling and sending)."""
-    async with httpx.AsyncClient(
-        base_url=api_base.rstrip("/"),
-        timeout=CALL_TIMEOUT,
-        headers={"user-agent": USER_AGENT},
-        limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
-        follow_redirects=False,
-        trust_env=False,
-    ) as http:
-        yield http
-
-
 class BotApiClient:
-    """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree."""
+    """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree.
+
+    ``http`` is the bot's one client, from :func:`dshim.channels.kit.http.open_http`
+    with :data:`USER_AGENT` and :data:`CALL_TIMEOUT` (one pool for polling and sending).
+    """
 
     def __init__(self, http: httpx.AsyncClient, token: str) -> None:
         self._http = http
@@ -79,12 +59,10 @@ class BotApiClient:
     async def _post(
         self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
     ) -> httpx.Response:
-        try:
+        with kit_http.map_httpx_errors(method):
             return await self._http.post(
                 f"/bot{self._token}/{method}", json=params, timeout=http_timeout
             )
-        except httpx.TransportError as exc:
-            raise map_transport_error(method, exc) from exc
 
     async def call(
         self,
@@ -92,10 +70,14 @@ class BotApiClient:
         params: dict[str, Any] | None = None,
         *,
         http_timeout: httpx.Timeout = CALL_TIMEOUT,
+        file: bool = False,
     ) -> m.Envelope:
-        """Call a method; returns the envelope of a successful answer."""
+        """Call a method; returns the envelope of a successful answer.
+
+        ``file`` marks getFile (see :func:`~dshim.channels.telegram.protocol.api_error`).
+        """
         resp = await self._post(method, params or {}, http_timeout)
-        return protocol.decode_envelope(method, resp.status_code, resp.content)
+        return protocol.decode_envelope(method, resp.status_code, resp.content, file=file)
 
     async def _result(
         self,
@@ -104,8 +86,9 @@ class BotApiClient:
         decoder: msgspec.json.Decoder[Any],
         *,
         http_timeout: httpx.Timeout = CALL_TIMEOUT,
+        file: bool = False,
     ) -> Any:
-        env = await self.call(method, params, http_timeout=http_timeout)
+        env = await self.call(method, params, http_timeout=http_timeout, file=file)
         return protocol.decode_result(method, env, decoder)
 
     # -- methods -----------------------------------------------------------------------
@@ -119,12 +102,13 @@ class BotApiClient:
         return info
 
     async def get_updates(self, params: dict[str, Any]) -> list[bytes]:
-        """One (long) poll; returns each update's raw JSON (for the durable inbox)."""
+        """One (long) poll; returns each update's raw JSON (for the durable inbox).
+
+        The updates are split, not decoded: each is decoded on its own by the mapping.
+        """
         wait = float(params.get("timeout", 0))
-        raws: list[msgspec.Raw] = await self._result(
-            "getUpdates", params, m.RAW_LIST_DECODER, http_timeout=poll_timeout(wait)
-        )
-        return [bytes(raw) for raw in raws]
+        resp = await self._post("getUpdates", params, poll_timeout(wait))
+        return protocol.decode_updates("getUpdates", resp.status_code, resp.content)
 
     async def send_message(self, params: dict[str, Any]) -> m.SentMessage:
         sent: m.SentMessage = await self._result("sendMessage", params, m.SENT_DECODER)
@@ -158,33 +142,28 @@ class BotApiClient:
         )
 
     async def get_file(self, file_id: str) -> m.File:
-        f: m.File = await self._result("getFile", {"file_id": file_id}, m.FILE_DECODER)
+        f: m.File = await self._result("getFile", {"file_id": file_id}, m.FILE_DECODER, file=True)
         return f
 
     async def download(self, file_path: str, max_bytes: int) -> bytes:
-        """Download a file; stops after ``max_bytes + 1`` bytes (the caller sees it is over)."""
-        what = "file download"
+        """Download a file, never reading more than ``max_bytes`` (ChannelError when over).
+
+        A link that expired or a file that is gone answers 404: NotFound, never AuthError.
+        """
         try:
-            async with self._http.stream(
-                "GET", f"/file/bot{self._token}/{file_path}", timeout=DOWNLOAD_TIMEOUT
-            ) as resp:
-                if resp.status_code != 200:
-                    body = await resp.aread()
-                    protocol.decode_envelope(what, resp.status_code, body)
-                    raise TransportError(
-                        f"{what}: HTTP {resp.status_code}", status=resp.status_code
-                    )
-                data = bytearray()
-                # aiter_bytes is an async generator: close it when stopping early.
-                chunk_gen = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
-                async with aclosing(chunk_gen) as chunks:
-                    async for chunk in chunks:
-                        data += chunk
-                        if len(data) > max_bytes:
-                            break
-                return bytes(data[: max_bytes + 1])
-        except httpx.TransportError as exc:
-            raise map_transport_error(what, exc) from exc
+            return await kit_http.download_capped(
+                self._http,
+                f"/file/bot{self._token}/{file_path}",
+                max_bytes,
+                http_timeout=DOWNLOAD_TIMEOUT,
+                what="file download",
+            )
+        except NotFound as exc:
+            raise NotFound(
+                f"file download: the file is unavailable (HTTP {exc.status}: the link "
+                "expired or the file is gone)",
+                status=exc.status,
+            ) from exc
 
     async def fetch_file(self, file_id: str, max_bytes: int) -> bytes:
         """getFile, then download (the link is fresh: it is asked for inside the turn)."""
@@ -192,7 +171,7 @@ class BotApiClient:
         if f.file_size is not None and f.file_size > max_bytes:
             raise ChannelError(f"the file is {f.file_size} bytes, over the {max_bytes} byte limit")
         if not f.file_path:
-            raise TransportError("getFile: no file_path in the answer (file unavailable)")
+            raise NotFound("getFile: the file is unavailable (no file_path in the answer)")
         return await self.download(f.file_path, max_bytes)
 
     def fetcher(self, file_id: str, size: int | None) -> Fetcher:

@@ -133,17 +133,19 @@ class Message(_Media, kw_only=True):
     reply_to_story: dict[str, Any] | None = None
     migrate_to_chat_id: int | None = None
     migrate_from_chat_id: int | None = None
+    #: Set on every part of an album (several photos sent together).
+    media_group_id: str | None = None
+    #: Forwarded from elsewhere (Bot API 7.0+); the older fields below still arrive too.
+    forward_origin: MessageOrigin | None = None
+    forward_date: int | None = None
+    forward_from: User | None = None
+    forward_from_chat: Chat | None = None
+    forward_sender_name: str | None = None
 
 
 class Update(_View):
     update_id: int
     message: Message | None = None
-
-
-class UpdateId(_View):
-    """Just the id: read when the rest of an update does not decode."""
-
-    update_id: int
 
 
 class ResponseParameters(_View):
@@ -182,7 +184,6 @@ class WebhookInfo(_View):
 
 
 UPDATE_DECODER = msgspec.json.Decoder(Update)
-UPDATE_ID_DECODER = msgspec.json.Decoder(UpdateId)
 ENVELOPE_DECODER = msgspec.json.Decoder(Envelope)
 RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 ME_DECODER = msgspec.json.Decoder(Me)

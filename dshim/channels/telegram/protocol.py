@@ -1,27 +1,27 @@
-"""Telegram Bot API, sans-IO: Update -> InboundMessage, error classification, the poller.
+"""Telegram Bot API, sans-IO: Update -> InboundMessage, error classification, offsets.
 
 Theory of operation
 -------------------
-Receiving is long polling (core.telegram.org/bots/api#getupdates).  The bot asks
+Receiving is long polling (core.telegram.org/bots/api#getupdates), run by the kit's
+poll loop (:mod:`dshim.channels.kit.poll`).  The bot asks
 ``getUpdates(offset, timeout=25, limit=100, allowed_updates=["message"])``; the server
 answers as soon as updates with ``update_id >= offset`` exist, or with ``[]`` after the
 timeout.  Asking with ``offset = last update_id + 1`` *confirms* everything below it:
 confirmed updates are never sent again, unconfirmed ones are re-sent on every poll (and
 kept by Telegram for 24 hours).  ``update_id`` grows but is not contiguous.
 
-States of :class:`Poller`: *polling* (a request is due now) and *backing off* (a request
-is due at ``resume_at``).  Transitions:
-
-- a batch arrives -> each update is mapped (:func:`decode_update`) and handed to the
-  pipeline in order; after the pipeline accepted it (dedup key written) the channel calls
-  :meth:`Poller.confirm` and persists the new offset.  A crash before that re-polls the
-  same updates, and the pipeline's dedup drops the copies: nothing accepted is lost and
-  nothing handled runs twice;
-- network error, timeout or 5xx -> backing off, 1 s doubling to 30 s, with jitter;
-- 429 -> backing off for ``retry_after`` (at least the backoff);
-- 409 (another poller owns the token, or a webhook is set) -> backing off, the same
-  schedule; the channel logs a clear error each time;
-- 401 / 404 (bad token) -> fatal: raised as AuthError, the bot stops.
+The cursor is the offset, stored as a decimal string.  :class:`UpdateFeed` maps an answer
+(each update decoded on its own, see :func:`parse_update`) and gives every update the
+offset that confirms it, ``update_id + 1``; the loop moves the cursor there only after
+the pipeline accepted the update (dedup key and inbox written) and persists it after the
+batch.  A crash before that re-polls the same updates and the pipeline's dedup drops the
+copies: nothing accepted is lost and nothing handled runs twice.  The parts of an album
+(one update per photo, one ``media_group_id``) are held until the album is complete and
+handed over as one message; meanwhile no offset passes them (see :class:`UpdateFeed`),
+and the bot re-polls at the album's deadline without waiting.  Failures (the loop's
+backoff, 1 s doubling to 30 s with jitter): network errors, timeouts and 5xx; 429 waits
+``retry_after``; 409 (another poller owns the token, or a webhook is set) is logged as an
+error each time; 401 / 404 (bad token) are fatal: AuthError, the bot stops.
 
 Mapping rules (the platform rule sits next to the line implementing it below): private
 chats are direct, groups and supergroups are group chats, channel posts are ignored;
@@ -30,21 +30,25 @@ units; in a forum topic every message "replies" to the topic's root service mess
 which is neither a reply nor a quote.  There is no Bot API method that returns a message
 by id, so a quoted message is whatever arrives inline (``reply_to_message``, one level,
 same chat; ``external_reply`` for other chats, text only via ``quote``), and the bot's own
-answers without inline text are recovered by the core (outbound index, then history).
+answers without inline text are recovered by the core (outbound index, then history).  A
+forwarded message (``forward_origin``, or the older ``forward_*`` fields) is marked
+``forwarded``: its text is content, never the sender's command or answer.  A message sent
+on behalf of a chat (an anonymous admin, "sent as" a channel) carries a placeholder bot in
+``from`` and the chat in ``sender_chat``: a person wrote it, the chat is its sender.
 
 Nothing here imports trio or httpx or reads a clock: time is an argument.
 """
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec import UNSET
 
+from dshim.channels.kit import decode as kit_decode
 from dshim.channels.telegram import models as m
 from dshim.errors import (
     AuthError,
@@ -72,8 +76,6 @@ MAX_MESSAGE_UTF16 = 4096
 POLL_TIMEOUT_S = 25
 POLL_LIMIT = 100
 ALLOWED_UPDATES = ["message"]
-BACKOFF_MIN_S = 1.0
-BACKOFF_MAX_S = 30.0
 #: dsh-im's token shape: "<numeric bot id>:<secret>".
 TOKEN_RE = re.compile(r"^(\d{5,20}):[A-Za-z0-9_-]{20,}$")
 
@@ -330,6 +332,18 @@ def _reply_reference(msg: m.Message, me: BotIdentity) -> ReplyReference | None:
     return None
 
 
+def _is_forward(msg: m.Message) -> bool:
+    # forward_origin since Bot API 7.0; forward_date and friends before it (some
+    # servers still send both).  Forwarded text is content, never the sender's command.
+    return (
+        msg.forward_origin is not None
+        or msg.forward_date is not None
+        or msg.forward_from is not None
+        or msg.forward_from_chat is not None
+        or msg.forward_sender_name is not None
+    )
+
+
 # --- the mapping ----------------------------------------------------------------------------
 
 
@@ -351,6 +365,15 @@ def map_message(
     sender = msg.from_
     if sender is None:
         return Skip(reason="ignored", detail="message without a sender", message_id=mid)
+    if msg.sender_chat is not None:
+        # Sent on behalf of a chat (an anonymous group admin, a channel): ``from`` is a
+        # placeholder bot (GroupAnonymousBot, Channel_Bot), but a person wrote it.  The
+        # chat is the sender.
+        sender_id = str(msg.sender_chat.id)
+        sender_name = msg.sender_chat.title or msg.sender_chat.username
+        sender_is_bot = False
+    else:
+        sender_id, sender_name, sender_is_bot = str(sender.id), user_name(sender), sender.is_bot
     text, entities = (
         (msg.text, msg.entities)
         if msg.text is not None
@@ -383,9 +406,9 @@ def map_message(
         conversation_id=str(chat.id),
         conversation_type=conversation_type,
         thread_id=thread_id,
-        sender_id=str(sender.id),
-        sender_name=user_name(sender),
-        sender_is_bot=sender.is_bot,
+        sender_id=sender_id,
+        sender_name=sender_name,
+        sender_is_bot=sender_is_bot,
         addressed=conversation_type == "direct" or by_entity or by_reply,
         content=content,
         images=images,
@@ -393,6 +416,7 @@ def map_message(
         reply_to=reply_to,
         received_at=float(msg.date),
         conversation_title=chat.title,
+        forwarded=_is_forward(msg),
     )
 
 
@@ -403,18 +427,37 @@ class ParsedUpdate(msgspec.Struct, frozen=True):
     item: InboundMessage | Skip
     #: (old chat id, new chat id) when a group became a supergroup.
     migration: tuple[int, int] | None = None
+    #: (chat id, media_group_id) when the message is one part of an album.
+    album: tuple[int, str] | None = None
+
+
+def _decode(raw: bytes) -> m.Update:
+    """One Update, nesting bounded.  Raises msgspec.DecodeError / ValidationError."""
+    try:
+        # The fast path, taken by nearly every update: msgspec's own decode.  Nesting
+        # far beyond any real update makes it raise RecursionError, caught right here.
+        return m.UPDATE_DECODER.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        pass
+    # Bad input: decode again with the depth bounded (kit.decode, far below the
+    # interpreter's limit), for a plain DecodeError / ValidationError with its reason.
+    return kit_decode.decode(m.UPDATE_DECODER, raw)
 
 
 def parse_update(
     raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
 ) -> ParsedUpdate:
-    """Decode and map one Update as getUpdates returns it.  Never raises for bad input."""
+    """Decode and map one Update as getUpdates returns it.  Never raises for bad input.
+
+    Each update is decoded on its own (see :func:`decode_updates`): a lone surrogate
+    escape, invalid UTF-8 or nesting 1,000 levels deep makes *this* update a
+    ``malformed`` Skip, with its id read without decoding it, so it is confirmed.
+    """
     try:
-        update = m.UPDATE_DECODER.decode(raw)
+        update = _decode(raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        # A malformed update is dropped, but its id is still confirmed when readable.
         skip = Skip(reason="malformed", detail=f"update does not decode: {exc}")
-        return ParsedUpdate(_update_id_of(raw), skip)
+        return ParsedUpdate(update_id_of(raw), skip)
     msg = update.message
     if msg is None:  # edited messages, member updates ...: not asked for, not answered
         return ParsedUpdate(update.update_id, Skip(reason="ignored", detail="not a message update"))
@@ -423,21 +466,72 @@ def parse_update(
         migration = (msg.chat.id, msg.migrate_to_chat_id)
     elif msg.migrate_from_chat_id is not None:
         migration = (msg.migrate_from_chat_id, msg.chat.id)
-    return ParsedUpdate(update.update_id, map_message(msg, me, fetcher=fetcher), migration)
+    item = map_message(msg, me, fetcher=fetcher)
+    album = None
+    if msg.media_group_id is not None and isinstance(item, InboundMessage):
+        album = (msg.chat.id, msg.media_group_id)
+    return ParsedUpdate(update.update_id, item, migration, album)
 
 
 def decode_update(
     raw: bytes, me: BotIdentity, *, fetcher: FetcherFactory | None = None
 ) -> InboundMessage | Skip:
-    """Decode and map one raw Update (replay, and the inbox after a restart)."""
+    """Decode and map one raw Update (replay, and the inbox after a restart).
+
+    A JSON array is a collected album, as :class:`UpdateFeed` stores it: its parts are
+    combined again (:func:`combine_album`).
+    """
+    if raw[:1] == b"[" or raw.lstrip()[:1] == b"[":
+        try:
+            raws = kit_decode.split_array(raw)
+        except ValueError as exc:
+            return Skip(reason="malformed", detail=f"album does not decode: {exc}")
+        parts = [parse_update(r, me, fetcher=fetcher).item for r in raws]
+        messages = [p for p in parts if isinstance(p, InboundMessage)]
+        if not messages:
+            return Skip(reason="malformed", detail="album without a readable part")
+        return combine_album(messages)
     return parse_update(raw, me, fetcher=fetcher).item
 
 
-def _update_id_of(raw: bytes) -> int | None:
-    try:
-        return m.UPDATE_ID_DECODER.decode(raw).update_id
-    except (msgspec.DecodeError, msgspec.ValidationError):
+def update_id_of(raw: bytes) -> int | None:
+    """The ``update_id`` of an update that does not decode, read without decoding it."""
+    value = kit_decode.member(raw, "update_id")
+    if value is None or not value.isdigit() or len(value) > 20:
         return None
+    return int(value)
+
+
+def decode_updates(method: str, status: int, body: bytes) -> list[bytes]:
+    """getUpdates' answer: the raw bytes of each update, in order, none decoded yet.
+
+    The fast path decodes the envelope (``result`` as raw elements); when that fails —
+    one update with a lone surrogate or absurd nesting makes the whole answer
+    undecodable — the answer is split without decoding (``kit.decode.member`` and
+    ``split_array``), so every other update still runs and the bad one is dropped alone
+    (:func:`parse_update`).  Error answers are classified as for every method.
+    """
+    try:
+        env = m.ENVELOPE_DECODER.decode(body)
+        raws = m.RAW_LIST_DECODER.decode(env.result) if env.ok and status < 400 else None
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _split_updates(method, status, body)
+    if raws is None:
+        raise api_error(method, status, env)
+    return [bytes(raw) for raw in raws]
+
+
+def _split_updates(method: str, status: int, body: bytes) -> list[bytes]:
+    if status >= 400 or kit_decode.member(body, "ok") != b"true":
+        decode_envelope(method, status, body)  # raises the classified error
+        raise RemoteProtocolError(f"{method}: the response is not a Bot API envelope")
+    result = kit_decode.member(body, "result")
+    if result is None:
+        raise RemoteProtocolError(f"{method}: the response has no result")
+    try:
+        return kit_decode.split_array(result)
+    except ValueError as exc:
+        raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -445,6 +539,10 @@ def _update_id_of(raw: bytes) -> int | None:
 
 class NotModified(ChannelError):
     """An edit that changes nothing: callers treat it as success."""
+
+
+class ThreadNotFound(NotFound):
+    """The forum topic a message was sent into is gone (deleted or never existed)."""
 
 
 class ChatMigrated(ChannelError):
@@ -456,11 +554,19 @@ class ChatMigrated(ChannelError):
 
 
 def api_error(
-    method: str, status: int, envelope: m.Envelope | None, *, body_hint: str = ""
+    method: str,
+    status: int,
+    envelope: m.Envelope | None,
+    *,
+    body_hint: str = "",
+    file: bool = False,
 ) -> ChannelError:
     """Classify a failed Bot API call (HTTP status + ``description`` + ``parameters``).
 
-    The messages name the method, never the URL (the token is in its path).
+    ``file`` marks getFile: there a 400 ("file is too big", "wrong file_id", "invalid
+    file_id") or a 404 (the file is gone or too old) means the file is unavailable — the
+    token already worked for getMe — so it is NotFound, never AuthError.  The messages
+    name the method, never the URL (the token is in its path).
     """
     desc = (envelope.description if envelope is not None else None) or body_hint or f"HTTP {status}"
     code = envelope.error_code if envelope is not None and envelope.error_code else status
@@ -474,6 +580,8 @@ def api_error(
         return ChatMigrated(text, migrate_to_chat_id=params.migrate_to_chat_id, status=status)
     if code == 401 or status == 401:
         return AuthError(f"{text} (the bot token was rejected)", status=status, code=code)
+    if file and (code in (400, 404) or status in (400, 404)):
+        return NotFound(f"{method}: the file is unavailable ({desc})", status=status, code=code)
     if code == 404 or status == 404:
         # A method URL that does not exist: the token is malformed.
         return AuthError(f"{text} (the bot token is not valid)", status=status, code=code)
@@ -492,29 +600,32 @@ def api_error(
         return NotModified(text, status=status, code=code)
     if "can't be edited" in lowered or "not enough rights" in lowered:
         return PermissionDenied(text, status=status, code=code)
+    if "message thread not found" in lowered:
+        return ThreadNotFound(text, status=status, code=code)
     if "not found" in lowered:
-        # message to edit / to be replied / chat / thread not found
+        # message to edit / to be replied / chat not found
         return NotFound(text, status=status, code=code)
     return ChannelError(text, status=status, code=code)
 
 
-def decode_envelope(method: str, status: int, body: bytes) -> m.Envelope:
+def decode_envelope(method: str, status: int, body: bytes, *, file: bool = False) -> m.Envelope:
     """Decode the ``{ok, result | error_code, description, parameters}`` envelope.
 
-    Raises the classified error for ``ok: false`` (or a non-JSON error body).
+    Raises the classified error for ``ok: false`` (or a non-JSON error body); ``file``
+    as for :func:`api_error`.
     """
     try:
         env = m.ENVELOPE_DECODER.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         if status >= 500 or status == 429:
-            raise api_error(method, status, None) from None
+            raise api_error(method, status, None, file=file) from None
         if status >= 400:
-            raise api_error(method, status, None, body_hint=f"HTTP {status}") from None
+            raise api_error(method, status, None, body_hint=f"HTTP {status}", file=file) from None
         raise RemoteProtocolError(
             f"{method}: the response is not a Bot API envelope", status=status
         ) from None
     if not env.ok or status >= 400:
-        raise api_error(method, status, env)
+        raise api_error(method, status, env, file=file)
     return env
 
 
@@ -528,82 +639,199 @@ def decode_result(method: str, env: m.Envelope, decoder: msgspec.json.Decoder[An
         raise RemoteProtocolError(f"{method}: unexpected result: {exc}") from None
 
 
-# --- the poller ---------------------------------------------------------------------------
+# --- albums ---------------------------------------------------------------------------------
 
 
-class Backoff:
-    """Exponential backoff with jitter: 1 s doubling to 30 s, never below 1 s."""
+class AlbumLimits(NamedTuple):
+    """How albums are collected."""
 
-    def __init__(self, rng: random.Random | None = None) -> None:
-        self.rng = rng or random.Random()
-        self.failures = 0
-
-    def next_delay(self) -> float:
-        base = min(BACKOFF_MAX_S, BACKOFF_MIN_S * 2.0**self.failures)
-        self.failures += 1
-        # "Equal jitter": half fixed, half random, so concurrent pollers spread out.
-        return max(BACKOFF_MIN_S, min(BACKOFF_MAX_S, base / 2 + self.rng.random() * base / 2))
-
-    def reset(self) -> None:
-        self.failures = 0
+    #: An album is collected until this long after its last part arrived ...
+    quiet_s: float = 1.0
+    #: ... but never longer than this after its first part ...
+    max_s: float = 5.0
+    #: ... nor beyond Telegram's own limit of parts per album.
+    max_parts: int = 10
+    #: Albums collected at once (beyond it, the oldest is handed over as it is).
+    max_open: int = 32
 
 
-class Poller:
-    """The long-poll state: which offset to ask for, and when to ask again.
+ALBUM_LIMITS = AlbumLimits()
 
-    ``offset`` is the next update_id wanted (None: nothing confirmed yet, take whatever
-    Telegram kept).  Time is passed in (``now``, any monotonic seconds).
+
+def combine_album(parts: list[InboundMessage]) -> InboundMessage:
+    """One message for an album's parts (in order): every image and file, the caption of
+    whichever part carries one, addressed when any part is (a mention in the caption)."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    texts = [p.content for p in parts if p.content]
+    return msgspec.structs.replace(
+        first,
+        content="\n\n".join(texts),
+        images=[ref for p in parts for ref in p.images],
+        files=[ref for p in parts for ref in p.files],
+        addressed=any(p.addressed for p in parts),
+        reply_to=next((p.reply_to for p in parts if p.reply_to is not None), None),
+        forwarded=any(p.forwarded for p in parts),
+    )
+
+
+class _Album:
+    """An album being collected: its parts (update_id, message, raw) and their times."""
+
+    __slots__ = ("parts", "first_at", "last_at")
+
+    def __init__(self, now: float) -> None:
+        self.parts: list[tuple[int, InboundMessage, bytes]] = []
+        self.first_at = now
+        self.last_at = now
+
+    def due_at(self, limits: AlbumLimits) -> float:
+        return min(self.last_at + limits.quiet_s, self.first_at + limits.max_s)
+
+
+# --- polling -------------------------------------------------------------------------------
+
+
+def parse_offset(cursor: str | None) -> int | None:
+    """The stored cursor as an offset (None: nothing confirmed yet, or unreadable)."""
+    if cursor is None:
+        return None
+    cursor = cursor.strip()
+    if not cursor or not cursor.lstrip("-").isdigit():
+        return None
+    return int(cursor)
+
+
+def poll_params(
+    offset: int | None, *, timeout_s: int = POLL_TIMEOUT_S, limit: int = POLL_LIMIT
+) -> dict[str, Any]:
+    """The getUpdates parameters of a (long) poll from ``offset``."""
+    params: dict[str, Any] = {
+        "timeout": timeout_s,
+        "limit": limit,
+        "allowed_updates": ALLOWED_UPDATES,
+    }
+    if offset is not None:
+        params["offset"] = offset
+    return params
+
+
+class Ready(NamedTuple):
+    """One update ready for the pipeline, with the offset that confirms it."""
+
+    parsed: ParsedUpdate
+    raw: bytes
+    #: ``update_id + 1``: asking from it confirms this update and every earlier one
+    #: (None when the update's id could not be read).
+    offset: int | None
+
+
+class UpdateFeed:
+    """Which updates of a getUpdates answer are new, which offset confirms each, and the
+    albums being collected.
+
+    ``offset`` is what the bot asked from: updates below it are already confirmed (an
+    answer never holds them, but a feed never trusts that).  ``update_id`` grows but is
+    not contiguous, so the offset confirming an update is ``update_id + 1``.
+
+    Albums: Telegram delivers each photo of an album as its own update, all with one
+    ``media_group_id``, the caption on one of them.  The feed holds the parts of an album
+    (per chat and media_group_id) until about a second after its last part arrived
+    (bounded in time and parts, see :class:`AlbumLimits`), then hands over *one* message
+    (:func:`combine_album`) whose raw is the JSON array of the parts' raws (the durable
+    inbox keeps it; :func:`decode_update` reads it back).  While parts are held, no
+    offset passes the first of them: other updates are handed over meanwhile, but the
+    offset they carry stops below the album, so nothing of it is confirmed before the
+    combined message was accepted; after a crash Telegram sends the parts again.
+
+    While an album is held the bot re-polls from below it, so Telegram answers again with
+    updates this feed already handed over or holds: they are recognised by id (at or
+    below the highest seen in this run) and skipped.  Time is the caller's (``now``).
     """
 
     def __init__(
         self,
-        offset: int | None,
+        me: BotIdentity,
         *,
-        poll_timeout_s: int = POLL_TIMEOUT_S,
-        limit: int = POLL_LIMIT,
-        rng: random.Random | None = None,
+        fetcher: FetcherFactory | None = None,
+        albums: AlbumLimits = ALBUM_LIMITS,
     ) -> None:
-        self.offset = offset
-        self.poll_timeout_s = poll_timeout_s
-        self.limit = limit
-        self.backoff = Backoff(rng)
-        self.resume_at = float("-inf")
+        self.me = me
+        self.fetcher = fetcher
+        self.limits = albums
+        #: Albums being collected, oldest first.
+        self._albums: dict[tuple[int, str], _Album] = {}
+        #: The highest update_id handed over or held in this run.
+        self._seen: int | None = None
 
-    def request(self) -> dict[str, Any]:
-        """The getUpdates parameters for the next poll."""
-        params: dict[str, Any] = {
-            "timeout": self.poll_timeout_s,
-            "limit": self.limit,
-            "allowed_updates": ALLOWED_UPDATES,
-        }
-        if self.offset is not None:
-            params["offset"] = self.offset
-        return params
+    @property
+    def holding(self) -> bool:
+        """True while album parts are held (the offset must not pass them)."""
+        return bool(self._albums)
 
-    def wait_time(self, now: float) -> float:
-        """Seconds until the next poll may start."""
-        return max(0.0, self.resume_at - now)
-
-    def is_new(self, update_id: int) -> bool:
-        """False for an update below the confirmed offset (already handled)."""
-        return self.offset is None or update_id >= self.offset
-
-    def confirm(self, update_id: int) -> int | None:
-        """The update was accepted: the new offset to persist, or None if unchanged."""
-        if self.offset is not None and update_id < self.offset:
+    def due_at(self) -> float | None:
+        """When the next held album is complete (None: nothing held)."""
+        if not self._albums:
             return None
-        self.offset = update_id + 1
-        return self.offset
+        return min(a.due_at(self.limits) for a in self._albums.values())
 
-    def succeeded(self) -> None:
-        """A poll answered (even with no updates): back to polling at once."""
-        self.backoff.reset()
-        self.resume_at = float("-inf")
+    def take(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> list[Ready]:
+        """Map an answer's updates, in order; drop the ones below ``offset`` or already
+        seen; collect album parts; hand over the albums complete at ``now``."""
+        out: list[Ready] = []
+        for raw in raws:
+            parsed = parse_update(raw, self.me, fetcher=self.fetcher)
+            uid = parsed.update_id
+            if uid is None:
+                out.append(Ready(parsed, raw, None))
+                continue
+            if (offset is not None and uid < offset) or (
+                self._seen is not None and uid <= self._seen
+            ):
+                continue
+            self._seen = uid
+            if parsed.album is not None and isinstance(parsed.item, InboundMessage):
+                self._collect(parsed.album, uid, parsed.item, raw, now, out)
+                continue
+            out.append(Ready(parsed, raw, self._confirming()))
+        for key in [k for k, a in self._albums.items() if now >= a.due_at(self.limits)]:
+            self._hand_over(key, out)
+        return out
 
-    def failed(self, now: float, *, retry_after: float | None = None) -> float:
-        """A poll failed: back off; returns the delay.  ``retry_after`` from a 429 wins."""
-        delay = self.backoff.next_delay()
-        if retry_after is not None:
-            delay = max(delay, retry_after)
-        self.resume_at = now + delay
-        return delay
+    def _collect(
+        self,
+        key: tuple[int, str],
+        uid: int,
+        item: InboundMessage,
+        raw: bytes,
+        now: float,
+        out: list[Ready],
+    ) -> None:
+        album = self._albums.get(key)
+        if album is None:
+            album = self._albums[key] = _Album(now)
+        album.parts.append((uid, item, raw))
+        album.last_at = now
+        if len(album.parts) >= self.limits.max_parts:
+            self._hand_over(key, out)
+        elif len(self._albums) > self.limits.max_open:
+            # Held first, so the offset handed over with the oldest stops below this one.
+            self._hand_over(next(iter(self._albums)), out)
+
+    def _hand_over(self, key: tuple[int, str], out: list[Ready]) -> None:
+        parts = self._albums.pop(key).parts
+        first_uid = parts[0][0]
+        item = combine_album([p[1] for p in parts])
+        raw = parts[0][2] if len(parts) == 1 else b"[" + b",".join(p[2] for p in parts) + b"]"
+        out.append(Ready(ParsedUpdate(first_uid, item), raw, self._confirming()))
+
+    def _confirming(self) -> int | None:
+        """The offset that confirms everything handed over so far and nothing held:
+        just above the highest update seen, or the first held part of an album."""
+        if self._seen is None:
+            return None
+        offset = self._seen + 1
+        for album in self._albums.values():
+            offset = min(offset, album.parts[0][0])
+        return offset

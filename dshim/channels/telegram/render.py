@@ -9,7 +9,11 @@ sends+edits per minute in a group chat, ``typing`` every 5 s until the first tex
 Plain text, no parse mode: model output is not valid MarkdownV2 or HTML.
 
 A group upgraded to a supergroup answers 400 with ``migrate_to_chat_id``: the transport
-resends there and remembers the new id for the rest of the bot's run.
+resends there and remembers the new id for the rest of the bot's run.  A forum topic
+deleted while the agent answered answers 400 "message thread not found": the transport
+resends once to the chat itself, without the topic, and sends the rest of the answer
+there too.  Both resends follow a definite refusal (nothing was delivered); a send whose
+outcome is unknown is never repeated here (see :mod:`dshim.render`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from typing import Any
 import structlog
 
 from dshim.channels.telegram.client import BotApiClient
-from dshim.channels.telegram.protocol import MAX_MESSAGE_UTF16, ChatMigrated, utf16_len
+from dshim.channels.telegram.models import SentMessage
+from dshim.channels.telegram.protocol import (
+    MAX_MESSAGE_UTF16,
+    ChatMigrated,
+    ThreadNotFound,
+    utf16_len,
+)
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import ChatPacer, EditStream, Limits, PacerPool, deliver_text, open_edit_stream
 
@@ -76,13 +86,26 @@ class TelegramTransport:
                 "allow_sending_without_reply": True,
             }
         try:
-            sent = await self._client.send_message(params)
+            sent = await self._send_to_thread(params)
         except ChatMigrated as exc:
             self._outbound.migrated(self._chat, exc.migrate_to_chat_id)
             params["chat_id"] = exc.migrate_to_chat_id
             params.pop("reply_parameters", None)  # the original lives in the old chat
-            sent = await self._client.send_message(params)
+            sent = await self._send_to_thread(params)
         return str(sent.message_id)
+
+    async def _send_to_thread(self, params: dict[str, Any]) -> SentMessage:
+        try:
+            return await self._client.send_message(params)
+        except ThreadNotFound:
+            if "message_thread_id" not in params:
+                raise
+        # The topic was deleted while the agent answered: the answer goes to the chat
+        # itself (still under the question when it survives), once, and stays there.
+        log.info("reply_thread_dropped", thread=self._thread, chat=params["chat_id"])
+        self._thread = None
+        del params["message_thread_id"]
+        return await self._client.send_message(params)
 
     async def edit(self, message_id: str, text: str) -> None:
         await self._client.edit_message_text(self.chat_id, int(message_id), text)
@@ -122,7 +145,7 @@ class TelegramOutbound:
         if old == new:
             return
         if self._migrations.get(old) != new:
-            log.info("telegram_chat_migrated", old_chat=old, new_chat=new)
+            log.info("chat_migrated", old_chat=old, new_chat=new)
         self._migrations[old] = new
         self._migrations.move_to_end(old)
         while len(self._migrations) > MIGRATIONS_MAX:

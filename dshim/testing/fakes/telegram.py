@@ -20,10 +20,12 @@ on, so the real client, channel and pipeline run against it unchanged:
 Test helpers: :meth:`FakeTelegram.user_message` injects a user's message (text, caption,
 photo, document, a reply to a given message, a quote, an external reply, inside a forum
 topic; mention and command entities are computed with UTF-16 offsets), :meth:`add_update`
-injects any raw Update, :attr:`calls` records every request with its trio time, and
-:meth:`wait_until` waits for a condition.  Fault knobs: :meth:`fail_next` (e.g. 429 with
-``retry_after`` for the next k calls of a method, 409, 5xx), :meth:`slow_next` and
-:meth:`drop_next` (close the connection without an answer).
+injects any raw Update.  From :class:`~dshim.testing.fakes.base.FakePlatform`:
+:attr:`calls` records every request with its trio time (file downloads as ``"file"``),
+:meth:`wait_until` waits for a condition, and the fault knobs :meth:`fail_next` (e.g. 429
+with ``retry_after`` for the next k calls of a method, 409, 5xx), :meth:`slow_next` and
+:meth:`drop_next` (close the connection without an answer, the call not performed).
+:meth:`lose_response_next` performs the call, then closes the connection unanswered.
 
 Use :func:`open_fake_telegram` in tests; the server exits with the block.
 """
@@ -35,17 +37,19 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import trio
 
+from dshim.testing.fakes.base import FakePlatform, Fault, FaultQueue, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
     HttpServer,
     Request,
     Response,
     json_response,
-    open_http_server,
+    serve_http,
 )
 
 #: Shaped like a token (so the client's checks pass), obviously not one.
@@ -58,6 +62,18 @@ NOT_MODIFIED = (
     "Bad Request: message is not modified: specified new message content and reply markup "
     "are exactly the same as a current content and reply markup of the message"
 )
+CONFLICT = (
+    "Conflict: terminated by other getUpdates request; make sure that only one bot instance "
+    "is running"
+)
+_DEFAULT_DESCRIPTIONS = {
+    409: CONFLICT,
+    401: "Unauthorized",
+    403: "Forbidden: bot was blocked by the user",
+    404: "Not Found",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+}
 _MENTION_RE = re.compile(r"@[A-Za-z0-9_]{3,32}")
 _COMMAND_RE = re.compile(r"^/[A-Za-z0-9_]{1,32}(?:@[A-Za-z0-9_]{3,32})?")
 _UPDATE_TYPES = (
@@ -148,14 +164,7 @@ class FakeChat:
         return int(self.data["id"])
 
 
-class _Fault:
-    def __init__(self, kind: str, count: int, **kw: Any) -> None:
-        self.kind = kind
-        self.count = count
-        self.kw = kw
-
-
-class FakeTelegram:
+class FakeTelegram(FakePlatform[Call]):
     """The fake Bot API state and its HTTP handler (serve it with :func:`open_fake_telegram`)."""
 
     def __init__(
@@ -168,6 +177,7 @@ class FakeTelegram:
         clock: Callable[[], float] = time.time,
         first_update_id: int = 700_000_000,
     ) -> None:
+        super().__init__()
         self.token = token
         self.clock = clock
         self.bot = {"id": bot_id, "is_bot": True, "first_name": first_name, "username": username}
@@ -175,18 +185,17 @@ class FakeTelegram:
         self.webhook_url = ""
         self.commands: list[dict[str, Any]] = []
         self.allowed_updates: list[str] | None = None
-        self.calls: list[Call] = []
         self.chats: dict[int, FakeChat] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
         self._updates: list[tuple[int, dict[str, Any] | bytes]] = []
         self._next_update_id = first_update_id
         self._next_file = 1
+        self._next_album = 0
         #: The update_id of the update injected last (None before the first).
         self.last_update_id: int | None = None
-        self._faults: dict[str, list[_Fault]] = {}
         self._new_update = trio.Event()
-        self._changed = trio.Event()
-        self._poll_generation = 0
+        #: Calls whose answer is lost after they were processed (lose_response_next).
+        self._lost = FaultQueue()
         self._poll_terminate = trio.Event()
 
     # -- where it listens -----------------------------------------------------------------
@@ -229,79 +238,12 @@ class FakeTelegram:
         """Updates not yet confirmed by an offset."""
         return len(self._updates)
 
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        """Wait until ``predicate()`` holds; it is re-checked after every request and injection.
-
-        Put a deadline around it (``trio.fail_after``).
-        """
-        while not predicate():
-            await self._changed.wait()
-
     # -- fault knobs ------------------------------------------------------------------------
-
-    def fail_next(
-        self,
-        method: str,
-        count: int = 1,
-        *,
-        status: int = 429,
-        description: str | None = None,
-        retry_after: float | None = None,
-        migrate_to_chat_id: int | None = None,
-    ) -> None:
-        """The next ``count`` calls of ``method`` fail with ``status``.
-
-        429 gets ``parameters.retry_after`` (default 3 s); 409 the polling conflict text;
-        5xx "Internal Server Error" unless ``description`` says otherwise.
-        """
-        params: dict[str, Any] = {}
-        if status == 429:
-            retry = 3 if retry_after is None else retry_after
-            params["retry_after"] = retry
-            description = description or f"Too Many Requests: retry after {retry}"
-        elif retry_after is not None:
-            params["retry_after"] = retry_after
-        if migrate_to_chat_id is not None:
-            params["migrate_to_chat_id"] = migrate_to_chat_id
-        if description is None:
-            description = {
-                409: "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-                401: "Unauthorized",
-                403: "Forbidden: bot was blocked by the user",
-                500: "Internal Server Error",
-                502: "Bad Gateway",
-            }.get(status, f"Error {status}")
-        self._add_fault(
-            method,
-            _Fault("status", count, status=status, description=description, parameters=params),
-        )
-
-    def slow_next(self, method: str, seconds: float, count: int = 1) -> None:
-        """The next ``count`` calls of ``method`` wait ``seconds`` before being handled."""
-        self._add_fault(method, _Fault("slow", count, seconds=seconds))
-
-    def drop_next(self, method: str, count: int = 1) -> None:
-        """The next ``count`` calls of ``method`` get their connection closed, unanswered
-        and unprocessed."""
-        self._add_fault(method, _Fault("drop", count))
-
-    def _add_fault(self, method: str, fault: _Fault) -> None:
-        self._faults.setdefault(method.lower(), []).append(fault)
-
-    def _take_faults(self, method: str) -> list[_Fault]:
-        out: list[_Fault] = []
-        queue = self._faults.get(method.lower(), [])
-        for fault in list(queue):
-            if fault.count > 0:
-                fault.count -= 1
-                out.append(fault)
-            if fault.count <= 0:
-                queue.remove(fault)
-        return out
+    # fail_next / slow_next / drop_next come from FakePlatform (operations are Bot API
+    # method names, compared case-insensitively; "file" is a file download).  A status
+    # fault is answered in the Bot API's error shape: 429 gets ``parameters.retry_after``
+    # (default 3 s), 409 the polling conflict text, 5xx "Internal Server Error" unless a
+    # ``description`` is given; ``migrate_to_chat_id=`` adds that parameter.
 
     # -- chats and people ---------------------------------------------------------------------
 
@@ -379,6 +321,12 @@ class FakeTelegram:
         chat.topics.add(mid)
         return mid
 
+    def delete_topic(self, chat_id: int, thread_id: int) -> None:
+        """Delete a forum topic: sends into it answer "message thread not found"."""
+        chat = self.chats[chat_id]
+        chat.topics.discard(thread_id)
+        chat.messages.pop(thread_id, None)
+
     def add_file(self, data: bytes, *, name: str = "file") -> tuple[str, int]:
         """Store a downloadable file; returns (file_id, size)."""
         file_id = f"FILE{self._next_file:06d}"
@@ -439,16 +387,29 @@ class FakeTelegram:
         external_reply: dict[str, Any] | None = None,
         thread_id: int | None = None,
         date: int | None = None,
+        forward_origin: dict[str, Any] | None = None,
+        sender_chat: dict[str, Any] | None = None,
+        media_group_id: str | None = None,
     ) -> dict[str, Any]:
         """Inject a message from a user; returns the Message object (also queued as an Update).
 
         ``entities`` default to the mentions and commands found in the text or caption.
         ``reply_to`` is a message id in the same chat; ``thread_id`` a forum topic (a
         message without ``reply_to`` then "replies" to the topic's root, as in Telegram).
-        ``document`` is (file name, MIME type, bytes).
+        ``document`` is (file name, MIME type, bytes).  ``forward_origin`` (a MessageOrigin)
+        makes it a forwarded message; ``sender_chat`` a message sent on behalf of a chat
+        (then ``sender`` is the placeholder, e.g. GroupAnonymousBot); ``media_group_id``
+        makes it one part of an album (see :meth:`album`).
         """
         state = self._chat(chat)
         fields: dict[str, Any] = {"from": sender}
+        if sender_chat is not None:
+            fields["sender_chat"] = sender_chat
+        if media_group_id is not None:
+            fields["media_group_id"] = media_group_id
+        if forward_origin is not None:
+            fields["forward_origin"] = forward_origin
+            fields["forward_date"] = forward_origin.get("date", int(self.clock()))
         if text is not None:
             fields["text"] = text
             ents = entities if entities is not None else self._entities(text)
@@ -507,6 +468,33 @@ class FakeTelegram:
         self.add_update({"message": msg.data})
         return msg.data
 
+    def album(
+        self,
+        chat: dict[str, Any],
+        sender: dict[str, Any],
+        photos: list[bytes],
+        *,
+        caption: str | None = None,
+        caption_on: int = 0,
+        reply_to: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Inject an album as Telegram delivers it: one update per photo, all with the same
+        ``media_group_id``; the caption (with its entities) on photo ``caption_on`` only.
+        Returns the Message objects, in order."""
+        self._next_album += 1
+        group_id = f"1348{self._next_album:014d}"
+        return [
+            self.user_message(
+                chat,
+                sender,
+                caption=caption if i == caption_on else None,
+                photo=data,
+                reply_to=reply_to if i == 0 else None,
+                media_group_id=group_id,
+            )
+            for i, data in enumerate(photos)
+        ]
+
     def add_update(self, update: dict[str, Any] | bytes) -> int:
         """Queue a raw Update (a dict without ``update_id`` gets the next one, or raw bytes
         queued as they are).  Returns its update_id."""
@@ -529,24 +517,15 @@ class FakeTelegram:
         self.last_update_id = uid
         self._new_update.set()
         self._new_update = trio.Event()
-        self._notify()
+        self.changed()
         return uid
 
     # -- HTTP ---------------------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
         path = request.path
-        file_prefix = f"/file/bot{self.token}/"
         if path.startswith("/file/"):
-            if not path.startswith(file_prefix):
-                return json_response(
-                    {"ok": False, "error_code": 401, "description": "Unauthorized"}, 401
-                )
-            file_path = path[len(file_prefix) :]
-            for stored_path, data in self.files.values():
-                if stored_path == file_path:
-                    return Response(200, data, [("content-type", "application/octet-stream")])
-            return json_response({"ok": False, "error_code": 404, "description": "Not Found"}, 404)
+            return await self._download(path)
         prefix, _, method = path[1:].partition("/")
         if not prefix.startswith("bot") or not method:
             return json_response({"ok": False, "error_code": 404, "description": "Not Found"}, 404)
@@ -555,36 +534,73 @@ class FakeTelegram:
             params = request.params()
         except ValueError:
             params, bad_body = {}, True
-        call = Call(method, params, trio.current_time())
-        self.calls.append(call)
-        self._notify()  # observers see calls in flight (a long poll) too
+        # Recorded on arrival: observers see calls in flight (a long poll) too.
+        call = self.record(Call(method, params, trio.current_time()))
         if prefix[3:] != self.token:
-            call.status = 401
-            self._notify()
-            return json_response(
-                {"ok": False, "error_code": 401, "description": "Unauthorized"}, 401
-            )
+            return self._answered(call, _error(401, "Unauthorized", {}))
         if bad_body:
-            call.status = 400
-            self._notify()
-            return _error(400, "Bad Request: can't parse request body", {})
+            return self._answered(call, _error(400, "Bad Request: can't parse request body", {}))
         try:
             response = await self._answer(method, params)
         except DropConnection:
-            self._notify()
+            self.changed()
             raise
+        if self._lost.take(method):
+            # Processed, but the answer never reaches the bot (connection lost after it).
+            call.status = response.status
+            self.changed()
+            raise DropConnection(method)
+        return self._answered(call, response)
+
+    def _answered(self, call: Call, response: Response) -> Response:
         call.status = response.status
-        self._notify()
+        self.changed()
         return response
 
+    async def _download(self, path: str) -> Response:
+        """``/file/bot<token>/<file_path>``: the bytes of a file getFile pointed to."""
+        file_prefix = f"/file/bot{self.token}/"
+        call = self.record(Call("file", {"path": path.rsplit("/", 1)[-1]}, trio.current_time()))
+        if not path.startswith(file_prefix):
+            return self._answered(call, _error(401, "Unauthorized", {}))
+        fault = await self.faults_for("file")
+        if fault is not None:
+            return self._answered(call, self._fault_response(fault))
+        file_path = path[len(file_prefix) :]
+        for stored_path, data in self.files.values():
+            if stored_path == file_path:
+                response = Response(200, data, [("content-type", "application/octet-stream")])
+                return self._answered(call, response)
+        return self._answered(call, _error(404, "Not Found", {}))
+
+    def lose_response_next(self, method: str, count: int = 1) -> None:
+        """The next ``count`` calls of ``method`` are *processed* (a send creates its
+        message), then the connection closes before the answer: the outcome the bot
+        cannot know."""
+        self._lost.drop_next(method, count)
+
+    @staticmethod
+    def _fault_response(fault: Fault) -> Response:
+        """A status fault in the Bot API's error shape (see the fault knobs above)."""
+        status = fault.status
+        params: dict[str, Any] = {}
+        description = fault.description
+        if status == 429:
+            retry = 3 if fault.retry_after is None else fault.retry_after
+            params["retry_after"] = retry
+            description = description or f"Too Many Requests: retry after {retry:g}"
+        elif fault.retry_after is not None:
+            params["retry_after"] = fault.retry_after
+        if fault.extra.get("migrate_to_chat_id") is not None:
+            params["migrate_to_chat_id"] = fault.extra["migrate_to_chat_id"]
+        if description is None:
+            description = _DEFAULT_DESCRIPTIONS.get(status, f"Error {status}")
+        return _error(status, description, params)
+
     async def _answer(self, method: str, params: dict[str, Any]) -> Response:
-        for fault in self._take_faults(method):
-            if fault.kind == "slow":
-                await trio.sleep(fault.kw["seconds"])
-            elif fault.kind == "drop":
-                raise DropConnection
-            else:
-                return _error(fault.kw["status"], fault.kw["description"], fault.kw["parameters"])
+        fault = await self.faults_for(method)
+        if fault is not None:
+            return self._fault_response(fault)
         handler = _METHODS.get(method.lower())
         if handler is None:
             return json_response({"ok": False, "error_code": 404, "description": "Not Found"}, 404)
@@ -668,10 +684,7 @@ class FakeTelegram:
                         nursery.start_soon(until, new)
                         nursery.start_soon(until, terminate)
                     if terminate.is_set():
-                        raise ApiError(
-                            409,
-                            "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
-                        )
+                        raise ApiError(409, CONFLICT)
         out = ready()
         return _RawList([u if isinstance(u, bytes) else json.dumps(u).encode() for _, u in out])
 
@@ -816,8 +829,11 @@ _METHODS = {
 
 @asynccontextmanager
 async def open_fake_telegram(**kwargs: Any) -> AsyncIterator[FakeTelegram]:
-    """Serve a :class:`FakeTelegram` on 127.0.0.1 (port 0) for the duration of the block."""
+    """Serve a :class:`FakeTelegram` on 127.0.0.1 (port 0) for the duration of the block.
+
+    An error that ends the server is raised as itself, never as an ExceptionGroup.
+    """
     fake = FakeTelegram(**kwargs)
-    async with open_http_server(fake.handle) as server:
+    async with open_servers(partial(serve_http, fake.handle)) as (server,):
         fake.server = server
         yield fake
