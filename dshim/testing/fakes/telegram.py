@@ -197,6 +197,7 @@ class FakeTelegram(FakePlatform[Call]):
         #: Calls whose answer is lost after they were processed (lose_response_next).
         self._lost = FaultQueue()
         self._poll_terminate = trio.Event()
+        self._poll_drop = trio.Event()
 
     # -- where it listens -----------------------------------------------------------------
 
@@ -573,6 +574,11 @@ class FakeTelegram(FakePlatform[Call]):
                 return self._answered(call, response)
         return self._answered(call, _error(404, "Not Found", {}))
 
+    def drop_polls(self) -> None:
+        """The long polls waiting now lose their connection (unanswered, nothing confirmed)."""
+        self._poll_drop.set()
+        self._poll_drop = trio.Event()
+
     def lose_response_next(self, method: str, count: int = 1) -> None:
         """The next ``count`` calls of ``method`` are *processed* (a send creates its
         message), then the connection closes before the answer: the outcome the bot
@@ -656,6 +662,7 @@ class FakeTelegram(FakePlatform[Call]):
         # A newer poll terminates the one still waiting (two processes, one token).
         self._poll_terminate.set()
         self._poll_terminate = terminate = trio.Event()
+        dropped = self._poll_drop
         offset = _int_param(params, "offset")
         limit = max(1, min(100, _int_param(params, "limit") or 100))
         wait = float(params.get("timeout") or 0)
@@ -683,6 +690,9 @@ class FakeTelegram(FakePlatform[Call]):
 
                         nursery.start_soon(until, new)
                         nursery.start_soon(until, terminate)
+                        nursery.start_soon(until, dropped)
+                    if dropped.is_set():
+                        raise DropConnection("getUpdates")
                     if terminate.is_set():
                         raise ApiError(409, CONFLICT)
         out = ready()

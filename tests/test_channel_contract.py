@@ -1,0 +1,25 @@
+"""Every channel passes the shared scenarios of ``tests/channel_contract.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+import trio
+
+from tests.channel_contract import SCENARIOS, ChannelRig
+from tests.rig_telegram import TelegramRig
+
+RIGS: dict[str, Callable[[], ChannelRig]] = {"telegram": TelegramRig}
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])
+@pytest.mark.parametrize("channel", sorted(RIGS))
+async def test_contract(
+    channel: str,
+    scenario: Callable[[ChannelRig, Path], Awaitable[None]],
+    autojump_clock: trio.abc.Clock,
+    tmp_path: Path,
+) -> None:
+    await scenario(RIGS[channel](), tmp_path)
