@@ -13,8 +13,8 @@ Two hostile inputs break a naive decode and, with it, a whole bot:
   validating them, so each element is decoded — and, if bad, dropped — on its own.
 
 Both scan the bytes with one regular expression (strings are skipped as tokens, so a
-bracket inside a string never counts) and never recurse.  The common case costs two
-``bytes.count`` calls: input with fewer brackets than the limit cannot be too deep.
+bracket inside a string never counts) and never recurse.  The common case costs one
+``bytes.translate``: input with fewer brackets than the limit cannot be too deep.
 """
 
 from __future__ import annotations
@@ -36,12 +36,19 @@ MAX_DEPTH = 64
 _TOKENS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{},]')
 _OPEN = frozenset(b"[{")
 _CLOSE = frozenset(b"]}")
+#: Every byte but the two opening brackets: ``raw.translate(None, _NOT_OPENING)`` keeps
+#: only the openers, in one pass (cheaper than two ``count`` calls).
+_NOT_OPENING = bytes(b for b in range(256) if b not in b"[{")
 
 
 def depth_exceeds(raw: bytes, limit: int = MAX_DEPTH) -> bool:
     """True when ``raw`` nests objects/arrays deeper than ``limit``."""
-    if raw.count(b"[") + raw.count(b"{") <= limit:
+    if len(raw.translate(None, _NOT_OPENING)) <= limit:
         return False
+    return _deeper_than(raw, limit)
+
+
+def _deeper_than(raw: bytes, limit: int) -> bool:
     depth = 0
     for match in _TOKENS.finditer(raw):
         c = raw[match.start()]
@@ -61,7 +68,8 @@ def decode(decoder: msgspec.json.Decoder[T], raw: bytes | str, limit: int = MAX_
     own limit would be hit first) and :class:`msgspec.ValidationError` as msgspec does.
     """
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
-    if depth_exceeds(data, limit):
+    # depth_exceeds, inlined: this runs for every event of every platform.
+    if len(data.translate(None, _NOT_OPENING)) > limit and _deeper_than(data, limit):
         raise msgspec.DecodeError(f"JSON nested deeper than {limit} levels")
     try:
         return decoder.decode(data)
