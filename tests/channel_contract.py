@@ -51,12 +51,20 @@ class Answer:
 class ChannelRig(Protocol):
     """What a channel supplies to run the shared scenarios against its fake."""
 
-    #: The channel under test (with test timings where the channel has them).
-    channel: Channel
-    #: The credential that must never reach a log record.
-    secret: str
-    #: How the bot appears as the author of a quoted message: (author id, author name).
-    bot_author: tuple[str, str]
+    @property
+    def channel(self) -> Channel:
+        """The channel under test (with test timings where the channel has them)."""
+        ...
+
+    @property
+    def secret(self) -> str:
+        """The credential that must never reach a log record."""
+        ...
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        """How the bot appears as the author of a quoted message: (id, name)."""
+        ...
 
     def open(self) -> AbstractAsyncContextManager[None]:
         """Run the fake platform for the duration of the block."""

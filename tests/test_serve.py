@@ -88,7 +88,7 @@ async def test_transient_failures_restart_with_backoff(
             shutdown.set()
     assert ch.starts == 3
     assert 2.0 <= elapsed <= 4.5  # 1 s then 2 s, jitter ±50 %, never under 1 s
-    assert ch.outbound.sent[0].text.endswith("after restarts")
+    assert ch.outbound is not None and ch.outbound.sent[0].text.endswith("after restarts")
 
 
 async def test_fatal_error_stops_only_that_bot(autojump_clock: object, tmp_path: Path) -> None:
@@ -152,5 +152,6 @@ async def test_shutdown_stops_reading_and_lets_the_running_turn_finish(
             shutdown.set()
             await trio.sleep(0.01)
             ch.send.send_nowait(msg("after the signal"))  # not read any more
+        assert ch.outbound is not None
         assert ch.outbound.sent[0].text.endswith("echo:slow 8")  # finished within the grace
         assert len(ch.outbound.sent) == 1

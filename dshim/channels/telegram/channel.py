@@ -24,8 +24,8 @@ import trio
 
 from dshim.channels.base import (
     BotHost,
-    Channel,
     ChannelSettings,
+    ChannelSpec,
     Check,
     FixtureError,
     Identity,
@@ -254,24 +254,12 @@ def _origin(url: str) -> str:
     return f"{scheme}://{host}" if rest else "set"
 
 
-class TelegramChannel:
-    """The Telegram channel (see :mod:`dshim.channels.base`)."""
+CHANNEL = ChannelSpec(
+    key="telegram",
+    settings=TelegramSettings,
+    run_fn=run,
+    replay_fn=ReplayAdapter,
+    probe_fn=probe,
+)
 
-    key = "telegram"
-    settings = TelegramSettings
-
-    async def run(
-        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        await run(host, task_status=task_status)
-
-    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
-        return ReplayAdapter(fx)
-
-    async def probe(self, rows: ProbeRows) -> None:
-        await probe(rows)
-
-
-CHANNEL: Channel = TelegramChannel()
-
-__all__ = ["CHANNEL", "TelegramChannel", "TelegramSettings"]
+__all__ = ["CHANNEL", "TelegramSettings"]
