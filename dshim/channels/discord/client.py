@@ -290,16 +290,16 @@ async def next_gateway_url(
                 raise
             except ChannelError as exc:
                 if gw.gateway_info_unavailable():
-                    log.warning("gateway_info_failed", error=str(exc), fallback="gateway_url")
+                    log.warning("ws_url_failed", error=str(exc), fallback="gateway_url")
                     continue
                 retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
                 delay = backoff.next_delay(retry_after=retry_after)
-                log.warning("gateway_info_failed", error=str(exc), retry_in_s=round(delay, 2))
+                log.warning("ws_url_failed", error=str(exc), retry_in_s=round(delay, 2))
                 await trio.sleep(delay)
                 continue
             gw.set_gateway_info(info, clock())
             log.info(
-                "gateway_info_fetched",
+                "ws_url_fetched",
                 identifies_remaining=info.session_start_limit.remaining,
                 max_concurrency=info.session_start_limit.max_concurrency,
             )
