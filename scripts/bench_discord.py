@@ -131,7 +131,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
 
-    def insert(conv: str, mid: str, raw: str) -> int:
+    def insert(conv: str, mid: str, raw: str | bytes) -> int:
         assert conn is not None
         return conn.execute(
             "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
