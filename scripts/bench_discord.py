@@ -9,9 +9,10 @@ messages) as fast as it can.  In this process, one after the other:
 - floor         the least a gateway client must do, written as plainly as possible:
                 trio-websocket (same 64 KiB receive buffer), ``json.loads`` of every
                 frame, a dict lookup mapping of the message fields;
-- dshim reader  dshim's gateway client (``GatewayProtocol`` + ``run_gateway``: msgspec
-                envelope, sequence tracking, heartbeats, dispatch channel) and the
-                MESSAGE_CREATE mapping to ``InboundMessage``;
+- dshim reader  dshim's gateway client (``GatewayProtocol`` on the kit's websocket
+                runner via ``run_gateway``: bounded-depth msgspec envelope, sequence
+                tracking, heartbeats, in-order delivery) and the MESSAGE_CREATE mapping
+                to ``InboundMessage``;
 - floor+dedup   the floor plus the least a *durable* gateway must add: one SQLite
                 ``INSERT OR IGNORE`` (dedup key + raw frame) per dispatch on a worker
                 thread, WAL, synchronous=NORMAL;
@@ -50,18 +51,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dshim.channels.discord import models as m  # noqa: E402
 from dshim.channels.discord.client import (  # noqa: E402
+    USER_AGENT,
     WS_OPTIONS,
     RestClient,
-    open_http_client,
     run_gateway,
 )
 from dshim.channels.discord.protocol import (  # noqa: E402
-    Connected,
     Dispatch,
     GatewayProtocol,
     MessageMapper,
     gateway_url,
 )
+from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.config import parse_config  # noqa: E402
 from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
@@ -130,7 +131,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
         conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
 
-    def insert(conv: str, mid: str, raw: str) -> int:
+    def insert(conv: str, mid: str, raw: str | bytes) -> int:
         assert conn is not None
         return conn.execute(
             "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
@@ -138,7 +139,12 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 
     url = gateway_url(env["gateway_url"])
     mapped: list[dict[str, Any]] = []
-    async with trio_websocket.open_websocket_url(url, **WS_OPTIONS) as ws:
+    async with trio_websocket.open_websocket_url(
+        url,
+        message_queue_size=WS_OPTIONS.message_queue_size,
+        max_message_size=WS_OPTIONS.max_message_size,
+        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
+    ) as ws:
         json.loads(await ws.get_message())  # hello
         identify = {"op": 2, "d": {"token": env["token"], "intents": 37377, "properties": {}}}
         await ws.send_message(json.dumps(identify))
@@ -181,30 +187,26 @@ async def dshim_gateway(
     env: dict[str, Any], n: int, handle: Callable[[Dispatch, MessageMapper], Awaitable[None]]
 ) -> tuple[float, float]:
     meter = Meter(n)
-    async with open_http_client() as http:
+    async with open_http(user_agent=USER_AGENT) as http:
         rest = RestClient(http, token=env["token"], api_base=env["api_base"])
         me = await rest.get_current_user()
         mapper = MessageMapper(me.id)
-        gw = GatewayProtocol(token=env["token"], random=random.random)
+        # READY is delivered too: the meter starts there, like the floor's.
+        gw = GatewayProtocol(
+            token=env["token"],
+            random=random.random,
+            wanted=frozenset({"READY", "MESSAGE_CREATE"}),
+        )
 
-        def on_connected(event: Connected) -> None:
-            meter.start()
-
-        async def on_dispatch(dispatch: Dispatch) -> None:
+        async def deliver(dispatch: Dispatch) -> None:
+            if dispatch.t == "READY":
+                meter.start()
+                return
             await handle(dispatch, mapper)
             meter.tick()
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                functools.partial(
-                    run_gateway,
-                    gw,
-                    rest,
-                    on_dispatch,
-                    wanted=frozenset({"MESSAGE_CREATE"}),
-                    on_connected=on_connected,
-                )
-            )
+            nursery.start_soon(functools.partial(run_gateway, gw, rest, deliver))
             await meter.done.wait()
             nursery.cancel_scope.cancel()
     return meter.wall, meter.cpu

@@ -1,6 +1,7 @@
-"""The Discord REST client over ``httpx.MockTransport``: rate limits, retries, error mapping.
+"""The Discord REST client over ``httpx.MockTransport``: rate limits, retries, error mapping;
+and table tests of the sans-IO parts it runs on (``classify_error``, ``RateLimiter``).
 
-Every test runs on trio's autojump clock (the client reads ``trio.current_time``), so
+Every client test runs on trio's autojump clock (the client reads ``trio.current_time``), so
 waits for ``retry_after`` and bucket resets are exact and instant; each has a hard
 deadline.
 """
@@ -16,6 +17,14 @@ import pytest
 import trio
 
 from dshim.channels.discord.client import USER_AGENT, RestClient
+from dshim.channels.discord.protocol import (
+    MAX_BUCKETS,
+    MAX_RETRY_AFTER_S,
+    RateLimiter,
+    RateLimitHit,
+    classify_error,
+    rate_limit_hit,
+)
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -290,3 +299,120 @@ async def test_downloads_only_from_discord_cdn_and_without_the_token(
     assert data == b"x" * 100
     assert len(server.seen) == 2
     assert all("authorization" not in r.headers for _, r in server.seen)
+
+
+async def test_network_failures_say_whether_the_request_may_have_been_processed(
+    autojump_clock: object,
+) -> None:
+    # kit.http.map_httpx_errors: a send that never left cannot duplicate; a timeout can.
+    def refused(r: httpx.Request, n: int) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=r)
+
+    def read_timeout(r: httpx.Request, n: int) -> httpx.Response:
+        raise httpx.ReadTimeout("no answer", request=r)
+
+    for answer, sent in ((refused, False), (read_timeout, True)):
+        http, rest = client(Server(answer))
+        async with http:
+            with trio.fail_after(DEADLINE), pytest.raises(TransportError) as exc_info:
+                await rest.create_message("7", "hi", nonce="n1")
+        assert exc_info.value.request_sent is sent
+        assert "POST /channels/{channel_id}/messages" in str(exc_info.value)
+        assert TOKEN not in str(exc_info.value) and "discord.test" not in str(exc_info.value)
+
+
+async def test_a_broken_retry_after_is_capped_not_slept_on(autojump_clock: object) -> None:
+    server = Server(
+        lambda r, n: httpx.Response(
+            429, content=b'{"message":"slow","retry_after":1e300,"global":false}'
+        )
+    )
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE), pytest.raises(RateLimited) as exc_info:
+            await rest.get_current_user()
+    assert exc_info.value.retry_after == MAX_RETRY_AFTER_S and len(server.seen) == 1
+
+
+# -- the sans-IO parts (protocol.py) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error"),
+    [
+        (401, 0, AuthError),
+        (401, 40001, AuthError),
+        (404, 10008, NotFound),
+        (400, 10003, NotFound),  # the code decides, whatever the status
+        (403, 50001, PermissionDenied),
+        (400, 50013, PermissionDenied),
+        (403, 0, PermissionDenied),
+        (500, 0, TransportError),
+        (503, 0, TransportError),
+        (400, 50035, ChannelError),
+        (400, 160002, ChannelError),
+    ],
+)
+def test_classify_error(status: int, code: int, error: type[ChannelError]) -> None:
+    exc = classify_error(status, code, "GET /channels/{channel_id}", "Some message")
+    assert type(exc) is error
+    assert exc.status == status and exc.code == (code or None)
+    assert "GET /channels/{channel_id}: HTTP" in str(exc)
+    if isinstance(exc, TransportError):
+        assert exc.request_sent
+
+
+def headers(bucket: str, remaining: int, reset_after: float, limit: int = 5) -> dict[str, str]:
+    return {
+        "x-ratelimit-bucket": bucket,
+        "x-ratelimit-limit": str(limit),
+        "x-ratelimit-remaining": str(remaining),
+        "x-ratelimit-reset-after": str(reset_after),
+    }
+
+
+def test_rate_limiter_learns_buckets_per_top_level_resource() -> None:
+    rl = RateLimiter()
+    route = "POST /channels/{channel_id}/messages"
+    assert rl.reserve(route, "A", 0.0) == 0.0  # unknown: go
+    rl.learn(route, "A", headers("b1", 0, 2.5), 0.0)
+    assert rl.reserve(route, "A", 1.0) == pytest.approx(1.5)  # exhausted until 2.5
+    assert rl.reserve(route, "B", 1.0) == 0.0  # another channel, its own bucket
+    assert rl.reserve(route, "A", 2.5) == 0.0  # reset: go (and count it)
+    other = "PATCH /channels/{channel_id}/messages/{message_id}"
+    rl.learn(other, "A", headers("b1", 0, 4.0), 2.5)  # shares bucket b1
+    assert rl.reserve(route, "A", 3.0) == pytest.approx(3.5)
+
+
+def test_rate_limiter_counts_reservations_and_pauses_on_429() -> None:
+    rl = RateLimiter()
+    route = "PATCH /x"
+    rl.learn(route, "A", headers("b", 2, 10.0), 0.0)
+    assert [rl.reserve(route, "A", 0.0) for _ in range(3)] == [0.0, 0.0, pytest.approx(10.0)]
+    rl.hit(route, "B", RateLimitHit(3.0), 0.0)
+    assert rl.reserve(route, "B", 1.0) == pytest.approx(2.0)
+    rl.hit(route, "C", RateLimitHit(4.0, is_global=True), 0.0)
+    assert rl.reserve("GET /users/@me", "", 1.0) == pytest.approx(3.0)  # every route
+
+
+def test_rate_limiter_keeps_the_global_limit_of_50_per_second() -> None:
+    rl = RateLimiter()
+    assert all(rl.reserve("GET /a", str(i), 0.0) == 0.0 for i in range(50))
+    assert rl.reserve("GET /a", "51", 0.5) == pytest.approx(0.5)
+    assert rl.reserve("GET /a", "51", 1.0) == 0.0
+
+
+def test_rate_limit_hit_reads_the_body_then_the_headers() -> None:
+    body = b'{"message":"You are being rate limited.","retry_after":64.57,"global":false}'
+    assert rate_limit_hit(body, {}) == RateLimitHit(64.57)
+    assert rate_limit_hit(b"<html>cloudflare</html>", {"retry-after": "7"}) == RateLimitHit(7.0)
+    scoped = rate_limit_hit(b"{}", {"retry-after": "2", "x-ratelimit-scope": "global"})
+    assert scoped.is_global and scoped.retry_after == 2.0
+    assert rate_limit_hit(b"", {"retry-after": "soon"}).retry_after == 1.0
+
+
+def test_a_flood_of_buckets_stays_bounded() -> None:
+    rl = RateLimiter()
+    for i in range(MAX_BUCKETS + 500):
+        rl.learn("POST /channels/{channel_id}/messages", str(i), headers("b", 1, 100.0), 0.0)
+    assert len(rl._buckets) <= MAX_BUCKETS

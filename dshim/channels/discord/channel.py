@@ -1,11 +1,15 @@
 """The Discord channel: a bot's nursery, the replay adapter and the probe checks.
 
-``run`` checks the token with ``GET /users/@me``, opens the bot's pipeline, counts as
-started (authenticated) and then keeps one gateway session (see :mod:`.protocol`).
-Each MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly
-as received (the durable inbox keeps it and decodes it again after a restart).  A 401
-from any REST call, or a fatal gateway close code, stops the bot without a reconnect
-loop; other failures reconnect and resume inside ``run``.
+``run`` checks the token with ``GET /users/@me`` (network failures, 5xx and 429 are
+retried right there with the kit's backoff; a 401 is fatal), opens the bot's pipeline,
+counts as started (authenticated) and then keeps one gateway session on the kit's
+websocket runner (see :mod:`.protocol` and :mod:`dshim.channels.kit.ws`).  Each
+MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly as
+received (the durable inbox keeps it and decodes it again after a restart); guild events
+go to the mapper only (it learns the bot's managed role there).  A 401 from any REST
+call, or a fatal gateway close code, stops the bot without a reconnect loop; other
+failures reconnect and resume inside ``run``.  Only AuthError, FatalChannelError and
+ConfigError escape it.
 """
 
 from __future__ import annotations
@@ -28,30 +32,38 @@ from dshim.channels.base import (
     ProbeRows,
     ReplaySource,
     Secret,
+    Verdict,
 )
 from dshim.channels.discord import models as m
 from dshim.channels.discord.client import (
     DEFAULT_API_BASE,
+    HTTP_TIMEOUT,
+    USER_AGENT,
     RestClient,
-    connect_once,
-    open_http_client,
     run_gateway,
 )
 from dshim.channels.discord.protocol import (
-    Connected,
+    GUILD_EVENTS,
     Dispatch,
     GatewayProtocol,
     GatewayTuning,
     MessageMapper,
     fetched_reference,
+    intents,
 )
 from dshim.channels.discord.render import DiscordOutbound, split
+from dshim.channels.kit import Backoff
+from dshim.channels.kit.decode import decode
+from dshim.channels.kit.http import open_http
+from dshim.channels.kit.retry import until_ok
+from dshim.channels.kit.ws import Connected, connect_once
 from dshim.errors import AuthError, NotFound
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 
 log = structlog.get_logger("dshim.discord")
 
-WANTED_DISPATCHES = frozenset({"MESSAGE_CREATE"})
+#: Dispatches read: messages for the pipeline, guild events for the mapper (the bot's role).
+WANTED_DISPATCHES = frozenset({"MESSAGE_CREATE"}) | GUILD_EVENTS
 PROBE_READY_TIMEOUT_S = 15.0
 TEST_TEXT = "✅ dshim connection test: the Discord bot {name} can send messages here."
 
@@ -65,6 +77,10 @@ class DiscordSettings(ChannelSettings):
     api_base: str = DEFAULT_API_BASE
     #: Gateway URL override (else the one ``GET /gateway/bot`` hands out).
     gateway_url: str | None = None
+    #: Ask for the privileged Message Content intent (Developer Portal: Bot -> Privileged
+    #: Gateway Intents).  Without it, message text arrives only in DMs and in messages
+    #: that mention the bot.
+    message_content: bool = True
 
     def __post_init__(self) -> None:
         token = self.token.get().strip()
@@ -127,27 +143,33 @@ async def run(
     settings = host.settings_as(DiscordSettings)
     token = settings.token.get()
     rng = rng or _random.Random()
-    async with open_http_client() as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
         rest = RestClient(http, token=token, api_base=settings.api_base)
-        me = await rest.get_current_user()
+        # Transient failures (network, 5xx, 429) are retried here; 401 is raised.
+        me = await until_ok("GET /users/@me", rest.get_current_user, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=me.username, bot_id=me.id)
         mapper = MessageMapper(me.id, lookup=lookup_factory(rest), media=media_factory(rest))
         outbound = DiscordOutbound(rest, clock=host.clock, bot_username=me.username or None)
         gw = GatewayProtocol(
-            token=token, random=rng.random, gateway_override=settings.gateway_url, tuning=tuning
+            token=token,
+            random=rng.random,
+            intents=intents(message_content=settings.message_content),
+            wanted=WANTED_DISPATCHES,
+            gateway_override=settings.gateway_url,
+            tuning=tuning,
         )
-
-        def on_connected(event: Connected) -> None:
-            return None
 
         async with host.open_runtime(
             outbound=outbound, bot_id=me.id, decode_raw=mapper.decode_frame
         ) as rt:
             task_status.started()
 
-            async def handle(dispatch: Dispatch) -> None:
+            async def deliver(dispatch: Dispatch) -> Verdict | None:
+                if dispatch.t != "MESSAGE_CREATE":
+                    mapper.learn_guild_event(dispatch.t, dispatch.d)  # not for the pipeline
+                    return None
                 # Steps 1-6 in gateway order; the next frame is read once this is durable.
-                await rt.accept(mapper.decode_message(dispatch.d), dispatch.frame)
+                return await rt.accept(mapper.decode_message(dispatch.d), dispatch.frame)
 
             async def watch_auth() -> None:
                 await rest.auth_failed.wait()
@@ -156,9 +178,7 @@ async def run(
             async def reader() -> None:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watch_auth)
-                    await run_gateway(
-                        gw, rest, handle, wanted=WANTED_DISPATCHES, on_connected=on_connected
-                    )
+                    await run_gateway(gw, rest, deliver, backoff=Backoff(rng=rng))
 
             await host.serve(rt, reader)
 
@@ -180,7 +200,7 @@ class DiscordReplayAdapter:
 
     def _learn_from_ready(self, raw: bytes) -> None:
         try:
-            frame = m.frame_decoder.decode(raw)
+            frame = decode(m.frame_decoder, raw)  # bounded depth, like every decode here
             if frame.t != "READY":
                 return
             ready = m.ready_decoder.decode(frame.d)
@@ -203,7 +223,7 @@ async def probe(rows: ProbeRows) -> None:
     """Identity, gateway info (identify budget), READY within 15 s, store, ``--send-test``."""
     settings = rows.settings_as(DiscordSettings)
     token = settings.token.get()
-    async with open_http_client() as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
         rest = RestClient(http, token=token, api_base=settings.api_base, max_wait_s=10.0)
         info: list[m.GatewayBot] = []
 
@@ -225,7 +245,11 @@ async def probe(rows: ProbeRows) -> None:
 
         async def ready() -> tuple[ProbeResult, str]:
             gw = GatewayProtocol(
-                token=token, random=_random.random, gateway_override=settings.gateway_url
+                token=token,
+                random=_random.random,
+                intents=intents(message_content=settings.message_content),
+                wanted=frozenset(),
+                gateway_override=settings.gateway_url,
             )
             gw.set_gateway_info(info[0], trio.current_time())
             plan = gw.plan_connection(trio.current_time())
@@ -237,15 +261,15 @@ async def probe(rows: ProbeRows) -> None:
             async def ignore(dispatch: Dispatch) -> None:
                 return None
 
-            code = await connect_once(
-                gw, plan, ignore, wanted=(), on_connected=reached.append, stop_when_connected=True
+            ended = await connect_once(
+                plan.url, gw, ignore, on_connected=reached.append, stop_when_connected=True
             )
             if not reached:
-                gw.connection_lost(code, trio.current_time())  # raises for fatal codes
-                why = gw.last_close_reason or f"close code {code}"
+                gw.connection_lost(ended, trio.current_time())  # raises for fatal codes
+                why = gw.last_close_reason or f"close code {ended.code}"
                 return "fail", f"the gateway closed before READY ({why})"
             ms = (time.perf_counter() - t0) * 1000
-            return "ok", f"READY in {ms:.0f} ms (session {reached[0].session_id}), closed cleanly"
+            return "ok", f"READY in {ms:.0f} ms (session {reached[0].session}), closed cleanly"
 
         async def send_test(conversation_id: str) -> str:
             created = await rest.create_message(

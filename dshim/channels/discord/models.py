@@ -63,6 +63,18 @@ class StickerItem(msgspec.Struct, kw_only=True, gc=False):
     name: str = ""
 
 
+class SnapshotMessage(msgspec.Struct, kw_only=True, gc=False):
+    """The forwarded message inside a ``message_snapshots`` entry (it has no author)."""
+
+    content: str = ""
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    sticker_items: list[StickerItem] = msgspec.field(default_factory=list)
+
+
+class MessageSnapshot(msgspec.Struct, kw_only=True, gc=False):
+    message: SnapshotMessage = msgspec.field(default_factory=SnapshotMessage)
+
+
 class MessageReference(msgspec.Struct, kw_only=True, gc=False):
     #: 0 DEFAULT (a reply), 1 FORWARD; absent means DEFAULT.
     type: int = 0
@@ -78,7 +90,8 @@ class QuotedMessage(msgspec.Struct, kw_only=True, gc=False):
     channel_id: str | None = None
     author: User | None = None
     member: Member | None = None
-    content: str = ""
+    #: Absent (UNSET) when the payload says nothing about it.
+    content: str | UnsetType = UNSET
     attachments: list[Attachment] = msgspec.field(default_factory=list)
     sticker_items: list[StickerItem] = msgspec.field(default_factory=list)
     timestamp: str | None = None
@@ -96,14 +109,43 @@ class Message(msgspec.Struct, kw_only=True, gc=False):
     timestamp: str | None = None
     type: int = 0
     mentions: list[MentionedUser] = msgspec.field(default_factory=list)
+    mention_roles: list[str] = msgspec.field(default_factory=list)
     attachments: list[Attachment] = msgspec.field(default_factory=list)
     message_reference: MessageReference | None = None
+    #: Forwards (``message_reference.type`` 1): the forwarded message, one level.
+    message_snapshots: list[MessageSnapshot] = msgspec.field(default_factory=list)
     #: Absent (UNSET): Discord did not try to resolve the reply; ``None``: it was deleted.
     referenced_message: QuotedMessage | None | UnsetType = UNSET
     webhook_id: str | None = None
     channel_type: int | None = None
     #: Only messages inside a thread carry a position.
     position: int | None = None
+
+
+class RoleTags(msgspec.Struct, kw_only=True, gc=False):
+    #: Set on the managed role Discord creates for a bot when it joins a guild.
+    bot_id: str | None = None
+
+
+class Role(msgspec.Struct, kw_only=True, gc=False):
+    id: str
+    tags: RoleTags | None = None
+
+
+class Guild(msgspec.Struct, kw_only=True, gc=False):
+    """GUILD_CREATE (and GUILD_DELETE): only the roles are read."""
+
+    id: str
+    unavailable: bool = False
+    roles: list[Role] = msgspec.field(default_factory=list)
+
+
+class GuildRoleEvent(msgspec.Struct, kw_only=True, gc=False):
+    """GUILD_ROLE_CREATE / GUILD_ROLE_UPDATE (``role``) and GUILD_ROLE_DELETE (``role_id``)."""
+
+    guild_id: str
+    role: Role | None = None
+    role_id: str | None = None
 
 
 class SessionStartLimit(msgspec.Struct, kw_only=True, gc=False):
@@ -144,6 +186,8 @@ hello_decoder = msgspec.json.Decoder(Hello)
 ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)
 quoted_decoder = msgspec.json.Decoder(QuotedMessage)
+guild_decoder = msgspec.json.Decoder(Guild)
+guild_role_decoder = msgspec.json.Decoder(GuildRoleEvent)
 user_decoder = msgspec.json.Decoder(User)
 gateway_bot_decoder = msgspec.json.Decoder(GatewayBot)
 error_decoder = msgspec.json.Decoder(ErrorBody)
@@ -163,14 +207,20 @@ __all__ = [
     "ErrorBody",
     "Frame",
     "GatewayBot",
+    "Guild",
+    "GuildRoleEvent",
     "Hello",
     "Member",
     "MentionedUser",
     "Message",
     "MessageReference",
+    "MessageSnapshot",
     "QuotedMessage",
     "Ready",
+    "Role",
+    "RoleTags",
     "SessionStartLimit",
+    "SnapshotMessage",
     "StickerItem",
     "User",
     "encode",

@@ -1,14 +1,14 @@
-"""Discord Gateway v10: a sans-IO session state machine and the MESSAGE_CREATE mapping.
+"""Discord, sans-IO: the Gateway v10 session, REST rate limits and errors, and the mapping.
 
 Theory of operation
 -------------------
-:class:`GatewayProtocol` holds everything about the gateway that is not I/O.  The trio
-shell (:mod:`.client`) opens websockets, feeds every received text frame to
-:meth:`~GatewayProtocol.receive`, calls :meth:`~GatewayProtocol.tick` when
-:meth:`~GatewayProtocol.next_timer` is due, performs the returned actions
-(:class:`SendFrame`, :class:`CloseConnection`, :class:`Dispatch` ...) and reports the end
-of each connection with :meth:`~GatewayProtocol.connection_lost`.  Time is always an
-argument (seconds on any monotonic clock); randomness comes from an injected function.
+:class:`GatewayProtocol` is a :class:`~dshim.channels.kit.ws.WsSession`: it holds
+everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.channels.kit.ws`)
+opens websockets to the URL :meth:`~GatewayProtocol.plan_connection` chose, feeds every
+received frame to :meth:`~GatewayProtocol.receive`, calls :meth:`~GatewayProtocol.tick`
+when :meth:`~GatewayProtocol.next_timer` is due, performs the returned actions and reports
+the end of each connection with :meth:`~GatewayProtocol.connection_lost`.  Time is always
+an argument (seconds on any monotonic clock); randomness comes from an injected function.
 
 Two lifetimes::
 
@@ -16,6 +16,12 @@ Two lifetimes::
         Get Gateway Bot URL, the identify budget (session_start_limit)
     connection: AWAIT_HELLO -> (Identify | Resume sent) AWAIT_READY -> READY/RESUMED
         CONNECTED -> CLOSED; heartbeat interval, next beat, "ACK pending"
+
+What Discord guarantees: dispatches arrive in order with a growing ``s``; nothing is
+acknowledged per event; a Resume replays the dispatches a session missed (within a few
+minutes), so the only redelivery is a replay after Resume -- which may repeat events we
+already handled (the pipeline's persisted dedup drops them).  Every wanted dispatch is
+delivered to the channel before the next frame is read.
 
 Rules, with the doc pages they come from (discord-api-docs, events/gateway.mdx and
 topics/opcodes-and-status-codes.mdx):
@@ -29,16 +35,21 @@ topics/opcodes-and-status-codes.mdx):
   Op 9 Invalid Session: ``d=true`` -> resume; ``d=false`` -> forget the session, close with
   1000, wait 1-5 s and Identify afresh on the cached Get Gateway URL.
 * READY carries ``session_id`` and ``resume_gateway_url``; resumes go to the latter.
-  After a Resume the server replays the dispatches we missed, then sends RESUMED; the
-  replayed events may include ones we already handled (the pipeline's dedup drops them).
 * Close codes 4004, 4010, 4011, 4012, 4013, 4014 are fatal: never reconnect.  4007 and
   4009 need a new session.  Everything else (and network errors) resumes when a session
-  exists, with backoff for connections that never got to READY/RESUMED.
+  exists; the runner backs off connections that never got to READY/RESUMED.
 * Identify is expensive (1000 per day; exceeding it resets the token): never identify
   while ``session_start_limit.remaining`` is 0 -- wait ``reset_after`` and ask again --
   and at most ``max_concurrency`` identifies per 5 s.
+* A frame is decoded with bounded depth (:func:`dshim.channels.kit.decode.decode`): a
+  frame that does not decode is :class:`~dshim.channels.kit.ws.Ignored`, the connection
+  goes on.
 
-The second half maps a MESSAGE_CREATE dispatch to :class:`~dshim.model.InboundMessage`
+REST (topics/rate-limits.mdx, topics/opcodes-and-status-codes.mdx): :func:`classify_error`
+maps an HTTP status and Discord's JSON ``code`` to the error tree, :class:`RateLimiter`
+keeps the bucket state learned from the ``X-RateLimit-*`` headers.
+
+The last part maps MESSAGE_CREATE to :class:`~dshim.model.InboundMessage`
 (resources/message.mdx; see the rules on :class:`MessageMapper`).  Nothing here imports
 trio or httpx or reads a clock.
 """
@@ -46,16 +57,29 @@ trio or httpx or reads a clock.
 from __future__ import annotations
 
 import enum
-import mimetypes
+import math
 import urllib.parse
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from dshim.channels.discord import models as m
-from dshim.errors import AuthError, FatalChannelError
+from dshim.channels.kit.decode import decode
+from dshim.channels.kit.ws_session import Action, Close, Connected, Deliver, Ignored, Send, WsEnded
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    FatalChannelError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    TransportError,
+)
 from dshim.model import (
     Attachment,
     Fetcher,
@@ -87,6 +111,21 @@ DIRECT_MESSAGES = 1 << 12
 MESSAGE_CONTENT = 1 << 15
 INTENTS = GUILDS | GUILD_MESSAGES | DIRECT_MESSAGES | MESSAGE_CONTENT
 
+
+def intents(*, message_content: bool = True) -> int:
+    """The intents dshim identifies with (``message_content = false`` drops the privileged one)."""
+    return INTENTS if message_content else INTENTS & ~MESSAGE_CONTENT
+
+
+#: Where the Message Content switch is, and the setting that stops asking for it.
+MESSAGE_CONTENT_HINT = (
+    "the bot asks for the privileged Message Content intent, which is not enabled for it: "
+    "turn it on in the Discord Developer Portal (your application -> Bot -> Privileged "
+    "Gateway Intents -> Message Content Intent), or set message_content = false for this "
+    "bot in the configuration (message text then arrives only in DMs and in messages "
+    "that mention the bot)"
+)
+
 #: Close codes after which reconnecting cannot help (discord.py's set, minus our own 1000).
 FATAL_CLOSE_CODES: dict[int, str] = {
     4004: "authentication failed: the bot token is invalid",
@@ -94,7 +133,7 @@ FATAL_CLOSE_CODES: dict[int, str] = {
     4011: "sharding required: the bot is in too many guilds for one shard",
     4012: "invalid API version",
     4013: "invalid intents",
-    4014: "disallowed intents: enable the Message Content intent for this bot in the "
+    4014: "disallowed intents: a privileged intent is not enabled for this bot in the "
     "Discord Developer Portal (Bot -> Privileged Gateway Intents)",
 }
 #: Close codes after which the session cannot be resumed (invalid seq, session timed out).
@@ -105,15 +144,14 @@ RESUME_CLOSE_CODE = 4000
 IDENTIFY_WINDOW_S = 5.0
 #: A server that does not say Hello within this time is treated as a failed connection.
 HELLO_TIMEOUT_S = 20.0
+#: Connections in a row that never got READY after which the Get Gateway URL is re-read.
+STALE_GATEWAY_FAILURES = 3
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayTuning:
-    """Timings of the reconnect policy.  Defaults follow Discord's guidance; tests shrink them."""
+    """Timings of the session policy.  Defaults follow Discord's guidance."""
 
-    #: Delay before reconnect attempt n (n = connections in a row that never got READY or
-    #: RESUMED); the last value repeats.  Multiplied by 0.5-1.5 (jitter) except for 0.
-    backoff_s: tuple[float, ...] = (0.0, 1.0, 3.0, 5.0, 10.0, 30.0)
     #: Op 9 ``d=false``: wait a random time in this range before identifying again.
     invalid_session_wait_s: tuple[float, float] = (1.0, 5.0)
     #: Spacing between identifies with ``max_concurrency`` 1.
@@ -134,31 +172,9 @@ class ConnState(enum.Enum):
     CLOSING = "closing"
 
 
-# --- actions the shell performs ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SendFrame:
-    """Send this text frame.  ``kind`` is for logs: the payload may contain the token."""
-
-    kind: str
-    payload: bytes
-
-    def __repr__(self) -> str:
-        return f"SendFrame(kind={self.kind!r})"
-
-
-@dataclass(frozen=True, slots=True)
-class CloseConnection:
-    """Close the websocket with this code, then call ``connection_lost``."""
-
-    code: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per event (frozen init is 3x slower)
 class Dispatch:
-    """An op 0 event for the application.  ``frame`` is the whole frame as received."""
+    """An op 0 event the channel wants.  ``frame`` is the whole frame as received."""
 
     t: str
     s: int | None
@@ -166,24 +182,7 @@ class Dispatch:
     frame: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Connected:
-    """READY (``resumed=False``) or RESUMED: the session is live."""
-
-    resumed: bool
-    session_id: str
-    user: m.User | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Ignored:
-    """A frame that was dropped (malformed, unknown opcode); the shell logs it."""
-
-    reason: str
-    detail: str = ""
-
-
-Action = SendFrame | CloseConnection | Dispatch | Connected | Ignored
+GatewayAction = Action[Dispatch]
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +215,16 @@ def gateway_url(base: str) -> str:
     )
 
 
+def _short(exc: Exception) -> str:
+    return str(exc)[:200]
+
+
 class GatewayProtocol:
-    """The gateway session state machine.  See the module docstring for the rules."""
+    """The gateway session state machine.  See the module docstring for the rules.
+
+    ``wanted`` names the dispatches (``t``) handed to the channel as
+    :class:`~dshim.channels.kit.ws.Deliver` actions; others only move ``seq``.
+    """
 
     def __init__(
         self,
@@ -225,6 +232,7 @@ class GatewayProtocol:
         token: str,
         random: Callable[[], float],
         intents: int = INTENTS,
+        wanted: frozenset[str] = frozenset({"MESSAGE_CREATE"}),
         gateway_override: str | None = None,
         tuning: GatewayTuning | None = None,
         properties: dict[str, str] | None = None,
@@ -232,6 +240,7 @@ class GatewayProtocol:
         self._token = token
         self._random = random
         self.intents = intents
+        self.wanted = wanted
         self.tuning = tuning or GatewayTuning()
         self._properties = properties or {"os": "linux", "browser": "dshim", "device": "dshim"}
         self._override = gateway_override
@@ -248,9 +257,10 @@ class GatewayProtocol:
         self.last_identify_at: float | None = None
         self.identifies = 0
         self._gateway_stale = True
-        # reconnect policy
+        # planning: connections in a row that never got READY/RESUMED; earliest next one
         self.failures = 0
         self._not_before = 0.0
+        self._planned = Mode.IDENTIFY
         # connection
         self.state = ConnState.DISCONNECTED
         self.mode: Mode | None = None
@@ -300,6 +310,7 @@ class GatewayProtocol:
         """Resume when a session exists, else Identify -- within the identify budget."""
         base = self.resume_url or self._override or self.gateway_url
         if self.can_resume and base:
+            self._planned = Mode.RESUME
             return ConnectPlan(Mode.RESUME, gateway_url(base), self._not_before)
         if self._gateway_stale or self.gateway_url is None:
             return ConnectPlan(
@@ -322,14 +333,15 @@ class GatewayProtocol:
             if spaced > not_before:
                 not_before, reason = spaced, "identify_spacing"
         base = self._override or self.gateway_url
+        self._planned = Mode.IDENTIFY
         return ConnectPlan(Mode.IDENTIFY, gateway_url(base), not_before, reason=reason)
 
-    # -- connection --------------------------------------------------------------------
+    # -- connection (the WsSession interface) ------------------------------------------
 
-    def connection_opened(self, mode: Mode, now: float) -> None:
-        """A websocket to the planned URL is open; expect Hello."""
+    def connection_opened(self, now: float) -> list[GatewayAction]:
+        """A websocket to the last planned URL is open; expect Hello (nothing to send)."""
         self.state = ConnState.AWAIT_HELLO
-        self.mode = mode
+        self.mode = self._planned
         self.heartbeat_interval = None
         self.next_heartbeat_at = None
         self.ack_pending = False
@@ -337,6 +349,7 @@ class GatewayProtocol:
         self._hello_deadline = now + self.tuning.hello_timeout_s
         self._closing_for = None
         self._reached_connected = False
+        return []
 
     def next_timer(self) -> float | None:
         """When :meth:`tick` must run next (None: nothing scheduled)."""
@@ -346,7 +359,7 @@ class GatewayProtocol:
             return self.next_heartbeat_at
         return None
 
-    def tick(self, now: float, *, reading: bool = True) -> list[Action]:
+    def tick(self, now: float, *, reading: bool = True) -> list[GatewayAction]:
         """Timers: the Hello deadline, heartbeats and zombie detection.
 
         ``reading=False`` says the shell is not reading frames right now (the pipeline is
@@ -368,17 +381,18 @@ class GatewayProtocol:
         self.next_heartbeat_at = now + self.heartbeat_interval
         return [self._heartbeat(now)]
 
-    def receive(self, data: str | bytes, now: float) -> list[Action]:
-        """One text frame from the server.  Malformed frames become :class:`Ignored`."""
+    def receive(self, data: str | bytes, now: float) -> list[GatewayAction]:
+        """One frame from the server.  Frames that do not decode become :class:`Ignored`."""
         if self.state in (ConnState.CLOSING, ConnState.DISCONNECTED):
             return []
+        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
         try:
-            frame = m.frame_decoder.decode(data)
+            frame = decode(m.frame_decoder, raw)  # bounded depth: never a RecursionError
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return [Ignored("malformed_frame", str(exc)[:200])]
+            return [Ignored("malformed_frame", _short(exc))]
         op = frame.op
         if op == OP_DISPATCH:
-            return self._dispatch(frame, data, now)
+            return self._dispatch(frame, raw)
         if op == OP_HEARTBEAT_ACK:
             if self.ack_pending and self._last_beat_at is not None:
                 self.last_ack_latency = now - self._last_beat_at
@@ -404,12 +418,13 @@ class GatewayProtocol:
             return [self._close(1000, "invalid session", Mode.IDENTIFY)]
         return [Ignored("unknown_opcode", str(op))]
 
-    def connection_lost(self, code: int | None, now: float) -> None:
-        """The websocket ended (``code`` None for network errors).  Plans the next step.
+    def connection_lost(self, ended: WsEnded, now: float) -> None:
+        """The websocket ended.  Plans the next step (the runner does the backoff).
 
         Raises :class:`~dshim.errors.AuthError` (4004) or
         :class:`~dshim.errors.FatalChannelError` for fatal close codes.
         """
+        code = ended.code
         requested = self._closing_for
         reached = self._reached_connected
         self.state = ConnState.DISCONNECTED
@@ -418,28 +433,27 @@ class GatewayProtocol:
         self.heartbeat_interval = None
         self._closing_for = None
         if requested is None and code in FATAL_CLOSE_CODES:
-            message = f"Discord closed the gateway with {code}: {FATAL_CLOSE_CODES[code]}"
-            if code == 4004:
-                raise AuthError(message, code=code)
-            raise FatalChannelError(message, code=code)
+            raise self.fatal_error(code)
         if requested is None and code in NEW_SESSION_CLOSE_CODES:
             self._forget_session()
         if reached:
             self.failures = 0
         else:
             self.failures += 1
-        if requested is not None and reached:
-            # Our own close of a healthy connection (op 7, op 9, zombie): go again at once
-            # (op 9 d=false already set its 1-5 s wait).
-            self._not_before = max(self._not_before, now)
-            return
-        steps = self.tuning.backoff_s
-        base = steps[min(self.failures, len(steps) - 1)] if steps else 0.0
-        delay = base * (0.5 + self._random()) if base > 0 else 0.0
-        self._not_before = max(self._not_before, now + delay)
-        if self.failures >= 3 and not self.can_resume:
-            # Identify URL keeps failing: ask Discord for a fresh one.
-            self._gateway_stale = True
+            if self.failures >= STALE_GATEWAY_FAILURES and not self.can_resume:
+                # The identify URL keeps failing: ask Discord for a fresh one.
+                self._gateway_stale = True
+        self._not_before = max(self._not_before, now)
+
+    def fatal_error(self, code: int) -> AuthError | FatalChannelError:
+        """The error for a fatal close code (4014 names the switch and the setting)."""
+        meaning = FATAL_CLOSE_CODES[code]
+        if code == 4014 and self.intents & MESSAGE_CONTENT:
+            meaning = "disallowed intents: " + MESSAGE_CONTENT_HINT
+        message = f"Discord closed the gateway with {code}: {meaning}"
+        if code == 4004:
+            return AuthError(message, code=code)
+        return FatalChannelError(message, code=code)
 
     # -- internals ---------------------------------------------------------------------
 
@@ -448,26 +462,28 @@ class GatewayProtocol:
         self.resume_url = None
         self.seq = None
 
-    def _close(self, code: int, reason: str, then: Mode) -> CloseConnection:
+    def _close(self, code: int, reason: str, then: Mode) -> Close:
         self.last_close_reason = reason
         self.state = ConnState.CLOSING
         self._closing_for = then
-        return CloseConnection(code, reason)
+        return Close(code, reason)
 
-    def _heartbeat(self, now: float) -> SendFrame:
+    def _heartbeat(self, now: float) -> Send:
         self.ack_pending = True
         self._last_beat_at = now
-        return SendFrame("heartbeat", m.encode({"op": OP_HEARTBEAT, "d": self.seq}))
+        return Send(
+            m.encode({"op": OP_HEARTBEAT, "d": self.seq}).decode(), kind="heartbeat", logged=False
+        )
 
-    def _hello(self, frame: m.Frame, now: float) -> list[Action]:
+    def _hello(self, frame: m.Frame, now: float) -> list[GatewayAction]:
         if self.state is not ConnState.AWAIT_HELLO:
             return [Ignored("unexpected_hello")]
         try:
             hello = m.hello_decoder.decode(frame.d)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return [Ignored("malformed_hello", str(exc)[:200])]
-        if hello.heartbeat_interval <= 0:
-            return [Ignored("malformed_hello", "heartbeat_interval <= 0")]
+            return [Ignored("malformed_hello", _short(exc))]
+        if not hello.heartbeat_interval > 0 or not math.isfinite(hello.heartbeat_interval):
+            return [Ignored("malformed_hello", "heartbeat_interval is not a positive number")]
         interval = hello.heartbeat_interval / 1000.0
         self.heartbeat_interval = interval
         # Jitter on the first beat keeps many clients from beating in lock-step.
@@ -477,68 +493,227 @@ class GatewayProtocol:
         if self.mode is Mode.RESUME:
             if not self.can_resume:  # the session was lost meanwhile: plan again
                 return [self._close(RESUME_CLOSE_CODE, "session lost", Mode.IDENTIFY)]
-            return [
-                SendFrame(
-                    "resume",
-                    m.encode(
-                        {
-                            "op": OP_RESUME,
-                            "d": {
-                                "token": self._token,
-                                "session_id": self.session_id,
-                                "seq": self.seq,
-                            },
-                        }
-                    ),
-                )
-            ]
+            resume = {"token": self._token, "session_id": self.session_id, "seq": self.seq}
+            return [Send(m.encode({"op": OP_RESUME, "d": resume}).decode(), kind="resume")]
         self._forget_session()
         self.last_identify_at = now
         self.identifies += 1
         if self.identify_remaining is not None:
             self.identify_remaining -= 1
-        return [
-            SendFrame(
-                "identify",
-                m.encode(
-                    {
-                        "op": OP_IDENTIFY,
-                        "d": {
-                            "token": self._token,
-                            "intents": self.intents,
-                            "properties": self._properties,
-                        },
-                    }
-                ),
-            )
-        ]
+        identify = {"token": self._token, "intents": self.intents, "properties": self._properties}
+        return [Send(m.encode({"op": OP_IDENTIFY, "d": identify}).decode(), kind="identify")]
 
-    def _dispatch(self, frame: m.Frame, data: str | bytes, now: float) -> list[Action]:
+    def _dispatch(self, frame: m.Frame, raw: bytes) -> list[GatewayAction]:
         if frame.s is not None:
             self.seq = frame.s
         t = frame.t or ""
-        raw = data.encode() if isinstance(data, str) else data
-        out: list[Action] = []
         if t == "READY":
             try:
                 ready = m.ready_decoder.decode(frame.d)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                return [Ignored("malformed_ready", str(exc)[:200])]
+                return [Ignored("malformed_ready", _short(exc))]
             self.session_id = ready.session_id
             self.resume_url = ready.resume_gateway_url
             self.user = ready.user
             self._connected()
-            out.append(Connected(False, ready.session_id, ready.user))
+            out: list[GatewayAction] = [Connected(False, ready.session_id)]
         elif t == "RESUMED":
             self._connected()
-            out.append(Connected(True, self.session_id or ""))
-        out.append(Dispatch(t, frame.s, frame.d, raw))
+            out = [Connected(True, self.session_id)]
+        else:
+            out = []
+        if t in self.wanted:
+            out.append(Deliver(Dispatch(t, frame.s, frame.d, raw)))
         return out
 
     def _connected(self) -> None:
         self.state = ConnState.CONNECTED
         self._reached_connected = True
         self.failures = 0
+
+
+# --- REST: errors and rate limits ------------------------------------------------------------
+
+#: Global limit: requests per second per bot (interaction endpoints excluded).
+GLOBAL_LIMIT_PER_S = 50
+#: JSON error codes: 10003 unknown channel, 10008 unknown message.
+NOT_FOUND_CODES = frozenset({10003, 10008})
+#: 50001 missing access, 50013 missing permissions.
+PERMISSION_CODES = frozenset({50001, 50013})
+#: The longest retry-after believed (a broken or hostile value is capped, never slept on).
+MAX_RETRY_AFTER_S = 24 * 3600.0
+#: Learned buckets kept at most (idle ones are forgotten first).
+MAX_BUCKETS = 4096
+
+
+def error_body(body: bytes) -> m.ErrorBody:
+    """Discord's ``{"code", "message", "retry_after", "global"}``; empty when it is not one
+    (e.g. a Cloudflare ban page)."""
+    try:
+        return decode(m.error_decoder, body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return m.ErrorBody()
+
+
+def classify_error(status: int, code: int, what: str, message: str = "") -> ChannelError:
+    """An HTTP failure status plus Discord's JSON ``code`` as the error tree.
+
+    401 -> AuthError (the token is not valid any more); 10003/10008 or 404 -> NotFound;
+    50001/50013 or 403 -> PermissionDenied; 5xx -> TransportError (the request was
+    sent: its outcome is unknown); anything else ChannelError.  ``what`` names the
+    route, never a URL.  (429 is :meth:`RateLimiter.hit`'s.)
+    """
+    text = f"{what}: HTTP {status}" + (f" code {code}" if code else "")
+    if message:
+        text += f": {message[:200]}"
+    code_or_none = code or None
+    if status == 401:
+        return AuthError(f"Discord rejected the bot token ({text})", status=401, code=code_or_none)
+    if code in NOT_FOUND_CODES or status == 404:
+        return NotFound(text, status=status, code=code_or_none)
+    if code in PERMISSION_CODES or status == 403:
+        return PermissionDenied(text, status=status, code=code_or_none)
+    if status >= 500:
+        return TransportError(text, status=status, code=code_or_none, request_sent=True)
+    return ChannelError(text, status=status, code=code_or_none)
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimitHit:
+    """A 429: how long to wait, whether every route is paused, Discord's code (if any)."""
+
+    retry_after: float
+    is_global: bool = False
+    code: int = 0
+
+
+def _seconds(value: float | None, default: float) -> float:
+    """A wait from the platform, within [0, MAX_RETRY_AFTER_S] (NaN: ``default``)."""
+    if value is None or math.isnan(value):
+        return default
+    return min(max(0.0, value), MAX_RETRY_AFTER_S)
+
+
+def rate_limit_hit(body: bytes, headers: Mapping[str, str]) -> RateLimitHit:
+    """Read a 429: ``retry_after`` from the body, else the ``Retry-After`` header.
+
+    ``headers`` is looked up with lower-case names (httpx's headers are case-insensitive).
+    """
+    err = error_body(body)
+    retry_after = err.retry_after
+    if retry_after is None:
+        try:
+            retry_after = float(headers.get("retry-after", "1"))
+        except ValueError:
+            retry_after = 1.0
+    is_global = (
+        err.global_
+        or headers.get("x-ratelimit-global", "").lower() == "true"
+        or headers.get("x-ratelimit-scope") == "global"
+    )
+    return RateLimitHit(_seconds(retry_after, 1.0), is_global, err.code)
+
+
+class _Bucket:
+    __slots__ = ("limit", "remaining", "reset_at")
+
+    def __init__(self) -> None:
+        self.limit = 1
+        self.remaining = 1
+        self.reset_at = 0.0
+
+
+class RateLimiter:
+    """Discord's REST limits, learned from the responses, never hard-coded.  Sans-IO.
+
+    * per route: ``X-RateLimit-Bucket`` maps ``METHOD route-template`` to a bucket id;
+      state (``-Remaining``, ``-Reset-After``) is kept per (bucket, top-level resource
+      id), so ``/channels/A/messages`` and ``/channels/B/messages`` are independent.  A
+      bucket with nothing remaining makes the next request wait for its reset;
+    * global: at most 50 requests per second, and a 429 with ``global: true`` (or
+      ``X-RateLimit-Global`` / scope ``global``) pauses every request.
+
+    The caller asks :meth:`reserve` before each request (0: go, one request is counted
+    at once so concurrent callers see it; else the seconds to wait before asking
+    again), and tells it every response with :meth:`learn` and every 429 with
+    :meth:`hit`.
+    """
+
+    def __init__(self, *, global_per_s: int = GLOBAL_LIMIT_PER_S) -> None:
+        self._route_buckets: dict[str, str] = {}
+        self._buckets: dict[tuple[str, str], _Bucket] = {}
+        self._global_until = 0.0
+        self._recent: deque[float] = deque(maxlen=global_per_s)
+
+    def _key(self, route_key: str, major: str) -> tuple[str, str]:
+        return (self._route_buckets.get(route_key, route_key), major)
+
+    def reserve(self, route_key: str, major: str, now: float) -> float:
+        """0.0 when a request may go now (and count it), else how long to wait first."""
+        wait = self._global_until - now
+        bucket = self._buckets.get(self._key(route_key, major))
+        if bucket is not None and bucket.remaining <= 0:
+            if bucket.reset_at > now:
+                wait = max(wait, bucket.reset_at - now)
+            else:
+                bucket.remaining = max(1, bucket.limit)
+        recent = self._recent
+        if recent.maxlen is not None and len(recent) == recent.maxlen:
+            wait = max(wait, recent[0] + 1.0 - now)
+        if wait > 0:
+            return wait
+        if bucket is not None:
+            bucket.remaining -= 1
+        recent.append(now)
+        return 0.0
+
+    def learn(self, route_key: str, major: str, headers: Mapping[str, str], now: float) -> None:
+        """Take the ``X-RateLimit-*`` headers of a response."""
+        bucket_id = headers.get("x-ratelimit-bucket")
+        remaining = headers.get("x-ratelimit-remaining")
+        reset_after = headers.get("x-ratelimit-reset-after")
+        if bucket_id is None or remaining is None or reset_after is None:
+            return
+        try:
+            left = int(remaining)
+            after = _seconds(float(reset_after), 0.0)
+        except ValueError:
+            return
+        self._route_buckets[route_key] = bucket_id
+        bucket = self._bucket((bucket_id, major), now)
+        limit = headers.get("x-ratelimit-limit")
+        if limit is not None and limit.isascii() and limit.isdigit():
+            bucket.limit = int(limit)
+        bucket.remaining = left
+        bucket.reset_at = now + after
+
+    def hit(self, route_key: str, major: str, hit: RateLimitHit, now: float) -> None:
+        """A 429: pause the route's bucket, or every route when it is global."""
+        if hit.is_global:
+            self._global_until = max(self._global_until, now + hit.retry_after)
+            return
+        bucket = self._bucket(self._key(route_key, major), now)
+        bucket.remaining = 0
+        bucket.reset_at = max(bucket.reset_at, now + hit.retry_after)
+
+    def _bucket(self, key: tuple[str, str], now: float) -> _Bucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= MAX_BUCKETS:  # bounded: forget idle buckets
+                self._buckets = {k: b for k, b in self._buckets.items() if b.reset_at > now}
+                while len(self._buckets) >= MAX_BUCKETS:
+                    del self._buckets[next(iter(self._buckets))]
+            bucket = self._buckets[key] = _Bucket()
+        return bucket
+
+    def limited_error(self, route_key: str, hit: RateLimitHit) -> RateLimited:
+        """The :class:`~dshim.errors.RateLimited` a caller raises for ``hit``."""
+        return RateLimited(
+            f"{route_key}: rate limited (retry after {hit.retry_after:.2f} s)",
+            retry_after=hit.retry_after,
+            code=hit.code or None,
+            is_global=hit.is_global,
+        )
 
 
 # --- MESSAGE_CREATE -> InboundMessage --------------------------------------------------------
@@ -550,6 +725,24 @@ THREAD_CHANNEL_TYPES = frozenset({10, 11, 12})
 #: message_reference.type of a forward (its content is in message_snapshots, not a quote).
 REFERENCE_FORWARD = 1
 DISCORD_EPOCH_MS = 1420070400000
+#: Snowflakes are unsigned 64-bit integers written as decimal strings: at most 20 digits.
+SNOWFLAKE_MAX_DIGITS = 20
+#: Guild events the mapper reads (the bot's managed role), never handed to the pipeline.
+GUILD_EVENTS = frozenset(
+    {"GUILD_CREATE", "GUILD_DELETE", "GUILD_ROLE_CREATE", "GUILD_ROLE_UPDATE", "GUILD_ROLE_DELETE"}
+)
+#: Guilds whose bot role is remembered at most (one shard holds at most 2,500).
+MAX_GUILDS = 10_000
+
+#: Attachment kinds by file extension, for attachments without a content type.  A fixed
+#: table: the result must not depend on the host's MIME database.
+EXTENSION_KINDS: dict[str, str] = {
+    **dict.fromkeys(
+        "png jpg jpeg jpe gif webp bmp tif tiff heic heif avif svg ico".split(), "image"
+    ),
+    **dict.fromkeys("mp4 m4v mov webm mkv avi wmv mpg mpeg 3gp".split(), "video"),
+    **dict.fromkeys("mp3 m4a aac wav flac ogg oga opus weba mid midi aif aiff".split(), "audio"),
+}
 
 #: ``lookup(channel_id, message_id)`` -> a loader that fetches that message.
 LookupFactory = Callable[[str, str], Loader]
@@ -557,12 +750,21 @@ LookupFactory = Callable[[str, str], Loader]
 MediaFactory = Callable[[m.Attachment], Fetcher | None]
 
 
+def is_snowflake(value: object) -> bool:
+    """A Discord id: 1-20 ASCII digits (anything else is not copied nor looked up)."""
+    return (
+        isinstance(value, str)
+        and 0 < len(value) <= SNOWFLAKE_MAX_DIGITS
+        and value.isascii()
+        and value.isdigit()
+    )
+
+
 def snowflake_time(snowflake: str) -> float | None:
     """Epoch seconds encoded in a snowflake id, or None when it is not one."""
-    try:
-        value = int(snowflake)
-    except ValueError:
+    if not is_snowflake(snowflake):
         return None
+    value = int(snowflake)
     if value <= 0:
         return None
     return ((value >> 22) + DISCORD_EPOCH_MS) / 1000.0
@@ -570,7 +772,7 @@ def snowflake_time(snowflake: str) -> float | None:
 
 def parse_timestamp(value: str | None) -> float | None:
     """ISO 8601 as Discord writes it (``2026-01-02T03:04:05.678000+00:00``) -> epoch s."""
-    if not value:
+    if not value or len(value) > 64:
         return None
     text = value.strip()
     if text.endswith(("Z", "z")):
@@ -595,10 +797,11 @@ def display_name(user: m.User | None, member: m.Member | None) -> str | None:
 
 def attachment_kind(content_type: str | None, filename: str | None = None) -> str:
     """image/video/audio by MIME prefix; anything else is a file.  Without a content type
-    the file name's extension decides."""
-    if not content_type and filename:
-        content_type = mimetypes.guess_type(filename, strict=False)[0]
+    the file name's extension decides (:data:`EXTENSION_KINDS`)."""
     ct = (content_type or "").lower()
+    if not ct:
+        _, dot, ext = (filename or "").rpartition(".")
+        return EXTENSION_KINDS.get(ext.lower(), "file") if dot else "file"
     for prefix in ("image", "video", "audio"):
         if ct.startswith(prefix + "/"):
             return prefix
@@ -612,18 +815,28 @@ def _other_message(q: m.QuotedMessage, channel_id: str, message_id: str) -> bool
     )
 
 
-def quoted_reference(q: m.QuotedMessage, message_id: str | None = None) -> ReplyReference:
-    """A quoted message snapshot (``referenced_message`` or a fetched message)."""
+def quoted_reference(q: m.QuotedMessage, message_id: str) -> ReplyReference:
+    """A quoted message snapshot (``referenced_message`` or a fetched message).
+
+    ``message_id`` is the (validated) id of the reference.  A field the snapshot does not
+    carry -- no author, no content -- is ``UNSET`` (the model's "said nothing").
+    """
     attachments = [
         Attachment(kind=attachment_kind(a.content_type, a.filename), name=a.filename)
         for a in q.attachments
     ]
     attachments += [Attachment(kind="image", name=s.name or None) for s in q.sticker_items]
     author = q.author
+    author_id: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    if author is not None:
+        if is_snowflake(author.id):
+            author_id = author.id
+        name = display_name(author, q.member) or UNSET
     return ReplyReference(
-        message_id=q.id or message_id,
-        author_id=author.id if author is not None else None,
-        author_name=display_name(author, q.member),
+        message_id=message_id,
+        author_id=author_id,
+        author_name=name,
         content=q.content,
         attachments=attachments,
     )
@@ -641,20 +854,58 @@ def fetched_reference(
     return quoted_reference(q, message_id)
 
 
+def _own_ids_valid(msg: m.Message) -> bool:
+    """The message's own ids are snowflakes (written out: it runs for every message)."""
+    guild_id = msg.guild_id
+    ids = msg.id + msg.channel_id + msg.author.id + (guild_id or "")
+    return (
+        ids.isdigit()
+        and ids.isascii()
+        and 0 < len(msg.id) <= SNOWFLAKE_MAX_DIGITS
+        and 0 < len(msg.channel_id) <= SNOWFLAKE_MAX_DIGITS
+        and 0 < len(msg.author.id) <= SNOWFLAKE_MAX_DIGITS
+        and (guild_id is None or 0 < len(guild_id) <= SNOWFLAKE_MAX_DIGITS)
+    )
+
+
+T = TypeVar("T")
+
+
+def _decode_d(decoder: msgspec.json.Decoder[T], d: msgspec.Raw | bytes | str) -> T:
+    """Decode a dispatch's ``d``.  A :class:`msgspec.Raw` is the ``d`` of a frame that was
+    decoded with bounded depth (:meth:`GatewayProtocol.receive`,
+    :meth:`MessageMapper.decode_frame`), so its depth is not scanned again; bytes and text
+    are (:func:`~dshim.channels.kit.decode.decode`)."""
+    if not isinstance(d, msgspec.Raw):
+        return decode(decoder, d)
+    try:
+        return decoder.decode(d)
+    except RecursionError:  # pragma: no cover - a Raw comes from a bounded frame
+        raise msgspec.DecodeError("JSON nested too deeply") from None
+
+
 class MessageMapper:
     """Maps MESSAGE_CREATE payloads for one bot.
 
+    * Ids are snowflakes (1-20 digits): a message whose own ids are not is ``malformed``.
     * ``guild_id`` absent -> direct, else group; ``conversation_id`` = ``channel_id``; a
       message inside a thread (thread ``channel_type``, or a ``position``) also has
       ``thread_id`` = its channel id (replies go to the thread).
     * ``sender_name`` = member nick, else ``global_name``, else ``username``;
       ``sender_is_bot`` = ``author.bot`` or a webhook message.  The bot's own messages
       keep ``sender_id`` = the bot id (the pipeline drops them as echoes).
-    * Addressed: a DM, or the bot's id in ``mentions`` or ``<@id>`` / ``<@!id>`` in the
-      content.  Replying to the bot without a mention does not address it.  The bot's
-      mention is removed from the content, which is then trimmed.
+    * Addressed: a DM, or the bot's id in ``mentions``, ``<@id>`` / ``<@!id>`` in the
+      content, or a mention of the bot's own managed role (``<@&role>``, which Discord's
+      mention picker often offers first; learned from GUILD_CREATE, see
+      :meth:`learn_guild_event`).  Replying to the bot without a mention does not address
+      it.  The bot's mentions are removed from the content, which is then trimmed.
     * Attachments: image content types -> images, everything else -> files.
-    * System messages (types other than DEFAULT and REPLY) are skipped as ``ignored``.
+    * A forward (``message_reference.type`` 1 with ``message_snapshots``) is not a quote:
+      the forwarded text and attachments are the message's content, ``forwarded`` is set
+      (never a command or an answer), the sender is the person who forwarded it.
+    * System messages (types other than DEFAULT and REPLY), and messages with nothing for
+      the agent (no text, no attachment, no quote: a sticker, a poll, an embed) are
+      skipped as ``ignored``.
     * ``reply_to``: see :meth:`reply_reference`.
     """
 
@@ -669,50 +920,135 @@ class MessageMapper:
         self._lookup = lookup
         self._media = media
         self._tokens = (f"<@{bot_id}>", f"<@!{bot_id}>")
+        #: guild id -> the bot's managed role ids there.
+        self._roles: dict[str, frozenset[str]] = {}
+
+    # -- guild events ------------------------------------------------------------------
+
+    def bot_roles(self, guild_id: str) -> frozenset[str]:
+        """The bot's own managed role ids in a guild (learned from guild events)."""
+        return self._roles.get(guild_id, frozenset())
+
+    def learn_guild_event(self, t: str, d: msgspec.Raw | bytes | str) -> Skip:
+        """Read a guild event for the bot's managed role; always an ``ignored`` Skip.
+
+        GUILD_CREATE lists the guild's roles: the bot's is the one whose ``tags.bot_id``
+        is the bot.  GUILD_ROLE_CREATE/UPDATE/DELETE keep it current; GUILD_DELETE (not an
+        outage) forgets the guild.
+        """
+        try:
+            if t in ("GUILD_CREATE", "GUILD_DELETE"):
+                guild = _decode_d(m.guild_decoder, d)
+                if t == "GUILD_DELETE":
+                    if not guild.unavailable:
+                        self._roles.pop(guild.id, None)
+                else:
+                    self._set_roles(guild.id, {r.id for r in guild.roles if self._is_ours(r)})
+            elif t in ("GUILD_ROLE_CREATE", "GUILD_ROLE_UPDATE", "GUILD_ROLE_DELETE"):
+                event = _decode_d(m.guild_role_decoder, d)
+                roles = set(self._roles.get(event.guild_id, ()))
+                role = event.role
+                if role is not None and self._is_ours(role):
+                    roles.add(role.id)
+                elif role is not None:
+                    roles.discard(role.id)
+                elif event.role_id is not None:
+                    roles.discard(event.role_id)
+                self._set_roles(event.guild_id, roles)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return Skip(reason="malformed", detail=f"{t}: {_short(exc)}")
+        return Skip(reason="ignored", detail=t)
+
+    def _is_ours(self, role: m.Role) -> bool:
+        return role.tags is not None and role.tags.bot_id == self.bot_id and is_snowflake(role.id)
+
+    def _set_roles(self, guild_id: str, roles: set[str]) -> None:
+        if not is_snowflake(guild_id):
+            return
+        self._roles.pop(guild_id, None)
+        if not roles:
+            return
+        while len(self._roles) >= MAX_GUILDS:  # bounded: forget the oldest guild
+            del self._roles[next(iter(self._roles))]
+        self._roles[guild_id] = frozenset(roles)
+
+    # -- messages ----------------------------------------------------------------------
 
     def decode_frame(self, raw: bytes | str) -> InboundMessage | Skip:
-        """A whole gateway frame as received (replay fixtures, the durable inbox)."""
+        """A whole gateway frame as received (replay fixtures, the durable inbox).
+
+        Guild events are read for the bot's role (and skipped as ``ignored``).
+        """
         try:
-            frame = m.frame_decoder.decode(raw)
+            frame = decode(m.frame_decoder, raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return Skip(reason="malformed", detail=str(exc)[:200])
+            return Skip(reason="malformed", detail=_short(exc))
+        if frame.op == OP_DISPATCH and frame.t in GUILD_EVENTS:
+            return self.learn_guild_event(frame.t, frame.d)
         if frame.op != OP_DISPATCH or frame.t != "MESSAGE_CREATE":
-            return Skip(reason="ignored", detail=f"op {frame.op} {frame.t or ''}".strip())
+            return Skip(reason="ignored", detail=f"op {frame.op} {frame.t or ''}".strip()[:100])
         return self.decode_message(frame.d)
 
     def decode_message(self, d: msgspec.Raw | bytes | str) -> InboundMessage | Skip:
-        """A MESSAGE_CREATE ``d`` payload."""
+        """A MESSAGE_CREATE ``d`` payload (a frame's Raw ``d``, or bytes/text)."""
         try:
-            msg = m.message_decoder.decode(d)
+            msg = _decode_d(m.message_decoder, d)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return Skip(reason="malformed", detail=str(exc)[:200])
+            return Skip(reason="malformed", detail=_short(exc))
         return self.map_message(msg)
 
     def map_message(self, msg: m.Message) -> InboundMessage | Skip:
+        if not _own_ids_valid(msg):
+            return Skip(reason="malformed", detail="an id is not a snowflake")
         if msg.type not in USER_MESSAGE_TYPES:
             return Skip(reason="ignored", detail=f"message type {msg.type}", message_id=msg.id)
         direct = msg.guild_id is None
+        # The bot's mentions address it and are removed from the text.
         content = msg.content
-        mentioned = any(u.id == self.bot_id for u in msg.mentions)
-        for token in self._tokens:
-            if token in content:
-                mentioned = True
-                content = content.replace(token, "")
+        mentioned = bool(msg.mentions) and any(u.id == self.bot_id for u in msg.mentions)
+        if "<@" in content:
+            for token in self._tokens:
+                if token in content:
+                    mentioned = True
+                    content = content.replace(token, "")
+            if not direct and self._roles:
+                content, by_role = self._strip_role_mentions(msg, content)
+                mentioned = mentioned or by_role
+        elif not direct and msg.mention_roles and self._roles:
+            mentioned = mentioned or self._strip_role_mentions(msg, content)[1]
+        content = content.strip()
         in_thread = msg.channel_type in THREAD_CHANNEL_TYPES or msg.position is not None
+        attachments = msg.attachments
+        forwarded = False
+        ref = msg.message_reference
+        if ref is not None and ref.type == REFERENCE_FORWARD:
+            # A forward: the snapshot's text is the message's content, never a quote.
+            forwarded = True
+            reply_to = None
+            if msg.message_snapshots:
+                snapshot = msg.message_snapshots[0].message
+                text = snapshot.content.strip()
+                content = f"{content}\n\n{text}" if content and text else content or text
+                attachments = attachments + snapshot.attachments
+        else:
+            reply_to = self.reply_reference(msg) if ref is not None else None
         images: list[MediaRef] = []
         files: list[MediaRef] = []
-        for a in msg.attachments:
+        for a in attachments:
             kind = attachment_kind(a.content_type, a.filename)
-            ref = MediaRef(
+            media = MediaRef(
                 kind="image" if kind == "image" else "file",
                 name=a.filename or None,
                 mime=a.content_type,
                 size=a.size,
                 fetch=self._media(a) if self._media is not None else None,
             )
-            (images if kind == "image" else files).append(ref)
+            (images if kind == "image" else files).append(media)
+        if not content and not images and not files and reply_to is None:
+            # A sticker, a poll, an embed, a bare mention: nothing to answer.
+            return Skip(reason="ignored", detail="nothing for the agent", message_id=msg.id)
         received_at = parse_timestamp(msg.timestamp) or snowflake_time(msg.id) or 0.0
-        return InboundMessage(
+        item = InboundMessage(
             channel=CHANNEL,
             bot_id=self.bot_id,
             message_id=msg.id,
@@ -723,17 +1059,35 @@ class MessageMapper:
             sender_name=display_name(msg.author, msg.member),
             sender_is_bot=msg.author.bot or msg.webhook_id is not None,
             addressed=direct or mentioned,
-            content=content.strip(),
+            content=content,
             images=images,
             files=files,
-            reply_to=self.reply_reference(msg),
+            reply_to=reply_to,
             received_at=received_at,
         )
+        if forwarded:
+            item.forwarded = True
+        return item
+
+    def _strip_role_mentions(self, msg: m.Message, content: str) -> tuple[str, bool]:
+        """``content`` without mentions of the bot's managed role, and whether it had one."""
+        roles = self._roles.get(msg.guild_id or "")
+        if not roles:
+            return content, False
+        mentioned = any(r in roles for r in msg.mention_roles)
+        for role in roles:
+            token = f"<@&{role}>"
+            if token in content:
+                mentioned = True
+                content = content.replace(token, "")
+        return content, mentioned
 
     def reply_reference(self, msg: m.Message) -> ReplyReference | None:
         """The quoted message, from ``message_reference`` + ``referenced_message``.
 
         * no reference, or a forward (``message_snapshots``) -> no quote;
+        * a reference whose ids are not snowflakes -> ``not-found``, the id is not copied
+          and no request is made;
         * a reference into another channel -> ``not-found``, and no request is made;
         * ``referenced_message: null`` -> ``deleted``;
         * a snapshot whose id or channel does not match the reference -> ``not-found``;
@@ -749,6 +1103,8 @@ class MessageMapper:
         ref_id = ref.message_id
         if ref_id is None:
             return None
+        if not is_snowflake(ref_id) or not is_snowflake(ref_channel):
+            return ReplyReference(unavailable_reason="not-found")
         if ref_channel != msg.channel_id:
             return ReplyReference(message_id=ref_id, unavailable_reason="not-found")
         quoted = msg.referenced_message

@@ -49,6 +49,10 @@ def split(text: str) -> list[str]:
 class DiscordTransport:
     """One answer's messages in one channel (see :class:`dshim.render.StreamTransport`)."""
 
+    #: Creates carry ``nonce`` + ``enforce_nonce``: a create repeated after its response
+    #: was lost returns the existing message, so the engine may retry unknown outcomes.
+    idempotent_sends = True
+
     def __init__(self, rest: RestClient, target: ReplyTarget) -> None:
         self.rest = rest
         self.channel_id = target.thread_id or target.conversation_id

@@ -34,14 +34,28 @@ Knobs (attributes, changeable at any time) and fault actions:
 * :meth:`rate_limit`: the next ``count`` matching REST requests get 429 (per route, or
   global); ``bucket_limits``: enforce per-route buckets (``X-RateLimit-*`` headers are
   always sent); ``latency_s`` / ``route_latency``: slow REST answers;
+* the shared fault queue (:class:`~dshim.testing.fakes.base.FakePlatform`), keyed by
+  ``"METHOD /route/template"`` (e.g. ``"PATCH /channels/{channel_id}/messages/{message_id}"``):
+  ``fail_next(op, n, status=..., retry_after=..., code=...)`` answers in Discord's error
+  shape (429 with ``retry_after``; ``is_global=True``), ``slow_next(op, s)``, and
+  ``drop_next(op)`` closes the connection unanswered and unprocessed;
+  :meth:`drop_response_next` processes the request, then closes the connection before
+  the answer (a send whose outcome the bot cannot know);
 * ``flood_on_ready`` = n: dispatch n direct messages right after every READY (benchmarks);
 * ``forbidden``: channel id -> 50001 (no access: reads and sends fail) or 50013 (no Read
   Message History: reads fail, replies fail with 160002).
 
+Injecting: :meth:`message` / :meth:`user_message` build MESSAGE_CREATE payloads as Discord
+sends them: replies (snapshot, bare reference, deleted), mentions of the bot's user or of
+its managed role (``bot_role``, listed in GUILD_CREATE with ``tags.bot_id``), forwards
+(``forward=``: ``message_snapshots``), stickers; :meth:`dispatch` sends any event and
+``conn.push("text", ...)`` any raw frame.
+
 Reading what the bot did: :attr:`calls` (every REST request: method, path relative to
-the API base, JSON body, status), :meth:`bot_messages` (current state of the bot's
-messages after edits), :attr:`identifies`, :attr:`resumes`, :attr:`connections`,
-:attr:`heartbeats`.  :meth:`wait_until` waits for a condition on any of them.
+the API base, JSON body, status; 0 for a dropped request), :meth:`bot_messages` (current
+state of the bot's messages after edits), :attr:`identifies`, :attr:`resumes`,
+:attr:`connections`, :attr:`heartbeats`.  Every ``at`` is trio's clock (virtual on the
+autojump clock).  :meth:`wait_until` waits for a condition on any of them.
 """
 
 from __future__ import annotations
@@ -54,7 +68,7 @@ import re
 import secrets
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -63,7 +77,8 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from dshim.testing.fakes.http import Request, Response, json_response, serve_http
+from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
+from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
 __all__ = ["FakeDiscord", "RestCall", "open_fake_discord", "snowflake"]
 
@@ -181,7 +196,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
 ]
 
 
-class FakeDiscord:
+class FakeDiscord(FakePlatform[RestCall]):
     """State and behaviour of the fake; see the module docstring for the knobs."""
 
     def __init__(
@@ -193,6 +208,7 @@ class FakeDiscord:
         heartbeat_interval_ms: float = 41250,
         guild_id: str | None = None,
     ) -> None:
+        super().__init__()
         self.token = token
         self.bot_user = {
             "id": bot_id or snowflake(),
@@ -203,6 +219,10 @@ class FakeDiscord:
             "bot": True,
         }
         self.guild_id = guild_id or snowflake()
+        #: The managed role Discord gives the bot in the guild (``tags.bot_id``).
+        self.bot_role = snowflake()
+        #: Another role (not the bot's) for "a role mention is not the bot" cases.
+        self.other_role = snowflake()
         self.text_channel = snowflake()
         self.other_channel = snowflake()
         self.thread_channel = snowflake()
@@ -244,13 +264,13 @@ class FakeDiscord:
         self.forbidden: dict[str, int] = {}
         self.flood_on_ready = 0
         self._drop_after: int | None = None
+        self._lost_responses: dict[str, int] = {}
         self._rate_rules: list[_RateRule] = []
         self._buckets: dict[tuple[str, str], _Bucket] = {}
         self._global_until = 0.0
         # state
         self.messages: dict[str, dict[str, Any]] = {}
         self.edits: dict[str, list[str]] = {}
-        self.calls: list[RestCall] = []
         self.identifies: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self.connections: list[GatewayConnection] = []
@@ -263,21 +283,9 @@ class FakeDiscord:
         self._pending: list[tuple[str, Any]] = []
         self._nonces: dict[tuple[str, str], str] = {}
         self._identify_times: list[float] = []
-        self._changed = trio.Event()
         self.api_base = ""
         self.gateway_url = ""
         self.http_url = ""
-
-    # -- waiting -----------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_until(self, condition: Callable[[], bool]) -> None:
-        """Wait until ``condition()`` holds (checked after every change in the fake)."""
-        while not condition():
-            await self._changed.wait()
 
     # -- reading what the bot did ------------------------------------------------------
 
@@ -354,6 +362,11 @@ class FakeDiscord:
             _RateRule(method, re.compile(route) if route else None, count, retry_after, is_global)
         )
 
+    def drop_response_next(self, op: str, count: int = 1) -> None:
+        """The next ``count`` calls of ``op`` are performed, but their connection closes
+        before the answer is sent (the response is lost)."""
+        self._lost_responses[op.lower()] = self._lost_responses.get(op.lower(), 0) + count
+
     def delete_message(self, message_id: str) -> None:
         self.messages.pop(message_id, None)
 
@@ -382,9 +395,12 @@ class FakeDiscord:
         nick: str | None = None,
         mention_bot: bool = False,
         mention_text: bool = True,
+        mention_role: str | None = None,
         reply_to: dict[str, Any] | str | None = None,
         reference: str = "snapshot",
         attachments: list[dict[str, Any]] | None = None,
+        forward: dict[str, Any] | None = None,
+        stickers: list[str] | None = None,
     ) -> dict[str, Any]:
         """Build a MESSAGE_CREATE ``d`` as Discord sends it (and store the message).
 
@@ -392,7 +408,11 @@ class FakeDiscord:
         what Discord includes: ``"snapshot"`` (``referenced_message`` object), ``"bare"``
         (no ``referenced_message`` key), ``"deleted"`` (``referenced_message: null``).
         ``mention_bot`` adds the bot to ``mentions`` and, with ``mention_text``,
-        ``<@id>`` in front of the content.
+        ``<@id>`` in front of the content; ``mention_role`` (a role id, e.g.
+        :attr:`bot_role`) puts ``<@&role>`` there and the role in ``mention_roles``.
+        ``forward`` (a stored message) makes it a forward of that message: a reference of
+        type 1 and its text and attachments in ``message_snapshots`` (no author), the
+        content empty as Discord sends it.  ``stickers`` are sticker names.
         """
         chan = self.channels[channel_id]
         author = author or self.user
@@ -401,6 +421,8 @@ class FakeDiscord:
         mid = snowflake(now)
         if mention_bot and mention_text:
             content = f"<@{bot_id}> {content}"
+        if mention_role is not None:
+            content = f"<@&{mention_role}> {content}"
         msg: dict[str, Any] = {
             "id": mid,
             "type": 0,
@@ -412,7 +434,7 @@ class FakeDiscord:
             "tts": False,
             "mention_everyone": False,
             "mentions": [dict(self.bot_user)] if mention_bot else [],
-            "mention_roles": [],
+            "mention_roles": [mention_role] if mention_role is not None else [],
             "attachments": attachments or [],
             "embeds": [],
             "pinned": False,
@@ -420,6 +442,10 @@ class FakeDiscord:
             "components": [],
             "channel_type": chan["type"],
         }
+        if stickers:
+            msg["sticker_items"] = [
+                {"id": snowflake(now), "name": name, "format_type": 1} for name in stickers
+            ]
         if "guild_id" in chan:
             msg["guild_id"] = chan["guild_id"]
             msg["member"] = {"nick": nick, "roles": [], "joined_at": iso_now(now)}
@@ -446,6 +472,25 @@ class FakeDiscord:
             elif reference == "deleted":
                 msg["referenced_message"] = None
                 self.messages.pop(target_id, None)
+        if forward is not None:
+            msg["message_reference"] = {
+                "type": 1,
+                "message_id": forward["id"],
+                "channel_id": forward["channel_id"],
+            }
+            if "guild_id" in forward:
+                msg["message_reference"]["guild_id"] = forward["guild_id"]
+            snapshot: dict[str, Any] = {
+                k: forward[k]
+                for k in ("type", "content", "embeds", "attachments", "timestamp", "flags")
+                if k in forward
+            }
+            snapshot.update(
+                edited_timestamp=None,
+                mentions=forward.get("mentions", []),
+                mention_roles=forward.get("mention_roles", []),
+            )
+            msg["message_snapshots"] = [{"message": snapshot}]
         self.messages[mid] = msg
         return msg
 
@@ -483,9 +528,11 @@ class FakeDiscord:
         ws = await request.accept()
         send, recv = trio.open_memory_channel[tuple[str, Any]](OUTBOX)
         path, _, query = request.path.partition("?")
-        conn = GatewayConnection(len(self.connections), path, time.time(), ws, send, query=query)
+        conn = GatewayConnection(
+            len(self.connections), path, trio.current_time(), ws, send, query=query
+        )
         self.connections.append(conn)
-        self._notify()
+        self.changed()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, conn, recv)
             conn.push("frame", {"op": 10, "d": {"heartbeat_interval": self.heartbeat_interval_ms}})
@@ -504,7 +551,7 @@ class FakeDiscord:
                 send.close()
                 if conn.session is not None and conn.session.conn is conn:
                     conn.session.conn = None
-                self._notify()
+                self.changed()
                 nursery.cancel_scope.cancel()
 
     async def _writer(
@@ -521,14 +568,14 @@ class FakeDiscord:
                     code, reason = value
                     conn.closed_by, conn.closed_code = "server", code
                     conn.closed_at = trio.current_time()
-                    self._notify()
+                    self.changed()
                     with trio.move_on_after(2):
                         await ws.aclose(code, reason)
                     return
                 elif kind == "drop":
                     conn.closed_by, conn.closed_code = "drop", None
                     conn.closed_at = trio.current_time()
-                    self._notify()
+                    self.changed()
                     # An abrupt TCP close without a websocket close frame.
                     await ws._stream.aclose()
                     return
@@ -571,8 +618,8 @@ class FakeDiscord:
             return
         if op == 1:
             conn.last_beat_at = now
-            self.heartbeats.append((time.time(), d))
-            self._notify()
+            self.heartbeats.append((now, d))
+            self.changed()
             if self.ack_heartbeats:
                 conn.push("frame", {"op": 11})
         elif op == 2:
@@ -589,14 +636,14 @@ class FakeDiscord:
             self._close(conn, 4005, "Already authenticated")
             return
         record = {
-            "at": time.time(),
+            "at": trio.current_time(),
             "intents": d.get("intents") if isinstance(d, dict) else None,
             "properties": d.get("properties") if isinstance(d, dict) else None,
             "token_ok": isinstance(d, dict) and d.get("token") == self.token,
             "path": conn.path,
         }
         self.identifies.append(record)
-        self._notify()
+        self.changed()
         if self.close_on_identify is not None:
             self._close(conn, self.close_on_identify, "Closed on identify")
             return
@@ -648,6 +695,16 @@ class FakeDiscord:
                 "channels": [c for c in self.channels.values() if c["type"] == 0],
                 "threads": [c for c in self.channels.values() if c["type"] in (10, 11, 12)],
                 "members": [],
+                "roles": [
+                    {"id": self.guild_id, "name": "@everyone", "managed": False},
+                    {
+                        "id": self.bot_role,
+                        "name": self.bot_user["username"],
+                        "managed": True,
+                        "tags": {"bot_id": self.bot_user["id"]},
+                    },
+                    {"id": self.other_role, "name": "helpers", "managed": False},
+                ],
             },
         )
         pending, self._pending = self._pending, []
@@ -655,7 +712,7 @@ class FakeDiscord:
             self._dispatch_to(session, t, payload)
         for _ in range(self.flood_on_ready):
             self._dispatch_to(session, "MESSAGE_CREATE", self.message(self.dm_channel, "ping"))
-        self._notify()
+        self.changed()
 
     def _resume(self, conn: GatewayConnection, d: Any) -> None:
         ok = isinstance(d, dict)
@@ -663,14 +720,14 @@ class FakeDiscord:
         seq = d.get("seq") if isinstance(d, dict) else None
         self.resumes.append(
             {
-                "at": time.time(),
+                "at": trio.current_time(),
                 "session_id": d.get("session_id") if ok else None,
                 "seq": seq,
                 "path": conn.path,
                 "token_ok": ok and d.get("token") == self.token,
             }
         )
-        self._notify()
+        self.changed()
         if not ok or d.get("token") != self.token:
             self._close(conn, 4004, "Authentication failed")
             return
@@ -696,7 +753,7 @@ class FakeDiscord:
                 conn.push("text", frame)
         self._dispatch_to(session, "RESUMED", None)
         self.resumed_count += 1
-        self._notify()
+        self.changed()
 
     # -- REST --------------------------------------------------------------------------
 
@@ -711,15 +768,26 @@ class FakeDiscord:
             body = request.json() if request.body else None
         except ValueError:
             body = None
+        headers = {k: v for k, v in request.headers if k != "authorization"}
         for method, pattern, template, handler in _ROUTES:
             match = pattern.match(rel)
             if match is None or method != request.method:
                 continue
             major = match.groupdict().get("channel", "")
-            delay = self.route_latency.get(f"{method} {template}", self.latency_s)
+            op = f"{method} {template}"
+            delay = self.route_latency.get(op, self.latency_s)
             if delay:
                 await trio.sleep(delay)
-            response = self._precheck(request, rel, method, template, major)
+            try:
+                fault = await self.faults_for(op)
+            except DropConnection:
+                self.record(RestCall(method, rel, body, 0, trio.current_time(), headers))
+                raise
+            # A scripted fault answers before anything else (a failing Discord checks nothing).
+            if fault is not None:
+                response: Response | None = _fault_response(fault)
+            else:
+                response = self._precheck(request, rel, method, template, major)
             if response is None:
                 try:
                     response = getattr(self, handler)(body, **match.groupdict())
@@ -730,17 +798,13 @@ class FakeDiscord:
             response = _error(404, 0, "404: Not Found")
             template, major = rel, ""
         self._add_bucket_headers(response, request.method, template, major)
-        self.calls.append(
-            RestCall(
-                request.method,
-                rel,
-                body,
-                response.status,
-                time.time(),
-                {k: v for k, v in request.headers if k != "authorization"},
-            )
+        self.record(
+            RestCall(request.method, rel, body, response.status, trio.current_time(), headers)
         )
-        self._notify()
+        lost = self._lost_responses.get(f"{request.method} {template}".lower(), 0)
+        if lost:
+            self._lost_responses[f"{request.method} {template}".lower()] = lost - 1
+            raise DropConnection(template)
         return response
 
     def _precheck(
@@ -923,6 +987,17 @@ def _bucket_hash(method: str, template: str) -> str:
     return f"{abs(hash((method, template))) % 16**12:012x}"
 
 
+def _fault_response(fault: Fault) -> Response:
+    """A scripted ``fail_next`` fault in Discord's error shape (``code=`` sets the JSON code)."""
+    if fault.status == 429:
+        return _rate_limited(
+            fault.retry_after if fault.retry_after is not None else 1.0,
+            bool(fault.extra.get("is_global", False)),
+        )
+    code = int(fault.extra.get("code", 0))
+    return _error(fault.status, code, fault.description or f"{fault.status}: scripted failure")
+
+
 def _error(status: int, code: int, message: str) -> Response:
     return json_response({"message": message, "code": code}, status=status)
 
@@ -950,16 +1025,18 @@ def _rate_limited(retry_after: float, is_global: bool) -> Response:
 async def open_fake_discord(**kwargs: Any) -> AsyncIterator[FakeDiscord]:
     """Run a fake Discord (REST + gateway on 127.0.0.1, kernel-chosen ports) for the block."""
     fake = FakeDiscord(**kwargs)
-    async with trio.open_nursery() as nursery:
-        http = await nursery.start(serve_http, fake._http)
-        ws_server = await nursery.start(serve_websocket, fake._gateway, "127.0.0.1", 0, None)
-        fake.http_url = http.url
-        fake.api_base = http.url + API_PREFIX
+
+    async def gateway(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        await serve_websocket(fake._gateway, "127.0.0.1", 0, None, task_status=task_status)
+
+    async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        await serve_http(fake._http, task_status=task_status)
+
+    async with open_servers(http, gateway) as (http_server, ws_server):
+        fake.http_url = http_server.url
+        fake.api_base = http_server.url + API_PREFIX
         fake.gateway_url = f"ws://127.0.0.1:{ws_server.port}"
-        try:
-            yield fake
-        finally:
-            nursery.cancel_scope.cancel()
+        yield fake
 
 
 def main(argv: list[str] | None = None) -> None:

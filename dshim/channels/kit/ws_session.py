@@ -1,0 +1,130 @@
+"""The sans-IO half of :mod:`dshim.channels.kit.ws`: the session protocol and its actions.
+
+A websocket channel's ``protocol.py`` implements :class:`WsSession` and returns these
+actions; it imports this module, never :mod:`dshim.channels.kit.ws` (which is trio code),
+so that it stays free of trio, sockets and clocks.  Read :mod:`dshim.channels.kit.ws` for
+what the runner does with each action.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+__all__ = [
+    "Action",
+    "Close",
+    "Connected",
+    "Deliver",
+    "Ignored",
+    "Send",
+    "WsEnded",
+    "WsSession",
+]
+
+E = TypeVar("E")
+
+
+# --- actions a session returns ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send one frame: ``str`` as a text frame, ``bytes`` as a binary frame.
+
+    ``kind`` names it in logs (the payload may carry a token); ``logged`` False keeps
+    frequent frames (heartbeats, acks) out of the log.
+    """
+
+    data: str | bytes
+    kind: str = "frame"
+    logged: bool = True
+
+    def __repr__(self) -> str:
+        return f"Send(kind={self.kind!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the websocket with this code; the session then gets ``connection_lost``."""
+
+    code: int
+    reason: str
+
+
+@dataclass(slots=True)  # not frozen: one is built per event, and frozen init is 3x slower
+class Deliver(Generic[E]):
+    """Hand ``event`` to the channel's ``deliver`` callback, in order.
+
+    ``ack`` (if any) is sent after ``deliver`` returned a confirming verdict, or before it
+    is called when ``ack_at_once`` is set (see the module docstring).
+    """
+
+    event: E
+    ack: Send | None = None
+    ack_at_once: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Connected:
+    """The session is live (READY, RESUMED, subscribed ...); ``session`` is for logs."""
+
+    resumed: bool = False
+    session: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """A frame the session dropped (malformed, unknown opcode ...); logged, nothing else."""
+
+    reason: str
+    detail: str = ""
+
+
+Action = Send | Close | Deliver[E] | Connected | Ignored
+
+
+@dataclass(frozen=True, slots=True)
+class WsEnded:
+    """How one connection ended.
+
+    ``code`` is the close code (ours when we closed, else the peer's; None when the
+    network failed or the connection never opened), ``rejected`` the HTTP status of a
+    refused upgrade, ``connected_for`` how long the session was live (None: it never got
+    :class:`Connected`).
+    """
+
+    code: int | None
+    reason: str | None = None
+    by_us: bool = False
+    rejected: int | None = None
+    connected_for: float | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self.connected_for is not None
+
+
+class WsSession(Protocol[E]):
+    """A platform's connection logic without I/O.  Time is an argument; never a clock."""
+
+    def connection_opened(self, now: float) -> Sequence[Action[E]]:
+        """A websocket is open (first frames to send, e.g. a subscribe or a ping)."""
+        ...
+
+    def receive(self, data: str | bytes, now: float) -> Sequence[Action[E]]:
+        """One frame from the server.  Bad input is an :class:`Ignored`, never an error."""
+        ...
+
+    def next_timer(self) -> float | None:
+        """When :meth:`tick` must run next (None: no timer)."""
+        ...
+
+    def tick(self, now: float, *, reading: bool) -> Sequence[Action[E]]:
+        """Timers are due.  ``reading`` False: the shell is blocked in ``deliver``."""
+        ...
+
+    def connection_lost(self, ended: WsEnded, now: float) -> None:
+        """The connection ended; plan the next one.  Raise to stop for good."""
+        ...
