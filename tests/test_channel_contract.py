@@ -9,9 +9,10 @@ import pytest
 import trio
 
 from tests.channel_contract import SCENARIOS, ChannelRig
+from tests.rig_discord import DiscordRig
 from tests.rig_telegram import TelegramRig
 
-RIGS: dict[str, Callable[[], ChannelRig]] = {"telegram": TelegramRig}
+RIGS: dict[str, Callable[[], ChannelRig]] = {"discord": DiscordRig, "telegram": TelegramRig}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])

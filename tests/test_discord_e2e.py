@@ -15,6 +15,8 @@ identified, resumed or fetched a message, and what ended it.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import random
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +27,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.discord.channel import DiscordChannel
+from dshim.channels.discord import channel as discord_channel
 from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
 from dshim.channels.kit.http import open_http
@@ -41,6 +43,10 @@ DEADLINE = 900.0
 HEARTBEAT_S = 41.25
 CREATE = "POST /channels/{channel_id}/messages"
 EDIT = "PATCH /channels/{channel_id}/messages/{message_id}"
+#: The real channel with its jitter pinned.
+SEEDED = dataclasses.replace(
+    discord_channel.CHANNEL, run_fn=functools.partial(discord_channel.run, rng=random.Random(7))
+)
 
 
 class Bot:
@@ -105,7 +111,7 @@ async def running_bot(
                         config,
                         store,
                         shutdown=bot.shutdown,
-                        channels={"disco": DiscordChannel(rng=random.Random(7))},
+                        channels={"disco": SEEDED},
                         observer=bot.events,
                         harness=EchoHarness(slow_interval_s=0.4),
                     )

@@ -24,8 +24,8 @@ import trio
 
 from dshim.channels.base import (
     BotHost,
-    Channel,
     ChannelSettings,
+    ChannelSpec,
     Check,
     Identity,
     ProbeResult,
@@ -288,33 +288,13 @@ async def probe(rows: ProbeRows) -> None:
         )
 
 
-class DiscordChannel:
-    """The Discord channel (see :mod:`dshim.channels.base`).
+CHANNEL = ChannelSpec(
+    key="discord",
+    settings=DiscordSettings,
+    run_fn=run,
+    replay_fn=DiscordReplayAdapter,
+    probe_fn=probe,
+)
+"""Tests bind timings and jitter: ``replace(CHANNEL, run_fn=partial(run, rng=...))``."""
 
-    ``tuning`` and ``rng`` shrink the reconnect timings and pin the jitter in tests.
-    """
-
-    key = "discord"
-    settings = DiscordSettings
-
-    def __init__(
-        self, *, tuning: GatewayTuning | None = None, rng: _random.Random | None = None
-    ) -> None:
-        self.tuning = tuning
-        self.rng = rng
-
-    async def run(
-        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        await run(host, task_status=task_status, tuning=self.tuning, rng=self.rng)
-
-    def replay_adapter(self, fx: ReplaySource) -> DiscordReplayAdapter:
-        return DiscordReplayAdapter(fx)
-
-    async def probe(self, rows: ProbeRows) -> None:
-        await probe(rows)
-
-
-CHANNEL: Channel = DiscordChannel()
-
-__all__ = ["CHANNEL", "DiscordChannel", "DiscordSettings"]
+__all__ = ["CHANNEL", "DiscordSettings"]
