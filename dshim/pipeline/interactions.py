@@ -38,16 +38,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
 import trio
 
 from dshim.model import ApprovalRequest, InboundMessage, Option, QuestionRequest, ReplyTarget
-
-if TYPE_CHECKING:
-    from dshim.pipeline.runtime import BotRuntime
+from dshim.pipeline.notices import Notifier
 
 log = structlog.get_logger("dshim.interactions")
 
@@ -215,14 +212,12 @@ class _Pending:
 class Interactions:
     """The pending approvals and questions of one bot, one per conversation lane."""
 
-    def __init__(self, runtime: BotRuntime) -> None:
-        self._rt = runtime
+    def __init__(self, notifier: Notifier, timeout_s: float) -> None:
+        self._notifier = notifier
+        #: How long a request waits for its answer (``[harness] interaction_timeout_s``).
+        self.timeout_s = timeout_s
         self._pending: dict[LaneKey, _Pending] = {}
         self._locks: dict[LaneKey, trio.Lock] = {}
-
-    @property
-    def timeout_s(self) -> float:
-        return self._rt.config.harness.interaction_timeout_s
 
     def pending(self, lane_key: LaneKey) -> bool:
         """True while a request of this conversation waits for its answer."""
@@ -244,13 +239,13 @@ class Interactions:
             if parsed is None:
                 return False  # ordinary message of someone else: queued as usual
             log.info("interaction_answer_refused", reason="not_starter", sender=msg.sender_id)
-            await self._rt.notify(
+            await self._notifier.notify(
                 ReplyTarget.for_message(msg),
                 f"Only {p.starter_name}, who started this request, can answer it.",
             )
             return True
         if parsed is None:
-            await self._rt.notify(ReplyTarget.for_message(msg), self._reminder(p))
+            await self._notifier.notify(ReplyTarget.for_message(msg), self._reminder(p))
             return True
         if isinstance(parsed, Decision):
             p.decision = parsed
@@ -282,7 +277,7 @@ class Interactions:
         async with lock:
             p = _Pending(request, msg)
             try:
-                await self._rt._send_now(p.target, self._present(p))
+                await self._notifier.send_now(p.target, self._present(p))
                 self._pending[key] = p
                 log.info(
                     "interaction_presented",
@@ -336,7 +331,7 @@ class Interactions:
                 if request.reply is not None:
                     await request.reply(reject.id if reject is not None else None)
                 log.info("interaction_timed_out", kind="approval")
-                await self._rt._send_now(
+                await self._notifier.send_now(
                     p.target,
                     f"⌛ No answer within {_duration(self.timeout_s)}, so the request "
                     f"“{_one_line(request.title)}” was rejected.",
@@ -351,13 +346,13 @@ class Interactions:
                 note = f"❌ Rejected: {decision.label}."
             else:
                 note = f"Answer sent: {decision.label}."
-            await self._rt._send_now(p.target, note)
+            await self._notifier.send_now(p.target, note)
             return note
         answer = p.answer
         if answer is None:  # timed out
             await p.reply_cancelled()
             log.info("interaction_timed_out", kind="question")
-            await self._rt._send_now(
+            await self._notifier.send_now(
                 p.target,
                 f"⌛ No answer within {_duration(self.timeout_s)}, so the question was cancelled.",
             )
@@ -370,7 +365,7 @@ class Interactions:
         if answer.custom:
             shown.append(f"“{answer.custom}”")
         note = "Answer sent: " + ", ".join(shown) + "."
-        await self._rt._send_now(p.target, note)
+        await self._notifier.send_now(p.target, note)
         return note
 
     # -- texts -------------------------------------------------------------------------

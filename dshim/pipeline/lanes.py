@@ -11,15 +11,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import structlog
 import trio
+
+from dshim.model import InboundMessage
 
 log = structlog.get_logger("dshim.lanes")
 
 LaneKey = tuple[str, str]
 Handler = Callable[[Any, "Lane"], Awaitable[None]]
+
+
+class LaneItem(msgspec.Struct, kw_only=True):
+    """One unit of work on a conversation lane: a turn, or a ``/new``."""
+
+    kind: Literal["turn", "new"]
+    msg: InboundMessage
+    #: Replaces the message text (a /batch submission).
+    text: str | None = None
+    #: Source of the session title when it is not the message text (a batch: its first text).
+    title_text: str | None = None
+    #: Inbox keys to finish with this item (a batch covers several messages).
+    inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
 
 class Lane:
