@@ -68,7 +68,7 @@ from typing import Protocol
 import structlog
 import trio
 
-from dshim.errors import BUG_TYPES, ChannelError, NotFound, RateLimited, TransportError
+from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
 from dshim.model import Delivered
 
 __all__ = [
@@ -535,12 +535,11 @@ async def open_edit_stream(
 
 
 async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
-    """Background tasks never end the answer, except for bugs."""
+    """Background tasks never end the answer; anything but a dshim error is a bug and
+    propagates."""
     try:
         await fn()
-    except Exception as exc:
-        if isinstance(exc, BUG_TYPES):
-            raise
+    except DshimError as exc:
         log.warning("stream_task_failed", error=_short(exc))
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from dshim.errors import HarnessError, NotFound
+from dshim.errors import HarnessError, NotFound, StoreError
 from dshim.harness.echo import EchoHarness
 from dshim.model import Attachment, MediaRef, ReplyReference, Skip, TextDelta, TurnEnd
 from dshim.pipeline.commands import parse_command
@@ -666,3 +666,53 @@ async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: 
         )
         await rig.rt.wait_idle()
     assert reply_json(rig.events.prompts[0])["content"] == "an old answer"
+
+
+class BuggyHarness(EchoHarness):
+    async def prompt(self, session_id, parts, ctx):  # type: ignore[no-untyped-def,override]
+        yield TextDelta("partial ")
+        raise ValueError("a bug in the adapter")
+        yield TurnEnd()  # pragma: no cover
+
+
+async def test_a_bug_in_the_harness_is_not_swallowed_as_a_failed_turn(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    from dshim.store import open_store
+
+    async with open_store(tmp_path, inline=True) as store:
+        with pytest.raises(ValueError, match="a bug in the adapter"):
+            async with open_rig(tmp_path, store=store, harness=BuggyHarness()) as rig:
+                await rig.rt.accept(msg("go"))
+                await rig.rt.wait_idle()
+        pending = await store.inbox_pending("t")
+    assert not any("failed" in t for t in rig.texts)  # no "the agent failed" reply
+    assert [e.state for e in pending] == ["running"]  # left for the restart to handle
+
+
+class FailingStore:
+    """The real store, except that recording a binding fails like a full disk."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def set_binding(self, *args: object, **kwargs: object) -> None:
+        raise StoreError("database or disk is full")
+
+
+async def test_a_store_failure_in_a_turn_gets_one_reply_and_the_bot_goes_on(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    from dshim.store import open_store
+
+    async with open_store(tmp_path, inline=True) as real:
+        async with open_rig(tmp_path, store=FailingStore(real)) as rig:  # type: ignore[arg-type]
+            await rig.rt.accept(msg("first"))
+            await rig.rt.wait_idle()
+            await rig.rt.accept(msg("/help"))
+            await rig.rt.wait_idle()
+    assert rig.texts[0] == "⚠️ Something went wrong while answering: StoreError"
+    assert "/new" in rig.texts[1]

@@ -26,6 +26,8 @@ when the server sends it (else 1 s, 2 s).  After the first token nothing is retr
 user already sees text): the turn ends with one clear error.  Other HTTP errors map to a
 sentence naming the cause (401 key, 402 balance, 404 model/endpoint ...).  The API key
 only ever travels in the ``Authorization`` header and is scrubbed from any error text.
+Every httpx exception is mapped here, at the adapter's boundary: what leaves the adapter
+is a :class:`~dshim.errors.HarnessError` or a turn event.
 
 ``/stop`` cancels the turn's generator; the response is closed in a shielded, bounded
 scope (servers abort generation on disconnect) and the partial answer stays.
@@ -528,7 +530,7 @@ class OpenAIHarness:
                                 for event in self._events_for(item.data, st):
                                     first_token = True
                                     yield event
-                except (httpx.TransportError, httpx.StreamError) as exc:
+                except (httpx.HTTPError, httpx.StreamError) as exc:  # network, decoding
                     if not first_token:
                         raise _Retry(
                             self._scrub(
@@ -667,7 +669,13 @@ class OpenAIHarness:
 
     async def _whole(self, resp: httpx.Response) -> list[TurnEvent]:
         """A server that ignored ``stream: true`` and sent one JSON completion."""
-        body = await resp.aread()
+        try:
+            body = await resp.aread()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise HarnessError(
+                self._scrub(f"the model API's answer broke off ({type(exc).__name__})"),
+                code="bad-response",
+            ) from exc
         try:
             completion = _COMPLETION.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

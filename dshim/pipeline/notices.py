@@ -22,7 +22,7 @@ from collections.abc import Callable
 import structlog
 import trio
 
-from dshim.errors import BUG_TYPES
+from dshim.errors import DshimError
 from dshim.model import Delivered, ReplyTarget
 from dshim.outbound import Outbound
 from dshim.pipeline.activity import Activity
@@ -65,9 +65,7 @@ class Notifier:
         """Send a notice from this task and record it; ``[]`` when it could not be sent."""
         try:
             delivered = await self.outbound.send_text(target, text)
-        except Exception as exc:
-            if isinstance(exc, BUG_TYPES):
-                raise
+        except DshimError as exc:  # the channel's outbound raises ChannelError only
             log.warning("notice_failed", error=short(exc), conversation=target.conversation_id)
             return []
         now = self.clock()

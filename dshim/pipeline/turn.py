@@ -3,8 +3,15 @@
 The stoppable part (reply loading, media download, the harness stream) runs inside the
 lane's stop scope: ``/stop`` cancels it, the partial answer is delivered marked as
 stopped, and no prompt is sent if the stop came while the quote was still loading.
-Shutdown cancels the whole turn.  A harness failure becomes one visible error reply;
-nothing here lets an exception kill the lane.
+Shutdown cancels the whole turn.
+
+Errors: the harness adapters raise only :class:`~dshim.errors.HarnessError` (each maps
+its foreign exceptions — httpx, pipes, JSON — at its own boundary), the channel's
+outbound only :class:`~dshim.errors.ChannelError`, the store only
+:class:`~dshim.errors.StoreError`.  A harness failure becomes one visible error reply
+with the partial answer kept; a delivery failure is logged; a store failure gets a short
+"something went wrong" reply.  Any other exception is a bug: it is not dressed up as a
+failed turn but propagates, and the bot's supervisor restarts (or stops) the bot.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import trio
 from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
 from dshim.config import BotConfig
-from dshim.errors import BUG_TYPES, ChannelError, HarnessError
+from dshim.errors import ChannelError, DshimError, HarnessError
 from dshim.harness.base import Harness, TurnContext
 from dshim.model import (
     ApprovalRequest,
@@ -211,11 +218,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
             turn.error = turn.error or f"delivery failed: {exc}"
-        except Exception as exc:
-            if isinstance(exc, BUG_TYPES):
-                log.exception("turn_crashed")
-            else:
-                log.warning("turn_failed", error=str(exc))
+        except DshimError as exc:  # the store failed (anything else is a bug: it propagates)
+            log.warning("turn_failed", error=str(exc), kind=type(exc).__name__)
             turn.error = turn.error or str(exc)
             await deps.notifier.send_now(
                 turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
@@ -314,12 +318,6 @@ async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[P
     except HarnessError as exc:
         turn.error = str(exc)
         log.warning("harness_failed", error=turn.error, code=exc.code)
-    except Exception as exc:
-        if isinstance(exc, BUG_TYPES):
-            log.exception("harness_crashed")
-        else:
-            log.warning("harness_failed", error=str(exc))
-        turn.error = str(exc) or type(exc).__name__
 
 
 async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
