@@ -68,6 +68,7 @@ from typing import Protocol
 import structlog
 import trio
 
+from dshim.backoff import Backoff
 from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
 from dshim.model import Delivered
 
@@ -120,7 +121,8 @@ class Limits:
     #: 429s are retried as the platform asks until this much waiting for one call has
     #: accumulated: a long flood-control storm delays the final text, it does not drop it.
     rate_limit_budget_s: float = 900.0
-    #: First backoff after a transient failure; doubles up to 30 s.
+    #: First backoff after a transient failure; doubles up to 30 s (:class:`dshim.backoff.Backoff`,
+    #: no jitter: one stream's calls are sequential and tests rely on the exact waits).
     retry_backoff_s: float = 1.0
 
     def split(self, text: str) -> list[str]:
@@ -289,6 +291,7 @@ class EditStream:
         self._pump_done.set()  # no pump until started
         self._finished = False
         self._pump_failures = 0
+        self._pump_backoff = self._backoff()
         self._rate_limited_s = 0.0
 
     # -- what the turn calls ------------------------------------------------------------
@@ -403,12 +406,13 @@ class EditStream:
             self._pump_failures += 1
             if isinstance(exc, TransportError) and self._pump_failures < 3:
                 log.info("stream_update_failed", error=_short(exc))
-                self.pacer.pause(self._backoff(self._pump_failures))
+                self.pacer.pause(self._pump_backoff.next_delay())
             else:
                 log.warning("stream_updates_stopped", error=_short(exc))
                 return False
         else:
             self._pump_failures = 0
+            self._pump_backoff.reset()
         return True
 
     async def _typing(self) -> None:
@@ -425,8 +429,10 @@ class EditStream:
 
     # -- final delivery -----------------------------------------------------------------
 
-    def _backoff(self, attempt: int) -> float:
-        return min(BACKOFF_MAX_S, self.limits.retry_backoff_s * 2.0 ** max(0, attempt - 1))
+    def _backoff(self) -> Backoff:
+        """The retry schedule of one call: ``retry_backoff_s`` doubling up to 30 s, exact."""
+        first = self.limits.retry_backoff_s
+        return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
 
     async def _record_send(self, text: str, *, reply: bool) -> _Msg:
         """Send, and remember the message the moment its id is known."""
@@ -437,11 +443,12 @@ class EditStream:
         self._typing_done.set()
         return m
 
-    async def _retrying(self, attempt: int, exc: ChannelError) -> int:
+    async def _retrying(self, backoff: Backoff, exc: ChannelError) -> None:
         """Account one failed attempt: wait as the error asks, or re-raise when out of tries.
 
-        ``attempt`` counts transient failures; 429 waits are charged to the stream's
-        rate-limit budget instead, so flood control never makes us drop the final text.
+        ``backoff.failures`` counts transient failures; 429 waits are charged to the
+        stream's rate-limit budget instead, so flood control never makes us drop the final
+        text.
         """
         if isinstance(exc, RateLimited):
             self._rate_limited_s += exc.retry_after
@@ -450,31 +457,28 @@ class EditStream:
                     "stream_delivery_gave_up", waited_s=self._rate_limited_s, error=_short(exc)
                 )
                 raise exc
-            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
+            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=backoff.failures)
             self.pacer.pause(exc.retry_after)
-            return attempt
-        attempt += 1
-        if attempt >= self.limits.max_attempts:
-            log.warning("stream_delivery_gave_up", attempts=attempt, error=_short(exc))
+            return
+        delay = backoff.next_delay()
+        if backoff.failures >= self.limits.max_attempts:
+            log.warning("stream_delivery_gave_up", attempts=backoff.failures, error=_short(exc))
             raise exc
-        else:
-            delay = self._backoff(attempt)
-            log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
-            await trio.sleep(delay)
-        return attempt
+        log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
+        await trio.sleep(delay)
 
     async def _final_send(self, text: str, *, reply: bool) -> None:
-        attempt = 0
+        backoff = self._backoff()
         while True:
             await self.pacer.acquire()
             try:
                 await self._record_send(text, reply=reply)
                 return
             except (RateLimited, TransportError) as exc:
-                attempt = await self._retrying(attempt, exc)
+                await self._retrying(backoff, exc)
 
     async def _final_edit(self, index: int, text: str) -> None:
-        attempt = 0
+        backoff = self._backoff()
         m = self._msgs[index]
         while True:
             await trio.sleep_until(m.last_call + self.limits.edit_interval_s)
@@ -492,7 +496,7 @@ class EditStream:
                 self._msgs.insert(index, self._msgs.pop())
                 return
             except (RateLimited, TransportError) as exc:
-                attempt = await self._retrying(attempt, exc)
+                await self._retrying(backoff, exc)
 
 
 def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -52,6 +52,7 @@ import structlog
 import trio
 
 import dshim
+from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
 from dshim.model import (
@@ -74,6 +75,7 @@ log = structlog.get_logger("dshim.harness.openai")
 MAX_TRIES = 3
 RETRY_BASE_S = 1.0
 RETRY_AFTER_MAX_S = 60.0
+RETRY_BACKOFF_MAX_S = 30.0
 IDLE_DATA_TIMEOUT_S = 600.0
 CLOSE_TIMEOUT_S = 2.0
 ERROR_BODY_MAX = 8192
@@ -373,9 +375,6 @@ class OpenAIHarness:
             msg = f"the model API failed (HTTP {status}){suffix}"
         return HarnessError(msg, code=f"http-{status}")
 
-    def _backoff(self, tries: int) -> float:
-        return float(self.retry_base_s * 2 ** (tries - 1))
-
     async def _get_json(self, path: str) -> bytes:
         try:
             resp = await self._client.get(self.base_url + path, headers=self._headers())
@@ -489,6 +488,9 @@ class OpenAIHarness:
             "stream_options": {"include_usage": True},
         }
         payload = msgspec.json.encode(body)
+        # 1 s, 2 s between the tries unless the server says how long (no jitter: one
+        # client, and tests rely on the exact waits).
+        backoff = Backoff(self.retry_base_s, max(RETRY_BACKOFF_MAX_S, self.retry_base_s), 2.0, 0.0)
         tries = 0
         while True:
             tries += 1
@@ -583,7 +585,8 @@ class OpenAIHarness:
                 raise HarnessError(
                     f"{retry.reason}; gave up after {MAX_TRIES} tries", code="retries-exhausted"
                 )
-            delay = retry.delay_s if retry.delay_s is not None else self._backoff(tries)
+            fallback = backoff.next_delay()
+            delay = retry.delay_s if retry.delay_s is not None else fallback
             log.info("openai_retrying", reason=retry.reason, attempt=tries, delay_s=delay)
             await trio.sleep(delay)
 

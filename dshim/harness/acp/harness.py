@@ -56,6 +56,7 @@ import msgspec
 import structlog
 import trio
 
+from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.acp import protocol
 from dshim.harness.acp.models import (
@@ -387,7 +388,10 @@ class AcpHarness:
         self._agent: _Agent | None = None
         self._spawn_lock = trio.Lock()
         self._session_lock = trio.Lock()
-        self._failures = 0
+        # Exact delays (no jitter): one process per bot, nothing to spread out.
+        self._restarts = Backoff(
+            restart_backoff_s, max(RESTART_BACKOFF_MAX_S, restart_backoff_s), 2.0, jitter=0.0
+        )
         self._not_before = 0.0
         self._aliases: dict[str, str] = {}
         self._spare: str | None = None
@@ -409,9 +413,7 @@ class AcpHarness:
 
     def _note_failure(self) -> None:
         """One more consecutive failure: the next start waits 1 s, 2 s, 4 s ... <= 30 s."""
-        self._failures += 1
-        delay = min(RESTART_BACKOFF_MAX_S, self.restart_backoff_s * 2 ** (self._failures - 1))
-        self._not_before = trio.current_time() + delay
+        self._not_before = trio.current_time() + self._restarts.next_delay()
 
     def agent_failed(self, agent: _Agent) -> None:
         """An agent process broke (called by the agent once)."""
@@ -581,7 +583,7 @@ class AcpHarness:
             end = turn.end_event()
             ended = True
             if end.error is None:
-                self._failures = 0
+                self._restarts.reset()
             yield end
         finally:
             if not ended:
