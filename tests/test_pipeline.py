@@ -716,3 +716,61 @@ async def test_a_store_failure_in_a_turn_gets_one_reply_and_the_bot_goes_on(
             await rig.rt.wait_idle()
     assert rig.texts[0] == "⚠️ Something went wrong while answering: StoreError"
     assert "/new" in rig.texts[1]
+
+
+# A child process with its address space capped: the agent streams 20 MB pieces until
+# appending one more to the answer fails with a real MemoryError.
+OUT_OF_MEMORY_CHILD = """
+import json, pathlib, resource, sys
+import trio
+from dshim.harness.echo import EchoHarness
+from dshim.model import TextDelta, TurnEnd
+from tests.helpers import msg, open_rig
+
+class Flood(EchoHarness):
+    def prompt(self, session_id, parts, ctx):
+        if parts[-1].text != "flood":
+            return super().prompt(session_id, parts, ctx)
+        return self.flood()
+
+    async def flood(self):
+        for _ in range(1000):
+            yield TextDelta("y" * (20 * 1024 * 1024))
+        yield TurnEnd()
+
+async def main():
+    async with open_rig(pathlib.Path(sys.argv[1]), harness=Flood()) as rig:
+        await rig.rt.accept(msg("flood"))
+        await rig.rt.wait_idle()
+        await rig.rt.accept(msg("still there?"))
+        await rig.rt.wait_idle()
+    print(json.dumps([t[:200] for t in rig.texts]))
+
+status = pathlib.Path("/proc/self/status").read_text()
+vm_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:")))
+limit = (vm_kb + 400 * 1024) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+trio.run(main)
+"""
+
+
+def test_running_out_of_memory_in_a_turn_gives_one_error_reply_and_the_bot_lives(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY_CHILD, str(tmp_path)],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(texts) == 2
+    assert texts[0].startswith("⚠️ The agent failed:") and "memory" in texts[0]
+    assert texts[1].endswith("still there?")

@@ -10,7 +10,8 @@ its foreign exceptions — httpx, pipes, JSON — at its own boundary), the chan
 outbound only :class:`~dshim.errors.ChannelError`, the store only
 :class:`~dshim.errors.StoreError`.  A harness failure becomes one visible error reply
 with the partial answer kept; a delivery failure is logged; a store failure gets a short
-"something went wrong" reply.  Any other exception is a bug: it is not dressed up as a
+"something went wrong" reply.  Running out of memory while the answer grows drops the
+partial answer and fails the turn the same way: one error reply, and the bot goes on.  Any other exception is a bug: it is not dressed up as a
 failed turn but propagates, and the bot's supervisor restarts (or stops) the bot.
 """
 
@@ -60,6 +61,7 @@ IMAGES_TOTAL_BYTES = 20 * 1024 * 1024
 FILE_MAX_BYTES = 20 * 1024 * 1024
 MEDIA_DEADLINE_S = 60.0
 STOPPED_MARK = "⏹ Stopped."
+TOO_LARGE = "the answer was too large to handle (dshim ran out of memory)"
 EMPTY_ANSWER = "(The agent returned an empty answer.)"
 
 
@@ -218,9 +220,11 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
             turn.error = turn.error or f"delivery failed: {exc}"
-        except DshimError as exc:  # the store failed (anything else is a bug: it propagates)
+        except (DshimError, MemoryError) as exc:  # the store failed, or memory ran out
             log.warning("turn_failed", error=str(exc), kind=type(exc).__name__)
-            turn.error = turn.error or str(exc)
+            if isinstance(exc, MemoryError):
+                turn.text = ""  # not worth keeping (nor writing to the transcript)
+            turn.error = turn.error or str(exc) or type(exc).__name__
             await deps.notifier.send_now(
                 turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
@@ -318,6 +322,11 @@ async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[P
     except HarnessError as exc:
         turn.error = str(exc)
         log.warning("harness_failed", error=turn.error, code=exc.code)
+    except MemoryError:
+        # An answer too large to hold: let go of it (the memory is what we lack) and say so.
+        turn.text = ""
+        turn.error = TOO_LARGE
+        log.warning("turn_out_of_memory")
 
 
 async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
