@@ -188,6 +188,27 @@ fixture(
 )
 
 fixture(
+    "forwarded_new_not_executed",
+    "A forwarded /new is someone else's text, not a command: the session stays and the agent gets it as the message's content.",
+    [
+        dm("1", "first question"),
+        dm("2", "/new", sec=10, forwarded=True),
+        dm("3", "/batch", sec=20),
+        dm("4", "/send", sec=30, forwarded=True),
+        dm("5", "/cancel", sec=40),
+    ],
+)
+
+fixture(
+    "forwarded_yes_does_not_approve",
+    'A forwarded "yes" never answers a pending approval: the request is not approved, and the forward reaches the agent as a message of its own.',
+    [
+        dm("1", "echo:approval"),
+        dm("2", "yes", sec=5, forwarded=True),
+    ],
+)
+
+fixture(
     "quote_unavailable_reason",
     "The platform said the quoted message was deleted: only the reason is passed on.",
     [

@@ -359,6 +359,41 @@ async def test_quoted_command_is_never_executed(
     assert reply_json(rig.events.prompts[1])["content"] == quoted
 
 
+@pytest.mark.parametrize("forwarded", ["/new", "/stop", "/help", "/new@dshim_bot", "/status"])
+async def test_forwarded_command_is_never_executed(
+    autojump_clock: object, tmp_path: Path, forwarded: str
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        await rig.rt.accept(msg("first"))
+        await rig.rt.wait_idle()
+        binding = await rig.store.get_binding("t", "42", "")
+        await rig.rt.accept(msg(forwarded, forwarded=True))
+        await rig.rt.wait_idle()
+        after = await rig.store.get_binding("t", "42", "")
+    assert rig.events.commands == []
+    assert binding == after  # /new did not unbind
+    # It is the message's content: the agent gets it as the current text.
+    assert rig.events.prompts[1].endswith("\n\n" + forwarded)
+    assert len(rig.out.sent) == 2
+
+
+async def test_forwarded_text_is_not_a_batch_control_word_and_is_not_collected(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        for text, fwd in [("/batch", False), ("one", False), ("/send", True), ("two", True)]:
+            await rig.rt.accept(msg(text, forwarded=fwd))
+            await rig.rt.wait_idle()
+        assert rig.events.prompts == []  # the forwarded /send submitted nothing
+        await rig.rt.accept(msg("/send"))
+        await rig.rt.wait_idle()
+    assert rig.events.commands == ["/batch", "/send"]
+    refusals = [t for t in rig.texts if "forwarded" in t]
+    assert len(refusals) == 2  # the forwarded /send and "two" were refused, not collected
+    [prompt] = rig.events.prompts
+    assert "one" in prompt and "two" not in prompt and "/send" not in prompt
+
+
 async def test_quote_reaches_the_harness_as_one_block(
     autojump_clock: object, tmp_path: Path
 ) -> None:

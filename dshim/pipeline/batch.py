@@ -85,6 +85,8 @@ class Batches:
         """A message that is not a command while a batch is open."""
         if msg.images or msg.files or msg.reply_to is not None:
             return Step(reply=cmds.BATCH_REFUSED_MEDIA)
+        if msg.forwarded:
+            return Step(reply=cmds.BATCH_REFUSED_FORWARD)
         text = msg.content.strip()
         if not text:
             return Step()

@@ -19,7 +19,8 @@ Answers arrive through pipeline step 5, :meth:`Interactions.try_answer`, which j
 *current* message only:
 
 - a message that quotes or replies to another message is a new message, never an
-  answer (so a quoted "yes" cannot approve anything), and so is a message with media;
+  answer (so a quoted "yes" cannot approve anything), and so is a forwarded message
+  (someone else's "yes") and a message with media;
 - only the user who started the turn answers; in a group, another user's message that
   looks like an answer gets a short notice, anything else they write is a normal message;
 - approvals accept the option number or label, or yes/no, y/n, approve/reject, 批准/拒绝,
@@ -231,8 +232,8 @@ class Interactions:
         p = self._pending.get(msg.lane_key)
         if p is None or p.done.is_set():
             return False
-        # A quote or media makes it a new message, whatever the current text says.
-        if msg.reply_to is not None or msg.images or msg.files:
+        # A quote, a forward or media makes it a new message, whatever its text says.
+        if msg.reply_to is not None or msg.forwarded or msg.images or msg.files:
             return False
         parsed = p.parse(msg.content)
         if msg.sender_id != p.starter_id:

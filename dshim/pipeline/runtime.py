@@ -11,7 +11,8 @@ order, and awaits it.  ``accept`` runs steps 1-6 of DESIGN.md §3 on the reader'
 3. dedup by (bot, conversation, message) persisted atomically with a durable inbox entry,
    and the backlog limit (stale events are never run);
 4. access policy on the current sender;
-5. commands, batch input and pending interaction answers, on the current text only;
+5. commands, batch input and pending interaction answers, on the current text only (a
+   quoted or forwarded message is never a command, a /batch control word or an answer);
 6. enqueue on the conversation's lane (bounded; overflow gets a visible "busy" reply).
 
 The judgements of steps 1-4 are pure (:mod:`dshim.pipeline.gates`); batch input is
@@ -215,9 +216,10 @@ class BotRuntime:
 
     async def _dispatch(self, msg: InboundMessage) -> None:
         """Steps 5 and 6 for an accepted message."""
-        # Step 5: commands, batch input, interaction answers — current input only.
-        has_media = bool(msg.images or msg.files)
-        command = None if has_media else cmds.parse_command(msg.content, self.outbound.bot_username)
+        # Step 5: commands, batch input, interaction answers — what the user typed only:
+        # a caption of media is no command, and forwarded content is never one.
+        typed = not (msg.images or msg.files or msg.forwarded)
+        command = cmds.parse_command(msg.content, self.outbound.bot_username) if typed else None
         batch = self.batches.get(msg.lane_key)
         if command is not None:
             if self.observer is not None:
