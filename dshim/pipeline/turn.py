@@ -42,7 +42,6 @@ from dshim.model import (
     QuestionRequest,
     ReplyTarget,
     TextDelta,
-    TextPart,
     ToolProgress,
     TurnEnd,
 )
@@ -257,12 +256,9 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
         )
         quoted = await reply_mod.resolve(msg.reply_to, ctx)
     images, files, notes = await fetch_media(msg)
-    parts: list[PromptPart] = list(
-        prompt_mod.assemble(msg, quoted, deps.bot.prompt, images=images, files=files)
+    return prompt_mod.assemble(
+        msg, quoted, deps.bot.prompt, images=images, files=files, notes=notes
     )
-    if notes:
-        parts.insert(_after_text(parts), TextPart("\n".join(notes)))
-    return parts
 
 
 async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
@@ -355,11 +351,3 @@ async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
         messages=len(delivered),
         ms=round((completed_at - turn.started_at) * 1000),
     )
-
-
-def _after_text(parts: list[PromptPart]) -> int:
-    last = -1
-    for i, p in enumerate(parts):
-        if isinstance(p, TextPart):
-            last = i
-    return last + 1
