@@ -22,7 +22,8 @@ One transport object serves one answer (one conversation, one message being answ
 Errors are the :mod:`dshim.errors` tree, mapped by the channel's client:
 :class:`~dshim.errors.RateLimited` -> wait ``retry_after`` (for every stream into the same
 chat, see :class:`ChatPacer`), then retry; :class:`~dshim.errors.TransportError`
-(network, timeout, 5xx) -> retry with backoff; :class:`~dshim.errors.NotFound` on an edit
+(network, timeout, 5xx) -> retry with backoff (a *send* of unknown outcome at most once, see
+below); :class:`~dshim.errors.NotFound` on an edit
 (the user deleted the message) -> the text is sent as a new message instead; anything
 else is final and raised from :meth:`EditStream.finish`.  Every retry loop is capped
 (``Limits.max_attempts``).
@@ -48,9 +49,19 @@ message is posted, ``typing()`` is repeated every ``typing_interval_s``.
 half-way, so a message the platform created is always known by id), then brings every
 message to its final chunk, waiting for pacing and retry-after as needed.  A message
 whose send returned an id is only ever edited afterwards, so retries never duplicate it.
-A send that failed without an id (connection lost, 5xx, 429) is retried: the platform
-offers no idempotency key, and losing the answer is worse than the rare duplicate of a
-send that succeeded although its response was lost.
+
+Delivery exactly once, as far as the platform lets us know: a send that failed before
+the request left (:class:`~dshim.errors.TransportError` with ``request_sent=False``,
+could not connect) or that the platform refused with a 429 certainly created nothing and
+is retried as often as the limits allow.  A send whose outcome is unknown (the request
+went out, the answer was lost: ``request_sent=True``, a timeout, a dropped connection, a
+5xx) may have created the message without our knowing its id.  Such a message slot is
+treated as possibly delivered: intermediate previews stop, and ``finish`` repeats the send
+*once* (:data:`UNSURE_SENDS_MAX` sends in all); if that one is unsure too it gives up
+(raises) rather than post copy after copy.  Text after a send that did return an id goes
+by edit to that message.  The user sees at most two copies, never a loop of them.
+Transports whose platform deduplicates sends declare ``idempotent_sends = True`` and are
+retried normally.
 
 Intermediate failures never end the turn: the pump logs them and stops showing
 intermediate text; ``finish`` still delivers the final text (or raises why it cannot).
@@ -90,10 +101,19 @@ SPLIT_MIN_FRACTION = 0.55
 #: Shown in a follow-up message that the final text no longer needs (text shrank).
 CONTINUED_MARK = "…"
 BACKOFF_MAX_S = 30.0
+#: Sends of one message whose outcome may be unknown: the first and one repeat, so the
+#: user sees at most two copies of it.
+UNSURE_SENDS_MAX = 2
 
 
 class StreamTransport(Protocol):
-    """What a channel provides for one answer (see the module docstring)."""
+    """What a channel provides for one answer (see the module docstring).
+
+    A transport whose platform deduplicates repeated sends (an idempotency key, such as
+    Discord's ``nonce`` with ``enforce_nonce``) says so with a class attribute
+    ``idempotent_sends = True``; the engine then repeats a send of unknown outcome like any
+    other transient failure.  Without it (the default) such a send is repeated at most once.
+    """
 
     async def send(self, text: str, *, reply: bool) -> str: ...
 
@@ -293,6 +313,8 @@ class EditStream:
         self._pump_failures = 0
         self._pump_backoff = self._backoff()
         self._rate_limited_s = 0.0
+        #: Sends per message slot whose outcome is unknown (see _unsure_send).
+        self._unsure: dict[int, int] = {}
 
     # -- what the turn calls ------------------------------------------------------------
 
@@ -325,7 +347,7 @@ class EditStream:
                 if self._msgs[i].text != chunk:
                     await self._final_edit(i, chunk)
             else:
-                await self._final_send(chunk, reply=not self._msgs)
+                await self._final_send(chunk, reply=not self._msgs, slot=i)
         for i in range(len(chunks), len(self._msgs)):
             if self._msgs[i].text != CONTINUED_MARK:  # the text shrank below this message
                 await self._final_edit(i, CONTINUED_MARK)
@@ -403,6 +425,11 @@ class EditStream:
             log.info("stream_rate_limited", retry_after=exc.retry_after)
             self.pacer.pause(exc.retry_after)
         except ChannelError as exc:
+            if index >= len(self._msgs) and self._unsure_send(index, exc):
+                # The message may be up without our knowing its id: no more previews,
+                # finish() makes the one repeat it is allowed.
+                log.warning("stream_updates_stopped", error=_short(exc), outcome="unknown")
+                return False
             self._pump_failures += 1
             if isinstance(exc, TransportError) and self._pump_failures < 3:
                 log.info("stream_update_failed", error=_short(exc))
@@ -467,14 +494,37 @@ class EditStream:
         log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
         await trio.sleep(delay)
 
-    async def _final_send(self, text: str, *, reply: bool) -> None:
+    def _unsure_send(self, slot: int, exc: ChannelError) -> bool:
+        """Count a send of message ``slot`` that may have been delivered; True if it was one.
+
+        A send is unsure when the request reached the platform and no answer came back
+        (:attr:`TransportError.request_sent`), unless the transport's sends are idempotent.
+        """
+        if (
+            isinstance(exc, TransportError)
+            and exc.request_sent
+            and not getattr(self.transport, "idempotent_sends", False)
+        ):
+            self._unsure[slot] = self._unsure.get(slot, 0) + 1
+            return True
+        return False
+
+    async def _final_send(self, text: str, *, reply: bool, slot: int) -> None:
         backoff = self._backoff()
         while True:
+            if self._unsure.get(slot, 0) >= UNSURE_SENDS_MAX:
+                raise TransportError("the message could not be confirmed", request_sent=True)
             await self.pacer.acquire()
             try:
                 await self._record_send(text, reply=reply)
                 return
             except (RateLimited, TransportError) as exc:
+                if self._unsure_send(slot, exc) and self._unsure[slot] >= UNSURE_SENDS_MAX:
+                    # Delivered already, probably (twice, maybe): never a loop of copies.
+                    log.warning(
+                        "stream_delivery_gave_up", outcome="unknown", sends=self._unsure[slot]
+                    )
+                    raise
                 await self._retrying(backoff, exc)
 
     async def _final_edit(self, index: int, text: str) -> None:
@@ -492,7 +542,7 @@ class EditStream:
                 # The message is gone (deleted by the user): post the text anew.
                 log.info("stream_message_gone", message_id=m.id)
                 self._msgs.pop(index)
-                await self._final_send(text, reply=index == 0)
+                await self._final_send(text, reply=index == 0, slot=index)
                 self._msgs.insert(index, self._msgs.pop())
                 return
             except (RateLimited, TransportError) as exc:
