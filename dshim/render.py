@@ -315,6 +315,7 @@ class EditStream:
         self._rate_limited_s = 0.0
         #: Sends per message slot whose outcome is unknown (see _unsure_send).
         self._unsure: dict[int, int] = {}
+        self._delivery_hook: Callable[[], Awaitable[None]] | None = None
 
     # -- what the turn calls ------------------------------------------------------------
 
@@ -461,8 +462,16 @@ class EditStream:
         first = self.limits.retry_backoff_s
         return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
 
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Call ``await hook()`` once, right before this answer's first send: from then on
+        part of it may be on the user's screen (see :class:`dshim.outbound.ReplyStream`)."""
+        self._delivery_hook = hook
+
     async def _record_send(self, text: str, *, reply: bool) -> _Msg:
         """Send, and remember the message the moment its id is known."""
+        hook, self._delivery_hook = self._delivery_hook, None
+        if hook is not None:
+            await hook()
         sent_at = self.clock()
         mid = await self.transport.send(text, reply=reply)
         m = _Msg(mid, text, sent_at, trio.current_time())

@@ -17,7 +17,7 @@ from dshim.harness.echo import EchoHarness
 from dshim.model import Attachment, MediaRef, ReplyReference, Skip, TextDelta, TurnEnd
 from dshim.pipeline.commands import parse_command
 from dshim.pipeline.runtime import BUSY_TEXT
-from dshim.pipeline.turn import STOPPED_MARK
+from dshim.pipeline.turn import CUT_MARK, STOPPED_MARK
 from dshim.store.base import OutboundEntry
 from tests.helpers import T0, msg, open_rig
 
@@ -673,14 +673,23 @@ async def test_drain_lets_running_turn_finish(autojump_clock: object, tmp_path: 
     assert not late.accepted and late.reason == "shutdown"
 
 
-async def test_drain_gives_up_after_grace(autojump_clock: object, tmp_path: Path) -> None:
+async def test_drain_cuts_the_running_answer_when_the_grace_ends(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
+        queued = msg("queued behind it")
         await rig.rt.accept(msg("echo:slow 100"))
+        await rig.rt.accept(queued)
         await trio.sleep(0.1)
         t0 = trio.current_time()
         await rig.rt.drain(10)
         assert 10 <= trio.current_time() - t0 < 10.5
-    assert rig.out.sent == []
+        pending = await rig.store.inbox_pending("t")
+    [cut] = rig.texts  # the partial answer, marked at once; nothing else started
+    assert cut.endswith("\n\n" + CUT_MARK) and len(cut) > len(CUT_MARK) + 2
+    # The cut answer is finished; the queued message did not start: it runs after the restart.
+    assert [(e.message_id, e.state) for e in pending] == [(queued.message_id, "queued")]
+    assert len(rig.events.prompts) == 1
 
 
 async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: Path) -> None:
@@ -722,7 +731,7 @@ async def test_a_bug_in_the_harness_is_not_swallowed_as_a_failed_turn(
                 await rig.rt.wait_idle()
         pending = await store.inbox_pending("t")
     assert not any("failed" in t for t in rig.texts)  # no "the agent failed" reply
-    assert [e.state for e in pending] == ["running"]  # left for the restart to handle
+    assert len(pending) == 1  # left for the restart to handle
 
 
 class FailingStore:

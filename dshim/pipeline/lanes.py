@@ -23,6 +23,7 @@ log = structlog.get_logger("dshim.lanes")
 
 LaneKey = tuple[str, str]
 Handler = Callable[[Any, "Lane"], Awaitable[None]]
+StopReason = Literal["user", "shutdown"]
 
 
 class LaneItem(msgspec.Struct, kw_only=True):
@@ -46,15 +47,18 @@ class Lane:
         self.send, self.receive = trio.open_memory_channel[Any](max_queue)
         #: Cancels the running item's stoppable part (/stop).
         self.stop_scope: trio.CancelScope | None = None
+        #: Why it was cancelled: ``"user"`` (/stop) or ``"shutdown"`` (the grace ended).
+        self.stop_reason: StopReason | None = None
         self.running: Any = None
 
     @property
     def queued(self) -> int:
         return self.send.statistics().current_buffer_used
 
-    def stop(self) -> bool:
+    def stop(self, reason: StopReason = "user") -> bool:
         """Cancel the running item's stoppable part.  True when something was running."""
         if self.stop_scope is not None and not self.stop_scope.cancel_called:
+            self.stop_reason = reason
             self.stop_scope.cancel()
             return True
         return False
@@ -102,6 +106,10 @@ class LaneSet:
     def running_count(self) -> int:
         return self._running
 
+    def stop_all(self, reason: StopReason) -> int:
+        """Stop every running item (shutdown).  Returns how many were stopped."""
+        return sum(1 for lane in list(self._lanes.values()) if lane.stop(reason))
+
     async def wait_none_running(self) -> None:
         """Wait until no lane is running an item."""
         while self._running:
@@ -129,6 +137,7 @@ class LaneSet:
             finally:
                 lane.running = None
                 lane.stop_scope = None
+                lane.stop_reason = None
                 self._running -= 1
                 if not self._running:
                     self._none_running.set()

@@ -25,7 +25,18 @@ messages never trigger one.
 
 The inbox entry of a message is removed when its handling ends (answered, refused, or
 dropped by steps 4-6).  Entries left behind by a crash or shutdown are restored on the
-next start: queued ones run, interrupted ones get a notice instead of a second answer.
+next start (:meth:`BotRuntime.restore`):
+
+- ``queued`` (its turn never started): it runs;
+- ``running`` (its turn started, nothing of the answer was shown): it runs again — at
+  most :data:`MAX_TURN_ATTEMPTS` turns in all, so a message that takes the bot down
+  every time ends with a notice instead of a restart loop;
+- ``delivered`` (part of the answer may have reached the user): a notice
+  (:data:`INTERRUPTED_TEXT`) under the message instead of a second answer.
+
+A shutdown (:meth:`BotRuntime.drain`) lets running turns finish during the grace; then it
+stops them at once: a partial answer is finished marked as cut (so the notice is not
+needed after the restart), a turn that had shown nothing is left to run again.
 """
 
 from __future__ import annotations
@@ -55,7 +66,7 @@ from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
 from dshim.pipeline.notices import Notifier, short
 from dshim.pipeline.observer import Observer
 from dshim.pipeline.turn import TurnDeps, run_turn
-from dshim.store.base import Store
+from dshim.store.base import InboxEntry, Store
 
 __all__ = [
     "BUSY_TEXT",
@@ -77,6 +88,10 @@ RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
 BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
 INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
 STATUS_TIMEOUT_S = 5.0
+#: Turns started for one message before a restart gives up on it (with a notice).
+MAX_TURN_ATTEMPTS = 2
+#: After the shutdown grace: how long cut answers may take to show their mark.
+CUT_GRACE_S = 5.0
 
 ACCEPTED = Verdict(True)
 
@@ -131,6 +146,8 @@ class BotRuntime:
             observer=observer,
         )
         self._closing = False
+        #: The shutdown grace is over: no lane item starts any more.
+        self._cutting = False
         self.backlog_max_age_s = backlog_max_age(config, bot)
 
     # -- bookkeeping -------------------------------------------------------------------
@@ -397,6 +414,8 @@ class BotRuntime:
 
     async def _run_item(self, item: LaneItem, lane: Lane) -> None:
         try:
+            if self._cutting:
+                return  # shutting down: its inbox entry brings it back after the restart
             if item.kind == "new":
                 existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)
                 text = (
@@ -438,10 +457,8 @@ class BotRuntime:
                 )
                 await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
                 continue
-            if entry.state == "running":
-                log.warning("turn_interrupted_by_restart", message_id=item.message_id)
-                await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
-                await self._finish_inbox(item)
+            if entry.state in ("running", "delivered"):
+                resumed += await self._restore_interrupted(entry, item)
                 continue
             reason = gates.judge(
                 item,
@@ -459,12 +476,56 @@ class BotRuntime:
             resumed += 1
         return resumed
 
+    async def _restore_interrupted(self, entry: InboxEntry, item: InboundMessage) -> int:
+        """A message whose turn had started: run it again, or say it was interrupted."""
+        stale = bool(item.received_at) and self.clock() - item.received_at > self.backlog_max_age_s
+        if (
+            entry.state == "running"
+            and entry.attempts < MAX_TURN_ATTEMPTS
+            and not stale
+            and not self._is_command(item)  # a /send: its batch is gone with the process
+        ):
+            log.info(
+                "turn_resumed_after_restart", message_id=item.message_id, attempt=entry.attempts + 1
+            )
+            await self._enqueue(
+                LaneItem(
+                    kind="turn",
+                    msg=item,
+                    inbox_keys=[(entry.conversation_id, entry.message_id)],
+                )
+            )
+            return 1
+        log.warning(
+            "turn_interrupted_by_restart",
+            message_id=item.message_id,
+            shown=entry.state == "delivered",
+            attempts=entry.attempts,
+        )
+        await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
+        await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
+        return 0
+
+    def _is_command(self, msg: InboundMessage) -> bool:
+        typed = not (msg.images or msg.files or msg.forwarded)
+        return typed and cmds.parse_command(msg.content, self.outbound.bot_username) is not None
+
     # -- shutdown ----------------------------------------------------------------------
 
     async def drain(self, grace_s: float) -> None:
-        """Stop accepting; let running turns finish for up to ``grace_s`` seconds."""
+        """Stop accepting; let running turns finish for up to ``grace_s`` seconds, then cut
+        them at once: a partial answer is finished marked as cut short by the restart
+        (within :data:`CUT_GRACE_S` more), a turn that had shown nothing is left to run
+        again after the restart.  Queued items stay queued (they run after the restart).
+        """
         self._closing = True
         with trio.move_on_after(grace_s):
+            await self.lanes.wait_none_running()
+        if not self.lanes.running_count():
+            return
+        self._cutting = True
+        log.warning("shutdown_cutting_turns", running=self.lanes.stop_all("shutdown"))
+        with trio.move_on_after(CUT_GRACE_S):
             await self.lanes.wait_none_running()
         if self.lanes.running_count():
             log.warning("shutdown_cancelling_turns", running=self.lanes.running_count())

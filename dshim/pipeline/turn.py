@@ -3,7 +3,14 @@
 The stoppable part (reply loading, media download, the harness stream) runs inside the
 lane's stop scope: ``/stop`` cancels it, the partial answer is delivered marked as
 stopped, and no prompt is sent if the stop came while the quote was still loading.
-Shutdown cancels the whole turn.
+
+Restarts: right before anything of the answer can reach the user (the stream's first
+send, an approval or question shown) the turn records it durably (inbox state
+``delivered``).  A shutdown whose grace ends while the turn runs stops it the same way
+as ``/stop`` (reason ``"shutdown"``): if something was shown, the partial answer is
+finished at once with :data:`CUT_MARK` (an edit, or one short message); if nothing was,
+the turn ends silently and the message runs again after the restart.  A crash leaves
+the decision to the next start (:meth:`dshim.pipeline.runtime.BotRuntime.restore`).
 
 Errors: the harness adapters raise only :class:`~dshim.errors.HarnessError` (each maps
 its foreign exceptions — httpx, pipes, JSON — at its own boundary), the channel's
@@ -29,7 +36,7 @@ import trio
 from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
 from dshim.config import BotConfig
-from dshim.errors import ChannelError, DshimError, HarnessError
+from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
 from dshim.harness.base import Harness, TurnContext
 from dshim.model import (
     ApprovalRequest,
@@ -45,7 +52,7 @@ from dshim.model import (
     ToolProgress,
     TurnEnd,
 )
-from dshim.outbound import Outbound, ReplyStream
+from dshim.outbound import Outbound, ReplyStream, watch_delivery
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
 from dshim.pipeline.notices import Notifier
@@ -60,6 +67,7 @@ IMAGES_TOTAL_BYTES = 20 * 1024 * 1024
 FILE_MAX_BYTES = 20 * 1024 * 1024
 MEDIA_DEADLINE_S = 60.0
 STOPPED_MARK = "⏹ Stopped."
+CUT_MARK = "✂️ Cut short: dshim was restarted while answering. Send your message again for a complete answer."
 TOO_LARGE = "the answer was too large to handle (dshim ran out of memory)"
 EMPTY_ANSWER = "(The agent returned an empty answer.)"
 
@@ -135,9 +143,11 @@ def _sniff_image(data: bytes) -> str | None:
     return None
 
 
-def compose_final(text: str, *, error: str | None, stopped: bool) -> str:
-    """The text the user finally sees for a turn."""
+def compose_final(text: str, *, error: str | None, stopped: bool, cut: bool = False) -> str:
+    """The text the user finally sees for a turn (``cut``: by a shutdown, not by /stop)."""
     body = text.strip()
+    if cut:
+        return f"{body}\n\n{CUT_MARK}" if body else CUT_MARK
     if stopped:
         return f"{body}\n\n{STOPPED_MARK}" if body else STOPPED_MARK
     if error is not None:
@@ -164,6 +174,7 @@ class _Turn:
     """One turn's state, from the lane item to the record written at the end."""
 
     __slots__ = (
+        "delivery",
         "item",
         "msg",
         "id",
@@ -192,6 +203,54 @@ class _Turn:
         self.prompt_sent = False
         self.session_id: str | None = None
         self.delivered: list[Delivered] = []
+        self.delivery: _Delivery | None = None
+
+
+class _Delivery:
+    """Records, durably and before the fact, that a turn may have shown the user something.
+
+    The turn's inbox entries move to ``delivered`` right before the first send of the
+    answer (or of an interaction prompt): after a crash from then on the message gets a
+    notice instead of a second answer; before it, nothing was shown and it runs again.
+    """
+
+    __slots__ = ("_store", "_bot", "_keys", "marked")
+
+    def __init__(self, store: Store, bot: str, keys: list[tuple[str, str]]) -> None:
+        self._store = store
+        self._bot = bot
+        self._keys = keys
+        self.marked = False
+
+    async def mark(self) -> None:
+        if self.marked:
+            return
+        self.marked = True
+        try:
+            for conv, mid in self._keys:
+                await self._store.inbox_set_state(self._bot, conv, mid, "delivered")
+        except StoreError as exc:  # deliver anyway: a rare duplicate beats a lost answer
+            log.warning("delivery_mark_failed", error=str(exc))
+
+
+class _MarkFirst:
+    """A stream that cannot report its first send: anything handed to it counts as shown."""
+
+    def __init__(self, stream: ReplyStream, delivery: _Delivery) -> None:
+        self._stream = stream
+        self._delivery = delivery
+
+    async def update(self, text: str) -> None:
+        await self._delivery.mark()
+        await self._stream.update(text)
+
+    async def progress(self, note: str) -> None:
+        await self._delivery.mark()
+        await self._stream.progress(note)
+
+    async def finish(self, text: str) -> list[Delivered]:
+        await self._delivery.mark()
+        return await self._stream.finish(text)
 
 
 async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
@@ -200,21 +259,32 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     Never raises except for cancellation and bugs; finishes the item's inbox entries.
     """
     turn = _Turn(item, started_at=deps.clock())
+    delivery = turn.delivery = _Delivery(deps.store, deps.bot.name, item.inbox_keys)
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     msg = turn.msg
     with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
         log.info("turn_started", message_id=msg.message_id)
         try:
-            async with deps.outbound.open_stream(turn.target) as stream:
+            async with deps.outbound.open_stream(turn.target) as opened:
+                stream = (
+                    opened
+                    if watch_delivery(opened, delivery.mark)
+                    else _MarkFirst(opened, delivery)
+                )
                 with stop_scope:
                     parts = await _prepare(deps, turn)
                     if await _ensure_session(deps, turn):
                         await _relay(deps, turn, stream, parts)
                 stopped = stop_scope.cancelled_caught
+                cut = stopped and lane.stop_reason == "shutdown"
+                if cut and not delivery.marked:
+                    # Nothing was shown: leave the message to run again after the restart.
+                    log.info("turn_left_for_restart", prompt_sent=turn.prompt_sent)
+                    return
                 if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
-                final = compose_final(turn.text, error=turn.error, stopped=stopped)
+                final = compose_final(turn.text, error=turn.error, stopped=stopped, cut=cut)
                 turn.delivered = await stream.finish(final)
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
@@ -311,6 +381,8 @@ async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[P
                 elif isinstance(ev, ToolProgress):
                     await stream.progress(f"{ev.title} ({ev.status})")
                 elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
+                    if turn.delivery is not None:
+                        await turn.delivery.mark()  # the request is shown to the user
                     await deps.interactions.ask(ev, msg)
                 elif isinstance(ev, TurnEnd):
                     turn.error = ev.error

@@ -51,13 +51,19 @@ class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """An accepted message whose handling has not finished (survives a restart)."""
+    """An accepted message whose handling has not finished (survives a restart).
+
+    ``state``: ``queued`` (waiting for its turn), ``running`` (its turn started and had
+    shown nothing yet), ``delivered`` (its turn may have shown the user part of an answer).
+    ``attempts``: how many turns were started for it.
+    """
 
     conversation_id: str
     message_id: str
     raw: bytes
-    state: str  # "queued" | "running"
+    state: str  # "queued" | "running" | "delivered"
     accepted_at: float
+    attempts: int = 0
 
 
 class TurnRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,8 +126,9 @@ class Store(Protocol):
         *,
         last_direct: tuple[str, float] | None = None,
     ) -> Binding | None:
-        """Mark the turn's inbox entries running, remember ``(conversation, now)`` as the last
-        direct conversation when given, and return the conversation's binding."""
+        """Mark the turn's inbox entries running and count the attempt, remember
+        ``(conversation, now)`` as the last direct conversation when given, and return the
+        conversation's binding."""
         ...
 
     async def record_turn(

@@ -1,12 +1,14 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 1; see :data:`MIGRATIONS`):
+Tables (schema version 2; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
-``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at.  Accepted
-                 messages whose handling has not finished; written in the same transaction
-                 as their dedup key, deleted by ``inbox_done``.
+``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at, attempts.
+                 Accepted messages whose handling has not finished; written in the same
+                 transaction as their dedup key, deleted by ``inbox_done``.  ``state`` is
+                 ``queued``, ``running`` (a turn started: ``attempts`` counts how often)
+                 or ``delivered`` (part of the answer may have reached the user).
 ``bindings``     (bot, conversation_id, thread_id) -> session_id, title, created_at,
                  updated_at.  ``thread_id`` is ``""`` for "no thread".
 ``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
@@ -76,7 +78,7 @@ OUTBOUND_MAX_AGE_S = 30 * 24 * 3600.0
 #: Outbound text is cut to this many Unicode code points.
 OUTBOUND_TEXT_MAX = 8000
 #: Inbox states the pipeline may set.
-INBOX_STATES = frozenset({"queued", "running"})
+INBOX_STATES = frozenset({"queued", "running", "delivered"})
 
 #: ``PRAGMA application_id`` of a dshim store: b"dshm" as a big-endian int.
 APPLICATION_ID = 0x6473686D
@@ -166,6 +168,10 @@ MIGRATIONS: tuple[Migration, ...] = (
                 updated_at REAL NOT NULL
             ) WITHOUT ROWID""",
         ),
+    ),
+    Migration(
+        "count the turns started for each inbox entry",
+        ("ALTER TABLE inbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",),
     ),
 )
 
@@ -428,7 +434,8 @@ class SqliteStore:
     async def inbox_set_state(
         self, bot: str, conversation_id: str, message_id: str, state: str
     ) -> None:
-        """Set the state ("queued" or "running") of an inbox entry; no-op if there is none."""
+        """Set the state ("queued", "running" or "delivered") of an inbox entry; no-op if
+        there is none.  Committed before it returns (durable at once)."""
         if state not in INBOX_STATES:
             raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
         await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
@@ -455,8 +462,8 @@ class SqliteStore:
         *,
         last_direct: tuple[str, float] | None = None,
     ) -> Binding | None:
-        """Mark inbox entries running, remember the last direct conversation (when given)
-        and read the binding, in one transaction."""
+        """Mark inbox entries running (counting the attempt), remember the last direct
+        conversation (when given) and read the binding, in one transaction."""
         return await self._call(
             _begin_turn, bot, conversation_id, thread_id, inbox_keys, last_direct
         )
@@ -627,13 +634,13 @@ def _inbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, messag
 
 def _inbox_pending(conn: sqlite3.Connection, bot: str) -> list[InboxEntry]:
     rows = conn.execute(
-        "SELECT conversation_id, message_id, raw, state, accepted_at FROM inbox"
+        "SELECT conversation_id, message_id, raw, state, accepted_at, attempts FROM inbox"
         " WHERE bot = ? ORDER BY accepted_at, rowid",
         (bot,),
     )
     return [
-        InboxEntry(conversation_id=c, message_id=m, raw=r, state=s, accepted_at=a)
-        for c, m, r, s, a in rows
+        InboxEntry(conversation_id=c, message_id=m, raw=r, state=s, accepted_at=a, attempts=n)
+        for c, m, r, s, a, n in rows
     ]
 
 
@@ -790,7 +797,11 @@ def _begin_turn(
 ) -> Binding | None:
     with _transaction(conn):
         for conv, mid in inbox_keys:
-            _inbox_set_state(conn, bot, conv, mid, "running")
+            conn.execute(
+                "UPDATE inbox SET state = 'running', attempts = attempts + 1"
+                " WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+                (bot, conv, mid),
+            )
         if last_direct is not None:
             _set_last_direct(conn, bot, last_direct[0], last_direct[1])
         return _get_binding(conn, bot, conversation_id, thread_id)
