@@ -222,6 +222,16 @@ fixture(
 )
 
 fixture(
+    "nothing_for_the_agent_ignored",
+    "A sticker, a poll or an empty forward carries nothing for the agent: not a turn, and no line (ignored); the next real message is answered.",
+    [
+        dm("1", ""),
+        dm("2", " \u200b ", sec=1, forwarded=True),
+        dm("3", "and now a question", sec=2),
+    ],
+)
+
+fixture(
     "quote_unavailable_reason",
     "The platform said the quoted message was deleted: only the reason is passed on.",
     [

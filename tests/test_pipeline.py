@@ -96,6 +96,36 @@ async def test_gates_drop_without_answer_or_lookup(
     assert loader.calls == 0
 
 
+@pytest.mark.parametrize("content", ["", "   ", "\n\t ", "\u200b\u2060 "])
+async def test_a_message_with_nothing_for_the_agent_is_not_a_turn(
+    autojump_clock: object, tmp_path: Path, content: str
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        v = await rig.rt.accept(msg(content))  # a sticker, a poll, an empty forward ...
+        await rig.rt.accept(msg(content, forwarded=True))
+        await rig.rt.wait_idle()
+    assert v.reason == "ignored" and v.confirm
+    assert [r for _, r in rig.events.drops] == ["ignored", "ignored"]
+    assert rig.events.prompts == [] and rig.out.sent == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"images": [MediaRef(kind="image", name="a.png")]},
+        {"files": [MediaRef(kind="file", name="a.pdf")]},
+        {"reply_to": ReplyReference(message_id="9", content="what about this?")},
+    ],
+)
+async def test_an_empty_text_with_media_or_a_quote_is_a_turn(
+    autojump_clock: object, tmp_path: Path, kwargs: dict[str, object]
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        v = await rig.rt.accept(msg("  ", **kwargs))  # type: ignore[arg-type]
+        await rig.rt.wait_idle()
+    assert v.accepted and len(rig.events.prompts) == 1 and len(rig.out.sent) == 1
+
+
 async def test_backlog_limit_is_per_bot_configurable(
     autojump_clock: object, tmp_path: Path
 ) -> None:

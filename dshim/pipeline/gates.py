@@ -13,6 +13,9 @@ unaddressed step 2: a group message not addressed to the bot — dropped
 stale      step 3: older than the backlog limit — dropped (``duplicate`` when its
            key was already accepted, so a redelivered old message is reported as
            what it is); a stale command is never run
+ignored    nothing for the agent: no text (after :func:`~dshim.reply.clean_text`:
+           whitespace, zero-width and control characters do not count), no image,
+           no file, no quote — a sticker, a poll, an empty forward; not a turn
 denied     step 4: the access policy refuses the current sender — the dedup key is
            recorded first (step 3 comes before step 4), then it is dropped
 ========== ======================================================================
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from dshim.config import AccessConfig
 from dshim.model import DropReason, InboundMessage
+from dshim.reply import clean_text
 
 __all__ = ["allowed", "judge"]
 
@@ -61,6 +65,9 @@ def judge(
     # Step 3 (the part without the store): the backlog limit.
     if msg.received_at and now - msg.received_at > max_age_s:
         return "stale"
+    # Nothing for the agent (a sticker, a poll, an empty forward): not a turn.
+    if not (msg.images or msg.files or msg.reply_to is not None or clean_text(msg.content)):
+        return "ignored"
     # Step 4: the access policy, on the current sender.
     if not allowed(msg, access):
         return "denied"
