@@ -314,3 +314,27 @@ async def test_question_answers(
             await rig.rt.wait_idle()
     assert rig.texts[-1] == reported
     assert len(rig.events.prompts) == 1
+
+
+async def test_wait_settled_returns_while_a_request_waits_for_the_user(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            t0 = trio.current_time()
+            await rig.rt.accept(msg("echo:approval"))
+            await rig.rt.wait_settled()  # the request is shown and waits: settled
+            assert trio.current_time() - t0 < 1
+            assert rig.rt.interactions.pending(("42", ""))
+            assert rig.texts[-1].startswith("🔐")
+            # A forward is never an answer: it is queued behind the waiting turn.
+            await rig.rt.accept(msg("queued behind the request", forwarded=True))
+            await rig.rt.wait_settled()  # it cannot run before the answer: still settled
+            with trio.move_on_after(5) as scope:
+                await rig.rt.wait_idle()  # wait_idle keeps its meaning: work is pending
+            assert scope.cancelled_caught
+            await rig.rt.accept(msg("1"))
+            await rig.rt.wait_settled()  # the answer ran the turn and the queued one
+            assert trio.current_time() - t0 < 10
+    assert "Approval decision: allow_once" in rig.texts
+    assert rig.texts[-1].endswith("queued behind the request")

@@ -225,6 +225,10 @@ class Interactions:
         p = self._pending.get(lane_key)
         return p is not None and not p.done.is_set()
 
+    def waiting(self) -> list[LaneKey]:
+        """The conversations whose running turn waits for the user's answer."""
+        return [key for key, p in self._pending.items() if not p.done.is_set()]
+
     # -- step 5 ------------------------------------------------------------------------
 
     async def try_answer(self, msg: InboundMessage) -> bool:
@@ -280,6 +284,7 @@ class Interactions:
             try:
                 await self._notifier.send_now(p.target, self._present(p))
                 self._pending[key] = p
+                self._notifier.activity.poke()  # the turn now waits for the user
                 log.info(
                     "interaction_presented",
                     kind="approval" if isinstance(request, ApprovalRequest) else "question",

@@ -160,6 +160,25 @@ class BotRuntime:
         """Wait until no turn, queued item, notice or command is in progress."""
         await self.activity.wait_idle()
 
+    async def wait_settled(self) -> None:
+        """Wait until nothing can make progress without the user.
+
+        That is: nothing runs or is queued except turns blocked on a pending approval or
+        question — and the items queued behind them in the same conversation, which cannot
+        start before the answer.  Notices and commands in flight are waited for.  With no
+        pending request it is :meth:`wait_idle`.  Replay uses it to feed the next event
+        (perhaps the answer) while a request waits, instead of letting its timeout run out.
+        """
+        await self.activity.wait_until(self._settled)
+
+    def _settled(self) -> bool:
+        blocked = 0
+        for key in self.interactions.waiting():
+            lane = self.lanes.get(key)
+            if lane is not None and lane.running is not None:
+                blocked += 1 + lane.queued
+        return self.activity.pending <= blocked
+
     @property
     def closing(self) -> bool:
         return self._closing
