@@ -104,7 +104,10 @@ def source_block(msg: InboundMessage, cfg: PromptConfig) -> str | None:
         raw = values[key]
         if key not in selected or not isinstance(raw, str):
             continue
-        value, _ = cut(neutralize_tags(single_line(raw)), SOURCE_VALUE_MAX)
+        value = single_line(raw)
+        if "<" in value:
+            value = neutralize_tags(value)
+        value, _ = cut(value, SOURCE_VALUE_MAX)
         if value:
             obj[key] = value
     return encode_block(SOURCE_TAG, obj) if obj else None

@@ -5,10 +5,11 @@ Theory of operation
 dshim owns the conversation: a session is just an id (``oai-<hex>``) and the context of a
 turn is rebuilt from the store's transcript of the bound session — the newest
 ``max_context_messages`` rows (the current prompt included), the ``system_prompt``
-first.  The pipeline appends the current user row *before* it calls :meth:`prompt`; that
-row is recognised (role ``user``, same text) and replaced by the current parts, so images
-can ride along as ``image_url`` data-URL parts when ``vision = true`` (otherwise a message
-with images is refused with a clear reply and nothing is sent).
+first.  The current prompt is sent as the current parts, so images can ride along as
+``image_url`` data-URL parts when ``vision = true`` (otherwise a message with images is
+refused with a clear reply and nothing is sent).  The pipeline writes the prompt's own row
+once part of the answer is shown; should the newest row already be this very prompt (role
+``user``, same text), it is recognised and not sent twice.
 
 One turn is one ``POST {base_url}/chat/completions`` with ``stream: true`` over the bot's
 single shared :class:`httpx.AsyncClient`.  The body is read as Server-Sent Events by the
@@ -422,7 +423,7 @@ class OpenAIHarness:
                 session_id, before_id=None, limit=self.max_context_messages
             )
             if rows and rows[0].role == "user" and rows[0].text == current:
-                rows = rows[1:]  # the pipeline's row of this very prompt
+                rows = rows[1:]  # this very prompt, already recorded
             else:
                 rows = rows[: self.max_context_messages - 1]
             for row in reversed(rows):

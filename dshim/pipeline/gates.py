@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dshim.config import AccessConfig
 from dshim.model import DropReason, InboundMessage
-from dshim.reply import clean_text
+from dshim.reply import REMOVED_CHARS, clean_text
 
 __all__ = ["allowed", "judge"]
 
@@ -43,6 +43,14 @@ def allowed(msg: InboundMessage, access: AccessConfig) -> bool:
     if access.mode == "open":
         return True
     return msg.conversation_type == "direct" and access.allows(msg.sender_id)
+
+
+def _has_text(text: str) -> bool:
+    """Anything left after :func:`~dshim.reply.clean_text` (cheap for ordinary text)."""
+    s = text.strip()
+    if not s:
+        return False
+    return s[0] not in REMOVED_CHARS or bool(clean_text(s))
 
 
 def judge(
@@ -66,7 +74,7 @@ def judge(
     if msg.received_at and now - msg.received_at > max_age_s:
         return "stale"
     # Nothing for the agent (a sticker, a poll, an empty forward): not a turn.
-    if not (msg.images or msg.files or msg.reply_to is not None or clean_text(msg.content)):
+    if not (msg.images or msg.files or msg.reply_to is not None or _has_text(msg.content)):
         return "ignored"
     # Step 4: the access policy, on the current sender.
     if not allowed(msg, access):

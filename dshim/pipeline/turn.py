@@ -24,7 +24,7 @@ failed turn but propagates, and the bot's supervisor restarts (or stops) the bot
 
 from __future__ import annotations
 
-import uuid
+import random
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -57,9 +57,10 @@ from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
 from dshim.pipeline.notices import Notifier
 from dshim.pipeline.observer import Observer
-from dshim.store.base import OutboundEntry, Store, TurnRecord
+from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord
 
 log = structlog.get_logger("dshim.turn")
+_ids = random.Random()
 
 MAX_IMAGES = 20
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
@@ -184,6 +185,8 @@ class _Turn:
         "text",
         "error",
         "prompt_sent",
+        "prompt_text",
+        "prompt_recorded",
         "session_id",
         "delivered",
     )
@@ -191,7 +194,7 @@ class _Turn:
     def __init__(self, item: LaneItem, *, started_at: float) -> None:
         msg = item.msg
         self.item = item
-        self.id = uuid.uuid4().hex[:12]
+        self.id = f"{_ids.getrandbits(48):012x}"  # for log lines only: no syscall per turn
         self.target = ReplyTarget.for_message(msg)
         self.title_source = item.title_text if item.title_text is not None else msg.content
         self.msg = msgspec.structs.replace(msg, content=item.text) if item.text is not None else msg
@@ -201,6 +204,9 @@ class _Turn:
         #: Why the turn failed, in words for the user (None: it did not fail).
         self.error: str | None = None
         self.prompt_sent = False
+        #: The prompt as the transcript keeps it, and whether its row is written yet.
+        self.prompt_text = ""
+        self.prompt_recorded = False
         self.session_id: str | None = None
         self.delivered: list[Delivered] = []
         self.delivery: _Delivery | None = None
@@ -212,45 +218,38 @@ class _Delivery:
     The turn's inbox entries move to ``delivered`` right before the first send of the
     answer (or of an interaction prompt): after a crash from then on the message gets a
     notice instead of a second answer; before it, nothing was shown and it runs again.
+    The prompt's transcript row is written in the same store call (one round trip, and a
+    turn that runs again after a crash is in the transcript once).
     """
 
-    __slots__ = ("_store", "_bot", "_keys", "marked")
+    __slots__ = ("_store", "_bot", "_turn", "marked", "due")
 
-    def __init__(self, store: Store, bot: str, keys: list[tuple[str, str]]) -> None:
+    def __init__(self, store: Store, bot: str, turn: _Turn) -> None:
         self._store = store
         self._bot = bot
-        self._keys = keys
+        self._turn = turn
         self.marked = False
+        #: The stream cannot report its first send (see dshim.outbound.watch_delivery):
+        #: mark before anything is handed to it.
+        self.due = False
 
     async def mark(self) -> None:
         if self.marked:
             return
         self.marked = True
+        self.due = False
+        turn = self._turn
+        prompt = None
+        if turn.prompt_sent and turn.session_id is not None:
+            prompt = PromptRow(
+                session_id=turn.session_id, text=turn.prompt_text, at=turn.started_at
+            )
         try:
-            for conv, mid in self._keys:
-                await self._store.inbox_set_state(self._bot, conv, mid, "delivered")
+            await self._store.mark_delivered(self._bot, turn.item.inbox_keys, prompt=prompt)
         except StoreError as exc:  # deliver anyway: a rare duplicate beats a lost answer
             log.warning("delivery_mark_failed", error=str(exc))
-
-
-class _MarkFirst:
-    """A stream that cannot report its first send: anything handed to it counts as shown."""
-
-    def __init__(self, stream: ReplyStream, delivery: _Delivery) -> None:
-        self._stream = stream
-        self._delivery = delivery
-
-    async def update(self, text: str) -> None:
-        await self._delivery.mark()
-        await self._stream.update(text)
-
-    async def progress(self, note: str) -> None:
-        await self._delivery.mark()
-        await self._stream.progress(note)
-
-    async def finish(self, text: str) -> list[Delivered]:
-        await self._delivery.mark()
-        return await self._stream.finish(text)
+        else:
+            turn.prompt_recorded = prompt is not None
 
 
 async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
@@ -259,19 +258,16 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     Never raises except for cancellation and bugs; finishes the item's inbox entries.
     """
     turn = _Turn(item, started_at=deps.clock())
-    delivery = turn.delivery = _Delivery(deps.store, deps.bot.name, item.inbox_keys)
+    delivery = turn.delivery = _Delivery(deps.store, deps.bot.name, turn)
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     msg = turn.msg
     with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
         log.info("turn_started", message_id=msg.message_id)
         try:
-            async with deps.outbound.open_stream(turn.target) as opened:
-                stream = (
-                    opened
-                    if watch_delivery(opened, delivery.mark)
-                    else _MarkFirst(opened, delivery)
-                )
+            async with deps.outbound.open_stream(turn.target) as stream:
+                # A stream that cannot report its first send: what it is handed counts as shown.
+                delivery.due = not watch_delivery(stream, delivery.mark)
                 with stop_scope:
                     parts = await _prepare(deps, turn)
                     if await _ensure_session(deps, turn):
@@ -285,6 +281,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
                 final = compose_final(turn.text, error=turn.error, stopped=stopped, cut=cut)
+                if delivery.due:
+                    await delivery.mark()
                 turn.delivered = await stream.finish(final)
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
@@ -353,17 +351,12 @@ async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[P
     """Hand the prompt to the harness and its events to the stream and the interactions."""
     msg = turn.msg
     session_id = turn.session_id
-    assert session_id is not None
+    delivery = turn.delivery
+    assert session_id is not None and delivery is not None
     if deps.observer is not None:
         deps.observer.on_prompt(msg, parts)
-    await deps.store.append_transcript(
-        deps.bot.name,
-        session_id,
-        "user",
-        prompt_mod.prompt_text(parts),
-        at=turn.started_at,
-        completed=True,
-    )
+    # The transcript row is written with the delivery mark (or with the record at the end).
+    turn.prompt_text = prompt_mod.prompt_text(parts)
     turn.prompt_sent = True
     tctx = TurnContext(
         bot=deps.bot.name,
@@ -377,12 +370,15 @@ async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[P
             async for ev in events:
                 if isinstance(ev, TextDelta):
                     turn.text += ev.text
+                    if delivery.due:
+                        await delivery.mark()
                     await stream.update(turn.text)
                 elif isinstance(ev, ToolProgress):
+                    if delivery.due:
+                        await delivery.mark()
                     await stream.progress(f"{ev.title} ({ev.status})")
                 elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
-                    if turn.delivery is not None:
-                        await turn.delivery.mark()  # the request is shown to the user
+                    await delivery.mark()  # the request is shown to the user
                     await deps.interactions.ask(ev, msg)
                 elif isinstance(ev, TurnEnd):
                     turn.error = ev.error
@@ -406,7 +402,8 @@ async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
         turn.msg.conversation_id,
         TurnRecord(
             session_id=turn.session_id if turn.prompt_sent else None,
-            user_text=None,  # written before the harness call (adapters read the transcript)
+            # Usually written already, with the delivery mark (before the first send).
+            user_text=turn.prompt_text if turn.prompt_sent and not turn.prompt_recorded else None,
             user_at=turn.started_at,
             answer_text=turn.text,
             answer_at=delivered[0].sent_at if delivered else completed_at,

@@ -66,6 +66,14 @@ class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
 
 
+class PromptRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The transcript row of a turn's prompt, written together with its delivery mark."""
+
+    session_id: str
+    text: str
+    at: float
+
+
 class TurnRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Everything a finished turn writes, in one transaction."""
 
@@ -116,7 +124,7 @@ class Store(Protocol):
         """Accepted but unfinished messages of a bot, oldest first."""
         ...
 
-    # -- turns (composite writes keep a turn to two store round trips) ----------------
+    # -- turns (composite writes keep a turn to three store round trips) --------------
     async def begin_turn(
         self,
         bot: str,
@@ -129,6 +137,13 @@ class Store(Protocol):
         """Mark the turn's inbox entries running and count the attempt, remember
         ``(conversation, now)`` as the last direct conversation when given, and return the
         conversation's binding."""
+        ...
+
+    async def mark_delivered(
+        self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
+    ) -> None:
+        """Right before a turn's first send: its inbox entries become ``delivered`` and its
+        prompt row (when given) joins the transcript, in one transaction, durable on return."""
         ...
 
     async def record_turn(

@@ -53,7 +53,14 @@ import structlog
 import trio
 
 from dshim.errors import StoreError
-from dshim.store.base import Binding, InboxEntry, OutboundEntry, TranscriptRow, TurnRecord
+from dshim.store.base import (
+    Binding,
+    InboxEntry,
+    OutboundEntry,
+    PromptRow,
+    TranscriptRow,
+    TurnRecord,
+)
 
 __all__ = [
     "MIGRATIONS",
@@ -468,6 +475,12 @@ class SqliteStore:
             _begin_turn, bot, conversation_id, thread_id, inbox_keys, last_direct
         )
 
+    async def mark_delivered(
+        self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
+    ) -> None:
+        """Inbox entries ``delivered`` and the prompt's transcript row, in one transaction."""
+        await self._call(_mark_delivered, bot, inbox_keys, prompt)
+
     async def record_turn(
         self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
     ) -> None:
@@ -711,10 +724,14 @@ def _insert_outbound(
         (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
     )
     conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
-    # Only this conversation: bounded work per insert; prune() sweeps the rest.
+    # Only this conversation: bounded work per insert; prune() sweeps the rest.  An entry
+    # completed before the cutoff was sent before it too, so the sent_at range of the
+    # index finds the candidates without reading the whole conversation.
+    cutoff = now - OUTBOUND_MAX_AGE_S
     conn.execute(
-        "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND completed_at < ?",
-        (bot, conversation_id, now - OUTBOUND_MAX_AGE_S),
+        "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND sent_at < ?"
+        " AND completed_at < ?",
+        (bot, conversation_id, cutoff, cutoff),
     )
 
 
@@ -805,6 +822,16 @@ def _begin_turn(
         if last_direct is not None:
             _set_last_direct(conn, bot, last_direct[0], last_direct[1])
         return _get_binding(conn, bot, conversation_id, thread_id)
+
+
+def _mark_delivered(
+    conn: sqlite3.Connection, bot: str, inbox_keys: list[tuple[str, str]], prompt: PromptRow | None
+) -> None:
+    with _transaction(conn):
+        for conv, mid in inbox_keys:
+            _inbox_set_state(conn, bot, conv, mid, "delivered")
+        if prompt is not None:
+            _append_transcript(conn, bot, prompt.session_id, "user", prompt.text, prompt.at, True)
 
 
 def _record_turn(
