@@ -56,6 +56,7 @@ import dshim
 from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.log import register_secret
 from dshim.model import (
     FilePart,
     ImagePart,
@@ -325,8 +326,6 @@ class OpenAIHarness:
         self.vision = cfg.vision
         self._key = cfg.api_key.get() if cfg.api_key is not None else None
         if self._key:
-            from dshim.log import register_secret
-
             register_secret(self._key)
         self._store = store
         self.retry_base_s = retry_base_s
