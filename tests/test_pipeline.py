@@ -636,17 +636,25 @@ async def test_harness_failure_gives_one_error_reply_and_next_works(
     assert rig.texts[1].endswith("fine now")
 
 
-class ExplodingHarness(EchoHarness):
+class FailingMidStream(EchoHarness):
+    """Streams a little, then raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
     async def prompt(self, session_id, parts, ctx):  # type: ignore[no-untyped-def,override]
         yield TextDelta("partial ")
-        raise HarnessError("backend went away")
+        raise self.error
         yield TurnEnd()  # pragma: no cover
 
 
 async def test_harness_exception_mid_stream_keeps_partial_and_reports(
     autojump_clock: object, tmp_path: Path
 ) -> None:
-    async with open_rig(tmp_path, harness=ExplodingHarness()) as rig:
+    async with open_rig(
+        tmp_path, harness=FailingMidStream(HarnessError("backend went away"))
+    ) as rig:
         await rig.rt.accept(msg("go"))
         await rig.rt.wait_idle()
     assert len(rig.out.sent) == 1
@@ -742,13 +750,6 @@ async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: 
     assert reply_json(rig.events.prompts[0])["content"] == "an old answer"
 
 
-class BuggyHarness(EchoHarness):
-    async def prompt(self, session_id, parts, ctx):  # type: ignore[no-untyped-def,override]
-        yield TextDelta("partial ")
-        raise ValueError("a bug in the adapter")
-        yield TurnEnd()  # pragma: no cover
-
-
 async def test_a_bug_in_the_harness_is_not_swallowed_as_a_failed_turn(
     autojump_clock: object, tmp_path: Path
 ) -> None:
@@ -756,7 +757,8 @@ async def test_a_bug_in_the_harness_is_not_swallowed_as_a_failed_turn(
 
     async with open_store(tmp_path, inline=True) as store:
         with pytest.raises(ValueError, match="a bug in the adapter"):
-            async with open_rig(tmp_path, store=store, harness=BuggyHarness()) as rig:
+            buggy = FailingMidStream(ValueError("a bug in the adapter"))
+            async with open_rig(tmp_path, store=store, harness=buggy) as rig:
                 await rig.rt.accept(msg("go"))
                 await rig.rt.wait_idle()
         pending = await store.inbox_pending("t")

@@ -9,7 +9,7 @@ runs serve again on the same store.  Assertions are about what the chat shows.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -72,157 +72,167 @@ class Agent(EchoHarness):
         yield TurnEnd()  # pragma: no cover
 
 
-@asynccontextmanager
-async def serving(
-    fake: FakeTelegram, tmp_path: Path, clock: Clock, agent: EchoHarness, **dshim: Any
-) -> AsyncIterator[trio.Event]:
-    """Serve one bot; yields the shutdown event.  Set it to drain (the block then waits
-    for serve to end); leave the block without it to crash."""
-    config = parse_config(
-        {
-            "dshim": dshim,
-            "bots": [{"name": "tg", "channel": "telegram", "token": "${T}", "api_base": fake.url}],
-        },
-        env={"T": TEST_TOKEN},
-    )
-    shutdown = trio.Event()
-    async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
-        await nursery.start(
-            partial(
-                serve_bots,
-                config,
-                store,
-                shutdown=shutdown,
-                channels={"tg": CHANNEL},
-                clock=clock,
-                harness=agent,
-            )
+class Chat:
+    """Ada's direct chat with one bot whose data directory survives its restarts."""
+
+    def __init__(self, fake: FakeTelegram, data_dir: Path, clock: Clock, agent: Agent) -> None:
+        self.fake = fake
+        self.data_dir = data_dir
+        self.clock = clock
+        self.agent = agent
+        self.chat = fake.private_chat(ADA)
+
+    def say(self, text: str) -> dict[str, Any]:
+        return self.fake.user_message(self.chat, ADA, text)
+
+    @property
+    def texts(self) -> list[str]:
+        """What the bot's messages in the chat show now."""
+        return [m.text for m in self.fake.bot_messages(ADA["id"])]
+
+    async def until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[trio.Event]:
+        """Serve the bot; yields the shutdown event.  Set it to drain (the block then
+        waits for serve to end); leave the block without it to crash."""
+        config = parse_config(
+            {
+                "bots": [
+                    {
+                        "name": "tg",
+                        "channel": "telegram",
+                        "token": "${T}",
+                        "api_base": self.fake.url,
+                    }
+                ]
+            },
+            env={"T": TEST_TOKEN},
         )
-        yield shutdown
-        if not shutdown.is_set():
-            nursery.cancel_scope.cancel()  # a crash; after a shutdown serve ends by itself
+        shutdown = trio.Event()
+        async with open_store(self.data_dir, inline=True) as store, trio.open_nursery() as nursery:
+            await nursery.start(
+                partial(
+                    serve_bots,
+                    config,
+                    store,
+                    shutdown=shutdown,
+                    channels={"tg": CHANNEL},
+                    clock=self.clock,
+                    harness=self.agent,
+                )
+            )
+            yield shutdown
+            if not shutdown.is_set():
+                nursery.cancel_scope.cancel()  # a crash; after a shutdown serve ends by itself
 
 
-def texts(fake: FakeTelegram) -> list[str]:
-    return [m.text for m in fake.bot_messages(42)]
+@asynccontextmanager
+async def ada_chat(data_dir: Path, agent: Agent | None = None) -> AsyncIterator[Chat]:
+    clock = Clock()
+    async with open_fake_telegram(clock=clock) as fake:
+        yield Chat(fake, data_dir, clock, agent or Agent())
 
 
 async def test_a_turn_that_showed_nothing_is_answered_after_a_crash(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    clock = Clock()
-    agent = Agent()
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent):
-            fake.user_message(chat, ADA, "echo:slow 10 the question")
-            await fake.wait_until(lambda: len(agent.prompts) == 1)
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            c.say("echo:slow 10 the question")
+            await c.until(lambda: len(c.agent.prompts) == 1)
             await trio.sleep(0.5)  # typing shows, the first message is 0.5 s away
-            assert texts(fake) == []
+            assert c.texts == []
             # crash
-        async with serving(fake, tmp_path, clock, agent):
-            await fake.wait_until(lambda: len(texts(fake)) == 1)
+        async with c.serving():
+            await c.until(lambda: len(c.texts) == 1)
             await trio.sleep(30)
-    assert texts(fake) == [answer_to("echo:slow 10 the question")]  # answered, once
-    assert len(agent.prompts) == 2
+    assert c.texts == [answer_to("echo:slow 10 the question")]  # answered, once
+    assert len(c.agent.prompts) == 2
 
 
 async def test_a_turn_that_showed_part_of_its_answer_gets_the_notice_after_a_crash(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    clock = Clock()
-    agent = Agent()
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent):
-            first = fake.user_message(chat, ADA, "echo:slow 20 the question")
-            await fake.wait_until(lambda: len(texts(fake)) == 1)
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            first = c.say("echo:slow 20 the question")
+            await c.until(lambda: len(c.texts) == 1)
             # crash
-        async with serving(fake, tmp_path, clock, agent):
-            await fake.wait_until(lambda: len(texts(fake)) == 2)
+        async with c.serving():
+            await c.until(lambda: len(c.texts) == 2)
             await trio.sleep(30)
-    partial, notice = fake.bot_messages(42)
+        partial, notice = c.fake.bot_messages(ADA["id"])
     assert partial.text != answer_to("echo:slow 20 the question")
     assert notice.text == INTERRUPTED_TEXT and notice.reply_to_message_id == first["message_id"]
-    assert len(agent.prompts) == 1  # not run twice
-
-
-async def test_an_answer_cut_by_shutdown_is_marked_at_once_not_after_the_restart(
-    autojump_clock: trio.abc.Clock, tmp_path: Path
-) -> None:
-    clock = Clock()
-    agent = Agent()
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent) as shutdown:
-            fake.user_message(chat, ADA, "echo:slow 100 a long story")
-            await fake.wait_until(lambda: len(texts(fake)) == 1)
-            t0 = trio.current_time()
-            shutdown.set()  # SIGTERM: 10 s of grace
-            await fake.wait_until(lambda: CUT_MARK in texts(fake)[0])
-            cut_after = trio.current_time() - t0
-        [answer] = fake.bot_messages(42)
-        assert answer.text.startswith(SOURCE[:20]) and answer.text.endswith(CUT_MARK), answer.text
-        assert 10 <= cut_after < 12  # marked when the grace ended, by an edit
-        async with serving(fake, tmp_path, clock, agent):
-            await trio.sleep(60)
-    assert texts(fake) == [answer.text]  # no notice, no second answer after the restart
-    assert len(agent.prompts) == 1
-
-
-async def test_an_answer_that_had_shown_nothing_at_shutdown_runs_after_the_restart(
-    autojump_clock: trio.abc.Clock, tmp_path: Path
-) -> None:
-    clock = Clock()
-    agent = Agent(think_s=30)  # thinks longer than the grace
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent) as shutdown:
-            fake.user_message(chat, ADA, "a hard question")
-            await fake.wait_until(lambda: len(agent.prompts) == 1)
-            shutdown.set()
-            await trio.sleep(60)
-            assert texts(fake) == []  # nothing to mark: nothing was shown
-        agent.think_s = 0
-        async with serving(fake, tmp_path, clock, agent):
-            await fake.wait_until(lambda: len(texts(fake)) == 1)
-            await trio.sleep(30)
-    assert texts(fake) == [answer_to("a hard question")]
-    assert len(agent.prompts) == 2
-
-
-async def test_a_message_that_crashes_the_bot_is_tried_twice_then_gets_the_notice(
-    autojump_clock: trio.abc.Clock, tmp_path: Path
-) -> None:
-    clock = Clock()
-    agent = Agent()
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent):
-            fake.user_message(chat, ADA, "poison")
-            await fake.wait_until(lambda: INTERRUPTED_TEXT in texts(fake))
-            fake.user_message(chat, ADA, "are you back?")
-            await fake.wait_until(lambda: len(texts(fake)) == 2)
-            await trio.sleep(120)
-    assert texts(fake) == [INTERRUPTED_TEXT, answer_to("are you back?")]
-    assert agent.prompts == ["poison", "poison", "are you back?"]
+    assert len(c.agent.prompts) == 1  # not run twice
 
 
 async def test_a_turn_that_had_shown_an_approval_request_is_not_run_again(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    clock = Clock()
-    agent = Agent()
-    async with open_fake_telegram(clock=clock) as fake:
-        chat = fake.private_chat(ADA)
-        async with serving(fake, tmp_path, clock, agent):
-            fake.user_message(chat, ADA, "echo:approval")
-            await fake.wait_until(lambda: len(texts(fake)) == 1)  # the request is shown
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            c.say("echo:approval")
+            await c.until(lambda: len(c.texts) == 1)  # the request is shown
             # crash
-        async with serving(fake, tmp_path, clock, agent):
-            await fake.wait_until(lambda: len(texts(fake)) == 2)
+        async with c.serving():
+            await c.until(lambda: len(c.texts) == 2)
             await trio.sleep(30)
-    request, notice = texts(fake)
+    request, notice = c.texts
     assert request.startswith("🔐 The agent asks for permission")
     assert notice == INTERRUPTED_TEXT  # the user is not asked twice
-    assert len(agent.prompts) == 1
+    assert len(c.agent.prompts) == 1
+
+
+async def test_an_answer_cut_by_shutdown_is_marked_at_once_not_after_the_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with ada_chat(tmp_path) as c:
+        async with c.serving() as shutdown:
+            c.say("echo:slow 100 a long story")
+            await c.until(lambda: len(c.texts) == 1)
+            t0 = trio.current_time()
+            shutdown.set()  # SIGTERM: 10 s of grace
+            await c.until(lambda: CUT_MARK in c.texts[0])
+            cut_after = trio.current_time() - t0
+        [cut] = c.texts
+        assert cut.startswith(SOURCE[:20]) and cut.endswith("\n\n" + CUT_MARK)
+        assert 10 <= cut_after < 12  # marked when the grace ended, by an edit
+        async with c.serving():
+            await trio.sleep(60)
+    assert c.texts == [cut]  # no notice, no second answer after the restart
+    assert len(c.agent.prompts) == 1
+
+
+async def test_an_answer_that_had_shown_nothing_at_shutdown_runs_after_the_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with ada_chat(tmp_path, Agent(think_s=30)) as c:  # thinks longer than the grace
+        async with c.serving() as shutdown:
+            c.say("a hard question")
+            await c.until(lambda: len(c.agent.prompts) == 1)
+            shutdown.set()
+            await trio.sleep(60)
+            assert c.texts == []  # nothing to mark: nothing was shown
+        c.agent.think_s = 0
+        async with c.serving():
+            await c.until(lambda: len(c.texts) == 1)
+            await trio.sleep(30)
+    assert c.texts == [answer_to("a hard question")]
+    assert len(c.agent.prompts) == 2
+
+
+async def test_a_message_that_crashes_the_bot_is_tried_twice_then_gets_the_notice(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            c.say("poison")
+            await c.until(lambda: INTERRUPTED_TEXT in c.texts)
+            c.say("are you back?")
+            await c.until(lambda: len(c.texts) == 2)
+            await trio.sleep(120)
+    assert c.texts == [INTERRUPTED_TEXT, answer_to("are you back?")]
+    assert c.agent.prompts == ["poison", "poison", "are you back?"]

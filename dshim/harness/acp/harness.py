@@ -50,7 +50,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import AsyncGenerator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import structlog
@@ -94,6 +94,8 @@ if TYPE_CHECKING:
 __all__ = ["IMAGES_REFUSED", "NO_MODEL_SELECTION", "AcpHarness"]
 
 log = structlog.get_logger("dshim.harness.acp")
+
+P = TypeVar("P", bound=msgspec.Struct)
 
 TURN_BUFFER = 512
 REQUEST_TIMEOUT_S = 60.0
@@ -253,15 +255,21 @@ class _Agent:
             log.info("agent_request_unsupported", method=method)
             await self.conn.respond_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
 
+    async def _params(self, rid: RequestId, params: Params, kind: type[P]) -> P | None:
+        """A request's params as ``kind``; None (answered -32602) when they do not decode."""
+        try:
+            return msgspec.json.decode(
+                params if isinstance(params, msgspec.Raw) else b"null", type=kind
+            )
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            await self.conn.respond_error(rid, INVALID_PARAMS, f"Invalid params: {exc}")
+            return None
+
     async def _on_permission(self, rid: RequestId, params: Params) -> None:
         cancelled = {"outcome": {"outcome": "cancelled"}}
         conn = self.conn
-        try:
-            p = msgspec.json.decode(
-                params if isinstance(params, msgspec.Raw) else b"null", type=PermissionParams
-            )
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await conn.respond_error(rid, INVALID_PARAMS, f"Invalid params: {exc}")
+        p = await self._params(rid, params, PermissionParams)
+        if p is None:
             return
         turn = self.turns.get(p.session_id)
         if turn is None or turn.cancelling or turn.finished.is_set() or not p.options:
@@ -298,12 +306,8 @@ class _Agent:
 
     async def _on_elicitation(self, rid: RequestId, params: Params) -> None:
         conn = self.conn
-        try:
-            p = msgspec.json.decode(
-                params if isinstance(params, msgspec.Raw) else b"null", type=ElicitParams
-            )
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            await conn.respond_error(rid, INVALID_PARAMS, f"Invalid params: {exc}")
+        p = await self._params(rid, params, ElicitParams)
+        if p is None:
             return
         if p.mode != "form":
             await conn.respond_quietly(rid, {"action": "decline"})
