@@ -18,8 +18,9 @@ outbound only :class:`~dshim.errors.ChannelError`, the store only
 :class:`~dshim.errors.StoreError`.  A harness failure becomes one visible error reply
 with the partial answer kept; a delivery failure is logged; a store failure gets a short
 "something went wrong" reply.  Running out of memory while the answer grows drops the
-partial answer and fails the turn the same way: one error reply, and the bot goes on.  Any other exception is a bug: it is not dressed up as a
-failed turn but propagates, and the bot's supervisor restarts (or stops) the bot.
+partial answer and fails the turn the same way: one error reply, and the bot goes on.
+Any other exception is a bug: it is not dressed up as a failed turn but propagates, and
+the bot's supervisor restarts (or stops) the bot.
 """
 
 from __future__ import annotations
@@ -175,7 +176,6 @@ class _Turn:
     """One turn's state, from the lane item to the record written at the end."""
 
     __slots__ = (
-        "delivery",
         "item",
         "msg",
         "id",
@@ -209,7 +209,6 @@ class _Turn:
         self.prompt_recorded = False
         self.session_id: str | None = None
         self.delivered: list[Delivered] = []
-        self.delivery: _Delivery | None = None
 
 
 class _Delivery:
@@ -258,7 +257,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     Never raises except for cancellation and bugs; finishes the item's inbox entries.
     """
     turn = _Turn(item, started_at=deps.clock())
-    delivery = turn.delivery = _Delivery(deps.store, deps.bot.name, turn)
+    delivery = _Delivery(deps.store, deps.bot.name, turn)
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     msg = turn.msg
@@ -271,7 +270,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 with stop_scope:
                     parts = await _prepare(deps, turn)
                     if await _ensure_session(deps, turn):
-                        await _relay(deps, turn, stream, parts)
+                        await _relay(deps, turn, stream, parts, delivery)
                 stopped = stop_scope.cancelled_caught
                 cut = stopped and lane.stop_reason == "shutdown"
                 if cut and not delivery.marked:
@@ -347,12 +346,17 @@ async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
     return True
 
 
-async def _relay(deps: TurnDeps, turn: _Turn, stream: ReplyStream, parts: list[PromptPart]) -> None:
+async def _relay(
+    deps: TurnDeps,
+    turn: _Turn,
+    stream: ReplyStream,
+    parts: list[PromptPart],
+    delivery: _Delivery,
+) -> None:
     """Hand the prompt to the harness and its events to the stream and the interactions."""
     msg = turn.msg
     session_id = turn.session_id
-    delivery = turn.delivery
-    assert session_id is not None and delivery is not None
+    assert session_id is not None
     if deps.observer is not None:
         deps.observer.on_prompt(msg, parts)
     # The transcript row is written with the delivery mark (or with the record at the end).
