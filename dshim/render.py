@@ -22,7 +22,8 @@ One transport object serves one answer (one conversation, one message being answ
 Errors are the :mod:`dshim.errors` tree, mapped by the channel's client:
 :class:`~dshim.errors.RateLimited` -> wait ``retry_after`` (for every stream into the same
 chat, see :class:`ChatPacer`), then retry; :class:`~dshim.errors.TransportError`
-(network, timeout, 5xx) -> retry with backoff; :class:`~dshim.errors.NotFound` on an edit
+(network, timeout, 5xx) -> retry with backoff (a *send* of unknown outcome at most once, see
+below); :class:`~dshim.errors.NotFound` on an edit
 (the user deleted the message) -> the text is sent as a new message instead; anything
 else is final and raised from :meth:`EditStream.finish`.  Every retry loop is capped
 (``Limits.max_attempts``).
@@ -48,9 +49,19 @@ message is posted, ``typing()`` is repeated every ``typing_interval_s``.
 half-way, so a message the platform created is always known by id), then brings every
 message to its final chunk, waiting for pacing and retry-after as needed.  A message
 whose send returned an id is only ever edited afterwards, so retries never duplicate it.
-A send that failed without an id (connection lost, 5xx, 429) is retried: the platform
-offers no idempotency key, and losing the answer is worse than the rare duplicate of a
-send that succeeded although its response was lost.
+
+Delivery exactly once, as far as the platform lets us know: a send that failed before
+the request left (:class:`~dshim.errors.TransportError` with ``request_sent=False``,
+could not connect) or that the platform refused with a 429 certainly created nothing and
+is retried as often as the limits allow.  A send whose outcome is unknown (the request
+went out, the answer was lost: ``request_sent=True``, a timeout, a dropped connection, a
+5xx) may have created the message without our knowing its id.  Such a message slot is
+treated as possibly delivered: intermediate previews stop, and ``finish`` repeats the send
+*once* (:data:`UNSURE_SENDS_MAX` sends in all); if that one is unsure too it gives up
+(raises) rather than post copy after copy.  Text after a send that did return an id goes
+by edit to that message.  The user sees at most two copies, never a loop of them.
+Transports whose platform deduplicates sends declare ``idempotent_sends = True`` and are
+retried normally.
 
 Intermediate failures never end the turn: the pump logs them and stops showing
 intermediate text; ``finish`` still delivers the final text (or raises why it cannot).
@@ -68,7 +79,8 @@ from typing import Protocol
 import structlog
 import trio
 
-from dshim.errors import BUG_TYPES, ChannelError, NotFound, RateLimited, TransportError
+from dshim.backoff import Backoff
+from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
 from dshim.model import Delivered
 
 __all__ = [
@@ -89,10 +101,19 @@ SPLIT_MIN_FRACTION = 0.55
 #: Shown in a follow-up message that the final text no longer needs (text shrank).
 CONTINUED_MARK = "…"
 BACKOFF_MAX_S = 30.0
+#: Sends of one message whose outcome may be unknown: the first and one repeat, so the
+#: user sees at most two copies of it.
+UNSURE_SENDS_MAX = 2
 
 
 class StreamTransport(Protocol):
-    """What a channel provides for one answer (see the module docstring)."""
+    """What a channel provides for one answer (see the module docstring).
+
+    A transport whose platform deduplicates repeated sends (an idempotency key, such as
+    Discord's ``nonce`` with ``enforce_nonce``) says so with a class attribute
+    ``idempotent_sends = True``; the engine then repeats a send of unknown outcome like any
+    other transient failure.  Without it (the default) such a send is repeated at most once.
+    """
 
     async def send(self, text: str, *, reply: bool) -> str: ...
 
@@ -120,7 +141,8 @@ class Limits:
     #: 429s are retried as the platform asks until this much waiting for one call has
     #: accumulated: a long flood-control storm delays the final text, it does not drop it.
     rate_limit_budget_s: float = 900.0
-    #: First backoff after a transient failure; doubles up to 30 s.
+    #: First backoff after a transient failure; doubles up to 30 s (:class:`dshim.backoff.Backoff`,
+    #: no jitter: one stream's calls are sequential and tests rely on the exact waits).
     retry_backoff_s: float = 1.0
 
     def split(self, text: str) -> list[str]:
@@ -289,7 +311,11 @@ class EditStream:
         self._pump_done.set()  # no pump until started
         self._finished = False
         self._pump_failures = 0
+        self._pump_backoff = self._backoff()
         self._rate_limited_s = 0.0
+        #: Sends per message slot whose outcome is unknown (see _unsure_send).
+        self._unsure: dict[int, int] = {}
+        self._delivery_hook: Callable[[], Awaitable[None]] | None = None
 
     # -- what the turn calls ------------------------------------------------------------
 
@@ -322,7 +348,7 @@ class EditStream:
                 if self._msgs[i].text != chunk:
                     await self._final_edit(i, chunk)
             else:
-                await self._final_send(chunk, reply=not self._msgs)
+                await self._final_send(chunk, reply=not self._msgs, slot=i)
         for i in range(len(chunks), len(self._msgs)):
             if self._msgs[i].text != CONTINUED_MARK:  # the text shrank below this message
                 await self._final_edit(i, CONTINUED_MARK)
@@ -400,15 +426,21 @@ class EditStream:
             log.info("stream_rate_limited", retry_after=exc.retry_after)
             self.pacer.pause(exc.retry_after)
         except ChannelError as exc:
+            if index >= len(self._msgs) and self._unsure_send(index, exc):
+                # The message may be up without our knowing its id: no more previews,
+                # finish() makes the one repeat it is allowed.
+                log.warning("stream_updates_stopped", error=_short(exc), outcome="unknown")
+                return False
             self._pump_failures += 1
             if isinstance(exc, TransportError) and self._pump_failures < 3:
                 log.info("stream_update_failed", error=_short(exc))
-                self.pacer.pause(self._backoff(self._pump_failures))
+                self.pacer.pause(self._pump_backoff.next_delay())
             else:
                 log.warning("stream_updates_stopped", error=_short(exc))
                 return False
         else:
             self._pump_failures = 0
+            self._pump_backoff.reset()
         return True
 
     async def _typing(self) -> None:
@@ -425,11 +457,21 @@ class EditStream:
 
     # -- final delivery -----------------------------------------------------------------
 
-    def _backoff(self, attempt: int) -> float:
-        return min(BACKOFF_MAX_S, self.limits.retry_backoff_s * 2.0 ** max(0, attempt - 1))
+    def _backoff(self) -> Backoff:
+        """The retry schedule of one call: ``retry_backoff_s`` doubling up to 30 s, exact."""
+        first = self.limits.retry_backoff_s
+        return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
+
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Call ``await hook()`` once, right before this answer's first send: from then on
+        part of it may be on the user's screen (see :class:`dshim.outbound.ReplyStream`)."""
+        self._delivery_hook = hook
 
     async def _record_send(self, text: str, *, reply: bool) -> _Msg:
         """Send, and remember the message the moment its id is known."""
+        hook, self._delivery_hook = self._delivery_hook, None
+        if hook is not None:
+            await hook()
         sent_at = self.clock()
         mid = await self.transport.send(text, reply=reply)
         m = _Msg(mid, text, sent_at, trio.current_time())
@@ -437,11 +479,12 @@ class EditStream:
         self._typing_done.set()
         return m
 
-    async def _retrying(self, attempt: int, exc: ChannelError) -> int:
+    async def _retrying(self, backoff: Backoff, exc: ChannelError) -> None:
         """Account one failed attempt: wait as the error asks, or re-raise when out of tries.
 
-        ``attempt`` counts transient failures; 429 waits are charged to the stream's
-        rate-limit budget instead, so flood control never makes us drop the final text.
+        ``backoff.failures`` counts transient failures; 429 waits are charged to the
+        stream's rate-limit budget instead, so flood control never makes us drop the final
+        text.
         """
         if isinstance(exc, RateLimited):
             self._rate_limited_s += exc.retry_after
@@ -450,31 +493,51 @@ class EditStream:
                     "stream_delivery_gave_up", waited_s=self._rate_limited_s, error=_short(exc)
                 )
                 raise exc
-            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=attempt)
+            log.info("stream_rate_limited", retry_after=exc.retry_after, attempt=backoff.failures)
             self.pacer.pause(exc.retry_after)
-            return attempt
-        attempt += 1
-        if attempt >= self.limits.max_attempts:
-            log.warning("stream_delivery_gave_up", attempts=attempt, error=_short(exc))
+            return
+        delay = backoff.next_delay()
+        if backoff.failures >= self.limits.max_attempts:
+            log.warning("stream_delivery_gave_up", attempts=backoff.failures, error=_short(exc))
             raise exc
-        else:
-            delay = self._backoff(attempt)
-            log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
-            await trio.sleep(delay)
-        return attempt
+        log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
+        await trio.sleep(delay)
 
-    async def _final_send(self, text: str, *, reply: bool) -> None:
-        attempt = 0
+    def _unsure_send(self, slot: int, exc: ChannelError) -> bool:
+        """Count a send of message ``slot`` that may have been delivered; True if it was one.
+
+        A send is unsure when the request reached the platform and no answer came back
+        (:attr:`TransportError.request_sent`), unless the transport's sends are idempotent.
+        """
+        if (
+            isinstance(exc, TransportError)
+            and exc.request_sent
+            and not getattr(self.transport, "idempotent_sends", False)
+        ):
+            self._unsure[slot] = self._unsure.get(slot, 0) + 1
+            return True
+        return False
+
+    async def _final_send(self, text: str, *, reply: bool, slot: int) -> None:
+        backoff = self._backoff()
         while True:
+            if self._unsure.get(slot, 0) >= UNSURE_SENDS_MAX:
+                raise TransportError("the message could not be confirmed", request_sent=True)
             await self.pacer.acquire()
             try:
                 await self._record_send(text, reply=reply)
                 return
             except (RateLimited, TransportError) as exc:
-                attempt = await self._retrying(attempt, exc)
+                if self._unsure_send(slot, exc) and self._unsure[slot] >= UNSURE_SENDS_MAX:
+                    # Delivered already, probably (twice, maybe): never a loop of copies.
+                    log.warning(
+                        "stream_delivery_gave_up", outcome="unknown", sends=self._unsure[slot]
+                    )
+                    raise
+                await self._retrying(backoff, exc)
 
     async def _final_edit(self, index: int, text: str) -> None:
-        attempt = 0
+        backoff = self._backoff()
         m = self._msgs[index]
         while True:
             await trio.sleep_until(m.last_call + self.limits.edit_interval_s)
@@ -488,11 +551,11 @@ class EditStream:
                 # The message is gone (deleted by the user): post the text anew.
                 log.info("stream_message_gone", message_id=m.id)
                 self._msgs.pop(index)
-                await self._final_send(text, reply=index == 0)
+                await self._final_send(text, reply=index == 0, slot=index)
                 self._msgs.insert(index, self._msgs.pop())
                 return
             except (RateLimited, TransportError) as exc:
-                attempt = await self._retrying(attempt, exc)
+                await self._retrying(backoff, exc)
 
 
 def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -535,12 +598,11 @@ async def open_edit_stream(
 
 
 async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
-    """Background tasks never end the answer, except for bugs."""
+    """Background tasks never end the answer; anything but a dshim error is a bug and
+    propagates."""
     try:
         await fn()
-    except Exception as exc:
-        if isinstance(exc, BUG_TYPES):
-            raise
+    except DshimError as exc:
         log.warning("stream_task_failed", error=_short(exc))
 
 

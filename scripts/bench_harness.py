@@ -30,7 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from dshim.config import parse_config  # noqa: E402
 from dshim.harness.base import TurnContext  # noqa: E402
 from dshim.harness.openai import OpenAIHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
-from dshim.model import InboundMessage, PromptPart, ReplyTarget, TurnEvent  # noqa: E402
+from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, TurnEvent  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.testing.fakes.openai import FakeOpenAI, open_fake_openai  # noqa: E402
@@ -74,7 +74,13 @@ class TimedHarness:
 
 
 class TimedOutbound(RecordingOutbound):
-    """The renderer: notes the first text update of each stream."""
+    """The renderer: notes the first text update of each stream.
+
+    Like the channels' edit engine (:class:`dshim.render.EditStream`), the stream reports
+    its first send through ``watch_delivery`` — here at ``finish``, where the recording
+    stream "sends" — so the pipeline's durable delivery mark happens where it does in a
+    real channel: at the first send, not on the way of the first token.
+    """
 
     def __init__(self, clock: Any) -> None:
         super().__init__(clock=clock)
@@ -85,10 +91,20 @@ class TimedOutbound(RecordingOutbound):
         outbound = self
 
         class Stream(RecordingStream):
+            hook: Callable[[], Awaitable[None]] | None = None
+
+            def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+                self.hook = hook
+
             async def update(self, text: str) -> None:
                 if not self.updates:
                     outbound.first_update_at = time.perf_counter()
                 await super().update(text)
+
+            async def finish(self, text: str) -> list[Delivered]:
+                if self.hook is not None:
+                    await self.hook()
+                return await super().finish(text)
 
         stream = Stream(self, target)
         yield stream

@@ -525,3 +525,95 @@ async def test_probe_lists_capabilities(tmp_path: Path) -> None:
     )
     assert table["harness: models"] == ("ok", "2: fake-small (current), fake-large")
     assert table["harness: steer"] == ("warn", "not supported by this agent")
+
+
+# --- the sans-IO mapping (dshim.harness.acp.protocol) --------------------------------------
+
+
+def test_message_chunks_of_a_new_agent_message_start_a_new_paragraph() -> None:
+    from dshim.harness.acp.models import Update
+    from dshim.harness.acp.protocol import UpdateState, event_for
+    from dshim.model import TextDelta, ToolProgress
+
+    state = UpdateState()
+    chunk = {"type": "text", "text": "Hello"}
+    events = [
+        event_for(
+            Update(session_update="agent_message_chunk", content=chunk, message_id="a"), state
+        ),
+        event_for(
+            Update(session_update="agent_message_chunk", content=chunk, message_id="a"), state
+        ),
+        event_for(
+            Update(session_update="agent_message_chunk", content=chunk, message_id="b"), state
+        ),
+        event_for(Update(session_update="tool_call", tool_call_id="t1", title="grep"), state),
+        event_for(
+            Update(session_update="tool_call_update", tool_call_id="t1", status="completed"), state
+        ),
+        event_for(Update(session_update="usage_update"), state),
+    ]
+    assert events == [
+        TextDelta("Hello"),
+        TextDelta("Hello"),
+        TextDelta("\n\nHello"),
+        ToolProgress(title="grep", status="pending", tool_id="t1"),
+        ToolProgress(title="grep", status="completed", tool_id="t1"),
+        None,
+    ]
+
+
+def test_prompt_outcomes_are_explained() -> None:
+    import msgspec
+
+    from dshim.harness.acp.models import CONNECTION_LOST, RpcError
+    from dshim.harness.acp.protocol import end_event, prompt_outcome
+
+    ok = prompt_outcome(
+        None, msgspec.Raw(b'{"stopReason":"max_tokens"}'), cancelling=False, lost=CONNECTION_LOST
+    )
+    assert ok == ("max_tokens", None)
+    assert end_event(*ok).error == "the answer was cut off: the model reached its output limit"
+    lost = RpcError(code=CONNECTION_LOST, message="the agent process exited")
+    assert prompt_outcome(lost, None, cancelling=False, lost=CONNECTION_LOST) == (
+        None,
+        "the agent process exited",
+    )
+    assert prompt_outcome(RpcError(code=-32603), None, cancelling=True, lost=CONNECTION_LOST) == (
+        "cancelled",
+        None,
+    )
+    auth = prompt_outcome(
+        RpcError(code=-32000, message="x"), None, cancelling=False, lost=CONNECTION_LOST
+    )
+    assert auth[1] is not None and "logged in" in auth[1]
+    assert prompt_outcome(None, msgspec.Raw(b"[1]"), cancelling=False, lost=CONNECTION_LOST)[1] == (
+        "the agent sent an invalid session/prompt result"
+    )
+
+
+def test_a_form_is_asked_field_by_field_and_typed() -> None:
+    from dshim.harness.acp.protocol import Form, form_fields
+
+    schema = {
+        "properties": {
+            "count": {"type": "integer", "title": "How many"},
+            "ok": {"type": "boolean"},
+            "tags": {"type": "array", "items": {"enum": ["a", "b"]}},
+        },
+        "required": ["count"],
+    }
+
+    async def nothing(*args: object) -> None:
+        return None
+
+    form = Form("Please fill in", form_fields(schema))
+    first = form.question(reply=nothing, withdrawn=nothing)
+    assert first.question == "Please fill in\n(1/3) How many" and first.allow_free_text
+    assert form.answer([], "3") == "next"
+    assert form.question(reply=nothing, withdrawn=nothing).options[0].label == "Yes"
+    assert form.answer(["true"], None) == "next"
+    assert form.question(reply=nothing, withdrawn=nothing).multi_select
+    assert form.answer(["a", "b"], None) == "accept"
+    assert form.content == {"count": 3, "ok": True, "tags": ["a", "b"]}
+    assert Form("", form_fields(schema)).answer([], None) == "cancel"

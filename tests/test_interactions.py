@@ -174,6 +174,45 @@ async def test_quoted_yes_is_not_an_answer(autojump_clock: object, tmp_path: Pat
     assert "<dsh_im_reply_to>" in rig.events.prompts[1]
 
 
+@pytest.mark.parametrize("answer", ["yes", "1", "approve"])
+async def test_forwarded_yes_is_not_an_answer(
+    autojump_clock: object, tmp_path: Path, answer: str
+) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            await rig.rt.accept(msg("echo:approval"))
+            await trio.sleep(1)
+            # The starter forwards someone's "yes": forwarded content is never an answer
+            # (and no reminder either: it is a new message, queued behind the turn).
+            await rig.rt.accept(msg(answer, forwarded=True))
+            await trio.sleep(5)
+            assert not [t for t in rig.texts if t.startswith("Approval decision")]
+            assert not [t for t in rig.texts if "not an answer" in t]
+            await rig.rt.accept(msg("no"))
+            await rig.rt.wait_idle()
+    assert [t for t in rig.texts if t.startswith("Approval decision")] == [
+        "Approval decision: reject_once"
+    ]
+    # The forwarded text still reached the agent afterwards, as the message's content.
+    assert len(rig.events.prompts) == 2
+    assert rig.events.prompts[1].endswith("\n\n" + answer)
+
+
+async def test_forwarded_answer_to_a_question_is_not_an_answer(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            await rig.rt.accept(msg("echo:question"))
+            await trio.sleep(1)
+            await rig.rt.accept(msg("2", forwarded=True))
+            await trio.sleep(5)
+            assert not [t for t in rig.texts if t.startswith("Answer:")]
+            await rig.rt.accept(msg("red"))
+            await rig.rt.wait_idle()
+    assert [t for t in rig.texts if t.startswith("Answer:")] == ["Answer: Red"]
+
+
 async def test_media_message_is_not_an_answer(autojump_clock: object, tmp_path: Path) -> None:
     async def png(limit: int) -> bytes:
         return b"\x89PNG\r\n\x1a\n" + b"0" * 10
@@ -275,3 +314,27 @@ async def test_question_answers(
             await rig.rt.wait_idle()
     assert rig.texts[-1] == reported
     assert len(rig.events.prompts) == 1
+
+
+async def test_wait_settled_returns_while_a_request_waits_for_the_user(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            t0 = trio.current_time()
+            await rig.rt.accept(msg("echo:approval"))
+            await rig.rt.wait_settled()  # the request is shown and waits: settled
+            assert trio.current_time() - t0 < 1
+            assert rig.rt.interactions.pending(("42", ""))
+            assert rig.texts[-1].startswith("🔐")
+            # A forward is never an answer: it is queued behind the waiting turn.
+            await rig.rt.accept(msg("queued behind the request", forwarded=True))
+            await rig.rt.wait_settled()  # it cannot run before the answer: still settled
+            with trio.move_on_after(5) as scope:
+                await rig.rt.wait_idle()  # wait_idle keeps its meaning: work is pending
+            assert scope.cancelled_caught
+            await rig.rt.accept(msg("1"))
+            await rig.rt.wait_settled()  # the answer ran the turn and the queued one
+            assert trio.current_time() - t0 < 10
+    assert "Approval decision: allow_once" in rig.texts
+    assert rig.texts[-1].endswith("queued behind the request")

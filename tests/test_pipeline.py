@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from dshim.errors import HarnessError, NotFound
+from dshim.errors import HarnessError, NotFound, StoreError
 from dshim.harness.echo import EchoHarness
 from dshim.model import Attachment, MediaRef, ReplyReference, Skip, TextDelta, TurnEnd
 from dshim.pipeline.commands import parse_command
 from dshim.pipeline.runtime import BUSY_TEXT
-from dshim.pipeline.turn import STOPPED_MARK
+from dshim.pipeline.turn import CUT_MARK, STOPPED_MARK
 from dshim.store.base import OutboundEntry
 from tests.helpers import T0, msg, open_rig
 
@@ -94,6 +94,36 @@ async def test_gates_drop_without_answer_or_lookup(
     assert [r for _, r in rig.events.drops] == [reason]
     assert rig.out.sent == [] and rig.events.prompts == []
     assert loader.calls == 0
+
+
+@pytest.mark.parametrize("content", ["", "   ", "\n\t ", "\u200b\u2060 "])
+async def test_a_message_with_nothing_for_the_agent_is_not_a_turn(
+    autojump_clock: object, tmp_path: Path, content: str
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        v = await rig.rt.accept(msg(content))  # a sticker, a poll, an empty forward ...
+        await rig.rt.accept(msg(content, forwarded=True))
+        await rig.rt.wait_idle()
+    assert v.reason == "ignored" and v.confirm
+    assert [r for _, r in rig.events.drops] == ["ignored", "ignored"]
+    assert rig.events.prompts == [] and rig.out.sent == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"images": [MediaRef(kind="image", name="a.png")]},
+        {"files": [MediaRef(kind="file", name="a.pdf")]},
+        {"reply_to": ReplyReference(message_id="9", content="what about this?")},
+    ],
+)
+async def test_an_empty_text_with_media_or_a_quote_is_a_turn(
+    autojump_clock: object, tmp_path: Path, kwargs: dict[str, object]
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        v = await rig.rt.accept(msg("  ", **kwargs))  # type: ignore[arg-type]
+        await rig.rt.wait_idle()
+    assert v.accepted and len(rig.events.prompts) == 1 and len(rig.out.sent) == 1
 
 
 async def test_backlog_limit_is_per_bot_configurable(
@@ -359,6 +389,41 @@ async def test_quoted_command_is_never_executed(
     assert reply_json(rig.events.prompts[1])["content"] == quoted
 
 
+@pytest.mark.parametrize("forwarded", ["/new", "/stop", "/help", "/new@dshim_bot", "/status"])
+async def test_forwarded_command_is_never_executed(
+    autojump_clock: object, tmp_path: Path, forwarded: str
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        await rig.rt.accept(msg("first"))
+        await rig.rt.wait_idle()
+        binding = await rig.store.get_binding("t", "42", "")
+        await rig.rt.accept(msg(forwarded, forwarded=True))
+        await rig.rt.wait_idle()
+        after = await rig.store.get_binding("t", "42", "")
+    assert rig.events.commands == []
+    assert binding == after  # /new did not unbind
+    # It is the message's content: the agent gets it as the current text.
+    assert rig.events.prompts[1].endswith("\n\n" + forwarded)
+    assert len(rig.out.sent) == 2
+
+
+async def test_forwarded_text_is_not_a_batch_control_word_and_is_not_collected(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    async with open_rig(tmp_path) as rig:
+        for text, fwd in [("/batch", False), ("one", False), ("/send", True), ("two", True)]:
+            await rig.rt.accept(msg(text, forwarded=fwd))
+            await rig.rt.wait_idle()
+        assert rig.events.prompts == []  # the forwarded /send submitted nothing
+        await rig.rt.accept(msg("/send"))
+        await rig.rt.wait_idle()
+    assert rig.events.commands == ["/batch", "/send"]
+    refusals = [t for t in rig.texts if "forwarded" in t]
+    assert len(refusals) == 2  # the forwarded /send and "two" were refused, not collected
+    [prompt] = rig.events.prompts
+    assert "one" in prompt and "two" not in prompt and "/send" not in prompt
+
+
 async def test_quote_reaches_the_harness_as_one_block(
     autojump_clock: object, tmp_path: Path
 ) -> None:
@@ -571,17 +636,25 @@ async def test_harness_failure_gives_one_error_reply_and_next_works(
     assert rig.texts[1].endswith("fine now")
 
 
-class ExplodingHarness(EchoHarness):
+class FailingMidStream(EchoHarness):
+    """Streams a little, then raises ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+
     async def prompt(self, session_id, parts, ctx):  # type: ignore[no-untyped-def,override]
         yield TextDelta("partial ")
-        raise HarnessError("backend went away")
+        raise self.error
         yield TurnEnd()  # pragma: no cover
 
 
 async def test_harness_exception_mid_stream_keeps_partial_and_reports(
     autojump_clock: object, tmp_path: Path
 ) -> None:
-    async with open_rig(tmp_path, harness=ExplodingHarness()) as rig:
+    async with open_rig(
+        tmp_path, harness=FailingMidStream(HarnessError("backend went away"))
+    ) as rig:
         await rig.rt.accept(msg("go"))
         await rig.rt.wait_idle()
     assert len(rig.out.sent) == 1
@@ -638,14 +711,23 @@ async def test_drain_lets_running_turn_finish(autojump_clock: object, tmp_path: 
     assert not late.accepted and late.reason == "shutdown"
 
 
-async def test_drain_gives_up_after_grace(autojump_clock: object, tmp_path: Path) -> None:
+async def test_drain_cuts_the_running_answer_when_the_grace_ends(
+    autojump_clock: object, tmp_path: Path
+) -> None:
     async with open_rig(tmp_path) as rig:
+        queued = msg("queued behind it")
         await rig.rt.accept(msg("echo:slow 100"))
+        await rig.rt.accept(queued)
         await trio.sleep(0.1)
         t0 = trio.current_time()
         await rig.rt.drain(10)
         assert 10 <= trio.current_time() - t0 < 10.5
-    assert rig.out.sent == []
+        pending = await rig.store.inbox_pending("t")
+    [cut] = rig.texts  # the partial answer, marked at once; nothing else started
+    assert cut.endswith("\n\n" + CUT_MARK) and len(cut) > len(CUT_MARK) + 2
+    # The cut answer is finished; the queued message did not start: it runs after the restart.
+    assert [(e.message_id, e.state) for e in pending] == [(queued.message_id, "queued")]
+    assert len(rig.events.prompts) == 1
 
 
 async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: Path) -> None:
@@ -666,3 +748,105 @@ async def test_outbound_seed_recovery_by_time(autojump_clock: object, tmp_path: 
         )
         await rig.rt.wait_idle()
     assert reply_json(rig.events.prompts[0])["content"] == "an old answer"
+
+
+async def test_a_bug_in_the_harness_is_not_swallowed_as_a_failed_turn(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    from dshim.store import open_store
+
+    async with open_store(tmp_path, inline=True) as store:
+        with pytest.raises(ValueError, match="a bug in the adapter"):
+            buggy = FailingMidStream(ValueError("a bug in the adapter"))
+            async with open_rig(tmp_path, store=store, harness=buggy) as rig:
+                await rig.rt.accept(msg("go"))
+                await rig.rt.wait_idle()
+        pending = await store.inbox_pending("t")
+    assert not any("failed" in t for t in rig.texts)  # no "the agent failed" reply
+    assert len(pending) == 1  # left for the restart to handle
+
+
+class FailingStore:
+    """The real store, except that recording a binding fails like a full disk."""
+
+    def __init__(self, store: object) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+    async def set_binding(self, *args: object, **kwargs: object) -> None:
+        raise StoreError("database or disk is full")
+
+
+async def test_a_store_failure_in_a_turn_gets_one_reply_and_the_bot_goes_on(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    from dshim.store import open_store
+
+    async with open_store(tmp_path, inline=True) as real:
+        async with open_rig(tmp_path, store=FailingStore(real)) as rig:  # type: ignore[arg-type]
+            await rig.rt.accept(msg("first"))
+            await rig.rt.wait_idle()
+            await rig.rt.accept(msg("/help"))
+            await rig.rt.wait_idle()
+    assert rig.texts[0] == "⚠️ Something went wrong while answering: StoreError"
+    assert "/new" in rig.texts[1]
+
+
+# A child process with its address space capped: the agent streams 20 MB pieces until
+# appending one more to the answer fails with a real MemoryError.
+OUT_OF_MEMORY_CHILD = """
+import json, pathlib, resource, sys
+import trio
+from dshim.harness.echo import EchoHarness
+from dshim.model import TextDelta, TurnEnd
+from tests.helpers import msg, open_rig
+
+class Flood(EchoHarness):
+    def prompt(self, session_id, parts, ctx):
+        if parts[-1].text != "flood":
+            return super().prompt(session_id, parts, ctx)
+        return self.flood()
+
+    async def flood(self):
+        for _ in range(1000):
+            yield TextDelta("y" * (20 * 1024 * 1024))
+        yield TurnEnd()
+
+async def main():
+    async with open_rig(pathlib.Path(sys.argv[1]), harness=Flood()) as rig:
+        await rig.rt.accept(msg("flood"))
+        await rig.rt.wait_idle()
+        await rig.rt.accept(msg("still there?"))
+        await rig.rt.wait_idle()
+    print(json.dumps([t[:200] for t in rig.texts]))
+
+status = pathlib.Path("/proc/self/status").read_text()
+vm_kb = int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmSize:")))
+limit = (vm_kb + 400 * 1024) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+trio.run(main)
+"""
+
+
+def test_running_out_of_memory_in_a_turn_gives_one_error_reply_and_the_bot_lives(
+    tmp_path: Path,
+) -> None:
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY_CHILD, str(tmp_path)],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    texts = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(texts) == 2
+    assert texts[0].startswith("⚠️ The agent failed:") and "memory" in texts[0]
+    assert texts[1].endswith("still there?")

@@ -211,6 +211,102 @@ async def test_a_send_that_succeeded_is_never_repeated(autojump_clock: trio.abc.
     assert len(t.shown) == 1 and t.final == ["abcd and more"]
 
 
+def lost_response() -> TransportError:
+    """The request reached the platform; the connection dropped before the answer."""
+    return TransportError("sendMessage: connection failed (ReadError)", request_sent=True)
+
+
+async def test_a_send_whose_outcome_is_unknown_is_repeated_at_most_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.send_after_success = [lost_response() for _ in range(50)]  # every answer is lost
+        with pytest.raises(TransportError):
+            async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+                await stream_text(stream, [f"part {i}. " for i in range(12)], 0.5)
+                await stream.finish("the whole answer")
+    assert 1 <= len(t.shown) <= 2  # the user sees at most two copies, never six
+    assert len([c for c in t.calls if c[1] == "send"]) == len(t.shown)
+
+
+async def test_after_one_lost_response_the_answer_continues_by_edit(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.send_after_success = [lost_response()]  # the first send's answer is lost
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            text = await stream_text(stream, [f"part {i}. " for i in range(8)], 0.5)
+            delivered = await stream.finish(text + "The end.")
+    sends = [c for c in t.calls if c[1] == "send"]
+    assert len(sends) == 2  # the copy we could not confirm, and one more we know the id of
+    final = (text + "The end.").strip()
+    assert t.shown[sends[1][2]][-1] == final  # later text went by edit to the known one
+    assert [d.message_id for d in delivered] == [sends[1][2]]
+    assert [d.text for d in delivered] == [final]
+
+
+async def test_a_lost_response_of_a_follow_up_message_is_repeated_at_most_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    paragraphs = "\n\n".join(f"Paragraph {i} " + "x" * 40 for i in range(4))
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream.update(paragraphs[:90])
+            await trio.sleep(2)
+            assert len(t.shown) == 1
+            t.send_after_success = [lost_response() for _ in range(50)]
+            with pytest.raises(TransportError):
+                await stream.finish(paragraphs)
+    assert len(t.shown) <= 1 + 2 * (len(split_text(paragraphs, 100)) - 1)
+    assert len(t.shown) <= 3  # the first message and at most two copies of the second
+
+
+async def test_sends_that_never_left_are_retried_freely(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        t.failures["send"] = [
+            TransportError("cannot connect (ConnectError)", request_sent=False) for _ in range(6)
+        ]
+        delivered = await deliver_text(t, LIMITS, "hello", clock=clock)
+    assert [d.text for d in delivered] == ["hello"] and len(t.shown) == 1
+    assert len(t.failed_at) == 6
+
+
+class IdempotentTransport(Transport):
+    """A platform with an idempotency key: a repeated send returns the same message."""
+
+    idempotent_sends = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lost = 0
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        if self.lost:
+            self.lost -= 1
+            if not self.shown:
+                await super().send(text, reply=reply)  # created once ...
+            raise lost_response()  # ... and the answer lost, several times
+        if self.shown:  # the nonce matches: the existing message, with the newest text
+            mid = next(iter(self.shown))
+            await self.edit(mid, text)
+            return mid
+        return await super().send(text, reply=reply)
+
+
+async def test_an_idempotent_transport_may_repeat_an_unknown_send(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = IdempotentTransport()
+        t.lost = 4
+        delivered = await deliver_text(t, LIMITS, "hello", clock=clock)
+    assert [d.text for d in delivered] == ["hello"] and len(t.shown) == 1
+
+
 async def test_deleted_message_gets_the_final_text_as_a_new_message(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -267,10 +363,11 @@ async def test_transient_send_failures_are_retried_with_a_cap(
 ) -> None:
     with trio.fail_after(DEADLINE):
         t = Transport()
-        t.failures["send"] = [TransportError("502")] * 3
+        refused = TransportError("cannot connect", request_sent=False)
+        t.failures["send"] = [refused] * 3
         assert [d.text for d in await deliver_text(t, LIMITS, "hello", clock=clock)] == ["hello"]
         t2 = Transport()
-        t2.failures["send"] = [TransportError("502")] * 50
+        t2.failures["send"] = [refused] * 50
         with pytest.raises(TransportError):
             await deliver_text(t2, LIMITS, "hello", clock=clock)
         assert len(t2.failed_at) == LIMITS.max_attempts

@@ -323,6 +323,30 @@ def test_ids_and_numbers(value: Any, expected: str | None) -> None:
     assert obj.get("authorId") == expected
 
 
+@pytest.mark.parametrize(
+    ("value", "kept"),
+    [
+        ("9" * 256, True),
+        ("9" * 257, False),
+        (ASTRAL * 256, True),  # code points, not UTF-16 units or bytes
+        (ASTRAL * 257, False),
+        (" " + "9" * 256 + "\u200b ", True),  # measured after cleaning
+        (10**300, False),  # a number written out is measured the same way
+    ],
+)
+def test_ids_longer_than_256_code_points_are_omitted(value: Any, kept: bool) -> None:
+    q = quoted(message_id=value, author_id=value, author_name="Bob", content="x")
+    obj = block_json(render_reply_block(q))
+    if kept:
+        assert obj["messageId"] == obj["authorId"] == q.message_id
+        assert len(q.message_id or "") == 256
+    else:
+        assert q.message_id is None and q.author_id is None
+        assert "messageId" not in obj and "authorId" not in obj
+    assert obj["authorName"] == "Bob" and obj["content"] == "x"  # the rest of the quote stays
+    assert obj["truncated"] is False  # an id is omitted, never cut
+
+
 def test_numbers_in_text_fields() -> None:
     q = quoted(author_name=7, content=3.0)
     assert (q.author_name, q.content) == ("7", "3")

@@ -16,7 +16,7 @@ from pathlib import Path
 import trio
 
 from dshim.pipeline.runtime import INTERRUPTED_TEXT
-from dshim.pipeline.turn import STOPPED_MARK
+from dshim.pipeline.turn import CUT_MARK, STOPPED_MARK
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
 
 ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
@@ -116,19 +116,24 @@ async def test_an_answer_longer_than_the_grace_is_cancelled_and_reported_after_r
                 if proc.returncode is None:
                     proc.kill()
             assert code == 0, log.read_text()[-3000:]
-            assert 9.5 <= waited <= 16  # the 10 s grace, then cancel
+            assert 9.5 <= waited <= 16  # the 10 s grace, then the cut
             partial = texts(fake)
-            assert len(partial) == 1 and not partial[0].endswith("a very long story")
+            # Marked at once, by an edit of the partial answer: cut short by the restart.
+            assert len(partial) == 1 and partial[0].endswith(CUT_MARK)
+            assert "a very long story" not in partial[0]
 
             proc = await start_serve(cfg, log)
             try:
-                await fake.wait_until(lambda: len(texts(fake)) == 2)
+                polls = len(fake.calls_to("getUpdates"))
+                await polling(fake, polls + 1)
+                await trio.sleep(2)  # a notice would be out by now
                 proc.send_signal(signal.SIGTERM)
                 with trio.fail_after(15):
                     await proc.wait()
             finally:
                 if proc.returncode is None:
                     proc.kill()
-            # No second answer to the cut-off message: a notice says what happened.
-            assert texts(fake)[1] == INTERRUPTED_TEXT
+            # No second answer to the cut-off message, and no notice: it was marked already.
+            assert texts(fake) == partial
+            assert INTERRUPTED_TEXT not in texts(fake)
             assert STOPPED_MARK not in texts(fake)[0]

@@ -179,6 +179,33 @@ async def test_inbox_lifecycle(store: SqliteStore) -> None:
     assert len(await store.inbox_pending("bot")) == 2
 
 
+async def test_turns_count_their_attempts_and_delivered_is_durable(db_path: Path) -> None:
+    async with open_sqlite_store(db_path) as store:
+        assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=3600, raw=b"x")
+        assert [e.attempts for e in await store.inbox_pending("bot")] == [0]
+        await store.begin_turn("bot", "c1", "", [("c1", "m1")])
+        await store.begin_turn("bot", "c1", "", [("c1", "m1")])
+        await store.inbox_set_state("bot", "c1", "m1", "delivered")
+        # Written at once: another connection (a process after a crash) sees it.
+        assert query(db_path, "SELECT state, attempts FROM inbox") == [("delivered", 2)]
+    async with open_sqlite_store(db_path) as store:
+        [e] = await store.inbox_pending("bot")
+    assert (e.state, e.attempts) == ("delivered", 2)
+
+
+async def test_a_version_1_inbox_gains_attempts(db_path: Path) -> None:
+    # A store written by the previous release: schema 1, a running turn in its inbox.
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        for statement in sqlite_store.MIGRATIONS[0].statements:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("INSERT INTO inbox VALUES ('bot', 'c1', 'm1', x'01', 'running', ?)", (T0,))
+    async with open_sqlite_store(db_path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION == 2
+        [e] = await store.inbox_pending("bot")
+    assert (e.message_id, e.state, e.attempts) == ("m1", "running", 0)
+
+
 async def test_inbox_rejects_unknown_state(store: SqliteStore) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
     with pytest.raises(ValueError):

@@ -13,10 +13,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from dshim.errors import single_error
+from dshim.harness.acp import AcpHarness
+from dshim.harness.base import Harness
+from dshim.harness.echo import EchoHarness
+from dshim.harness.openai import OpenAIHarness
 
 if TYPE_CHECKING:
     from dshim.config import HarnessConfig
-    from dshim.harness.base import Harness
     from dshim.store.base import Store
 
 CLOSE_TIMEOUT_S = 15.0
@@ -25,18 +28,12 @@ CLOSE_TIMEOUT_S = 15.0
 def create_harness(
     cfg: HarnessConfig, *, bot: str, store: Store | None, workspace: str | None = None
 ) -> Harness:
-    """Build the configured adapter for one bot.  Imports the adapter lazily."""
+    """Build the configured adapter for one bot."""
     if cfg.kind == "echo":
-        from dshim.harness.echo import EchoHarness
-
         return EchoHarness()
     if cfg.kind == "openai":
-        from dshim.harness.openai import OpenAIHarness
-
         return OpenAIHarness(cfg, bot=bot, store=store)
     if cfg.kind == "acp":
-        from dshim.harness.acp import AcpHarness
-
         return AcpHarness(cfg, bot=bot, workspace=workspace)
     raise ValueError(f"unknown harness kind {cfg.kind!r}")
 

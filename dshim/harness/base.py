@@ -14,6 +14,7 @@ from typing import Literal, Protocol, runtime_checkable
 import msgspec
 
 from dshim.model import FilePart, PromptPart, TurnEvent
+from dshim.prompt import neutralize_tags
 
 
 class TurnContext(msgspec.Struct, kw_only=True, frozen=True):
@@ -88,11 +89,16 @@ FILE_INLINE_MAX = 200 * 1024
 
 
 def file_part_text(part: FilePart) -> str:
-    """A current file attachment as prompt text: a header, then its UTF-8 content when small."""
+    """A current file attachment as prompt text: a header, then its UTF-8 content when small.
+
+    Name and content follow the prompt's rule for user text: nothing in them reads as a
+    dshim block tag (:func:`dshim.prompt.neutralize_tags`).
+    """
     head = f"[attached file: {part.name}, {part.mime or 'unknown type'}, {len(part.data)} bytes]"
+    head = neutralize_tags(head)
     if len(part.data) <= FILE_INLINE_MAX:
         try:
-            return f"{head}\n{part.data.decode('utf-8')}"
+            return f"{head}\n{neutralize_tags(part.data.decode('utf-8'))}"
         except UnicodeDecodeError:
             pass
     return f"{head}\n(binary or too large: content not included)"

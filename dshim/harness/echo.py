@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, Sequence
 
 import trio
 
+from dshim.errors import HarnessError
 from dshim.harness.base import ModelInfo, TurnContext
 from dshim.model import (
     ApprovalRequest,
@@ -142,7 +143,7 @@ class EchoHarness:
         return None
 
     async def select_model(self, session_id: str, model: str) -> str:
-        raise NotImplementedError("the echo harness offers no model selection")
+        raise HarnessError("the echo harness offers no model selection", code="models-unsupported")
 
     async def steer(self, session_id: str, text: str) -> bool:
         return False

@@ -5,10 +5,11 @@ Theory of operation
 dshim owns the conversation: a session is just an id (``oai-<hex>``) and the context of a
 turn is rebuilt from the store's transcript of the bound session — the newest
 ``max_context_messages`` rows (the current prompt included), the ``system_prompt``
-first.  The pipeline appends the current user row *before* it calls :meth:`prompt`; that
-row is recognised (role ``user``, same text) and replaced by the current parts, so images
-can ride along as ``image_url`` data-URL parts when ``vision = true`` (otherwise a message
-with images is refused with a clear reply and nothing is sent).
+first.  The current prompt is sent as the current parts, so images can ride along as
+``image_url`` data-URL parts when ``vision = true`` (otherwise a message with images is
+refused with a clear reply and nothing is sent).  The pipeline writes the prompt's own row
+once part of the answer is shown; should the newest row already be this very prompt (role
+``user``, same text), it is recognised and not sent twice.
 
 One turn is one ``POST {base_url}/chat/completions`` with ``stream: true`` over the bot's
 single shared :class:`httpx.AsyncClient`.  The body is read as Server-Sent Events by the
@@ -26,6 +27,8 @@ when the server sends it (else 1 s, 2 s).  After the first token nothing is retr
 user already sees text): the turn ends with one clear error.  Other HTTP errors map to a
 sentence naming the cause (401 key, 402 balance, 404 model/endpoint ...).  The API key
 only ever travels in the ``Authorization`` header and is scrubbed from any error text.
+Every httpx exception is mapped here, at the adapter's boundary: what leaves the adapter
+is a :class:`~dshim.errors.HarnessError` or a turn event.
 
 ``/stop`` cancels the turn's generator; the response is closed in a shielded, bounded
 scope (servers abort generation on disconnect) and the partial answer stays.
@@ -50,8 +53,10 @@ import structlog
 import trio
 
 import dshim
+from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.log import register_secret
 from dshim.model import (
     FilePart,
     ImagePart,
@@ -72,6 +77,7 @@ log = structlog.get_logger("dshim.harness.openai")
 MAX_TRIES = 3
 RETRY_BASE_S = 1.0
 RETRY_AFTER_MAX_S = 60.0
+RETRY_BACKOFF_MAX_S = 30.0
 IDLE_DATA_TIMEOUT_S = 600.0
 CLOSE_TIMEOUT_S = 2.0
 ERROR_BODY_MAX = 8192
@@ -320,8 +326,6 @@ class OpenAIHarness:
         self.vision = cfg.vision
         self._key = cfg.api_key.get() if cfg.api_key is not None else None
         if self._key:
-            from dshim.log import register_secret
-
             register_secret(self._key)
         self._store = store
         self.retry_base_s = retry_base_s
@@ -371,9 +375,6 @@ class OpenAIHarness:
             msg = f"the model API failed (HTTP {status}){suffix}"
         return HarnessError(msg, code=f"http-{status}")
 
-    def _backoff(self, tries: int) -> float:
-        return float(self.retry_base_s * 2 ** (tries - 1))
-
     async def _get_json(self, path: str) -> bytes:
         try:
             resp = await self._client.get(self.base_url + path, headers=self._headers())
@@ -421,7 +422,7 @@ class OpenAIHarness:
                 session_id, before_id=None, limit=self.max_context_messages
             )
             if rows and rows[0].role == "user" and rows[0].text == current:
-                rows = rows[1:]  # the pipeline's row of this very prompt
+                rows = rows[1:]  # this very prompt, already recorded
             else:
                 rows = rows[: self.max_context_messages - 1]
             for row in reversed(rows):
@@ -487,6 +488,9 @@ class OpenAIHarness:
             "stream_options": {"include_usage": True},
         }
         payload = msgspec.json.encode(body)
+        # 1 s, 2 s between the tries unless the server says how long (no jitter: one
+        # client, and tests rely on the exact waits).
+        backoff = Backoff(self.retry_base_s, max(RETRY_BACKOFF_MAX_S, self.retry_base_s), 2.0, 0.0)
         tries = 0
         while True:
             tries += 1
@@ -528,7 +532,7 @@ class OpenAIHarness:
                                 for event in self._events_for(item.data, st):
                                     first_token = True
                                     yield event
-                except (httpx.TransportError, httpx.StreamError) as exc:
+                except (httpx.HTTPError, httpx.StreamError) as exc:  # network, decoding
                     if not first_token:
                         raise _Retry(
                             self._scrub(
@@ -581,7 +585,8 @@ class OpenAIHarness:
                 raise HarnessError(
                     f"{retry.reason}; gave up after {MAX_TRIES} tries", code="retries-exhausted"
                 )
-            delay = retry.delay_s if retry.delay_s is not None else self._backoff(tries)
+            fallback = backoff.next_delay()
+            delay = retry.delay_s if retry.delay_s is not None else fallback
             log.info("openai_retrying", reason=retry.reason, attempt=tries, delay_s=delay)
             await trio.sleep(delay)
 
@@ -667,7 +672,13 @@ class OpenAIHarness:
 
     async def _whole(self, resp: httpx.Response) -> list[TurnEvent]:
         """A server that ignored ``stream: true`` and sent one JSON completion."""
-        body = await resp.aread()
+        try:
+            body = await resp.aread()
+        except (httpx.HTTPError, httpx.StreamError) as exc:
+            raise HarnessError(
+                self._scrub(f"the model API's answer broke off ({type(exc).__name__})"),
+                code="bad-response",
+            ) from exc
         try:
             completion = _COMPLETION.decode(body)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:

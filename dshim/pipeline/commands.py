@@ -2,7 +2,9 @@
 
 Quoted text never reaches this module: only ``InboundMessage.content`` (the user's own
 text, addressing mention removed) is parsed.  A message with images or files is never a
-command (the text is a caption).  Unknown ``/words`` are ordinary text for the harness.
+command (the text is a caption), and neither is a forwarded message
+(``InboundMessage.forwarded``: someone else's words) — the runtime does not ask.
+Unknown ``/words`` are ordinary text for the harness.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ Anything else is sent to the agent."""
 
 BATCH_REFUSED_MEDIA = (
     "Batch mode collects text only: images, files or quoted messages are not collected. "
+    "Send more text, /send to submit or /cancel to discard."
+)
+
+
+BATCH_REFUSED_FORWARD = (
+    "Batch mode collects what you type: forwarded messages are not collected. "
     "Send more text, /send to submit or /cancel to discard."
 )
 

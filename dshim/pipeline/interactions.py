@@ -19,7 +19,8 @@ Answers arrive through pipeline step 5, :meth:`Interactions.try_answer`, which j
 *current* message only:
 
 - a message that quotes or replies to another message is a new message, never an
-  answer (so a quoted "yes" cannot approve anything), and so is a message with media;
+  answer (so a quoted "yes" cannot approve anything), and so is a forwarded message
+  (someone else's "yes") and a message with media;
 - only the user who started the turn answers; in a group, another user's message that
   looks like an answer gets a short notice, anything else they write is a normal message;
 - approvals accept the option number or label, or yes/no, y/n, approve/reject, 批准/拒绝,
@@ -38,16 +39,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
 import trio
 
 from dshim.model import ApprovalRequest, InboundMessage, Option, QuestionRequest, ReplyTarget
-
-if TYPE_CHECKING:
-    from dshim.pipeline.runtime import BotRuntime
+from dshim.pipeline.notices import Notifier
 
 log = structlog.get_logger("dshim.interactions")
 
@@ -215,19 +213,21 @@ class _Pending:
 class Interactions:
     """The pending approvals and questions of one bot, one per conversation lane."""
 
-    def __init__(self, runtime: BotRuntime) -> None:
-        self._rt = runtime
+    def __init__(self, notifier: Notifier, timeout_s: float) -> None:
+        self._notifier = notifier
+        #: How long a request waits for its answer (``[harness] interaction_timeout_s``).
+        self.timeout_s = timeout_s
         self._pending: dict[LaneKey, _Pending] = {}
         self._locks: dict[LaneKey, trio.Lock] = {}
-
-    @property
-    def timeout_s(self) -> float:
-        return self._rt.config.harness.interaction_timeout_s
 
     def pending(self, lane_key: LaneKey) -> bool:
         """True while a request of this conversation waits for its answer."""
         p = self._pending.get(lane_key)
         return p is not None and not p.done.is_set()
+
+    def waiting(self) -> list[LaneKey]:
+        """The conversations whose running turn waits for the user's answer."""
+        return [key for key, p in self._pending.items() if not p.done.is_set()]
 
     # -- step 5 ------------------------------------------------------------------------
 
@@ -236,21 +236,21 @@ class Interactions:
         p = self._pending.get(msg.lane_key)
         if p is None or p.done.is_set():
             return False
-        # A quote or media makes it a new message, whatever the current text says.
-        if msg.reply_to is not None or msg.images or msg.files:
+        # A quote, a forward or media makes it a new message, whatever its text says.
+        if msg.reply_to is not None or msg.forwarded or msg.images or msg.files:
             return False
         parsed = p.parse(msg.content)
         if msg.sender_id != p.starter_id:
             if parsed is None:
                 return False  # ordinary message of someone else: queued as usual
             log.info("interaction_answer_refused", reason="not_starter", sender=msg.sender_id)
-            await self._rt.notify(
+            await self._notifier.notify(
                 ReplyTarget.for_message(msg),
                 f"Only {p.starter_name}, who started this request, can answer it.",
             )
             return True
         if parsed is None:
-            await self._rt.notify(ReplyTarget.for_message(msg), self._reminder(p))
+            await self._notifier.notify(ReplyTarget.for_message(msg), self._reminder(p))
             return True
         if isinstance(parsed, Decision):
             p.decision = parsed
@@ -282,8 +282,9 @@ class Interactions:
         async with lock:
             p = _Pending(request, msg)
             try:
-                await self._rt._send_now(p.target, self._present(p))
+                await self._notifier.send_now(p.target, self._present(p))
                 self._pending[key] = p
+                self._notifier.activity.poke()  # the turn now waits for the user
                 log.info(
                     "interaction_presented",
                     kind="approval" if isinstance(request, ApprovalRequest) else "question",
@@ -336,7 +337,7 @@ class Interactions:
                 if request.reply is not None:
                     await request.reply(reject.id if reject is not None else None)
                 log.info("interaction_timed_out", kind="approval")
-                await self._rt._send_now(
+                await self._notifier.send_now(
                     p.target,
                     f"⌛ No answer within {_duration(self.timeout_s)}, so the request "
                     f"“{_one_line(request.title)}” was rejected.",
@@ -351,13 +352,13 @@ class Interactions:
                 note = f"❌ Rejected: {decision.label}."
             else:
                 note = f"Answer sent: {decision.label}."
-            await self._rt._send_now(p.target, note)
+            await self._notifier.send_now(p.target, note)
             return note
         answer = p.answer
         if answer is None:  # timed out
             await p.reply_cancelled()
             log.info("interaction_timed_out", kind="question")
-            await self._rt._send_now(
+            await self._notifier.send_now(
                 p.target,
                 f"⌛ No answer within {_duration(self.timeout_s)}, so the question was cancelled.",
             )
@@ -370,7 +371,7 @@ class Interactions:
         if answer.custom:
             shown.append(f"“{answer.custom}”")
         note = "Answer sent: " + ", ".join(shown) + "."
-        await self._rt._send_now(p.target, note)
+        await self._notifier.send_now(p.target, note)
         return note
 
     # -- texts -------------------------------------------------------------------------

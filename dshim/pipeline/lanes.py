@@ -11,15 +11,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
 import structlog
 import trio
+
+from dshim.model import InboundMessage
 
 log = structlog.get_logger("dshim.lanes")
 
 LaneKey = tuple[str, str]
 Handler = Callable[[Any, "Lane"], Awaitable[None]]
+StopReason = Literal["user", "shutdown"]
+
+
+class LaneItem(msgspec.Struct, kw_only=True):
+    """One unit of work on a conversation lane: a turn, or a ``/new``."""
+
+    kind: Literal["turn", "new"]
+    msg: InboundMessage
+    #: Replaces the message text (a /batch submission).
+    text: str | None = None
+    #: Source of the session title when it is not the message text (a batch: its first text).
+    title_text: str | None = None
+    #: Inbox keys to finish with this item (a batch covers several messages).
+    inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
 
 
 class Lane:
@@ -30,15 +47,18 @@ class Lane:
         self.send, self.receive = trio.open_memory_channel[Any](max_queue)
         #: Cancels the running item's stoppable part (/stop).
         self.stop_scope: trio.CancelScope | None = None
+        #: Why it was cancelled: ``"user"`` (/stop) or ``"shutdown"`` (the grace ended).
+        self.stop_reason: StopReason | None = None
         self.running: Any = None
 
     @property
     def queued(self) -> int:
         return self.send.statistics().current_buffer_used
 
-    def stop(self) -> bool:
+    def stop(self, reason: StopReason = "user") -> bool:
         """Cancel the running item's stoppable part.  True when something was running."""
         if self.stop_scope is not None and not self.stop_scope.cancel_called:
+            self.stop_reason = reason
             self.stop_scope.cancel()
             return True
         return False
@@ -86,6 +106,10 @@ class LaneSet:
     def running_count(self) -> int:
         return self._running
 
+    def stop_all(self, reason: StopReason) -> int:
+        """Stop every running item (shutdown).  Returns how many were stopped."""
+        return sum(1 for lane in list(self._lanes.values()) if lane.stop(reason))
+
     async def wait_none_running(self) -> None:
         """Wait until no lane is running an item."""
         while self._running:
@@ -113,6 +137,7 @@ class LaneSet:
             finally:
                 lane.running = None
                 lane.stop_scope = None
+                lane.stop_reason = None
                 self._running -= 1
                 if not self._running:
                     self._none_running.set()

@@ -11,25 +11,40 @@ order, and awaits it.  ``accept`` runs steps 1-6 of DESIGN.md §3 on the reader'
 3. dedup by (bot, conversation, message) persisted atomically with a durable inbox entry,
    and the backlog limit (stale events are never run);
 4. access policy on the current sender;
-5. commands, batch input and pending interaction answers, on the current text only;
+5. commands, batch input and pending interaction answers, on the current text only (a
+   quoted or forwarded message is never a command, a /batch control word or an answer);
 6. enqueue on the conversation's lane (bounded; overflow gets a visible "busy" reply).
 
-When ``accept`` returns, the event is durable: a channel may confirm it to the platform
-(advance an offset, ack an envelope).  Step 7 — the turn — runs later on the lane's task
-(:mod:`dshim.pipeline.turn`).  Nothing before step 7 does network lookups for quoted
-messages, so unaddressed, duplicate, denied or stale messages never trigger one.
+The judgements of steps 1-4 are pure (:mod:`dshim.pipeline.gates`); batch input is
+:mod:`dshim.pipeline.batch`, interaction answers :mod:`dshim.pipeline.interactions`,
+notices :mod:`dshim.pipeline.notices`.  When ``accept`` returns, the event is durable: a
+channel may confirm it to the platform (advance an offset, ack an envelope).  Step 7 — the
+turn — runs later on the lane's task (:mod:`dshim.pipeline.turn`).  Nothing before step 7
+does network lookups for quoted messages, so unaddressed, duplicate, denied or stale
+messages never trigger one.
 
 The inbox entry of a message is removed when its handling ends (answered, refused, or
 dropped by steps 4-6).  Entries left behind by a crash or shutdown are restored on the
-next start: queued ones run, interrupted ones get a notice instead of a second answer.
+next start (:meth:`BotRuntime.restore`):
+
+- ``queued`` (its turn never started): it runs;
+- ``running`` (its turn started, nothing of the answer was shown): it runs again — at
+  most :data:`MAX_TURN_ATTEMPTS` turns in all, so a message that takes the bot down
+  every time ends with a notice instead of a restart loop;
+- ``delivered`` (part of the answer may have reached the user): a notice
+  (:data:`INTERRUPTED_TEXT`) under the message instead of a second answer.
+
+A shutdown (:meth:`BotRuntime.drain`) lets running turns finish during the grace; then it
+stops them at once: a partial answer is finished marked as cut (so the notice is not
+needed after the restart), a turn that had shown nothing is left to run again.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from typing import Any, Literal, Protocol
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import msgspec
 import structlog
@@ -37,13 +52,33 @@ import trio
 
 from dshim import normalized
 from dshim.config import BotConfig, Config, backlog_max_age
-from dshim.errors import BUG_TYPES, HarnessError, single_error
+from dshim.errors import HarnessError, single_error
+from dshim.harness import create_harness, open_harness
 from dshim.harness.base import Harness
-from dshim.model import DropReason, InboundMessage, PromptPart, ReplyTarget, Skip, Verdict
+from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, Verdict
 from dshim.outbound import Outbound
 from dshim.pipeline import commands as cmds
-from dshim.pipeline.lanes import Lane, LaneSet
-from dshim.store.base import OutboundEntry, Store
+from dshim.pipeline import gates
+from dshim.pipeline.activity import Activity
+from dshim.pipeline.batch import Batch, Batches, Step
+from dshim.pipeline.interactions import Interactions
+from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
+from dshim.pipeline.notices import Notifier, short
+from dshim.pipeline.observer import Observer
+from dshim.pipeline.turn import TurnDeps, run_turn
+from dshim.store.base import InboxEntry, Store
+
+__all__ = [
+    "BUSY_TEXT",
+    "INTERRUPTED_TEXT",
+    "BotRuntime",
+    "Clock",
+    "LaneItem",
+    "Observer",
+    "RawDecoder",
+    "open_bot_runtime",
+    "wall_clock",
+]
 
 log = structlog.get_logger("dshim.pipeline")
 
@@ -52,37 +87,13 @@ RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
 
 BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
 INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
-NOTICE_QUEUE = 64
 STATUS_TIMEOUT_S = 5.0
-
-
-class Observer(Protocol):
-    """Hooks for replay and tests: what the pipeline decided, in order."""
-
-    def on_drop(self, item: InboundMessage | Skip, reason: str) -> None: ...
-
-    def on_command(self, msg: InboundMessage, name: str) -> None: ...
-
-    def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None: ...
-
+#: Turns started for one message before a restart gives up on it (with a notice).
+MAX_TURN_ATTEMPTS = 2
+#: After the shutdown grace: how long cut answers may take to show their mark.
+CUT_GRACE_S = 5.0
 
 ACCEPTED = Verdict(True)
-
-
-class LaneItem(msgspec.Struct, kw_only=True):
-    kind: Literal["turn", "new"]
-    msg: InboundMessage
-    #: Replaces the message text (a /batch submission).
-    text: str | None = None
-    #: Source of the session title when it is not the message text (a batch: its first text).
-    title_text: str | None = None
-    #: Inbox keys to finish with this item (a batch covers several messages).
-    inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
-
-
-class Batch:
-    def __init__(self) -> None:
-        self.texts: list[str] = []
 
 
 class BotRuntime:
@@ -112,41 +123,61 @@ class BotRuntime:
         self.observer = observer
         self.decode_raw = decode_raw
         self._nursery = nursery
+        self.activity = Activity()
+        self.notifier = Notifier(
+            outbound=outbound, store=store, bot=bot.name, clock=clock, activity=self.activity
+        )
+        self.interactions = Interactions(self.notifier, config.harness.interaction_timeout_s)
+        self.batches = Batches()
         self.lanes = LaneSet(
             nursery,
             self._run_item,
             max_queue=bot.lanes.max_queue,
             idle_exit_s=bot.lanes.idle_exit_s,
         )
-        self._batches: dict[tuple[str, str], Batch] = {}
-        self._notice_send, self._notice_recv = trio.open_memory_channel[tuple[ReplyTarget, str]](
-            NOTICE_QUEUE
+        self.turn_deps = TurnDeps(
+            bot=bot,
+            store=store,
+            harness=harness,
+            outbound=outbound,
+            notifier=self.notifier,
+            interactions=self.interactions,
+            clock=clock,
+            observer=observer,
         )
-        self._pending = 0
-        self._idle = trio.Event()
-        self._idle.set()
         self._closing = False
+        #: The shutdown grace is over: no lane item starts any more.
+        self._cutting = False
         self.backlog_max_age_s = backlog_max_age(config, bot)
-        from dshim.pipeline.interactions import Interactions
-
-        self.interactions = Interactions(self)
 
     # -- bookkeeping -------------------------------------------------------------------
 
-    def _busy(self) -> None:
-        self._pending += 1
-        if self._idle.is_set():
-            self._idle = trio.Event()
-
     def _done(self) -> None:
-        self._pending -= 1
-        if self._pending == 0:
-            self._idle.set()
+        """One unit of work ended (kept for the channel benchmarks' no-op lane handlers)."""
+        self.activity.done()
 
     async def wait_idle(self) -> None:
         """Wait until no turn, queued item, notice or command is in progress."""
-        while self._pending:
-            await self._idle.wait()
+        await self.activity.wait_idle()
+
+    async def wait_settled(self) -> None:
+        """Wait until nothing can make progress without the user.
+
+        That is: nothing runs or is queued except turns blocked on a pending approval or
+        question — and the items queued behind them in the same conversation, which cannot
+        start before the answer.  Notices and commands in flight are waited for.  With no
+        pending request it is :meth:`wait_idle`.  Replay uses it to feed the next event
+        (perhaps the answer) while a request waits, instead of letting its timeout run out.
+        """
+        await self.activity.wait_until(self._settled)
+
+    def _settled(self) -> bool:
+        blocked = 0
+        for key in self.interactions.waiting():
+            lane = self.lanes.get(key)
+            if lane is not None and lane.running is not None:
+                blocked += 1 + lane.queued
+        return self.activity.pending <= blocked
 
     @property
     def closing(self) -> bool:
@@ -172,24 +203,30 @@ class BotRuntime:
         if isinstance(item, Skip):
             return self._drop(item, item.reason)
         msg = item
-        # Step 1: echoes of our own messages and other bots.
-        if msg.sender_id == msg.bot_id or msg.sender_id == self.bot_id:
-            return self._drop(msg, "echo")
-        if msg.sender_is_bot:
-            return self._drop(msg, "bot")
-        # Step 2: in groups only messages addressed to the bot.
-        if msg.conversation_type == "group" and not msg.addressed:
-            return self._drop(msg, "unaddressed")
-        # Step 3: dedup (persisted together with the inbox entry), then the backlog limit.
         now = self.clock()
-        if msg.received_at and now - msg.received_at > self.backlog_max_age_s:
+        reason = gates.judge(
+            msg,
+            bot_id=self.bot_id,
+            now=now,
+            max_age_s=self.backlog_max_age_s,
+            access=self.bot.access,
+        )
+        if reason == "stale":
             if await self.store.seen(self.bot.name, msg.conversation_id, msg.message_id, now=now):
                 return self._drop(msg, "duplicate")
             return self._drop(msg, "stale", age_s=round(now - msg.received_at, 1))
+        if reason is not None and reason != "denied":
+            return self._drop(msg, reason)
         if self._closing:
             # Not accepted: the platform will redeliver after the restart.
             return Verdict(False, "shutdown")
-        stored = (b"R" + raw) if raw is not None else (b"N" + normalized.encode_event(msg))
+        denied = reason == "denied"
+        if denied:
+            stored = None  # remember the key (step 3 comes first), keep no inbox entry
+        elif raw is not None:
+            stored = b"R" + raw
+        else:
+            stored = b"N" + normalized.encode_event(msg)
         fresh = await self.store.accept(
             self.bot.name,
             msg.conversation_id,
@@ -200,6 +237,9 @@ class BotRuntime:
         )
         if not fresh:
             return self._drop(msg, "duplicate")
+        if denied:
+            self._drop(msg, "denied", sender=msg.sender_id)
+            return ACCEPTED
         await self._dispatch(msg)
         return ACCEPTED
 
@@ -207,23 +247,16 @@ class BotRuntime:
         await self.store.inbox_done(self.bot.name, msg.conversation_id, msg.message_id)
 
     def allowed(self, msg: InboundMessage) -> bool:
-        access = self.bot.access
-        if access.mode == "open":
-            return True
-        # allowlist: direct chats of listed users only; every group message is denied.
-        return msg.conversation_type == "direct" and msg.sender_id in access.users
+        """Step 4 for this bot (see :func:`dshim.pipeline.gates.allowed`)."""
+        return gates.allowed(msg, self.bot.access)
 
     async def _dispatch(self, msg: InboundMessage) -> None:
-        # Step 4: access on the current sender.
-        if not self.allowed(msg):
-            self._drop(msg, "denied", sender=msg.sender_id)
-            await self._finish_inbox(msg)
-            return
-        # Step 5: commands, batch input, interaction answers — current input only.
-        has_media = bool(msg.images or msg.files)
-        command = None if has_media else cmds.parse_command(msg.content, self.outbound.bot_username)
-        key = msg.lane_key
-        batch = self._batches.get(key)
+        """Steps 5 and 6 for an accepted message."""
+        # Step 5: commands, batch input, interaction answers — what the user typed only:
+        # a caption of media is no command, and forwarded content is never one.
+        typed = not (msg.images or msg.files or msg.forwarded)
+        command = cmds.parse_command(msg.content, self.outbound.bot_username) if typed else None
+        batch = self.batches.get(msg.lane_key)
         if command is not None:
             if self.observer is not None:
                 self.observer.on_command(msg, "/" + command.name)
@@ -231,7 +264,7 @@ class BotRuntime:
             await self._command(msg, command, batch)
             return
         if batch is not None:
-            await self._collect(msg, batch)
+            await self._batch_step(msg, self.batches.collect(msg, batch))
             return
         if await self.interactions.try_answer(msg):
             await self._finish_inbox(msg)
@@ -242,25 +275,24 @@ class BotRuntime:
         )
 
     async def _enqueue(self, item: LaneItem) -> None:
-        self._busy()
+        self.activity.busy()
         if not self.lanes.enqueue(item.msg.lane_key, item):
-            self._done()
+            self.activity.done()
             log.warning(
                 "lane_overflow",
                 conversation=item.msg.conversation_id,
                 message_id=item.msg.message_id,
             )
-            await self.notify(ReplyTarget.for_message(item.msg), BUSY_TEXT)
+            await self.notifier.notify(ReplyTarget.for_message(item.msg), BUSY_TEXT)
             for conv, mid in item.inbox_keys:
                 await self.store.inbox_done(self.bot.name, conv, mid)
 
     async def notify(self, target: ReplyTarget, text: str) -> None:
         """Queue a notice (command reply, refusal).  Waits when the notice queue is full."""
-        self._busy()
-        await self._notice_send.send((target, text))
+        await self.notifier.notify(target, text)
 
     async def _reply(self, msg: InboundMessage, text: str) -> None:
-        await self.notify(ReplyTarget.for_message(msg), text)
+        await self.notifier.notify(ReplyTarget.for_message(msg), text)
         await self._finish_inbox(msg)
 
     # -- step 5 details ----------------------------------------------------------------
@@ -273,7 +305,7 @@ class BotRuntime:
             await self._reply(msg, f"Usage: /{name} (without arguments). /help lists the commands.")
             return
         if name in ("batch", "send", "cancel"):
-            await self._batch_command(msg, name, batch)
+            await self._batch_step(msg, self.batches.command(msg, name))
             return
         if batch is not None and name not in ("help", "status", "stop"):
             await self._reply(
@@ -305,14 +337,31 @@ class BotRuntime:
         else:  # pragma: no cover - KNOWN_COMMANDS and this switch are kept in step
             raise AssertionError(name)
 
+    async def _batch_step(self, msg: InboundMessage, step: Step) -> None:
+        """Carry out what the batch logic decided for ``msg``."""
+        if step.submit:
+            await self._enqueue(
+                LaneItem(
+                    kind="turn",
+                    msg=msgspec.structs.replace(msg, reply_to=None, images=[], files=[]),
+                    text=cmds.batch_prompt(list(step.submit)),
+                    title_text=step.submit[0],
+                    inbox_keys=[(msg.conversation_id, msg.message_id)],
+                )
+            )
+        elif step.reply is not None:
+            await self._reply(msg, step.reply)
+        else:
+            await self._finish_inbox(msg)
+
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        self._busy()
+        self.activity.busy()
 
         async def run() -> None:
             try:
                 await fn(*args)
             finally:
-                self._done()
+                self.activity.done()
 
         self._nursery.start_soon(run)
 
@@ -322,7 +371,7 @@ class BotRuntime:
                 detail = await self.harness.check()
             harness_line = f"Harness ({self.harness.kind}): reachable — {detail}"
         except (HarnessError, trio.TooSlowError, OSError) as exc:
-            harness_line = f"Harness ({self.harness.kind}): NOT reachable — {_short(exc)}"
+            harness_line = f"Harness ({self.harness.kind}): NOT reachable — {short(exc)}"
         binding = await self.store.get_binding(self.bot.name, *msg.lane_key)
         if binding is None:
             session_line = "Session: none bound (the next message starts one)"
@@ -343,7 +392,7 @@ class BotRuntime:
         try:
             text = await self._harness_command_text(command, session, msg)
         except HarnessError as exc:
-            text = f"The agent refused: {_short(exc)}"
+            text = f"The agent refused: {short(exc)}"
         await self._reply(msg, text)
 
     async def _harness_command_text(
@@ -380,71 +429,12 @@ class BotRuntime:
         selected = await self.harness.select_model(session, choice)
         return f"Model set to {selected}."
 
-    async def _batch_command(self, msg: InboundMessage, name: str, batch: Batch | None) -> None:
-        key = msg.lane_key
-        if msg.conversation_type != "direct":
-            await self._reply(msg, "/batch, /send and /cancel work in direct chats only.")
-            return
-        if name == "batch":
-            if batch is None:
-                self._batches[key] = Batch()
-                await self._reply(
-                    msg,
-                    f"Collecting messages (up to {cmds.BATCH_LIMIT}). Send /send to submit them as one prompt, /cancel to discard.",
-                )
-            else:
-                await self._reply(
-                    msg, f"Already collecting: {len(batch.texts)} message(s). /send or /cancel."
-                )
-        elif name == "cancel":
-            if batch is None:
-                await self._reply(msg, "No batch in progress.")
-            else:
-                del self._batches[key]
-                await self._reply(msg, f"Batch discarded ({len(batch.texts)} message(s)).")
-        else:  # send
-            if batch is None:
-                await self._reply(msg, "No batch in progress. Send /batch to start one.")
-            elif not batch.texts:
-                await self._reply(msg, "The batch is empty: send some messages first, or /cancel.")
-            else:
-                del self._batches[key]
-                await self._enqueue(
-                    LaneItem(
-                        kind="turn",
-                        msg=msgspec.structs.replace(msg, reply_to=None, images=[], files=[]),
-                        text=cmds.batch_prompt(batch.texts),
-                        title_text=batch.texts[0],
-                        inbox_keys=[(msg.conversation_id, msg.message_id)],
-                    )
-                )
-
-    async def _collect(self, msg: InboundMessage, batch: Batch) -> None:
-        if msg.images or msg.files or msg.reply_to is not None:
-            await self._reply(msg, cmds.BATCH_REFUSED_MEDIA)
-            return
-        text = msg.content.strip()
-        if not text:
-            await self._finish_inbox(msg)
-            return
-        if len(batch.texts) >= cmds.BATCH_LIMIT:
-            await self._reply(
-                msg,
-                f"The batch is full ({cmds.BATCH_LIMIT} messages): this one was not added. /send or /cancel.",
-            )
-            return
-        batch.texts.append(text)
-        await self._finish_inbox(msg)
-        if len(batch.texts) == cmds.BATCH_LIMIT:
-            await self.notify(
-                ReplyTarget.for_message(msg),
-                f"The batch is full ({cmds.BATCH_LIMIT} messages). Send /send to submit or /cancel.",
-            )
-
     # -- step 7 and lane items ---------------------------------------------------------
 
     async def _run_item(self, item: LaneItem, lane: Lane) -> None:
         try:
+            if self._cutting:
+                return  # shutting down: its inbox entry brings it back after the restart
             if item.kind == "new":
                 existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)
                 text = (
@@ -452,38 +442,14 @@ class BotRuntime:
                     if existed
                     else "This chat had no session yet: your next message opens a new one."
                 )
-                await self._send_now(ReplyTarget.for_message(item.msg), text)
+                await self.notifier.send_now(ReplyTarget.for_message(item.msg), text)
             else:
-                from dshim.pipeline.turn import run_turn
-
-                await run_turn(self, item, lane)  # finishes the inbox entries itself
+                await run_turn(self.turn_deps, item, lane)  # finishes the inbox entries itself
                 return
             for conv, mid in item.inbox_keys:
                 await self.store.inbox_done(self.bot.name, conv, mid)
         finally:
-            self._done()
-
-    async def _send_now(self, target: ReplyTarget, text: str) -> None:
-        """Send a notice from a task that may wait for it; record it in the outbound index."""
-        try:
-            delivered = await self.outbound.send_text(target, text)
-        except Exception as exc:
-            if isinstance(exc, BUG_TYPES):
-                raise
-            log.warning("notice_failed", error=_short(exc), conversation=target.conversation_id)
-            return
-        now = self.clock()
-        for d in delivered:
-            await self.store.add_outbound(
-                self.bot.name, target.conversation_id, OutboundEntry.from_delivered(d), now=now
-            )
-
-    async def _notice_worker(self) -> None:
-        async for target, text in self._notice_recv:
-            try:
-                await self._send_now(target, text)
-            finally:
-                self._done()
+            self.activity.done()
 
     # -- restart -----------------------------------------------------------------------
 
@@ -503,21 +469,25 @@ class BotRuntime:
             try:
                 item = self._decode_stored(entry.raw)
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                item = Skip(reason="malformed", detail=_short(exc))
+                item = Skip(reason="malformed", detail=short(exc))
             if isinstance(item, Skip):
                 log.warning(
                     "inbox_entry_unreadable", message_id=entry.message_id, detail=item.detail
                 )
                 await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
                 continue
-            if entry.state == "running":
-                log.warning("turn_interrupted_by_restart", message_id=item.message_id)
-                await self.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
-                await self._finish_inbox(item)
+            if entry.state in ("running", "delivered"):
+                resumed += await self._restore_interrupted(entry, item)
                 continue
-            now = self.clock()
-            if item.received_at and now - item.received_at > self.backlog_max_age_s:
-                self._drop(item, "stale", restored=True)
+            reason = gates.judge(
+                item,
+                bot_id=self.bot_id,
+                now=self.clock(),
+                max_age_s=self.backlog_max_age_s,
+                access=self.bot.access,
+            )
+            if reason is not None:
+                self._drop(item, reason, restored=True)
                 await self._finish_inbox(item)
                 continue
             log.info("inbox_entry_resumed", message_id=item.message_id)
@@ -525,20 +495,59 @@ class BotRuntime:
             resumed += 1
         return resumed
 
+    async def _restore_interrupted(self, entry: InboxEntry, item: InboundMessage) -> int:
+        """A message whose turn had started: run it again, or say it was interrupted."""
+        stale = bool(item.received_at) and self.clock() - item.received_at > self.backlog_max_age_s
+        if (
+            entry.state == "running"
+            and entry.attempts < MAX_TURN_ATTEMPTS
+            and not stale
+            and not self._is_command(item)  # a /send: its batch is gone with the process
+        ):
+            log.info(
+                "turn_resumed_after_restart", message_id=item.message_id, attempt=entry.attempts + 1
+            )
+            await self._enqueue(
+                LaneItem(
+                    kind="turn",
+                    msg=item,
+                    inbox_keys=[(entry.conversation_id, entry.message_id)],
+                )
+            )
+            return 1
+        log.warning(
+            "turn_interrupted_by_restart",
+            message_id=item.message_id,
+            shown=entry.state == "delivered",
+            attempts=entry.attempts,
+        )
+        await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
+        await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
+        return 0
+
+    def _is_command(self, msg: InboundMessage) -> bool:
+        typed = not (msg.images or msg.files or msg.forwarded)
+        return typed and cmds.parse_command(msg.content, self.outbound.bot_username) is not None
+
     # -- shutdown ----------------------------------------------------------------------
 
     async def drain(self, grace_s: float) -> None:
-        """Stop accepting; let running turns finish for up to ``grace_s`` seconds."""
+        """Stop accepting; let running turns finish for up to ``grace_s`` seconds, then cut
+        them at once: a partial answer is finished marked as cut short by the restart
+        (within :data:`CUT_GRACE_S` more), a turn that had shown nothing is left to run
+        again after the restart.  Queued items stay queued (they run after the restart).
+        """
         self._closing = True
         with trio.move_on_after(grace_s):
             await self.lanes.wait_none_running()
+        if not self.lanes.running_count():
+            return
+        self._cutting = True
+        log.warning("shutdown_cutting_turns", running=self.lanes.stop_all("shutdown"))
+        with trio.move_on_after(CUT_GRACE_S):
+            await self.lanes.wait_none_running()
         if self.lanes.running_count():
             log.warning("shutdown_cancelling_turns", running=self.lanes.running_count())
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def wall_clock() -> float:
@@ -564,10 +573,6 @@ async def open_bot_runtime(
     On exit everything still running is cancelled; call :meth:`BotRuntime.drain` first
     for a graceful stop.
     """
-    from contextlib import AsyncExitStack
-
-    from dshim.harness import create_harness, open_harness
-
     with single_error():
         async with AsyncExitStack() as stack:
             if harness is None:
@@ -593,7 +598,7 @@ async def open_bot_runtime(
                     observer=observer,
                     decode_raw=decode_raw,
                 )
-                nursery.start_soon(rt._notice_worker)
+                nursery.start_soon(rt.notifier.run_worker)
                 with structlog.contextvars.bound_contextvars(bot=bot.name):
                     if restore:
                         await rt.restore()

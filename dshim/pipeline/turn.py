@@ -3,23 +3,42 @@
 The stoppable part (reply loading, media download, the harness stream) runs inside the
 lane's stop scope: ``/stop`` cancels it, the partial answer is delivered marked as
 stopped, and no prompt is sent if the stop came while the quote was still loading.
-Shutdown cancels the whole turn.  A harness failure becomes one visible error reply;
-nothing here lets an exception kill the lane.
+
+Restarts: right before anything of the answer can reach the user (the stream's first
+send, an approval or question shown) the turn records it durably (inbox state
+``delivered``).  A shutdown whose grace ends while the turn runs stops it the same way
+as ``/stop`` (reason ``"shutdown"``): if something was shown, the partial answer is
+finished at once with :data:`CUT_MARK` (an edit, or one short message); if nothing was,
+the turn ends silently and the message runs again after the restart.  A crash leaves
+the decision to the next start (:meth:`dshim.pipeline.runtime.BotRuntime.restore`).
+
+Errors: the harness adapters raise only :class:`~dshim.errors.HarnessError` (each maps
+its foreign exceptions — httpx, pipes, JSON — at its own boundary), the channel's
+outbound only :class:`~dshim.errors.ChannelError`, the store only
+:class:`~dshim.errors.StoreError`.  A harness failure becomes one visible error reply
+with the partial answer kept; a delivery failure is logged; a store failure gets a short
+"something went wrong" reply.  Running out of memory while the answer grows drops the
+partial answer and fails the turn the same way: one error reply, and the bot goes on.
+Any other exception is a bug: it is not dressed up as a failed turn but propagates, and
+the bot's supervisor restarts (or stops) the bot.
 """
 
 from __future__ import annotations
 
-import uuid
+import random
+from collections.abc import Callable
 from contextlib import aclosing
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
+import msgspec
 import structlog
 import trio
 
 from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
-from dshim.errors import BUG_TYPES, ChannelError, HarnessError
-from dshim.harness.base import TurnContext
+from dshim.config import BotConfig
+from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
+from dshim.harness.base import Harness, TurnContext
 from dshim.model import (
     ApprovalRequest,
     Delivered,
@@ -31,17 +50,18 @@ from dshim.model import (
     QuestionRequest,
     ReplyTarget,
     TextDelta,
-    TextPart,
     ToolProgress,
     TurnEnd,
 )
-from dshim.pipeline.lanes import Lane
-from dshim.store.base import OutboundEntry, TurnRecord
-
-if TYPE_CHECKING:
-    from dshim.pipeline.runtime import BotRuntime, LaneItem
+from dshim.outbound import Outbound, ReplyStream, watch_delivery
+from dshim.pipeline.interactions import Interactions
+from dshim.pipeline.lanes import Lane, LaneItem
+from dshim.pipeline.notices import Notifier
+from dshim.pipeline.observer import Observer
+from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord
 
 log = structlog.get_logger("dshim.turn")
+_ids = random.Random()
 
 MAX_IMAGES = 20
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
@@ -49,6 +69,8 @@ IMAGES_TOTAL_BYTES = 20 * 1024 * 1024
 FILE_MAX_BYTES = 20 * 1024 * 1024
 MEDIA_DEADLINE_S = 60.0
 STOPPED_MARK = "⏹ Stopped."
+CUT_MARK = "✂️ Cut short: dshim was restarted while answering. Send your message again for a complete answer."
+TOO_LARGE = "the answer was too large to handle (dshim ran out of memory)"
 EMPTY_ANSWER = "(The agent returned an empty answer.)"
 
 
@@ -123,9 +145,11 @@ def _sniff_image(data: bytes) -> str | None:
     return None
 
 
-def compose_final(text: str, *, error: str | None, stopped: bool) -> str:
-    """The text the user finally sees for a turn."""
+def compose_final(text: str, *, error: str | None, stopped: bool, cut: bool = False) -> str:
+    """The text the user finally sees for a turn (``cut``: by a shutdown, not by /stop)."""
     body = text.strip()
+    if cut:
+        return f"{body}\n\n{CUT_MARK}" if body else CUT_MARK
     if stopped:
         return f"{body}\n\n{STOPPED_MARK}" if body else STOPPED_MARK
     if error is not None:
@@ -134,164 +158,269 @@ def compose_final(text: str, *, error: str | None, stopped: bool) -> str:
     return body or EMPTY_ANSWER
 
 
-async def run_turn(rt: BotRuntime, item: LaneItem, lane: Lane) -> None:
-    """Run one turn end to end.  Never raises except for cancellation and bugs."""
-    msg = item.msg
-    turn_id = uuid.uuid4().hex[:12]
-    key = msg.lane_key
-    store = rt.store
-    bot = rt.bot.name
-    target = ReplyTarget.for_message(msg)
-    title_source = item.title_text if item.title_text is not None else msg.content
-    if item.text is not None:
-        msg = _with_text(msg, item.text)
+@dataclass(frozen=True, slots=True)
+class TurnDeps:
+    """What a turn needs of its bot; the runtime builds it once per bot."""
+
+    bot: BotConfig
+    store: Store
+    harness: Harness
+    outbound: Outbound
+    notifier: Notifier
+    interactions: Interactions
+    clock: Callable[[], float]
+    observer: Observer | None = None
+
+
+class _Turn:
+    """One turn's state, from the lane item to the record written at the end."""
+
+    __slots__ = (
+        "item",
+        "msg",
+        "id",
+        "target",
+        "title_source",
+        "started_at",
+        "text",
+        "error",
+        "prompt_sent",
+        "prompt_text",
+        "prompt_recorded",
+        "session_id",
+        "delivered",
+    )
+
+    def __init__(self, item: LaneItem, *, started_at: float) -> None:
+        msg = item.msg
+        self.item = item
+        self.id = f"{_ids.getrandbits(48):012x}"  # for log lines only: no syscall per turn
+        self.target = ReplyTarget.for_message(msg)
+        self.title_source = item.title_text if item.title_text is not None else msg.content
+        self.msg = msgspec.structs.replace(msg, content=item.text) if item.text is not None else msg
+        self.started_at = started_at
+        #: The answer so far (TextDelta pieces joined).
+        self.text = ""
+        #: Why the turn failed, in words for the user (None: it did not fail).
+        self.error: str | None = None
+        self.prompt_sent = False
+        #: The prompt as the transcript keeps it, and whether its row is written yet.
+        self.prompt_text = ""
+        self.prompt_recorded = False
+        self.session_id: str | None = None
+        self.delivered: list[Delivered] = []
+
+
+class _Delivery:
+    """Records, durably and before the fact, that a turn may have shown the user something.
+
+    The turn's inbox entries move to ``delivered`` right before the first send of the
+    answer (or of an interaction prompt): after a crash from then on the message gets a
+    notice instead of a second answer; before it, nothing was shown and it runs again.
+    The prompt's transcript row is written in the same store call (one round trip, and a
+    turn that runs again after a crash is in the transcript once).
+    """
+
+    __slots__ = ("_store", "_bot", "_turn", "marked", "due")
+
+    def __init__(self, store: Store, bot: str, turn: _Turn) -> None:
+        self._store = store
+        self._bot = bot
+        self._turn = turn
+        self.marked = False
+        #: The stream cannot report its first send (see dshim.outbound.watch_delivery):
+        #: mark before anything is handed to it.
+        self.due = False
+
+    async def mark(self) -> None:
+        if self.marked:
+            return
+        self.marked = True
+        self.due = False
+        turn = self._turn
+        prompt = None
+        if turn.prompt_sent and turn.session_id is not None:
+            prompt = PromptRow(
+                session_id=turn.session_id, text=turn.prompt_text, at=turn.started_at
+            )
+        try:
+            await self._store.mark_delivered(self._bot, turn.item.inbox_keys, prompt=prompt)
+        except StoreError as exc:  # deliver anyway: a rare duplicate beats a lost answer
+            log.warning("delivery_mark_failed", error=str(exc))
+        else:
+            turn.prompt_recorded = prompt is not None
+
+
+async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
+    """Run one turn end to end: prepare, ensure the session, relay, record.
+
+    Never raises except for cancellation and bugs; finishes the item's inbox entries.
+    """
+    turn = _Turn(item, started_at=deps.clock())
+    delivery = _Delivery(deps.store, deps.bot.name, turn)
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
-    text = ""
-    error: str | None = None
-    prompt_sent = False
-    session_id: str | None = None
-    started_at = rt.clock()
-    delivered: list[Delivered] = []
-    with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn_id):
+    msg = turn.msg
+    with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
         log.info("turn_started", message_id=msg.message_id)
         try:
-            async with rt.outbound.open_stream(target) as stream:
+            async with deps.outbound.open_stream(turn.target) as stream:
+                # A stream that cannot report its first send: what it is handed counts as shown.
+                delivery.due = not watch_delivery(stream, delivery.mark)
                 with stop_scope:
-                    binding = await store.begin_turn(
-                        bot,
-                        key[0],
-                        key[1],
-                        item.inbox_keys,
-                        last_direct=(msg.conversation_id, started_at)
-                        if msg.conversation_type == "direct"
-                        else None,
-                    )
-                    session_id = binding.session_id if binding else None
-                    quoted = None
-                    if msg.reply_to is not None:
-                        ctx = reply_mod.ResolveContext(
-                            store=store,
-                            bot=bot,
-                            conversation_id=msg.conversation_id,
-                            session_id=session_id,
-                            budget=rt.bot.reply,
-                            clock=rt.clock,
-                        )
-                        quoted = await reply_mod.resolve(msg.reply_to, ctx)
-                    images, files, notes = await fetch_media(msg)
-                    parts: list[PromptPart] = list(
-                        prompt_mod.assemble(msg, quoted, rt.bot.prompt, images=images, files=files)
-                    )
-                    if notes:
-                        parts.insert(_after_text(parts), TextPart("\n".join(notes)))
-                    if session_id is None:
-                        title = prompt_mod.session_title(title_source)
-                        try:
-                            session_id = await rt.harness.create_session(title=title)
-                        except HarnessError as exc:  # e.g. the agent cannot be started
-                            error = str(exc)
-                            log.warning("harness_failed", error=error, code=exc.code)
-                        else:
-                            await store.set_binding(
-                                bot, *key, session_id, title=title, now=rt.clock()
-                            )
-                            log.info("session_bound", session=session_id)
-                    if session_id is not None:
-                        if rt.observer is not None:
-                            rt.observer.on_prompt(msg, parts)
-                        await store.append_transcript(
-                            bot,
-                            session_id,
-                            "user",
-                            prompt_mod.prompt_text(parts),
-                            at=started_at,
-                            completed=True,
-                        )
-                        prompt_sent = True
-                        tctx = TurnContext(
-                            bot=bot,
-                            conversation_id=msg.conversation_id,
-                            thread_id=msg.thread_id,
-                            sender_id=msg.sender_id,
-                            conversation_type=msg.conversation_type,
-                        )
-                        try:
-                            async with aclosing(
-                                rt.harness.prompt(session_id, parts, tctx)
-                            ) as events:
-                                async for ev in events:
-                                    if isinstance(ev, TextDelta):
-                                        text += ev.text
-                                        await stream.update(text)
-                                    elif isinstance(ev, ToolProgress):
-                                        await stream.progress(f"{ev.title} ({ev.status})")
-                                    elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
-                                        await rt.interactions.ask(ev, msg)
-                                    elif isinstance(ev, TurnEnd):
-                                        error = ev.error
-                                        break
-                        except HarnessError as exc:
-                            error = str(exc)
-                            log.warning("harness_failed", error=error, code=exc.code)
-                        except Exception as exc:
-                            if isinstance(exc, BUG_TYPES):
-                                log.exception("harness_crashed")
-                            else:
-                                log.warning("harness_failed", error=str(exc))
-                            error = str(exc) or type(exc).__name__
+                    parts = await _prepare(deps, turn)
+                    if await _ensure_session(deps, turn):
+                        await _relay(deps, turn, stream, parts, delivery)
                 stopped = stop_scope.cancelled_caught
-                if stopped and not prompt_sent:
+                cut = stopped and lane.stop_reason == "shutdown"
+                if cut and not delivery.marked:
+                    # Nothing was shown: leave the message to run again after the restart.
+                    log.info("turn_left_for_restart", prompt_sent=turn.prompt_sent)
+                    return
+                if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
-                final = compose_final(text, error=error, stopped=stopped)
-                delivered = await stream.finish(final)
+                final = compose_final(turn.text, error=turn.error, stopped=stopped, cut=cut)
+                if delivery.due:
+                    await delivery.mark()
+                turn.delivered = await stream.finish(final)
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
-            error = error or f"delivery failed: {exc}"
-        except Exception as exc:
-            if isinstance(exc, BUG_TYPES):
-                log.exception("turn_crashed")
-            else:
-                log.warning("turn_failed", error=str(exc))
-            error = error or str(exc)
-            await rt._send_now(
-                target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
+            turn.error = turn.error or f"delivery failed: {exc}"
+        except (DshimError, MemoryError) as exc:  # the store failed, or memory ran out
+            log.warning("turn_failed", error=str(exc), kind=type(exc).__name__)
+            if isinstance(exc, MemoryError):
+                turn.text = ""  # not worth keeping (nor writing to the transcript)
+            turn.error = turn.error or str(exc) or type(exc).__name__
+            await deps.notifier.send_now(
+                turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
-        completed_at = rt.clock()
-        stopped = stop_scope.cancelled_caught
-        await store.record_turn(
-            bot,
-            msg.conversation_id,
-            TurnRecord(
-                session_id=session_id if prompt_sent else None,
-                user_text=None,  # written before the harness call (adapters read the transcript)
-                user_at=started_at,
-                answer_text=text,
-                answer_at=delivered[0].sent_at if delivered else completed_at,
-                completed=error is None and not stopped,
-                delivered=[OutboundEntry.from_delivered(d) for d in delivered],
-                inbox_done=item.inbox_keys,
-            ),
-            now=completed_at,
+        await _record(deps, turn, stopped=stop_scope.cancelled_caught)
+
+
+async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
+    """Mark the turn running, resolve the quote, fetch the media, assemble the prompt."""
+    msg = turn.msg
+    key = msg.lane_key
+    binding = await deps.store.begin_turn(
+        deps.bot.name,
+        key[0],
+        key[1],
+        turn.item.inbox_keys,
+        last_direct=(msg.conversation_id, turn.started_at)
+        if msg.conversation_type == "direct"
+        else None,
+    )
+    turn.session_id = binding.session_id if binding else None
+    quoted = None
+    if msg.reply_to is not None:
+        ctx = reply_mod.ResolveContext(
+            store=deps.store,
+            bot=deps.bot.name,
+            conversation_id=msg.conversation_id,
+            session_id=turn.session_id,
+            budget=deps.bot.reply,
+            clock=deps.clock,
         )
-        log.info(
-            "turn_finished",
-            stopped=stop_scope.cancelled_caught,
-            failed=error is not None,
-            messages=len(delivered),
-            ms=round((completed_at - started_at) * 1000),
-        )
+        quoted = await reply_mod.resolve(msg.reply_to, ctx)
+    images, files, notes = await fetch_media(msg)
+    return prompt_mod.assemble(
+        msg, quoted, deps.bot.prompt, images=images, files=files, notes=notes
+    )
 
 
-def _after_text(parts: list[PromptPart]) -> int:
-    last = -1
-    for i, p in enumerate(parts):
-        if isinstance(p, TextPart):
-            last = i
-    return last + 1
+async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
+    """Bind a new harness session when the conversation has none.  False if it failed."""
+    if turn.session_id is not None:
+        return True
+    title = prompt_mod.session_title(turn.title_source)
+    try:
+        session_id = await deps.harness.create_session(title=title)
+    except HarnessError as exc:  # e.g. the agent cannot be started
+        turn.error = str(exc)
+        log.warning("harness_failed", error=turn.error, code=exc.code)
+        return False
+    key = turn.msg.lane_key
+    await deps.store.set_binding(deps.bot.name, *key, session_id, title=title, now=deps.clock())
+    log.info("session_bound", session=session_id)
+    turn.session_id = session_id
+    return True
 
 
-def _with_text(msg: InboundMessage, text: str) -> InboundMessage:
-    import msgspec
+async def _relay(
+    deps: TurnDeps,
+    turn: _Turn,
+    stream: ReplyStream,
+    parts: list[PromptPart],
+    delivery: _Delivery,
+) -> None:
+    """Hand the prompt to the harness and its events to the stream and the interactions."""
+    msg = turn.msg
+    session_id = turn.session_id
+    assert session_id is not None
+    if deps.observer is not None:
+        deps.observer.on_prompt(msg, parts)
+    # The transcript row is written with the delivery mark (or with the record at the end).
+    turn.prompt_text = prompt_mod.prompt_text(parts)
+    turn.prompt_sent = True
+    tctx = TurnContext(
+        bot=deps.bot.name,
+        conversation_id=msg.conversation_id,
+        thread_id=msg.thread_id,
+        sender_id=msg.sender_id,
+        conversation_type=msg.conversation_type,
+    )
+    try:
+        async with aclosing(deps.harness.prompt(session_id, parts, tctx)) as events:
+            async for ev in events:
+                if isinstance(ev, TextDelta):
+                    turn.text += ev.text
+                    if delivery.due:
+                        await delivery.mark()
+                    await stream.update(turn.text)
+                elif isinstance(ev, ToolProgress):
+                    if delivery.due:
+                        await delivery.mark()
+                    await stream.progress(f"{ev.title} ({ev.status})")
+                elif isinstance(ev, (ApprovalRequest, QuestionRequest)):
+                    await delivery.mark()  # the request is shown to the user
+                    await deps.interactions.ask(ev, msg)
+                elif isinstance(ev, TurnEnd):
+                    turn.error = ev.error
+                    break
+    except HarnessError as exc:
+        turn.error = str(exc)
+        log.warning("harness_failed", error=turn.error, code=exc.code)
+    except MemoryError:
+        # An answer too large to hold: let go of it (the memory is what we lack) and say so.
+        turn.text = ""
+        turn.error = TOO_LARGE
+        log.warning("turn_out_of_memory")
 
-    return msgspec.structs.replace(msg, content=text)
+
+async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
+    """Write the turn's answer, delivered messages and inbox completion in one go."""
+    completed_at = deps.clock()
+    delivered = turn.delivered
+    await deps.store.record_turn(
+        deps.bot.name,
+        turn.msg.conversation_id,
+        TurnRecord(
+            session_id=turn.session_id if turn.prompt_sent else None,
+            # Usually written already, with the delivery mark (before the first send).
+            user_text=turn.prompt_text if turn.prompt_sent and not turn.prompt_recorded else None,
+            user_at=turn.started_at,
+            answer_text=turn.text,
+            answer_at=delivered[0].sent_at if delivered else completed_at,
+            completed=turn.error is None and not stopped,
+            delivered=[OutboundEntry.from_delivered(d) for d in delivered],
+            inbox_done=turn.item.inbox_keys,
+        ),
+        now=completed_at,
+    )
+    log.info(
+        "turn_finished",
+        stopped=stopped,
+        failed=turn.error is not None,
+        messages=len(delivered),
+        ms=round((completed_at - turn.started_at) * 1000),
+    )

@@ -51,13 +51,27 @@ class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """An accepted message whose handling has not finished (survives a restart)."""
+    """An accepted message whose handling has not finished (survives a restart).
+
+    ``state``: ``queued`` (waiting for its turn), ``running`` (its turn started and had
+    shown nothing yet), ``delivered`` (its turn may have shown the user part of an answer).
+    ``attempts``: how many turns were started for it.
+    """
 
     conversation_id: str
     message_id: str
     raw: bytes
-    state: str  # "queued" | "running"
+    state: str  # "queued" | "running" | "delivered"
     accepted_at: float
+    attempts: int = 0
+
+
+class PromptRow(msgspec.Struct, frozen=True, kw_only=True):
+    """The transcript row of a turn's prompt, written together with its delivery mark."""
+
+    session_id: str
+    text: str
+    at: float
 
 
 class TurnRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,7 +124,7 @@ class Store(Protocol):
         """Accepted but unfinished messages of a bot, oldest first."""
         ...
 
-    # -- turns (composite writes keep a turn to two store round trips) ----------------
+    # -- turns (composite writes keep a turn to three store round trips) --------------
     async def begin_turn(
         self,
         bot: str,
@@ -120,8 +134,16 @@ class Store(Protocol):
         *,
         last_direct: tuple[str, float] | None = None,
     ) -> Binding | None:
-        """Mark the turn's inbox entries running, remember ``(conversation, now)`` as the last
-        direct conversation when given, and return the conversation's binding."""
+        """Mark the turn's inbox entries running and count the attempt, remember
+        ``(conversation, now)`` as the last direct conversation when given, and return the
+        conversation's binding."""
+        ...
+
+    async def mark_delivered(
+        self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
+    ) -> None:
+        """Right before a turn's first send: its inbox entries become ``delivered`` and its
+        prompt row (when given) joins the transcript, in one transaction, durable on return."""
         ...
 
     async def record_turn(

@@ -1,12 +1,14 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 1; see :data:`MIGRATIONS`):
+Tables (schema version 2; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
-``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at.  Accepted
-                 messages whose handling has not finished; written in the same transaction
-                 as their dedup key, deleted by ``inbox_done``.
+``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at, attempts.
+                 Accepted messages whose handling has not finished; written in the same
+                 transaction as their dedup key, deleted by ``inbox_done``.  ``state`` is
+                 ``queued``, ``running`` (a turn started: ``attempts`` counts how often)
+                 or ``delivered`` (part of the answer may have reached the user).
 ``bindings``     (bot, conversation_id, thread_id) -> session_id, title, created_at,
                  updated_at.  ``thread_id`` is ``""`` for "no thread".
 ``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
@@ -51,7 +53,14 @@ import structlog
 import trio
 
 from dshim.errors import StoreError
-from dshim.store.base import Binding, InboxEntry, OutboundEntry, TranscriptRow, TurnRecord
+from dshim.store.base import (
+    Binding,
+    InboxEntry,
+    OutboundEntry,
+    PromptRow,
+    TranscriptRow,
+    TurnRecord,
+)
 
 __all__ = [
     "MIGRATIONS",
@@ -76,7 +85,7 @@ OUTBOUND_MAX_AGE_S = 30 * 24 * 3600.0
 #: Outbound text is cut to this many Unicode code points.
 OUTBOUND_TEXT_MAX = 8000
 #: Inbox states the pipeline may set.
-INBOX_STATES = frozenset({"queued", "running"})
+INBOX_STATES = frozenset({"queued", "running", "delivered"})
 
 #: ``PRAGMA application_id`` of a dshim store: b"dshm" as a big-endian int.
 APPLICATION_ID = 0x6473686D
@@ -166,6 +175,10 @@ MIGRATIONS: tuple[Migration, ...] = (
                 updated_at REAL NOT NULL
             ) WITHOUT ROWID""",
         ),
+    ),
+    Migration(
+        "count the turns started for each inbox entry",
+        ("ALTER TABLE inbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",),
     ),
 )
 
@@ -428,7 +441,8 @@ class SqliteStore:
     async def inbox_set_state(
         self, bot: str, conversation_id: str, message_id: str, state: str
     ) -> None:
-        """Set the state ("queued" or "running") of an inbox entry; no-op if there is none."""
+        """Set the state ("queued", "running" or "delivered") of an inbox entry; no-op if
+        there is none.  Committed before it returns (durable at once)."""
         if state not in INBOX_STATES:
             raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
         await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
@@ -455,11 +469,17 @@ class SqliteStore:
         *,
         last_direct: tuple[str, float] | None = None,
     ) -> Binding | None:
-        """Mark inbox entries running, remember the last direct conversation (when given)
-        and read the binding, in one transaction."""
+        """Mark inbox entries running (counting the attempt), remember the last direct
+        conversation (when given) and read the binding, in one transaction."""
         return await self._call(
             _begin_turn, bot, conversation_id, thread_id, inbox_keys, last_direct
         )
+
+    async def mark_delivered(
+        self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
+    ) -> None:
+        """Inbox entries ``delivered`` and the prompt's transcript row, in one transaction."""
+        await self._call(_mark_delivered, bot, inbox_keys, prompt)
 
     async def record_turn(
         self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
@@ -627,13 +647,13 @@ def _inbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, messag
 
 def _inbox_pending(conn: sqlite3.Connection, bot: str) -> list[InboxEntry]:
     rows = conn.execute(
-        "SELECT conversation_id, message_id, raw, state, accepted_at FROM inbox"
+        "SELECT conversation_id, message_id, raw, state, accepted_at, attempts FROM inbox"
         " WHERE bot = ? ORDER BY accepted_at, rowid",
         (bot,),
     )
     return [
-        InboxEntry(conversation_id=c, message_id=m, raw=r, state=s, accepted_at=a)
-        for c, m, r, s, a in rows
+        InboxEntry(conversation_id=c, message_id=m, raw=r, state=s, accepted_at=a, attempts=n)
+        for c, m, r, s, a, n in rows
     ]
 
 
@@ -704,10 +724,14 @@ def _insert_outbound(
         (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
     )
     conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
-    # Only this conversation: bounded work per insert; prune() sweeps the rest.
+    # Only this conversation: bounded work per insert; prune() sweeps the rest.  An entry
+    # completed before the cutoff was sent before it too, so the sent_at range of the
+    # index finds the candidates without reading the whole conversation.
+    cutoff = now - OUTBOUND_MAX_AGE_S
     conn.execute(
-        "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND completed_at < ?",
-        (bot, conversation_id, now - OUTBOUND_MAX_AGE_S),
+        "DELETE FROM outbound WHERE bot = ? AND conversation_id = ? AND sent_at < ?"
+        " AND completed_at < ?",
+        (bot, conversation_id, cutoff, cutoff),
     )
 
 
@@ -790,10 +814,24 @@ def _begin_turn(
 ) -> Binding | None:
     with _transaction(conn):
         for conv, mid in inbox_keys:
-            _inbox_set_state(conn, bot, conv, mid, "running")
+            conn.execute(
+                "UPDATE inbox SET state = 'running', attempts = attempts + 1"
+                " WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+                (bot, conv, mid),
+            )
         if last_direct is not None:
             _set_last_direct(conn, bot, last_direct[0], last_direct[1])
         return _get_binding(conn, bot, conversation_id, thread_id)
+
+
+def _mark_delivered(
+    conn: sqlite3.Connection, bot: str, inbox_keys: list[tuple[str, str]], prompt: PromptRow | None
+) -> None:
+    with _transaction(conn):
+        for conv, mid in inbox_keys:
+            _inbox_set_state(conn, bot, conv, mid, "delivered")
+        if prompt is not None:
+            _append_transcript(conn, bot, prompt.session_id, "user", prompt.text, prompt.at, True)
 
 
 def _record_turn(
