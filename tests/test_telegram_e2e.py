@@ -743,11 +743,6 @@ async def test_a_slow_poll_answer_is_not_a_failure(
     assert first.status == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs the streaming engine's unknown-outcome rule (issue 9 #8, dshim/render.py, "
-    "another branch): delete this marker once it is merged",
-)
 async def test_a_send_whose_answer_was_lost_is_not_repeated_into_many_copies(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
