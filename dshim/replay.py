@@ -3,8 +3,10 @@
 Each fixture runs in its own trio run on a virtual clock (deterministic, instant), with a
 fresh temporary store, the echo harness and no network: platform lookups are answered by
 the fixture's recorded ``http`` exchanges (unmatched requests answer 404).  Events are fed
-one at a time and the pipeline is allowed to go idle after each, so the output follows
-event order.  Output lines (JSON, one per line)::
+one at a time and the pipeline is allowed to settle after each, so the output follows
+event order: the clock moves to an event's time when it lies ahead, and a pending
+approval or question waits for the next event (it may be the answer) rather than for
+its timeout; after the last event everything runs to its end.  Output lines (JSON, one per line)::
 
     {"fixture":F,"kind":"prompt","conversation":C,"thread":T,"text":TEXT,"images":N,"files":N}
     {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"text":FINAL_TEXT}
@@ -301,8 +303,13 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
             ) as rt:
                 for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
                     rec.index = i
+                    if isinstance(item, InboundMessage) and item.received_at > clock():
+                        await trio.sleep(item.received_at - clock())  # time moves to the event
                     await rt.accept(item, raw if fx.format == "raw" else None)
-                    await rt.wait_idle()
+                    # A pending approval or question waits for the next event (perhaps its
+                    # answer) instead of running out its timeout on the virtual clock.
+                    await rt.wait_settled()
+                await rt.wait_idle()
     return rec.lines
 
 
