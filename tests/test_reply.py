@@ -1,8 +1,8 @@
 """The quoted-reply layer: cleaning, limits, the block, lazy load, budgets and recovery.
 
 Timing tests run on trio's autojump clock (``autojump_clock`` fixture) except one that
-checks the deadline on the real clock.  Recovery tests run against the in-memory store
-and, when it is importable, the SQLite store.
+checks the deadline on the real clock.  Recovery tests run against the real SQLite store
+(in a temporary directory, through a proxy that can slow or break it).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from dshim.reply import (
     single_line,
 )
 from dshim.store.base import OutboundEntry
-from tests.memstore import MemStore
+from tests.store_proxy import open_proxy
 
 OPEN = "<dsh_im_reply_to>"
 CLOSE = "</dsh_im_reply_to>"
@@ -817,13 +817,10 @@ async def test_the_loader_is_never_logged(autojump_clock: trio.abc.Clock) -> Non
 # --- recovery of the bot's own answers ----------------------------------------------------------
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        yield MemStore()
-        return
-    sqlite = pytest.importorskip("dshim.store.sqlite")
-    async with sqlite.open_sqlite_store(tmp_path / "store.db") as s:
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[Any]:
+    """The real SQLite store (in a temporary directory), seen through a counting proxy."""
+    async with open_proxy(tmp_path) as s:
         yield s
 
 
@@ -1034,8 +1031,7 @@ async def test_loader_then_recovery(store: Any) -> None:
     assert calls == [1]
 
 
-async def test_recovery_runs_once() -> None:
-    store = MemStore()
+async def test_recovery_runs_once(store: Any) -> None:
     await add(store, entry(["q1"], "text", NOW - 10))
     ref = recover_ref("q1")
     await resolve(ref, ctx(store))
@@ -1044,8 +1040,7 @@ async def test_recovery_runs_once() -> None:
     assert ref.recover is False
 
 
-async def test_deadline_during_history_paging(autojump_clock: trio.abc.Clock) -> None:
-    store = MemStore()
+async def test_deadline_during_history_paging(autojump_clock: trio.abc.Clock, store: Any) -> None:
     times = await history(store)
     store.delay = 2.0  # list_outbound 2 s, page 1 2 s, page 2 would end at 6 s
     start = trio.current_time()
@@ -1059,9 +1054,11 @@ async def test_deadline_during_history_paging(autojump_clock: trio.abc.Clock) ->
     assert q is not None and q.content == "assistant 201"
 
 
-async def test_deadline_covers_loader_and_recovery(autojump_clock: trio.abc.Clock) -> None:
-    store = MemStore(delay=1.0)
+async def test_deadline_covers_loader_and_recovery(
+    autojump_clock: trio.abc.Clock, store: Any
+) -> None:
     times = await history(store)
+    store.delay = 1.0
 
     async def slow() -> ReplyReference:
         await trio.sleep(2.5)
@@ -1074,21 +1071,14 @@ async def test_deadline_covers_loader_and_recovery(autojump_clock: trio.abc.Cloc
     assert (q.author_name, q.unavailable_reason) == ("Bot", "not-delivered")
 
 
-async def test_store_errors_are_not_delivered() -> None:
-    class Broken(MemStore):
-        async def list_outbound(self, bot: str, conversation_id: str, *, now: float) -> Any:
-            raise OSError("disk on fire")
-
-    q = await resolve(recover_ref("q1", at=NOW), ctx(Broken(), session_id="s"))
+async def test_store_errors_are_not_delivered(store: Any) -> None:
+    store.fail["list_outbound"] = OSError("disk on fire")
+    q = await resolve(recover_ref("q1", at=NOW), ctx(store, session_id="s"))
     assert q is not None and q.unavailable_reason == "not-delivered"
 
 
-async def test_write_back_failure_keeps_the_text() -> None:
-    class ReadOnly(MemStore):
-        async def add_outbound(self, *a: Any, **kw: Any) -> None:
-            raise OSError("read-only")
-
-    store = ReadOnly()
+async def test_write_back_failure_keeps_the_text(store: Any) -> None:
+    store.fail["add_outbound"] = OSError("read-only")
     await store.append_transcript("bot", "s", "assistant", "kept", at=NOW - 50, completed=True)
     q = await resolve(recover_ref("q1", at=NOW - 50), ctx(store, session_id="s"))
     assert q is not None and (q.content, q.unavailable_reason) == ("kept", None)
