@@ -155,3 +155,36 @@ async def test_shutdown_stops_reading_and_lets_the_running_turn_finish(
         assert ch.outbound is not None
         assert ch.outbound.sent[0].text.endswith("echo:slow 8")  # finished within the grace
         assert len(ch.outbound.sent) == 1
+
+
+class StartsThenFails(ScriptedChannel):
+    """Authenticates, reports started, then fails at once (an event that kills the reader)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started_at: list[float] = []
+
+    async def run(
+        self, ctx: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self.started_at.append(trio.current_time())
+        task_status.started()
+        raise RecursionError("maximum recursion depth exceeded while deserializing an object")
+
+
+async def test_a_bot_that_fails_right_after_starting_backs_off_ever_longer(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    ch = StartsThenFails()
+    cfg = config("a")
+    shutdown = trio.Event()
+    async with open_store(tmp_path, inline=True) as store:
+        host = ServeHost(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(supervise_bot, ch, host)
+            await trio.sleep(120)
+            shutdown.set()
+    gaps = [b - a for a, b in zip(ch.started_at, ch.started_at[1:], strict=False)]
+    assert len(ch.started_at) <= 9  # 1, 2, 4, 8, 16, 30, 30 ... s: never a tight loop
+    assert all(gap >= 1.0 for gap in gaps)
+    assert gaps[3] > gaps[0] and max(gaps) >= 15
