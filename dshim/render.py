@@ -81,10 +81,11 @@ import trio
 
 from dshim.backoff import Backoff
 from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
-from dshim.model import Delivered
+from dshim.model import Delivered, ReplyTarget
 
 __all__ = [
     "ChatPacer",
+    "EditOutbound",
     "EditStream",
     "Limits",
     "PacerPool",
@@ -619,3 +620,44 @@ async def deliver_text(
         return []
     stream = EditStream(transport, limits, clock=clock, pacer=pacer)
     return await stream.finish(text)
+
+
+class EditOutbound:
+    """An :class:`~dshim.outbound.Outbound` that streams by editing messages.
+
+    A channel subclasses it and supplies :meth:`transport` (one :class:`StreamTransport`
+    per answer); :meth:`pacer` gives every answer into one chat the same
+    :class:`ChatPacer` (override it for per-chat budgets).  Notices (``send_text``) and
+    streamed answers (``open_stream``) then share pacing, splitting and retries.
+    """
+
+    def __init__(
+        self, *, limits: Limits, clock: Callable[[], float], bot_username: str | None
+    ) -> None:
+        self.limits = limits
+        self.clock = clock
+        #: The platform's own name for the bot, for ``/cmd@name``.
+        self.bot_username = bot_username
+        self._pacers = PacerPool()
+
+    def transport(self, target: ReplyTarget) -> StreamTransport:
+        """The transport of one answer to ``target``."""
+        raise NotImplementedError
+
+    def pacer(self, target: ReplyTarget) -> ChatPacer:
+        """The pacer every answer into ``target``'s chat shares."""
+        return self._pacers.get(target.conversation_id)
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        """Send a complete text under the user's message, split per the limits."""
+        return await deliver_text(
+            self.transport(target), self.limits, text, clock=self.clock, pacer=self.pacer(target)
+        )
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
+        """Stream an answer by editing: typing, then the first message, then edits."""
+        async with open_edit_stream(
+            self.transport(target), self.limits, clock=self.clock, pacer=self.pacer(target)
+        ) as stream:
+            yield stream

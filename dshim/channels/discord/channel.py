@@ -212,8 +212,8 @@ class DiscordReplayAdapter:
             self.bot_username = self.bot_username or ready.user.username or None
             self._mapper = MessageMapper(self.bot_id, lookup=self._lookup)
 
-    def split(self, text: str) -> list[str]:
-        return split(text)
+    #: The chunks an answer is delivered in (the renderer's own split).
+    split = staticmethod(split)
 
 
 # --- probe -----------------------------------------------------------------------------------
@@ -288,13 +288,8 @@ async def probe(rows: ProbeRows) -> None:
         )
 
 
-CHANNEL = ChannelSpec(
-    key="discord",
-    settings=DiscordSettings,
-    run_fn=run,
-    replay_fn=DiscordReplayAdapter,
-    probe_fn=probe,
-)
+#: key, settings, run, replay adapter, probe (see ChannelSpec).
+CHANNEL = ChannelSpec("discord", DiscordSettings, run, DiscordReplayAdapter, probe)
 """Tests bind timings and jitter: ``replace(CHANNEL, run_fn=partial(run, rng=...))``."""
 
 __all__ = ["CHANNEL", "DiscordSettings"]

@@ -19,26 +19,21 @@ already exists instead of posting a duplicate.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 
 from dshim.channels.discord.client import RestClient
 from dshim.errors import ChannelError
-from dshim.model import Delivered, ReplyTarget
-from dshim.render import EditStream, Limits, PacerPool, deliver_text, open_edit_stream
+from dshim.model import ReplyTarget
+from dshim.render import EditOutbound, Limits
 
 #: Discord's message length limit, in code points.
 MAX_MESSAGE_LEN = 2000
 #: "Cannot reply without permission to read message history".
 CANNOT_REPLY_CODE = 160002
 
-LIMITS = Limits(
-    max_len=MAX_MESSAGE_LEN,
-    measure=len,
-    first_send_delay_s=1.0,
-    edit_interval_s=1.0,
-    typing_interval_s=8.0,
-)
+#: 2,000 code points; the first message after ~1 s of text, then at most one edit a
+#: second (the engine's defaults); typing lasts 10 s on Discord, so it is renewed every 8 s.
+LIMITS = Limits(max_len=MAX_MESSAGE_LEN, typing_interval_s=8.0)
 
 
 def split(text: str) -> list[str]:
@@ -87,7 +82,7 @@ class DiscordTransport:
         await self.rest.trigger_typing(self.channel_id, retries=0)
 
 
-class DiscordOutbound:
+class DiscordOutbound(EditOutbound):
     """The channel's :class:`dshim.outbound.Outbound`: replies, notices, streamed answers."""
 
     def __init__(
@@ -98,27 +93,8 @@ class DiscordOutbound:
         bot_username: str | None = None,
         limits: Limits = LIMITS,
     ) -> None:
+        super().__init__(limits=limits, clock=clock, bot_username=bot_username)
         self.rest = rest
-        self.clock = clock
-        self.bot_username = bot_username
-        self.limits = limits
-        self._pacers = PacerPool()
 
-    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        return await deliver_text(
-            DiscordTransport(self.rest, target),
-            self.limits,
-            text,
-            clock=self.clock,
-            pacer=self._pacers.get(target.conversation_id),
-        )
-
-    @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
-        async with open_edit_stream(
-            DiscordTransport(self.rest, target),
-            self.limits,
-            clock=self.clock,
-            pacer=self._pacers.get(target.conversation_id),
-        ) as stream:
-            yield stream
+    def transport(self, target: ReplyTarget) -> DiscordTransport:
+        return DiscordTransport(self.rest, target)

@@ -190,8 +190,8 @@ class ReplayAdapter:
     def decode(self, raw: bytes) -> InboundMessage | Skip:
         return protocol.decode_update(raw, self.identity)
 
-    def split(self, text: str) -> list[str]:
-        return split(text)
+    #: The chunks an answer is delivered in (the renderer's own split).
+    split = staticmethod(split)
 
 
 # --- probe ----------------------------------------------------------------------------------
@@ -254,12 +254,7 @@ def _origin(url: str) -> str:
     return f"{scheme}://{host}" if rest else "set"
 
 
-CHANNEL = ChannelSpec(
-    key="telegram",
-    settings=TelegramSettings,
-    run_fn=run,
-    replay_fn=ReplayAdapter,
-    probe_fn=probe,
-)
+#: key, settings, run, replay adapter, probe (see ChannelSpec).
+CHANNEL = ChannelSpec("telegram", TelegramSettings, run, ReplayAdapter, probe)
 
 __all__ = ["CHANNEL", "TelegramSettings"]

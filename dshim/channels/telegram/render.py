@@ -19,8 +19,7 @@ outcome is unknown is never repeated here (see :mod:`dshim.render`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -33,18 +32,14 @@ from dshim.channels.telegram.protocol import (
     ThreadNotFound,
     utf16_len,
 )
-from dshim.model import Delivered, ReplyTarget
-from dshim.render import ChatPacer, EditStream, Limits, PacerPool, deliver_text, open_edit_stream
+from dshim.model import ReplyTarget
+from dshim.render import ChatPacer, EditOutbound, Limits
 
 log = structlog.get_logger("dshim.telegram")
 
-LIMITS = Limits(
-    max_len=MAX_MESSAGE_UTF16,
-    measure=utf16_len,
-    first_send_delay_s=1.0,
-    edit_interval_s=1.0,
-    typing_interval_s=5.0,
-)
+#: 4,096 UTF-16 code units; the first message after ~1 s of text, at most one edit a
+#: second, typing renewed every 5 s (Telegram shows it for 5 s): the engine's defaults.
+LIMITS = Limits(max_len=MAX_MESSAGE_UTF16, measure=utf16_len)
 #: Telegram's flood limit for groups: about 20 messages per minute (edits count too).
 GROUP_BUDGET = 20
 GROUP_BUDGET_WINDOW_S = 60.0
@@ -114,7 +109,7 @@ class TelegramTransport:
         await self._client.send_chat_action(self.chat_id, "typing", thread_id=self._thread)
 
 
-class TelegramOutbound:
+class TelegramOutbound(EditOutbound):
     """Sends notices and streams answers for one bot."""
 
     def __init__(
@@ -125,11 +120,8 @@ class TelegramOutbound:
         username: str | None,
         limits: Limits = LIMITS,
     ) -> None:
+        super().__init__(limits=limits, clock=clock, bot_username=username)
         self.client = client
-        self.clock = clock
-        self.bot_username = username
-        self.limits = limits
-        self._pacers = PacerPool()
         self._migrations: OrderedDict[int, int] = OrderedDict()
 
     def current_chat(self, chat_id: int) -> int:
@@ -151,33 +143,16 @@ class TelegramOutbound:
         while len(self._migrations) > MIGRATIONS_MAX:
             self._migrations.popitem(last=False)
 
-    def _pacer_for(self, target: ReplyTarget) -> ChatPacer:
+    def transport(self, target: ReplyTarget) -> TelegramTransport:
+        return TelegramTransport(self, target)
+
+    def pacer(self, target: ReplyTarget) -> ChatPacer:
+        """Groups get Telegram's flood budget (about 20 messages a minute, edits count)."""
         if target.conversation_type == "group":
             return self._pacers.get(
                 target.conversation_id, budget=GROUP_BUDGET, per_s=GROUP_BUDGET_WINDOW_S
             )
-        return self._pacers.get(target.conversation_id)
-
-    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        """Send a complete text under the user's message, split at 4,096 UTF-16 units."""
-        return await deliver_text(
-            TelegramTransport(self, target),
-            self.limits,
-            text,
-            clock=self.clock,
-            pacer=self._pacer_for(target),
-        )
-
-    @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
-        """Stream an answer by editing: typing, then the first message, then edits."""
-        async with open_edit_stream(
-            TelegramTransport(self, target),
-            self.limits,
-            clock=self.clock,
-            pacer=self._pacer_for(target),
-        ) as stream:
-            yield stream
+        return super().pacer(target)
 
 
 def split(text: str) -> list[str]:
