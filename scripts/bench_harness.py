@@ -97,7 +97,7 @@ class TimedOutbound(RecordingOutbound):
                 self.hook = hook
 
             async def update(self, text: str) -> None:
-                if not self.updates:
+                if not self.update_count:
                     outbound.first_update_at = time.perf_counter()
                 await super().update(text)
 
@@ -106,7 +106,7 @@ class TimedOutbound(RecordingOutbound):
                     await self.hook()
                 return await super().finish(text)
 
-        stream = Stream(self, target)
+        stream = Stream(self, target, keep=self.keep_updates)
         yield stream
 
 
