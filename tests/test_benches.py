@@ -1,0 +1,33 @@
+"""The benchmark scripts still run end to end (tiny sizes; no speed is asserted)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "prints"),
+    [
+        ("bench_pipeline.py", ["--events", "200", "--turn-events", "20"], "steps 1-7"),
+        ("bench_telegram.py", ["--updates", "300", "--repeat", "1"], "pipeline"),
+        ("bench_discord.py", ["--dispatches", "100", "--repeat", "1"], "pipeline steps 1-6"),
+        ("bench_harness.py", ["--turns", "5", "--warmup", "1"], "time to first token"),
+    ],
+)
+def test_bench_script_runs_and_prints_its_figures(
+    script: str, args: list[str], prints: str
+) -> None:
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert prints in r.stdout and "floor" in r.stdout
