@@ -38,9 +38,13 @@ Rules every channel follows
    its :class:`~dshim.model.Verdict` says ``confirm``; a ``"shutdown"`` verdict is left
    unconfirmed so the platform delivers it again.  One bad event is a ``malformed``
    Skip, never an exception: decode per event, with depth and size bounded.
-5. **Quotes.**  In a :class:`~dshim.model.ReplyReference`, a field the platform said
-   nothing about is ``msgspec.UNSET`` (the model's meaning); ``None`` is not used for
-   "absent".  A loaded reference overrides only the fields it sets.
+5. **Quotes and forwards.**  In a :class:`~dshim.model.ReplyReference`, a field the
+   platform said nothing about is ``msgspec.UNSET`` (the model's meaning); ``None`` is not
+   used for "absent".  A loaded reference overrides only the fields it sets.  A forwarded
+   message (the platform's forward marker) is not a quote: its text is the message's
+   ``content``, its sender the person who forwarded it, and ``forwarded=True`` — the
+   pipeline then never takes it as a command, a /batch word or an answer.  Ids of a known
+   shape (Discord snowflakes) are validated before they are used in a lookup.
 6. **Sending.**  The channel's :class:`Outbound` delivers text and streams; every
    delivered message comes back as a :class:`~dshim.model.Delivered` with its platform
    id, which the pipeline records in the message index.  A send whose outcome is
