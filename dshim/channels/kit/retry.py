@@ -38,16 +38,20 @@ async def until_ok(
 ) -> T:
     """``await fn()`` until it returns.  Transient ChannelErrors back off and retry.
 
-    :class:`~dshim.errors.AuthError`, :class:`~dshim.errors.FatalChannelError` and
-    :class:`~dshim.errors.PermissionDenied` (the credentials work but may not do this)
-    are raised at once; anything that is not a ChannelError is not caught.
+    :class:`~dshim.errors.AuthError` and :class:`~dshim.errors.FatalChannelError` are
+    raised at once; :class:`~dshim.errors.PermissionDenied` too, as an AuthError (the
+    credentials are valid but may not do what the bot needs: nothing a retry can fix,
+    and only AuthError, FatalChannelError and ConfigError may end a channel's ``run``).
+    Anything that is not a ChannelError is not caught.
     """
     backoff = backoff or Backoff()
     while True:
         try:
             return await fn()
-        except (AuthError, FatalChannelError, PermissionDenied):
+        except (AuthError, FatalChannelError):
             raise
+        except PermissionDenied as exc:
+            raise AuthError(f"{what}: {exc}", status=exc.status, code=exc.code) from exc
         except RateLimited as exc:
             delay = backoff.next_delay(retry_after=exc.retry_after)
             log.warning("rate_limited", what=what, retry_in_s=round(delay, 2))
