@@ -30,7 +30,14 @@ import trio
 
 from dshim.backoff import Backoff
 from dshim.channels import load_channel
-from dshim.channels.base import Channel, ChannelStore, Inbound, RawDecoder, WebhookHandler
+from dshim.channels.base import (
+    Channel,
+    ChannelStore,
+    HttpHandler,
+    Inbound,
+    RawDecoder,
+    WebSocketHandler,
+)
 from dshim.config import BotConfig, Config, settings_of
 from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError
 from dshim.harness.base import Harness
@@ -94,10 +101,16 @@ class ServeHost:
     def register_secret(self, secret: str) -> None:
         register_secret(secret)
 
-    def mount(self, path: str, handler: WebhookHandler) -> None:
-        raise ConfigError(
-            f"bots.{self._bot.name}: this channel receives webhooks, and this version of dshim "
-            "has no HTTP endpoint yet"
+    def mount(self, path: str, handler: HttpHandler) -> None:
+        raise self._no_endpoint()
+
+    def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
+        raise self._no_endpoint()
+
+    def _no_endpoint(self) -> ConfigError:
+        return ConfigError(
+            f"bots.{self._bot.name}: the {self._bot.channel} channel needs the local HTTP "
+            "endpoint, and this version of dshim has none yet"
         )
 
     @asynccontextmanager

@@ -100,7 +100,12 @@ __all__ = [
     "ReplyStream",
     "Secret",
     "Verdict",
-    "WebhookHandler",
+    "HttpHandler",
+    "HttpRequest",
+    "HttpResponse",
+    "WebSocket",
+    "WebSocketClosed",
+    "WebSocketHandler",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -149,8 +154,81 @@ class Inbound(Protocol):
         ...
 
 
-#: A webhook handler mounted on the local HTTP endpoint: (headers, body) -> (status, body).
-WebhookHandler = Callable[[list[tuple[str, str]], bytes], Awaitable[tuple[int, bytes]]]
+# --- the local HTTP endpoint, as a channel sees it ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One HTTP request to a mounted handler (the body is read, at most the endpoint's cap).
+
+    ``path`` is relative to the mount point and starts with ``/``; header names are lower
+    case.  Authentication (the endpoint's bearer token) is checked before the handler runs;
+    a platform's own signature check is the handler's.
+    """
+
+    method: str
+    path: str
+    query: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """What a mounted handler answers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+#: A handler mounted on the local HTTP endpoint (platform webhooks, the web chat's page).
+HttpHandler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+
+
+class WebSocketClosed(Exception):
+    """The peer closed the websocket (or the endpoint is shutting down)."""
+
+    def __init__(self, code: int | None = None) -> None:
+        super().__init__(f"websocket closed ({code})")
+        self.code = code
+
+
+class WebSocket(Protocol):
+    """One accepted websocket on the local HTTP endpoint.
+
+    The endpoint has already checked authentication and ``Origin``.  ``receive`` returns the
+    next text (``str``) or binary (``bytes``) message and raises :class:`WebSocketClosed`
+    when the peer or the endpoint closed the socket; ``send`` raises it too once closed.
+    One task may receive while others send.
+    """
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def query(self) -> str: ...
+
+    @property
+    def headers(self) -> tuple[tuple[str, str], ...]: ...
+
+    async def receive(self) -> str | bytes: ...
+
+    async def send(self, data: str) -> None: ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+#: Serves one websocket until it closes (returning closes it).
+WebSocketHandler = Callable[[WebSocket], Awaitable[None]]
 
 
 class BotHost(Protocol):
@@ -190,10 +268,19 @@ class BotHost(Protocol):
         """Never log this value (a token minted at runtime)."""
         ...
 
-    def mount(self, path: str, handler: WebhookHandler) -> None:
-        """Receive platform webhooks at ``path`` on the local HTTP endpoint.
+    def mount(self, path: str, handler: HttpHandler) -> None:
+        """Serve HTTP requests at ``/hooks/<bot>/<path>`` on the local HTTP endpoint
+        (platform webhooks; the web chat's page).  ``path`` is relative ("" for the bot's
+        root); a later mount of the same path replaces the earlier one (a restarted bot).
+        Raises ConfigError when the endpoint is disabled (``[http] enabled = false``).
+        """
+        ...
 
-        Reserved for webhook channels: raises ConfigError while dshim has no endpoint.
+    def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
+        """Serve websockets at ``/hooks/<bot>/<path>`` (the web chat), as :meth:`mount`.
+
+        The endpoint serves the mounts of the web chat bot (the embedded default, channel
+        ``webchat``) at the root too: ``/`` and ``/ws`` are its page and its socket.
         """
         ...
 
