@@ -90,6 +90,46 @@ class DshimSection(_Base):
     shutdown_grace_s: float = 10.0
 
 
+class HttpSection(_Base):
+    """The local HTTP endpoint: web chat, health, metrics, platform webhooks."""
+
+    enabled: bool = True
+    #: ``host:port`` (IPv6 as ``[::1]:8910``); anything but loopback needs ``token``.
+    listen: str = "127.0.0.1:8910"
+    #: Bearer token every route but /healthz requires (write ``"${DSHIM_HTTP_TOKEN}"``).
+    token: Secret | None = None
+
+    @property
+    def host(self) -> str:
+        return split_listen(self.listen)[0]
+
+    @property
+    def port(self) -> int:
+        return split_listen(self.listen)[1]
+
+
+def split_listen(listen: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); ValueError when it is not one."""
+    host, sep, port = listen.strip().rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535 or not host:
+        raise ValueError(f"expected host:port, got {listen!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and localhost."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class HarnessConfig(_Base):
     kind: Literal["echo", "openai", "acp"] = "echo"
     # openai
@@ -185,6 +225,7 @@ COMMON_BOT_KEYS = frozenset(BotConfig.__struct_fields__) - {"settings"}
 
 class Config(_Base):
     dshim: DshimSection = msgspec.field(default_factory=DshimSection)
+    http: HttpSection = msgspec.field(default_factory=HttpSection)
     harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
     bots: list[BotConfig] = msgspec.field(default_factory=list)
 
@@ -563,6 +604,16 @@ def _check_semantics(config: Config, label: str) -> None:
         )
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
+    http = config.http
+    try:
+        host, _ = split_listen(http.listen)
+    except ValueError as exc:
+        raise ConfigError(f"{label}: http.listen: {exc}") from None
+    if http.enabled and not is_loopback(host) and not http.token:
+        raise ConfigError(
+            f"{label}: http.token: required when http.listen is not a loopback address "
+            f'({http.listen}): set token = "${{DSHIM_HTTP_TOKEN}}", or listen on 127.0.0.1'
+        )
 
 
 def default_data_dir(env: typing.Mapping[str, str] | None = None) -> Path:

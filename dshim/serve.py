@@ -39,8 +39,10 @@ from dshim.channels.base import (
     WebSocketHandler,
 )
 from dshim.config import BotConfig, Config, settings_of
-from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError
+from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError, single_error
 from dshim.harness.base import Harness
+from dshim.http.app import Endpoint
+from dshim.http.server import GRACEFUL_S, serve_endpoint
 from dshim.log import register_secret
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
@@ -55,6 +57,8 @@ BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 30.0
 #: A bot that ran this long before failing starts its backoff from the minimum again.
 HEALTHY_RUN_S = 60.0
+#: The channel whose bot is the embedded default: its page and socket are also at the root.
+ROOT_CHANNEL = "webchat"
 
 
 class ServeHost:
@@ -70,8 +74,10 @@ class ServeHost:
         clock: Clock = wall_clock,
         observer: Observer | None = None,
         harness: Harness | None = None,
+        endpoint: Endpoint | None = None,
     ) -> None:
         self.config = config
+        self._endpoint = endpoint
         self._bot = bot
         self._store = store
         self._bound = BoundStore(store, bot.name)
@@ -102,16 +108,18 @@ class ServeHost:
         register_secret(secret)
 
     def mount(self, path: str, handler: HttpHandler) -> None:
-        raise self._no_endpoint()
+        self._need_endpoint().mount(self._bot.name, path, handler)
 
     def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
-        raise self._no_endpoint()
+        self._need_endpoint().mount_websocket(self._bot.name, path, handler)
 
-    def _no_endpoint(self) -> ConfigError:
-        return ConfigError(
-            f"bots.{self._bot.name}: the {self._bot.channel} channel needs the local HTTP "
-            "endpoint, and this version of dshim has none yet"
-        )
+    def _need_endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise ConfigError(
+                f"bots.{self._bot.name}: the {self._bot.channel} channel needs the local "
+                "HTTP endpoint: remove `enabled = false` from [http]"
+            )
+        return self._endpoint
 
     @asynccontextmanager
     async def open_runtime(
@@ -245,6 +253,7 @@ async def serve_bots(
     clock: Clock = wall_clock,
     observer: Observer | None = None,
     harness: Harness | None = None,
+    endpoint: Endpoint | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """Supervise every enabled bot until all have ended.  Returns bot -> why it ended.
@@ -262,6 +271,7 @@ async def serve_bots(
             clock=clock,
             observer=observer,
             harness=harness,
+            endpoint=endpoint,
         )
         results[bot.name] = await supervise_bot(channel, host)
 
@@ -286,9 +296,31 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
         )
     channels = {b.name: load_channel(b.channel) for b in enabled}
     shutdown = trio.Event()
-    async with open_store(data_dir) as store:
-        log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
-        async with trio.open_nursery() as root:
+    stop_http = trio.Event()
+    endpoint = Endpoint() if config.http.enabled else None
+    if endpoint is not None:
+        endpoint.root_bot = next((b.name for b in enabled if b.channel == ROOT_CHANNEL), None)
+    with single_error():
+        async with open_store(data_dir) as store, trio.open_nursery() as root:
+            endpoint_done = trio.Event()
+            if endpoint is not None:
+
+                async def http(task_status: trio.TaskStatus[list[str]]) -> None:
+                    try:
+                        await serve_endpoint(
+                            endpoint,
+                            config.http.listen,
+                            shutdown=stop_http,
+                            task_status=task_status,
+                        )
+                    finally:
+                        endpoint_done.set()
+
+                binds = await root.start(http)
+                log.info("http_listening", urls=binds)
+            else:
+                endpoint_done.set()
+            log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
 
             async def signals() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
@@ -296,6 +328,7 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
                         if not shutdown.is_set():
                             log.info("shutdown_requested", signal=signal.Signals(signum).name)
                             shutdown.set()
+                            stop_http.set()  # open chat sockets close, requests finish
                             root.start_soon(hard_stop)
                         else:
                             log.warning("shutdown_forced")
@@ -307,12 +340,16 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
                 root.cancel_scope.cancel()
 
             root.start_soon(signals)
-            results = await serve_bots(config, store, shutdown=shutdown, channels=channels)
+            results = await serve_bots(
+                config, store, shutdown=shutdown, channels=channels, endpoint=endpoint
+            )
+            signalled = shutdown.is_set()
+            stop_http.set()  # every bot ended: the endpoint stops too, gracefully
+            with trio.move_on_after(GRACEFUL_S + 1):
+                await endpoint_done.wait()
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)
-    if shutdown.is_set():
-        return 0
-    return 1
+    return 0 if signalled else 1
 
 
 def run_serve(config: Config, data_dir: Path) -> int:

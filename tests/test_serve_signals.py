@@ -35,6 +35,7 @@ def write_config(tmp_path: Path, api_base: str, *, other_bot: bool = False) -> P
     cfg = tmp_path / "dshim.toml"
     text = (
         f'[dshim]\ndata_dir = "{tmp_path / "state"}"\nshutdown_grace_s = {GRACE_S}\n\n'
+        '[http]\nlisten = "127.0.0.1:0"\n\n'
         f'[[bots]]\nname = "tg"\nchannel = "telegram"\ntoken = "${{DSHIM_TEST_TG_TOKEN}}"\n'
         f'api_base = "{api_base}"\n'
     )
