@@ -176,7 +176,9 @@ class Chat:
         me: BotIdentity,
         clock: Callable[[], float],
         history_limit: int = 200,
+        bot: str = "web",
     ) -> None:
+        self.bot = bot
         self.store = store
         self.me = me
         self.clock = clock
@@ -236,23 +238,26 @@ class Chat:
     # -- one tab (the endpoint's task) ---------------------------------------------------
 
     async def serve_tab(self, ws: WebSocket) -> None:
-        """Serve one websocket until it closes."""
-        if self.closed:
-            await ws.close(RESTARTING_CODE, "the web chat is restarting")
-            return
-        tab = Tab(ws)
-        if not self.tabs.add(tab):
-            await ws.close(UNAVAILABLE_CODE, "too many open tabs")
-            return
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(tab.run_writer)
-                try:
-                    await self._read_tab(tab)
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            self.tabs.remove(tab)
+        """Serve one websocket until it closes (on the endpoint's task: the bot's log
+        context is bound here)."""
+        with structlog.contextvars.bound_contextvars(bot=self.bot, channel="webchat"):
+            if self.closed:
+                await ws.close(RESTARTING_CODE, "the web chat is restarting")
+                return
+            tab = Tab(ws)
+            if not self.tabs.add(tab):
+                log.warning("tab_refused", reason="too_many_tabs", tabs=len(self.tabs))
+                await ws.close(UNAVAILABLE_CODE, "too many open tabs")
+                return
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(tab.run_writer)
+                    try:
+                        await self._read_tab(tab)
+                    finally:
+                        nursery.cancel_scope.cancel()
+            finally:
+                self.tabs.remove(tab)
 
     async def _read_tab(self, tab: Tab) -> None:
         """Handle the tab's frames in order until it closes."""
@@ -349,7 +354,13 @@ async def run(
     """Run one web chat bot until shutdown (see the module docstring)."""
     settings = host.settings_as(WebchatSettings)
     me = identity_of(host.bot.name, settings)
-    chat = Chat(store=host.store, me=me, clock=host.clock, history_limit=settings.history_limit)
+    chat = Chat(
+        store=host.store,
+        me=me,
+        clock=host.clock,
+        history_limit=settings.history_limit,
+        bot=host.bot.name,
+    )
     for path in ASSETS:
         host.mount(path, serve_asset)
     host.mount_websocket("ws", chat.serve_tab)
@@ -357,7 +368,7 @@ async def run(
         async with host.open_runtime(
             outbound=chat.outbound, bot_id=me.id, decode_raw=chat.decode_raw
         ) as rt:
-            log.info("bot_ready", bot_id=me.id, name=me.name)
+            log.info("chat_mounted", bot_id=me.id, name=me.name, paths=[*ASSETS, "ws"])
             task_status.started()
             await host.serve(rt, functools.partial(chat.read, rt))
     finally:

@@ -82,7 +82,7 @@ class Tab:
         """Send queued frames in order until the socket closes (or the tab is too slow)."""
         while True:
             if self.overflowed:
-                log.warning("tab_too_slow", queued=len(self._queue))
+                log.warning("tab_dropped", reason="too_slow", queued=len(self._queue))
                 await self.ws.close(TOO_SLOW_CODE, "too many frames waiting: reconnect")
                 return
             if not self._queue:
