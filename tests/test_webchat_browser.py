@@ -135,6 +135,30 @@ def drive(url: str) -> None:
             assert ann.evaluate("window.__pwned") is None
             shown = bot_messages(ann).count()
 
+            # An upload within the limits goes with the message; one over them does not.
+            png = b"\x89PNG\r\n\x1a\n" + b"\0" * 64
+            ann.set_input_files(
+                "#files", [{"name": "cat.png", "mimeType": "image/png", "buffer": png}]
+            )
+            say(ann, "a picture")
+            expect(ann.locator("#messages li.msg.mine").last.locator(".files")).to_have_text(
+                "🖼 cat.png"
+            )
+            expect(bot_messages(ann)).to_have_count(shown + 1)
+            big = png + b"\0" * (5 * 1024 * 1024)
+            ann.set_input_files(
+                "#files", [{"name": "big.png", "mimeType": "image/png", "buffer": big}]
+            )
+            expect(ann.locator("#notice")).to_have_text(
+                "big.png is 5.0 MiB: an image can be at most 5.0 MiB."
+            )
+            say(ann, "too big to send")
+            expect(ann.locator("#notice")).to_be_visible()
+            assert ann.locator("#messages").get_by_text("too big to send").count() == 0
+            ann.set_input_files("#files", [])
+            ann.fill("#input", "")
+            shown = bot_messages(ann).count()
+
             # Reload: the history comes back from the store, answers and quotes included.
             ann.reload()
             expect(ann.locator("#status")).to_have_text("connected")
