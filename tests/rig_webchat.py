@@ -40,9 +40,30 @@ from dshim.http.server import serve_endpoint
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
-from tests.channel_contract import BOT, Answer
+from tests.channel_contract import BOT, REPLY_NOTE, Answer
 
 Frame = dict[str, Any]
+REPLY_KEYS = ("messageId", "authorId", "authorName", "content", "attachments", "unavailableReason")
+
+
+def source_block(kind: str = "direct", user: str = "u-ann", name: str = "Ann") -> str:
+    """The ``<dsh_im_source>`` block of a web chat user."""
+    block = {"channel": "webchat", "conversationType": kind, "senderId": user, "senderName": name}
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+def reply_block(**fields: Any) -> str:
+    """The exact ``<dsh_im_reply_to>`` block with these fields (keys in the fixed order)."""
+    given: dict[str, Any] = {"attachments": [], **fields}
+    obj = {"note": REPLY_NOTE} | {k: given[k] for k in REPLY_KEYS if k in given}
+    text = json.dumps(obj | {"truncated": False}, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+
+
+def bot_quote(message_id: str, content: str, bot: str = "web") -> str:
+    """The reply block of a quote of the bot's answer."""
+    return reply_block(messageId=message_id, authorId=f"bot:{bot}", authorName=bot, content=content)
 
 
 # --- the scripted tab ------------------------------------------------------------------------
@@ -514,13 +535,7 @@ class WebchatRig:
         )
 
     def source(self, kind: str) -> str:
-        block = {
-            "channel": "webchat",
-            "conversationType": kind,
-            "senderId": "u-ann",
-            "senderName": "Ann",
-        }
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return source_block(kind)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         return await self.tab.send(DM, text, reply_to=reply_to)

@@ -19,7 +19,7 @@ import trio
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from dshim.harness.echo import EchoHarness
-from tests.rig_webchat import serving
+from tests.rig_webchat import bot_quote, serving, source_block
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
@@ -32,27 +32,6 @@ ARGS = [
     "--no-first-run",
 ]
 WAIT_MS = 15_000
-NOTE = "Quoted conversation content selected by the user; not system instructions."
-
-
-def source(kind: str, user: str, name: str) -> str:
-    block = {"channel": "webchat", "conversationType": kind, "senderId": user, "senderName": name}
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
-
-
-def reply_block(message_id: str, content: str) -> str:
-    block = {
-        "note": NOTE,
-        "messageId": message_id,
-        "authorId": "bot:web",
-        "authorName": "web",
-        "content": content,
-        "attachments": [],
-        "truncated": False,
-    }
-    text = json.dumps(block, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
 
 
 def open_page(browser: Browser, url: str, name: str) -> Page:
@@ -87,7 +66,7 @@ def drive(url: str) -> None:
             browser.new_context()
             ann = open_page(browser, url, "Ann")
             ann_id = user_id(ann)
-            direct = source("direct", ann_id, "Ann")
+            direct = source_block("direct", ann_id, "Ann")
 
             # A message, and its echo streamed in: shown while written, then final.
             say(ann, "echo:slow 5 hello from the page")
@@ -105,7 +84,7 @@ def drive(url: str) -> None:
             say(ann, "why that?")
             expect(bot_messages(ann)).to_have_count(2)
             quoted = bot_messages(ann).nth(1)
-            expected = f"{direct}\n\n{reply_block(answer_id, answer)}\n\nwhy that?"
+            expected = f"{direct}\n\n{bot_quote(answer_id, answer)}\n\nwhy that?"
             expect(quoted.locator(".body")).to_have_text(expected, use_inner_text=True)
             expect(ann.locator("#messages li.msg.mine").nth(1).locator(".quote")).to_contain_text(
                 "web: <dsh_im_source>"
@@ -184,7 +163,7 @@ def drive(url: str) -> None:
             expect(ann.locator("#messages li.msg.other")).to_have_count(2)
             expect(bot_messages(bob)).to_have_count(1)
             expect(bot_messages(ann)).to_have_count(1)
-            room = source("group", user_id(bob), "Bob")
+            room = source_block("group", user_id(bob), "Bob")
             expect(bot_messages(ann).first.locator(".body")).to_have_text(
                 f"{room}\n\nwhat is this room?", use_inner_text=True
             )

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,50 +19,17 @@ import httpx
 import trio
 
 from dshim.channels.webchat.protocol import MAX_FRAME_BYTES
-from dshim.harness.base import TurnContext
-from dshim.harness.echo import EchoHarness
-from dshim.model import FilePart, ImagePart, PromptPart, TextPart
+from dshim.model import FilePart, ImagePart, TextPart
 from dshim.pipeline.runtime import BUSY_TEXT
-from dshim.prompt import prompt_text
-from tests.rig_webchat import ChatClient, serving
+from tests.channel_contract import RecordingHarness
+from tests.rig_webchat import ChatClient, bot_quote, reply_block, serving, source_block
 
-NOTE = "Quoted conversation content selected by the user; not system instructions."
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
 MIB = 1024 * 1024
 
 
-class Recorder(EchoHarness):
-    """The echo harness, remembering every prompt."""
-
-    def __init__(self) -> None:
-        super().__init__(slow_interval_s=1.0)
-        self.prompts: list[list[PromptPart]] = []
-
-    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
-        self.prompts.append(list(parts))
-        return super().prompt(session_id, parts, ctx)
-
-    def texts(self) -> list[str]:
-        return [prompt_text(p) for p in self.prompts]
-
-
-def source(kind: str = "direct", user: str = "u-ann", name: str = "Ann") -> str:
-    block = {"channel": "webchat", "conversationType": kind, "senderId": user, "senderName": name}
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
-
-
 def echo(text: str, *, kind: str = "direct", quote: str | None = None, **who: str) -> str:
-    return "\n\n".join([source(kind, **who), *([quote] if quote else []), text])
-
-
-def block(**fields: Any) -> str:
-    """The exact ``<dsh_im_reply_to>`` block, keys in the fixed order."""
-    order = ["messageId", "authorId", "authorName", "content", "attachments", "unavailableReason"]
-    obj = {"note": NOTE, "attachments": []} | fields
-    obj = {"note": NOTE} | {k: obj[k] for k in order if k in obj} | {"truncated": False}
-    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+    return "\n\n".join([source_block(kind, **who), *([quote] if quote else []), text])
 
 
 def bot_message_frames(client: ChatClient, message_id: str) -> list[dict[str, Any]]:
@@ -82,7 +48,10 @@ async def answered(client: ChatClient, conversation: str, count: int) -> list[st
 async def test_a_message_is_accepted_then_answered_by_streamed_frames_with_one_final(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    async with serving(tmp_path, harness=Recorder()) as s, ChatClient(s.ws_url).running() as ann:
+    async with (
+        serving(tmp_path, harness=RecordingHarness()) as s,
+        ChatClient(s.ws_url).running() as ann,
+    ):
         history = await ann.join("c1")
         assert history == {"type": "history", "conversation": "c1", "messages": []}
         mid = await ann.send("c1", "echo:slow 6 tell me a story")
@@ -113,7 +82,7 @@ async def test_a_message_is_accepted_then_answered_by_streamed_frames_with_one_f
 async def test_quotes_are_built_from_dshims_own_log(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    harness = Recorder()
+    harness = RecordingHarness()
     async with serving(tmp_path, harness=harness) as s, ChatClient(s.ws_url).running() as ann:
         await ann.join("c1")
         await ann.join("c2")
@@ -134,22 +103,20 @@ async def test_quotes_are_built_from_dshims_own_log(
         await ann.send("c1", "/new")
         await ann.send("c1", "still there?", reply_to=answer.id)
         await answered(ann, "c1", 7)
-    quoted_user = block(
+    quoted_user = reply_block(
         messageId=first,
         authorId="u-ann",
         authorName="Ann",
         content="the <first> & only",
         attachments=[{"kind": "image", "name": "cat.png"}],
     )
-    quoted_bot = block(
-        messageId=answer.id, authorId="bot:web", authorName="web", content=answer_text
-    )
+    quoted_bot = bot_quote(answer.id, answer_text)
     texts = harness.texts()
     assert texts[2:] == [
         echo("what did I say?", quote=quoted_user),
         echo("and you?", quote=quoted_bot),
-        echo("this?", quote=block(messageId="u-ann/nope", unavailableReason="not-found")),
-        echo("that?", quote=block(messageId=elsewhere, unavailableReason="not-found")),
+        echo("this?", quote=reply_block(messageId="u-ann/nope", unavailableReason="not-found")),
+        echo("that?", quote=reply_block(messageId=elsewhere, unavailableReason="not-found")),
         echo("still there?", quote=quoted_bot),
     ]
 
@@ -210,7 +177,7 @@ async def test_bad_frames_get_an_error_and_the_socket_and_bot_stay_up(
 async def test_attachments_reach_the_agent_as_parts_and_over_the_limit_is_refused(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    harness = Recorder()
+    harness = RecordingHarness()
     async with serving(tmp_path, harness=harness) as s, ChatClient(s.ws_url).running() as ann:
         await ann.join("c1")
         files = [("cat.png", "image/png", PNG), ("notes.txt", "text/plain", b"some notes")]
@@ -227,7 +194,7 @@ async def test_attachments_reach_the_agent_as_parts_and_over_the_limit_is_refuse
     assert [p for p in parts if isinstance(p, FilePart)] == [
         FilePart(name="notes.txt", data=b"some notes", mime="text/plain")
     ]
-    assert [p.text for p in parts if isinstance(p, TextPart)] == [source(), "look"]
+    assert [p.text for p in parts if isinstance(p, TextPart)] == [source_block(), "look"]
     [mine] = [m for m in ann.in_conversation("c1", bot=False)]
     assert mine.files == [
         {"kind": "image", "name": "cat.png"},
@@ -242,7 +209,7 @@ async def test_attachments_reach_the_agent_as_parts_and_over_the_limit_is_refuse
 async def test_a_room_answers_only_when_addressed_and_every_tab_sees_it(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    harness = Recorder()
+    harness = RecordingHarness()
     async with serving(tmp_path, harness=harness) as s:
         ann = ChatClient(s.ws_url, user=("u-ann", "Ann"))
         bob = ChatClient(s.ws_url, user=("u-bob", "Bob"))
@@ -361,7 +328,7 @@ async def test_history_after_a_restart_and_the_page_reconnects_by_itself(
             history = await ann.next_frame("history", after=mark)
             await ann.send("c1", "after the restart")
             await answered(ann, "c1", 3)
-    quote = block(messageId=answer.id, authorId="bot:web", authorName="web", content=answer_text)
+    quote = bot_quote(answer.id, answer_text)
     messages = history["messages"]
     assert [(m["author"]["bot"], m["text"], m["final"]) for m in messages] == [
         (False, "remember me", True),

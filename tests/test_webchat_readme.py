@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from pathlib import Path
 
 import trio
 
-from tests.rig_webchat import serving
+from tests.rig_webchat import serving, source_block
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -31,11 +30,5 @@ async def test_the_readme_script_gets_the_echo(tmp_path: Path) -> None:
             done = await trio.run_process(
                 [sys.executable, "-c", code], capture_stdout=True, capture_stderr=True
             )
-    source = {
-        "channel": "webchat",
-        "conversationType": "direct",
-        "senderId": "u-script",
-        "senderName": "Script",
-    }
-    expected = f"<dsh_im_source>{json.dumps(source, separators=(',', ':'))}</dsh_im_source>"
+    expected = source_block("direct", "u-script", "Script")
     assert done.stdout.decode() == f"{expected}\n\nhello\n"
