@@ -23,6 +23,8 @@ Rules every channel follows
 2. **Started means authenticated.**  ``run`` calls ``task_status.started()`` only after
    the platform's identity call succeeded (Telegram ``getMe``, Discord
    ``GET /users/@me``) and the pipeline is open — not at the first websocket READY.
+   A channel with no platform behind it (the web chat) starts once its mounts are in
+   place and the pipeline is open.
 3. **What escapes ``run``.**  Only :class:`~dshim.errors.AuthError`,
    :class:`~dshim.errors.FatalChannelError` and :class:`~dshim.errors.ConfigError`
    (and cancellation).  Transient failures — network, timeouts, 5xx, 429, a dropped
