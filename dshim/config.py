@@ -37,6 +37,7 @@ CHANNEL_KEYS = (
     "telegram",
     "discord",
     "whatsapp",
+    "webchat",
 )
 SOURCE_FIELDS = (
     "channel",

@@ -3,15 +3,22 @@
 A channel implements :class:`Outbound`.  The pipeline never formats platform payloads; it
 hands over plain text and gets back :class:`~dshim.model.Delivered` records that it writes
 to the outbound index and the transcript.
+
+Approvals and questions are text with numbered options everywhere (``send_text``).  A
+channel with interactive messages (buttons) also implements the optional
+``open_interaction`` (see :func:`interaction_presenter`): the pipeline then hands it an
+:class:`InteractionPrompt` instead, and typed answers keep working the same way.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Literal, Protocol
 
-from dshim.model import Delivered, ReplyTarget
+import msgspec
+
+from dshim.model import Delivered, Option, ReplyTarget
 
 #: Called (awaited) once, before anything of an answer may reach the user.
 DeliveryHook = Callable[[], Awaitable[None]]
@@ -65,3 +72,36 @@ def watch_delivery(stream: ReplyStream, hook: DeliveryHook) -> bool:
         return False
     watch(hook)
     return True
+
+
+class InteractionPrompt(msgspec.Struct, frozen=True, kw_only=True):
+    """An approval or question, for a channel that shows it with buttons.
+
+    ``prompt`` is what to show above the buttons (the request and how to answer by
+    typing); ``text`` the whole request as channels without buttons show it (numbered
+    options included).  A button stands for its option: the channel hands the pipeline a
+    message from the person who pressed it, whose text is that option's label (or number),
+    so a button press is judged exactly like the typed answer.
+    """
+
+    kind: Literal["approval", "question"]
+    prompt: str
+    options: list[Option]
+    text: str
+    multi_select: bool = False
+    allow_free_text: bool = False
+
+
+#: ``open_interaction(target, prompt)``: show the request natively for as long as the
+#: block runs (the pipeline leaves it when the request is answered, stopped, timed out or
+#: withdrawn: the channel then disables the buttons); yields the delivered messages.  It
+#: raises only ChannelError, and only on entry (then the text is sent instead).
+InteractionPresenter = Callable[
+    [ReplyTarget, InteractionPrompt], AbstractAsyncContextManager[list[Delivered]]
+]
+
+
+def interaction_presenter(outbound: Outbound) -> InteractionPresenter | None:
+    """The channel's optional ``open_interaction``, or None (text with numbered options)."""
+    presenter: InteractionPresenter | None = getattr(outbound, "open_interaction", None)
+    return presenter

@@ -41,7 +41,7 @@ from dshim.model import InboundMessage, PromptPart, Skip, TextPart
 from dshim.pipeline.runtime import open_bot_runtime
 from dshim.prompt import prompt_text
 from dshim.store import open_store
-from dshim.store.base import OutboundEntry
+from dshim.store.base import BoundStore, OutboundEntry
 from dshim.testing.outbound import RecordingOutbound, Sent
 
 Line = dict[str, Any]
@@ -211,6 +211,21 @@ def _mock_transport(fx: Fixture, rec: _Recorder, base_path: str) -> httpx.MockTr
     return httpx.MockTransport(handle)
 
 
+class _EpochClock:
+    """The replay's epoch clock on trio's virtual one: 0 until :meth:`start` sets "now"
+    (known once the events are decoded; lookups that read it run later, in the turns)."""
+
+    def __init__(self) -> None:
+        self.now0 = 0.0
+        self.t0 = trio.current_time()
+
+    def start(self, now0: float) -> None:
+        self.now0, self.t0 = now0, trio.current_time()
+
+    def __call__(self) -> float:
+        return self.now0 + (trio.current_time() - self.t0)
+
+
 async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
     rec = _Recorder(name)
     bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
@@ -223,9 +238,11 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
     bot_cfg = config.bots[0]
     api_base = REPLAY_API_BASE
     base_path = httpx.URL(api_base).raw_path.decode().rstrip("/")
-    async with httpx.AsyncClient(
-        transport=_mock_transport(fx, rec, base_path), base_url=api_base
-    ) as http:
+    clock = _EpochClock()
+    async with (
+        httpx.AsyncClient(transport=_mock_transport(fx, rec, base_path), base_url=api_base) as http,
+        open_store(data_dir, inline=True) as store,
+    ):
         adapter: ReplayAdapter
         if fx.format == "normalized":
             adapter = NormalizedAdapter(fx.channel, fx.bot)
@@ -243,6 +260,8 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
                 bot_username=str(username) if username else None,
                 http=http,
                 api_base=api_base,
+                store=BoundStore(store, REPLAY_BOT),
+                clock=clock,
             )
             adapter = channel.replay_adapter(source)
         raws = [bytes(ev) for ev in fx.events]
@@ -254,11 +273,7 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
                 it.received_at for it in items if isinstance(it, InboundMessage) and it.received_at
             ]
             now0 = max(times) if times else 0.0
-        t0 = trio.current_time()
-
-        def clock() -> float:
-            return now0 + (trio.current_time() - t0)
-
+        clock.start(now0)
         outbound = RecordingOutbound(
             clock=clock,
             split=adapter.split,
@@ -266,50 +281,53 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
             on_send=rec.on_send,
             keep_updates=False,
         )
-        async with open_store(data_dir, inline=True) as store:
-            for conv, entries in fx.history.items():
-                session = f"replay-session-{conv}"
-                await store.set_binding(REPLAY_BOT, conv, "", session, title=None, now=now0)
-                for h in entries:
-                    await store.append_transcript(
-                        REPLAY_BOT, session, h.role, h.text, at=_ts(h.at), completed=h.completed
-                    )
-            for conv, seeds in fx.outbound.items():
-                for s in seeds:
-                    sent_at = _ts(s.sent_at)
-                    done_at = _ts(s.completed_at) if s.completed_at is not None else sent_at
-                    await store.add_outbound(
-                        REPLAY_BOT,
-                        conv,
-                        OutboundEntry(
-                            message_ids=[str(m) for m in s.message_ids],
-                            text=s.text,
-                            sent_at=sent_at,
-                            completed_at=done_at,
-                        ),
-                        now=now0,
-                    )
-            async with open_bot_runtime(
-                config=config,
-                bot=bot_cfg,
-                bot_id=adapter.bot_id,
-                store=store,
-                outbound=outbound,
-                harness=EchoHarness(),
-                clock=clock,
-                observer=rec,
-                decode_raw=adapter.decode,
-                restore=False,
-            ) as rt:
-                for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
-                    rec.index = i
-                    if isinstance(item, InboundMessage) and item.received_at > clock():
-                        await trio.sleep(item.received_at - clock())  # time moves to the event
-                    await rt.accept(item, raw if fx.format == "raw" else None)
-                    # A pending approval or question waits for the next event (perhaps its
-                    # answer) instead of running out its timeout on the virtual clock.
-                    await rt.wait_settled()
-                await rt.wait_idle()
+        for conv, entries in fx.history.items():
+            session = f"replay-session-{conv}"
+            await store.set_binding(REPLAY_BOT, conv, "", session, title=None, now=now0)
+            for h in entries:
+                await store.append_transcript(
+                    REPLAY_BOT, session, h.role, h.text, at=_ts(h.at), completed=h.completed
+                )
+        for conv, seeds in fx.outbound.items():
+            for s in seeds:
+                sent_at = _ts(s.sent_at)
+                done_at = _ts(s.completed_at) if s.completed_at is not None else sent_at
+                await store.add_outbound(
+                    REPLAY_BOT,
+                    conv,
+                    OutboundEntry(
+                        message_ids=[str(m) for m in s.message_ids],
+                        text=s.text,
+                        sent_at=sent_at,
+                        completed_at=done_at,
+                    ),
+                    now=now0,
+                )
+        # A channel that does something of its own with every event (the web chat logs it).
+        received = getattr(adapter, "received", None)
+        async with open_bot_runtime(
+            config=config,
+            bot=bot_cfg,
+            bot_id=adapter.bot_id,
+            store=store,
+            outbound=outbound,
+            harness=EchoHarness(),
+            clock=clock,
+            observer=rec,
+            decode_raw=adapter.decode,
+            restore=False,
+        ) as rt:
+            for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
+                rec.index = i
+                if isinstance(item, InboundMessage) and item.received_at > clock():
+                    await trio.sleep(item.received_at - clock())  # time moves to the event
+                if received is not None:
+                    await received(item, raw)
+                await rt.accept(item, raw if fx.format == "raw" else None)
+                # A pending approval or question waits for the next event (perhaps its
+                # answer) instead of running out its timeout on the virtual clock.
+                await rt.wait_settled()
+            await rt.wait_idle()
     return rec.lines
 
 

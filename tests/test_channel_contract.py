@@ -11,8 +11,13 @@ import trio
 from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_discord import DiscordRig
 from tests.rig_telegram import TelegramRig
+from tests.rig_webchat import WebchatRig
 
-RIGS: dict[str, Callable[[], ChannelRig]] = {"discord": DiscordRig, "telegram": TelegramRig}
+RIGS: dict[str, Callable[[], ChannelRig]] = {
+    "discord": DiscordRig,
+    "telegram": TelegramRig,
+    "webchat": WebchatRig,
+}
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])

@@ -47,6 +47,19 @@ REQUIRED: dict[str, set[str]] = {
         "quote_deleted",
         "quoted_new_not_executed",
     },
+    "webchat": {
+        "dm",
+        "room_addressed",
+        "room_unaddressed",
+        "quote_bot_answer",
+        "quote_earlier_session",
+        "quote_user_message",
+        "quote_image_only",
+        "quote_unknown_id",
+        "quoted_new_not_executed",
+        "duplicate_client_id",
+        "malformed",
+    },
 }
 
 

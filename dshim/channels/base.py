@@ -23,6 +23,8 @@ Rules every channel follows
 2. **Started means authenticated.**  ``run`` calls ``task_status.started()`` only after
    the platform's identity call succeeded (Telegram ``getMe``, Discord
    ``GET /users/@me``) and the pipeline is open — not at the first websocket READY.
+   A channel with no platform behind it (the web chat) starts once its mounts are in
+   place and the pipeline is open.
 3. **What escapes ``run``.**  Only :class:`~dshim.errors.AuthError`,
    :class:`~dshim.errors.FatalChannelError` and :class:`~dshim.errors.ConfigError`
    (and cancellation).  Transient failures — network, timeouts, 5xx, 429, a dropped
@@ -73,8 +75,8 @@ import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret
 from dshim.model import InboundMessage, Skip, Verdict
-from dshim.outbound import Outbound, ReplyStream
-from dshim.store.base import OutboundEntry
+from dshim.outbound import InteractionPrompt, Outbound, ReplyStream
+from dshim.store.base import LoggedMessage, OutboundEntry
 
 if TYPE_CHECKING:
     import httpx
@@ -90,6 +92,8 @@ __all__ = [
     "FixtureError",
     "Identity",
     "Inbound",
+    "InteractionPrompt",
+    "LoggedMessage",
     "Outbound",
     "OutboundEntry",
     "ProbeResult",
@@ -143,6 +147,22 @@ class ChannelStore(Protocol):
         self, conversation_id: str, entry: OutboundEntry, *, now: float
     ) -> None:
         """Add a message the channel delivered on its own (not through the pipeline)."""
+        ...
+
+    async def log_message(
+        self, conversation_id: str, message: LoggedMessage, *, now: float
+    ) -> bool:
+        """Add a message to the conversation's own message log (both directions), for
+        platforms without a fetch-by-id API; False, writing nothing, when its id is already
+        logged.  Bounded per conversation (the newest 500)."""
+        ...
+
+    async def message_log(self, conversation_id: str, *, limit: int) -> list[LoggedMessage]:
+        """The newest ``limit`` logged messages of a conversation, oldest first."""
+        ...
+
+    async def logged_message(self, conversation_id: str, message_id: str) -> LoggedMessage | None:
+        """One logged message of this conversation (None: unknown here)."""
         ...
 
 
@@ -293,17 +313,27 @@ class ReplaySource:
     """What ``replay_adapter`` gets: the fixture's bot identity and a recording HTTP client.
 
     ``http`` answers from the fixture's recorded exchanges (paths relative to
-    ``api_base``; anything else is 404) and records every request.
+    ``api_base``; anything else is 404) and records every request.  ``store`` is the
+    replay bot's store (fresh per fixture, seeded with its ``outbound`` and ``history``)
+    and ``clock`` the replay's virtual epoch clock, for channels whose lookups read the
+    store (the web chat's message log); both are usable once the events run.
     """
 
     bot_id: str | None
     bot_username: str | None
     http: httpx.AsyncClient
     api_base: str
+    store: ChannelStore | None = None
+    clock: Callable[[], float] | None = None
 
 
 class ReplayAdapter(Protocol):
-    """Decodes a channel's raw fixture events with the real mapping code."""
+    """Decodes a channel's raw fixture events with the real mapping code.
+
+    Optional member (looked up with ``getattr``): ``async def received(item, raw)`` is
+    awaited right before each event is handed to the pipeline, for a channel that does
+    something of its own with every event it receives (the web chat logs it).
+    """
 
     @property
     def bot_id(self) -> str: ...

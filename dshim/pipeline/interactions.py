@@ -7,7 +7,10 @@ A harness that needs the user yields an :class:`~dshim.model.ApprovalRequest` (A
 elicitation).  The turn (step 7, on the lane's task) calls :meth:`Interactions.ask`,
 which
 
-1. posts the request in the conversation (tool title, numbered options, how to answer),
+1. posts the request in the conversation (tool title, numbered options, how to answer) —
+   or, where the channel has buttons (:func:`dshim.outbound.interaction_presenter`), shows
+   it with one button per option for as long as it waits; a button press reaches step 5
+   as a message with the option's label, so it is judged like the typed answer,
 2. registers it as *the* pending interaction of the conversation lane — only after it
    was visibly presented, so nothing typed earlier can count as an answer,
 3. waits for an answer, at most ``[harness] interaction_timeout_s`` (default 10 minutes),
@@ -38,14 +41,18 @@ the wait simply ends and the turn goes on to report what happened.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 
 import msgspec
 import structlog
 import trio
 
+from dshim.errors import DshimError
 from dshim.model import ApprovalRequest, InboundMessage, Option, QuestionRequest, ReplyTarget
-from dshim.pipeline.notices import Notifier
+from dshim.outbound import InteractionPrompt, interaction_presenter
+from dshim.pipeline.notices import Notifier, short
+from dshim.store.base import OutboundEntry
 
 log = structlog.get_logger("dshim.interactions")
 
@@ -282,15 +289,15 @@ class Interactions:
         async with lock:
             p = _Pending(request, msg)
             try:
-                await self._notifier.send_now(p.target, self._present(p))
-                self._pending[key] = p
-                self._notifier.activity.poke()  # the turn now waits for the user
-                log.info(
-                    "interaction_presented",
-                    kind="approval" if isinstance(request, ApprovalRequest) else "question",
-                )
-                with trio.move_on_after(self.timeout_s):
-                    await self._wait(p)
+                async with self._presented(p):
+                    self._pending[key] = p
+                    self._notifier.activity.poke()  # the turn now waits for the user
+                    log.info(
+                        "interaction_presented",
+                        kind="approval" if isinstance(request, ApprovalRequest) else "question",
+                    )
+                    with trio.move_on_after(self.timeout_s):
+                        await self._wait(p)
                 return await self._conclude(p)
             finally:
                 if self._pending.get(key) is p:
@@ -300,6 +307,33 @@ class Interactions:
                 if not p.replied:
                     with trio.CancelScope(shield=True), trio.move_on_after(REPLY_DEADLINE_S):
                         await p.reply_cancelled()
+
+    @asynccontextmanager
+    async def _presented(self, p: _Pending) -> AsyncIterator[None]:
+        """Show the request for as long as the block runs: with the channel's buttons
+        where it has them (recorded in the outbound index like a notice), else as text."""
+        presenter = interaction_presenter(self._notifier.outbound)
+        if presenter is None:
+            await self._notifier.send_now(p.target, self._present(p))
+            yield
+            return
+        notifier = self._notifier
+        async with AsyncExitStack() as stack:
+            try:
+                shown = await stack.enter_async_context(presenter(p.target, self._prompt(p)))
+            except DshimError as exc:  # the channel's outbound raises ChannelError only
+                log.warning("interaction_buttons_failed", error=short(exc))
+                await notifier.send_now(p.target, self._present(p))
+            else:
+                now = notifier.clock()
+                for d in shown:
+                    await notifier.store.add_outbound(
+                        notifier.bot,
+                        p.target.conversation_id,
+                        OutboundEntry.from_delivered(d),
+                        now=now,
+                    )
+            yield
 
     async def _wait(self, p: _Pending) -> None:
         """Until answered, stopped, or withdrawn by the harness."""
@@ -376,27 +410,46 @@ class Interactions:
 
     # -- texts -------------------------------------------------------------------------
 
-    def _present(self, p: _Pending) -> str:
+    def _heading(self, p: _Pending) -> list[str]:
         request = p.request
-        lines: list[str] = []
         if isinstance(request, ApprovalRequest):
-            lines.append(f"🔐 The agent asks for permission: {_one_line(request.title)}")
+            lines = [f"🔐 The agent asks for permission: {_one_line(request.title)}"]
             if request.detail:
                 detail = request.detail.strip()
                 if len(detail) > DETAIL_MAX:
                     detail = detail[: DETAIL_MAX - 1] + "…"
                 lines.append(detail)
-        else:
-            lines.append(f"❓ {request.question.strip()}")
-        for i, option in enumerate(request.options, 1):
-            desc = f" — {option.description}" if option.description else ""
-            lines.append(f"{i}. {option.label}{desc}")
-        lines.append(self._how_to(p))
+            return lines
+        return [f"❓ {request.question.strip()}"]
+
+    def _footer(self, p: _Pending) -> list[str]:
+        lines = [self._how_to(p)]
         if p.group:
             lines.append(
                 f"Only {p.starter_name} can answer: mention me in a new message (not a reply)."
             )
-        return "\n".join(lines)
+        return lines
+
+    def _present(self, p: _Pending) -> str:
+        """The request as text with numbered options (channels without buttons)."""
+        lines = self._heading(p)
+        for i, option in enumerate(p.request.options, 1):
+            desc = f" — {option.description}" if option.description else ""
+            lines.append(f"{i}. {option.label}{desc}")
+        return "\n".join(lines + self._footer(p))
+
+    def _prompt(self, p: _Pending) -> InteractionPrompt:
+        """The request for a channel with buttons (the text above them, and all of it)."""
+        request = p.request
+        question = isinstance(request, QuestionRequest)
+        return InteractionPrompt(
+            kind="question" if question else "approval",
+            prompt="\n".join(self._heading(p) + self._footer(p)),
+            options=list(request.options),
+            text=self._present(p),
+            multi_select=isinstance(request, QuestionRequest) and request.multi_select,
+            allow_free_text=isinstance(request, QuestionRequest) and request.allow_free_text,
+        )
 
     def _how_to(self, p: _Pending) -> str:
         request = p.request

@@ -12,12 +12,20 @@ from pathlib import Path
 
 import trio
 
-from dshim.store.base import Binding, InboxEntry, OutboundEntry, Store, TranscriptRow
+from dshim.store.base import (
+    Binding,
+    InboxEntry,
+    LoggedMessage,
+    OutboundEntry,
+    Store,
+    TranscriptRow,
+)
 
 __all__ = [
     "DB_FILENAME",
     "Binding",
     "InboxEntry",
+    "LoggedMessage",
     "OutboundEntry",
     "Store",
     "TranscriptRow",

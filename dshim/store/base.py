@@ -11,7 +11,7 @@ from typing import Protocol
 
 import msgspec
 
-from dshim.model import Delivered
+from dshim.model import Attachment, Delivered
 
 
 class Binding(msgspec.Struct, frozen=True, kw_only=True):
@@ -37,6 +37,26 @@ class OutboundEntry(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             message_ids=[d.message_id], text=d.text, sent_at=d.sent_at, completed_at=d.completed_at
         )
+
+
+class LoggedMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of a conversation as a channel that keeps its own message log saw it.
+
+    Platforms without a fetch-by-id API (the web chat) resolve quotes and rebuild a
+    conversation's history from this log.  ``message_id`` is unique per conversation;
+    ``attachments`` carry kinds and names only (never the data); ``client_id`` is the
+    sender's own key for the message, when it has one.
+    """
+
+    message_id: str
+    author_id: str
+    author_name: str | None = None
+    author_bot: bool = False
+    text: str = ""
+    at: float
+    reply_to: str | None = None
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    client_id: str | None = None
 
 
 class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,6 +211,27 @@ class Store(Protocol):
         """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
         ...
 
+    # -- message log (channels that keep their own: the web chat) -----------------------
+    async def log_message(
+        self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float
+    ) -> bool:
+        """Add a message to a conversation's log; False, writing nothing, when its id is
+        already there.  Keeps the newest 500 per bot+conversation (by ``at``), text cut to
+        100,000 code points."""
+        ...
+
+    async def message_log(
+        self, bot: str, conversation_id: str, *, limit: int
+    ) -> list[LoggedMessage]:
+        """The newest ``limit`` messages of a conversation's log, oldest first."""
+        ...
+
+    async def logged_message(
+        self, bot: str, conversation_id: str, message_id: str
+    ) -> LoggedMessage | None:
+        """One message of a conversation's log, or None (another conversation's is None)."""
+        ...
+
     # -- transcript --------------------------------------------------------------------
     async def append_transcript(
         self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
@@ -244,3 +285,14 @@ class BoundStore:
         self, conversation_id: str, entry: OutboundEntry, *, now: float
     ) -> None:
         await self._store.add_outbound(self._bot, conversation_id, entry, now=now)
+
+    async def log_message(
+        self, conversation_id: str, message: LoggedMessage, *, now: float
+    ) -> bool:
+        return await self._store.log_message(self._bot, conversation_id, message, now=now)
+
+    async def message_log(self, conversation_id: str, *, limit: int) -> list[LoggedMessage]:
+        return await self._store.message_log(self._bot, conversation_id, limit=limit)
+
+    async def logged_message(self, conversation_id: str, message_id: str) -> LoggedMessage | None:
+        return await self._store.logged_message(self._bot, conversation_id, message_id)

@@ -1,6 +1,6 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 2; see :data:`MIGRATIONS`):
+Tables (schema version 3; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
@@ -20,6 +20,12 @@ Tables (schema version 2; see :data:`MIGRATIONS`):
 ``transcript``   id (autoincrement) -> bot, session_id, role, text, at, completed.  Paged
                  newest first by an index range scan on (session_id, id).
 ``last_direct``  bot -> conversation_id, updated_at.
+``messages``     seq -> bot, conversation_id, message_id (unique per bot+conversation),
+                 author_id, author_name, author_bot, text, reply_to, attachments (JSON
+                 list of ``{kind, name}``), client_id, at.  The message log of channels that
+                 keep their own (the web chat): both directions, at most the newest
+                 :data:`MESSAGE_LOG_CAP` per conversation by ``at``, text cut to
+                 :data:`MESSAGE_TEXT_MAX` code points.
 
 Theory of operation: one ``sqlite3`` connection, used only by the store's own worker thread
 (:class:`_DbThread`).  Every call is queued to that thread and its result handed back to the
@@ -53,9 +59,11 @@ import structlog
 import trio
 
 from dshim.errors import StoreError
+from dshim.model import Attachment
 from dshim.store.base import (
     Binding,
     InboxEntry,
+    LoggedMessage,
     OutboundEntry,
     PromptRow,
     TranscriptRow,
@@ -63,6 +71,8 @@ from dshim.store.base import (
 )
 
 __all__ = [
+    "MESSAGE_LOG_CAP",
+    "MESSAGE_TEXT_MAX",
     "MIGRATIONS",
     "OUTBOUND_CAP",
     "OUTBOUND_MAX_AGE_S",
@@ -84,6 +94,10 @@ OUTBOUND_CAP = 200
 OUTBOUND_MAX_AGE_S = 30 * 24 * 3600.0
 #: Outbound text is cut to this many Unicode code points.
 OUTBOUND_TEXT_MAX = 8000
+#: Messages kept per bot + conversation in the message log.
+MESSAGE_LOG_CAP = 500
+#: Logged text is cut to this many Unicode code points.
+MESSAGE_TEXT_MAX = 100_000
 #: Inbox states the pipeline may set.
 INBOX_STATES = frozenset({"queued", "running", "delivered"})
 
@@ -180,6 +194,29 @@ MIGRATIONS: tuple[Migration, ...] = (
         "count the turns started for each inbox entry",
         ("ALTER TABLE inbox ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0",),
     ),
+    Migration(
+        "a message log per conversation (the web chat)",
+        (
+            """CREATE TABLE messages (
+                seq INTEGER PRIMARY KEY,
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                author_id TEXT NOT NULL,
+                author_name TEXT,
+                author_bot INTEGER NOT NULL,
+                text TEXT NOT NULL,
+                reply_to TEXT,
+                attachments TEXT NOT NULL,
+                client_id TEXT,
+                at REAL NOT NULL
+            )""",
+            # Lookup by id (quotes) and the insert's "already there?" check.
+            "CREATE UNIQUE INDEX messages_id ON messages (bot, conversation_id, message_id)",
+            # History (newest first) and the per-insert cap are reverse scans of this index.
+            "CREATE INDEX messages_recent ON messages (bot, conversation_id, at, seq)",
+        ),
+    ),
 )
 
 #: The schema version this code writes and understands.
@@ -225,8 +262,25 @@ _OUTBOUND_LIST = """
     ORDER BY sent_at DESC, id DESC LIMIT ?
 """
 
+_MESSAGE_INSERT = """
+    INSERT INTO messages (bot, conversation_id, message_id, author_id, author_name, author_bot,
+                          text, reply_to, attachments, client_id, at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+    ON CONFLICT (bot, conversation_id, message_id) DO NOTHING
+"""
+_MESSAGE_CUT = """
+    DELETE FROM messages WHERE seq IN (
+        SELECT seq FROM messages WHERE bot = ? AND conversation_id = ?
+        ORDER BY at DESC, seq DESC LIMIT -1 OFFSET ?
+    )
+"""
+_MESSAGE_COLUMNS = (
+    "message_id, author_id, author_name, author_bot, text, reply_to, attachments, client_id, at"
+)
+
 _ids_encoder = msgspec.json.Encoder()
 _ids_decoder = msgspec.json.Decoder(list[str])
+_attachments_decoder = msgspec.json.Decoder(list[Attachment])
 
 
 @contextmanager
@@ -541,6 +595,33 @@ class SqliteStore:
         """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
         return await self._call(_list_outbound, bot, conversation_id, now)
 
+    # -- message log -------------------------------------------------------------------------
+
+    async def log_message(
+        self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float
+    ) -> bool:
+        """Add a message to a conversation's log; False, writing nothing, when its id is
+        already logged there.
+
+        Keeps the newest :data:`MESSAGE_LOG_CAP` per bot+conversation ("newest" by ``at``,
+        insertion order breaking ties); text is cut to :data:`MESSAGE_TEXT_MAX` code points.
+        """
+        return await self._call(_log_message, bot, conversation_id, message)
+
+    async def message_log(
+        self, bot: str, conversation_id: str, *, limit: int
+    ) -> list[LoggedMessage]:
+        """The newest ``limit`` messages of a conversation's log, oldest first."""
+        if limit < 1:
+            raise ValueError(f"limit must be positive, not {limit}")
+        return await self._call(_message_log, bot, conversation_id, limit)
+
+    async def logged_message(
+        self, bot: str, conversation_id: str, message_id: str
+    ) -> LoggedMessage | None:
+        """One logged message of this bot and conversation, or None."""
+        return await self._call(_logged_message, bot, conversation_id, message_id)
+
     # -- transcript --------------------------------------------------------------------------
 
     async def append_transcript(
@@ -745,6 +826,70 @@ def _list_outbound(
         OutboundEntry(message_ids=_ids_decoder.decode(ids), text=t, sent_at=s, completed_at=c)
         for ids, t, s, c in rows
     ]
+
+
+def _log_message(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message: LoggedMessage
+) -> bool:
+    attachments = _ids_encoder.encode(message.attachments).decode()
+    with _transaction(conn):
+        cur = conn.execute(
+            _MESSAGE_INSERT,
+            (
+                bot,
+                conversation_id,
+                message.message_id,
+                message.author_id,
+                message.author_name,
+                int(message.author_bot),
+                message.text[:MESSAGE_TEXT_MAX],
+                message.reply_to,
+                attachments,
+                message.client_id,
+                message.at,
+            ),
+        )
+        if cur.rowcount != 1:
+            return False
+        conn.execute(_MESSAGE_CUT, (bot, conversation_id, MESSAGE_LOG_CAP))
+    return True
+
+
+def _logged(row: tuple[Any, ...]) -> LoggedMessage:
+    mid, author_id, author_name, author_bot, text, reply_to, attachments, client_id, at = row
+    return LoggedMessage(
+        message_id=mid,
+        author_id=author_id,
+        author_name=author_name,
+        author_bot=bool(author_bot),
+        text=text,
+        reply_to=reply_to,
+        attachments=_attachments_decoder.decode(attachments),
+        client_id=client_id,
+        at=at,
+    )
+
+
+def _message_log(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, limit: int
+) -> list[LoggedMessage]:
+    rows = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE bot = ? AND conversation_id = ?"
+        " ORDER BY at DESC, seq DESC LIMIT ?",
+        (bot, conversation_id, limit),
+    ).fetchall()
+    return [_logged(row) for row in reversed(rows)]
+
+
+def _logged_message(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str
+) -> LoggedMessage | None:
+    row = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages"
+        " WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+        (bot, conversation_id, message_id),
+    ).fetchone()
+    return None if row is None else _logged(row)
 
 
 def _append_transcript(

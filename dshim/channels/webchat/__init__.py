@@ -1,0 +1,1 @@
+"""The web chat channel: dshim's own chat page, served by the local HTTP endpoint."""

@@ -1,0 +1,89 @@
+"""A tab that reads slowly never holds the bot up and never sees a stale text.
+
+Shell tests of :class:`dshim.channels.webchat.client.Tab` over an in-memory socket whose
+``send`` waits until the test lets it go (a stalled browser): frames queue without
+blocking whoever pushes them, a newer text of a message being written replaces the queued
+older one, and a tab that falls too far behind is closed with 1013 so the page reloads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import trio
+
+from dshim.channels.base import WebSocketClosed
+from dshim.channels.webchat.client import Tab, Tabs
+from dshim.channels.webchat.protocol import Member
+
+
+class StalledSocket:
+    """A websocket whose peer reads only when ``release`` is set."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.release = trio.Event()
+        self.closed: tuple[int, str] | None = None
+
+    path = "/ws"
+    query = ""
+    headers = ()
+
+    async def receive(self) -> str | bytes:
+        await trio.sleep_forever()
+        raise AssertionError
+
+    async def send(self, data: str) -> None:
+        if self.closed is not None:
+            raise WebSocketClosed(self.closed[0])
+        await self.release.wait()
+        self.sent.append(data)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed = (code, reason)
+
+
+def frame(mid: str, text: str, final: bool) -> str:
+    return json.dumps({"type": "message", "id": mid, "text": text, "final": final})
+
+
+async def test_a_stalled_tab_gets_the_newest_text_in_order_and_the_final_once(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ws = StalledSocket()
+    tab = Tab(ws)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tab.run_writer)
+        await trio.sleep(1)  # the writer waits for frames; pushing never waits for it
+        tab.push(frame("u1", "hello", True))
+        for i in range(1, 200):
+            tab.push(frame("b1", "x" * i, False), key="b1")
+        tab.push(frame("u2", "another", True))
+        tab.push(frame("b1", "x" * 500, True), key="b1")
+        assert tab.queued == 3
+        ws.release.set()
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    shown = [(f["id"], len(f["text"]), f["final"]) for f in map(json.loads, ws.sent)]
+    # 201 texts of b1 became one (the final), still in its place before u2.
+    assert shown == [("u1", 5, True), ("b1", 500, True), ("u2", 7, True)]
+
+
+async def test_a_tab_too_far_behind_is_closed_so_the_page_reloads(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ws = StalledSocket()
+    tab = Tab(ws, outbox_max=10)
+    tabs = Tabs()
+    tabs.add(tab)
+    tab.join(Member("c1", "direct", "u1", "Ann"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(tab.run_writer)
+        await trio.sleep(1)
+        for i in range(20):
+            assert tabs.broadcast("c1", frame(f"u{i}", "hi", True)) == 1
+        assert tabs.broadcast("c2", frame("x", "not for this tab", True)) == 0
+        ws.release.set()
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert ws.closed is not None and ws.closed[0] == 1013
