@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import trio
 
 from dshim.pipeline.runtime import INTERRUPTED_TEXT
@@ -174,3 +175,47 @@ async def test_serve_bot_runs_only_the_named_bot(tmp_path: Path) -> None:
     assert all(c.status != 401 for c in fake.calls)  # the other token never reached the fake
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert {r.get("bot") for r in records if "bot" in r} == {"tg"}
+
+
+async def test_serve_with_http_prints_the_url_and_becomes_ready(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    env = {**os.environ, "DSHIM_TEST_TG_TOKEN": TEST_TOKEN}
+    env.pop("DSHIM_DATA_DIR", None)
+    with trio.fail_after(60):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url)
+            with log.open("ab") as stderr:
+                proc = await trio.lowlevel.open_process(
+                    [sys.executable, "-m", "dshim", "--config", str(cfg), "serve"],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=stderr,
+                )
+            try:
+                assert proc.stdout is not None
+                out = b""
+                while not out.endswith(b"\n"):
+                    chunk = await proc.stdout.receive_some(1024)
+                    assert chunk, log.read_text()[-2000:]
+                    out += chunk
+                line = out.decode().strip()
+                assert line.startswith("dshim is running: open http://127.0.0.1:")
+                url = line.removeprefix("dshim is running: open ")
+                assert url.endswith("/") and not url.endswith(":0/")  # the port actually bound
+                async with httpx.AsyncClient(base_url=url) as http:
+                    assert (await http.get("/healthz")).text == "ok"
+                    for _ in range(600):  # until every bot reported started
+                        ready = await http.get("/readyz")
+                        if ready.status_code == 200:
+                            break
+                        await trio.sleep(0.05)
+                    assert ready.json()[0]["name"] == "tg" and ready.json()[0]["state"] == "up"
+                proc.send_signal(signal.SIGTERM)
+                with trio.fail_after(15):
+                    code = await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+    assert code == 0, log.read_text()[-3000:]
+    assert "dshim init" not in log.read_text()  # the zero-config hint is for zero config only
+    assert "Traceback" not in log.read_text()
