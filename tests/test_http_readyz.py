@@ -103,11 +103,12 @@ async def readyz(http: httpx.AsyncClient) -> tuple[int, dict[str, dict[str, str]
 async def until(
     http: httpx.AsyncClient, check: Callable[[int, dict[str, dict[str, str]]], bool]
 ) -> tuple[int, dict[str, dict[str, str]]]:
-    while True:
-        status, bots = await readyz(http)
-        if check(status, bots):
-            return status, bots
-        await trio.sleep(0.02)
+    with trio.fail_after(20):
+        while True:
+            status, bots = await readyz(http)
+            if check(status, bots):
+                return status, bots
+            await trio.sleep(0.02)
 
 
 def parse_iso(value: str) -> float:
