@@ -217,47 +217,45 @@ class ProcessMetrics:
 
     def collect(self) -> Iterator[Any]:
         """The metric families, built now (the registry's collector)."""
-        from prometheus_client.core import (
-            CounterMetricFamily,
-            GaugeMetricFamily,
-            HistogramMetricFamily,
-        )
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 
-        events = CounterMetricFamily(
+        yield _counter(
             "dshim_events",
             "Events handed to the pipeline, by outcome (accepted or the drop reason).",
-            labels=("bot", "channel", "outcome"),
+            ("bot", "channel", "outcome"),
+            (
+                (*key, outcome, n)
+                for key, outcomes in self.events.items()
+                for outcome, n in outcomes.items()
+            ),
         )
-        for (bot, channel), outcomes in self.events.items():
-            for outcome, n in outcomes.items():
-                events.add_metric((bot, channel, outcome), n)
-        yield events
-        turns = CounterMetricFamily(
-            "dshim_turns", "Turns by result (ok, error, stopped, busy).", labels=("bot", "result")
+        yield _counter(
+            "dshim_turns",
+            "Turns by result (ok, error, stopped, busy).",
+            ("bot", "result"),
+            (
+                (bot, result, n)
+                for bot, results in self.turns.items()
+                for result, n in results.items()
+            ),
         )
-        for bot, results in self.turns.items():
-            for result, n in results.items():
-                turns.add_metric((bot, result), n)
-        yield turns
-        lookups = CounterMetricFamily(
+        yield _counter(
             "dshim_reply_lookups",
             "Quoted messages resolved, by result (snapshot, loaded, recovered, or the "
             "unavailable reason).",
-            labels=("bot", "channel", "result"),
+            ("bot", "channel", "result"),
+            (
+                (*key, result, n)
+                for key, results in self.lookups.items()
+                for result, n in results.items()
+            ),
         )
-        for (bot, channel), results in self.lookups.items():
-            for result, n in results.items():
-                lookups.add_metric((bot, channel, result), n)
-        yield lookups
-        requests = CounterMetricFamily(
+        yield _counter(
             "dshim_platform_requests",
             "Requests to the platforms' APIs, by method and HTTP status (error: no answer).",
-            labels=("bot", "method", "status"),
+            ("bot", "method", "status"),
+            ((bot, *call, n) for bot, calls in self.requests.items() for call, n in calls.items()),
         )
-        for bot, calls in self.requests.items():
-            for (method, status), n in calls.items():
-                requests.add_metric((bot, method, status), n)
-        yield requests
         for name, doc, hist in (
             (
                 "dshim_turn_first_delta_seconds",
@@ -286,6 +284,16 @@ class ProcessMetrics:
         for bot, is_up in self._bots_up():
             up.add_metric((bot,), 1.0 if is_up else 0.0)
         yield up
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...], rows: Iterable[tuple[Any, ...]]) -> Any:
+    """A counter family from rows of label values followed by the count."""
+    from prometheus_client.core import CounterMetricFamily
+
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for *values, n in rows:
+        family.add_metric(values, n)
+    return family
 
 
 class _Collector:

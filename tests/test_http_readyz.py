@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
-from dshim.channels.base import BotHost, Channel, ProbeRows, ReplayAdapter, ReplaySource
+from dshim.channels.base import BotHost, Channel
 from dshim.config import Config, parse_config
 from dshim.errors import AuthError, TransportError
 from dshim.http.status import BotStatuses, iso_time
@@ -28,41 +27,25 @@ from dshim.log import register_secret
 from dshim.serve import Running, serve_process
 from dshim.store import open_store
 from dshim.testing.fakes.telegram import TEST_TOKEN, open_fake_telegram
-from dshim.testing.outbound import RecordingOutbound
+from tests.test_serve import ScriptedChannel
 
 KEYS = {"name", "channel", "state", "since", "detail"}
 SECRET = "987654:leaked-secret-value-in-an-error-message"
 
 
-class GatedChannel:
-    """Fails as scripted, then authenticates when ``gate`` is set and serves until shutdown."""
-
-    key = "telegram"
-    settings = msgspec.Struct
+class GatedChannel(ScriptedChannel):
+    """Fails as scripted, then authenticates once ``gate`` is set (and serves until shutdown)."""
 
     def __init__(self, failures: list[BaseException] | None = None) -> None:
-        self.failures = list(failures or [])
+        super().__init__(failures)
         self.gate = trio.Event()
-        self.starts = 0
-
-    def replay_adapter(self, fx: ReplaySource) -> ReplayAdapter:
-        raise NotImplementedError
-
-    async def probe(self, rows: ProbeRows) -> None:
-        raise NotImplementedError
 
     async def run(
-        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, ctx: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        self.starts += 1
-        if self.failures:
-            raise self.failures.pop(0)
-        await self.gate.wait()
-        async with host.open_runtime(
-            outbound=RecordingOutbound(clock=host.clock), bot_id="100"
-        ) as rt:
-            task_status.started()
-            await host.serve(rt, trio.sleep_forever)
+        if not self.failures:
+            await self.gate.wait()
+        await super().run(ctx, task_status=task_status)
 
 
 def config(
@@ -111,6 +94,22 @@ async def until(
             await trio.sleep(0.02)
 
 
+@asynccontextmanager
+async def beside_a_good_bot(
+    tmp_path: Path, name: str, channel: GatedChannel, state: str
+) -> AsyncIterator[tuple[httpx.AsyncClient, Running, dict[str, dict[str, str]]]]:
+    """``channel`` as bot ``name`` next to a bot that starts at once, once ``name`` is in
+    ``state`` (and the good bot is up)."""
+    good = GatedChannel()
+    good.gate.set()
+    cfg = config({"name": name, "channel": "telegram"}, {"name": "good", "channel": "telegram"})
+    async with serving(tmp_path, cfg, {name: channel, "good": good}) as (http, running):
+        _, bots = await until(
+            http, lambda s, b: b[name]["state"] == state and b["good"]["state"] == "up"
+        )
+        yield http, running, bots
+
+
 def parse_iso(value: str) -> float:
     assert value.endswith("Z"), value
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
@@ -140,13 +139,8 @@ async def test_readyz_is_503_until_every_bot_has_started(tmp_path: Path) -> None
 
 async def test_readyz_shows_a_bot_in_backoff_with_its_retry_time(tmp_path: Path) -> None:
     flaky = GatedChannel([TransportError("getMe: connection reset by peer")])
-    good = GatedChannel()
-    good.gate.set()
-    cfg = config({"name": "flaky", "channel": "telegram"}, {"name": "good", "channel": "telegram"})
-    async with serving(tmp_path, cfg, {"flaky": flaky, "good": good}) as (http, _):
-        status, bots = await until(
-            http, lambda s, b: b["flaky"]["state"] == "backoff" and b["good"]["state"] == "up"
-        )
+    async with beside_a_good_bot(tmp_path, "flaky", flaky, "backoff") as (http, _, bots):
+        status, bots = await readyz(http)
         assert status == 503
         detail = bots["flaky"]["detail"]
         assert detail.startswith("retry at ") and "connection reset by peer" in detail
@@ -163,13 +157,8 @@ async def test_readyz_shows_a_stopped_bot_with_its_reason_and_never_a_secret(
 ) -> None:
     register_secret(SECRET)
     bad = GatedChannel([AuthError(f"getMe: HTTP 401 Unauthorized for token {SECRET}", status=401)])
-    good = GatedChannel()
-    good.gate.set()
-    cfg = config({"name": "bad", "channel": "telegram"}, {"name": "good", "channel": "telegram"})
-    async with serving(tmp_path, cfg, {"bad": bad, "good": good}) as (http, running):
-        status, bots = await until(
-            http, lambda s, b: b["bad"]["state"] == "stopped" and b["good"]["state"] == "up"
-        )
+    async with beside_a_good_bot(tmp_path, "bad", bad, "stopped") as (http, running, _):
+        status, bots = await readyz(http)
         assert status == 503
         assert "AuthError" in bots["bad"]["detail"] and "401" in bots["bad"]["detail"]
         resp = await http.get("/readyz")

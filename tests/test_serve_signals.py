@@ -49,14 +49,23 @@ def write_config(tmp_path: Path, api_base: str, *, other_bot: bool = False) -> P
     return cfg
 
 
-async def start_serve(cfg: Path, log: Path, *args: str) -> trio.Process:
+async def start_serve(
+    cfg: Path, log: Path, *args: str, stdout: int = subprocess.DEVNULL
+) -> trio.Process:
     env = {**os.environ, "DSHIM_TEST_TG_TOKEN": TEST_TOKEN}
     env.pop("DSHIM_DATA_DIR", None)
     command = [sys.executable, "-m", "dshim", "--config", str(cfg), "--log-format", "json"]
     with log.open("ab") as stderr:  # the child keeps its own copy of the descriptor
         return await trio.lowlevel.open_process(
-            [*command, "serve", *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr
+            [*command, "serve", *args], env=env, stdout=stdout, stderr=stderr
         )
+
+
+async def stop(proc: trio.Process, sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` and wait (at most 15 s) for the exit code."""
+    proc.send_signal(sig)
+    with trio.fail_after(15):
+        return await proc.wait()
 
 
 async def polling(fake: FakeTelegram, n: int) -> None:
@@ -96,9 +105,7 @@ async def test_sigterm_lets_the_running_answer_finish_and_keeps_the_next_message
             proc = await start_serve(cfg, log)
             try:
                 await fake.wait_until(lambda: len(texts(fake)) == 2)
-                proc.send_signal(signal.SIGINT)
-                with trio.fail_after(15):
-                    code = await proc.wait()
+                code = await stop(proc, signal.SIGINT)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -140,9 +147,7 @@ async def test_an_answer_longer_than_the_grace_is_cut_and_marked_at_once(
                 polls = len(fake.calls_to("getUpdates"))
                 await polling(fake, polls + 1)
                 await trio.sleep(2)  # a notice would be out by now
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(15):
-                    await proc.wait()
+                await stop(proc)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -164,9 +169,7 @@ async def test_serve_bot_runs_only_the_named_bot(tmp_path: Path) -> None:
                 fake.user_message(chat, ADA, "hello")
                 await fake.wait_until(lambda: len(texts(fake)) == 1)
                 await trio.sleep(2)  # the other bot would have called getMe by now
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(15):
-                    code = await proc.wait()
+                code = await stop(proc, signal.SIGTERM)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -179,18 +182,10 @@ async def test_serve_bot_runs_only_the_named_bot(tmp_path: Path) -> None:
 
 async def test_serve_with_http_prints_the_url_and_becomes_ready(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
-    env = {**os.environ, "DSHIM_TEST_TG_TOKEN": TEST_TOKEN}
-    env.pop("DSHIM_DATA_DIR", None)
     with trio.fail_after(60):
         async with open_fake_telegram() as fake:
             cfg = write_config(tmp_path, fake.url)
-            with log.open("ab") as stderr:
-                proc = await trio.lowlevel.open_process(
-                    [sys.executable, "-m", "dshim", "--config", str(cfg), "serve"],
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=stderr,
-                )
+            proc = await start_serve(cfg, log, stdout=subprocess.PIPE)
             try:
                 assert proc.stdout is not None
                 out = b""
@@ -210,9 +205,7 @@ async def test_serve_with_http_prints_the_url_and_becomes_ready(tmp_path: Path) 
                             break
                         await trio.sleep(0.05)
                     assert ready.json()[0]["name"] == "tg" and ready.json()[0]["state"] == "up"
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(15):
-                    code = await proc.wait()
+                code = await stop(proc, signal.SIGTERM)
             finally:
                 if proc.returncode is None:
                     proc.kill()
