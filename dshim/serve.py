@@ -420,19 +420,9 @@ async def serve_process(
             async with trio.open_nursery() as nursery:
                 url = None
                 if endpoint is not None:
-
-                    async def http(task_status: trio.TaskStatus[list[str]]) -> None:
-                        try:
-                            await serve_endpoint(
-                                endpoint,
-                                config.http.listen,
-                                shutdown=stop_http,
-                                task_status=task_status,
-                            )
-                        finally:
-                            endpoint_done.set()
-
-                    binds = await nursery.start(http)
+                    binds = await nursery.start(
+                        _run_endpoint, endpoint, config.http.listen, stop_http, endpoint_done
+                    )
                     log.info("http_listening", urls=binds)
                     url = browser_url(binds[0])
                     if announce is not None:
@@ -465,6 +455,19 @@ async def serve_process(
     finally:
         statuses.store_open = False
     return results
+
+
+async def _run_endpoint(
+    endpoint: Endpoint,
+    listen: str,
+    stop: trio.Event,
+    done: trio.Event,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        await serve_endpoint(endpoint, listen, shutdown=stop, task_status=task_status)
+    finally:
+        done.set()
 
 
 async def _serve_main(
