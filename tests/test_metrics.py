@@ -16,11 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import trio
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
+from dshim.channels.discord.client import RestClient
+from dshim.channels.kit import http as kit_http
 from dshim.config import parse_config
+from dshim.errors import NotFound, TransportError
 from dshim.metrics import NO_METRICS, ProcessMetrics
 from dshim.serve import Running, serve_process
 from dshim.store import open_store
@@ -248,3 +252,54 @@ async def test_the_pipeline_counts_nothing_by_default(tmp_path: Path) -> None:
     async with open_rig(tmp_path) as rig:
         assert rig.rt.metrics is NO_METRICS
         assert rig.rt.turn_deps.metrics is NO_METRICS
+
+
+async def test_the_kit_counts_every_platform_request_of_the_bot_it_runs_for() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/down":
+            raise httpx.ConnectError("refused", request=request)
+        status = 404 if request.url.path == "/gone" else 200
+        return httpx.Response(status, content=b"body")
+
+    seen: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(
+        base_url="http://platform.test", transport=httpx.MockTransport(answer)
+    ) as http:
+        await kit_http.counted("uncounted", http.get("/ok"))  # no counter set: nothing
+        with kit_http.counting_requests(lambda what, status: seen.append((what, status))):
+            await kit_http.counted("getMe", http.get("/ok"))
+            await kit_http.counted("getFile", http.get("/gone"))
+            with pytest.raises(TransportError):
+                await kit_http.counted("sendMessage", http.get("/down"))
+            assert await kit_http.download_capped(http, "http://platform.test/f", 100) == b"body"
+            with pytest.raises(NotFound):
+                await kit_http.download_capped(http, "http://platform.test/gone", 100)
+            with pytest.raises(TransportError):
+                await kit_http.download_capped(http, "http://platform.test/down", 100)
+    assert seen == [
+        ("getMe", "200"),
+        ("getFile", "404"),
+        ("sendMessage", "error"),
+        ("download", "200"),
+        ("download", "404"),
+        ("download", "error"),
+    ]
+
+
+async def test_discord_requests_are_counted_by_route_never_by_id() -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/users/@me"):
+            return httpx.Response(200, json={"id": "1", "username": "dshim", "bot": True})
+        return httpx.Response(404, json={"code": 10008, "message": "Unknown Message"})
+
+    seen: list[tuple[str, str]] = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as http:
+        rest = RestClient(http, token="discord-test-token", api_base="http://discord.test/api")
+        with kit_http.counting_requests(lambda what, status: seen.append((what, status))):
+            await rest.get_current_user()
+            with pytest.raises(NotFound):
+                await rest.get_message("111111111111111111", "222222222222222222")
+    assert seen == [
+        ("GET /users/@me", "200"),
+        ("GET /channels/{channel_id}/messages/{message_id}", "404"),
+    ]
