@@ -1,4 +1,10 @@
-"""The ``dshim`` command line: serve, probe, replay.  Thin: everything lives in the package.
+"""The ``dshim`` command line: serve, init, probe, replay.  Thin: everything lives in the
+package.
+
+Which configuration: ``--config PATH`` (or ``DSHIM_CONFIG``) when given — it must exist —
+else ``./dshim.toml`` when it exists, else the built-in default
+(:func:`dshim.config.default_config`: the web chat with the echo harness), so a bare
+``dshim serve`` works on a fresh install.
 
 Exit codes: 0 ok, 1 a check or run failed, 2 usage or configuration error.  Heavy modules
 (channels, harness adapters, trio, httpx) are imported inside the commands so that
@@ -26,10 +32,20 @@ app = typer.Typer(
 )
 
 
+#: Read when neither --config nor DSHIM_CONFIG names a file.
+LOCAL_CONFIG = Path("dshim.toml")
+RUNNING = "dshim is running: open {url}"
+ZERO_CONFIG_HINT = (
+    "dshim: no dshim.toml here, so this is the built-in web chat with the echo harness; "
+    "`dshim init` writes a dshim.toml to add a platform (Telegram, Discord, Slack ...)"
+)
+
+
 class Globals:
     def __init__(
-        self, config: Path, data_dir: Path | None, log_level: str, log_format: str | None
+        self, config: Path | None, data_dir: Path | None, log_level: str, log_format: str | None
     ) -> None:
+        #: The config file given (--config / DSHIM_CONFIG), or None.
         self.config = config
         self.data_dir = data_dir
         self.log_level = log_level
@@ -46,15 +62,15 @@ def _version(value: bool) -> None:
 def main_callback(
     ctx: typer.Context,
     config: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--config",
             envvar="DSHIM_CONFIG",
-            help="Config file.",
-            show_default=True,
+            help="Config file (default: ./dshim.toml; without one, serve runs the built-in "
+            "web chat).",
             metavar="PATH",
         ),
-    ] = Path("dshim.toml"),
+    ] = None,
     data_dir: Annotated[
         Path | None,
         typer.Option(
@@ -94,12 +110,23 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _load(g: Globals) -> Any:
-    from dshim.config import load_config
+def _config_path(g: Globals) -> Path | None:
+    """The file to read, or None for the built-in default (see the module docstring)."""
+    if g.config is not None:
+        return g.config
+    return LOCAL_CONFIG if LOCAL_CONFIG.exists() else None
+
+
+def _load(g: Globals) -> tuple[Any, str]:
+    """The configuration and its label for messages (the file's name)."""
+    from dshim.config import DEFAULT_CONFIG_LABEL, default_config, load_config
     from dshim.errors import ConfigError
 
+    path = _config_path(g)
     try:
-        return load_config(g.config)
+        if path is None:
+            return default_config(), DEFAULT_CONFIG_LABEL
+        return load_config(path), path.name
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
 
@@ -123,30 +150,73 @@ def serve(
         list[str] | None,
         typer.Option("--bot", help="Run only this bot (repeat for several).", metavar="NAME"),
     ] = None,
+    listen: Annotated[
+        str | None,
+        typer.Option(
+            "--listen",
+            envvar="DSHIM_HTTP_LISTEN",
+            help="Listen on HOST:PORT instead of [http] listen (port 0: any free port).",
+            metavar="HOST:PORT",
+        ),
+    ] = None,
 ) -> None:
-    """Run every enabled bot (or the ones named with --bot) until SIGINT/SIGTERM."""
+    """Run every enabled bot (or the ones named with --bot) until SIGINT/SIGTERM.
+
+    Without a config file: the built-in web chat on http://127.0.0.1:8910/.
+    """
     g: Globals = ctx.obj
-    cfg = _load(g)
-    from dshim.config import data_dir_origin, prepare_data_dir
+    cfg, label = _load(g)
+    zero_config = _config_path(g) is None
+    from dshim.config import data_dir_origin, override_listen, prepare_data_dir
     from dshim.errors import ConfigError, StoreError
 
     try:
+        if listen is not None:
+            cfg = override_listen(cfg, listen, origin="--listen / DSHIM_HTTP_LISTEN")
         if bot:
-            cfg = _only_bots(cfg, bot, g.config.name)
+            cfg = _only_bots(cfg, bot, label)
         data_dir = _data_dir(g, cfg)
-        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, g.config.name))
+        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     _setup_logging(g, cfg.secrets())
     from dshim.serve import run_serve
 
+    def announce(url: str) -> None:
+        typer.echo(RUNNING.format(url=url))
+        sys.stdout.flush()
+        if zero_config:
+            typer.echo(ZERO_CONFIG_HINT, err=True)
+
     try:
-        code = run_serve(cfg, data_dir)
+        code = run_serve(cfg, data_dir, announce=announce)
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     except StoreError as exc:
         raise _fail(str(exc), 1) from None
     raise typer.Exit(code)
+
+
+@app.command()
+def init(
+    path: Annotated[
+        Path,
+        typer.Argument(help="Where to write it (default: ./dshim.toml).", metavar="PATH"),
+    ] = LOCAL_CONFIG,
+) -> None:
+    """Write a commented starter dshim.toml (never overwrites a file)."""
+    from dshim.config import write_starter
+    from dshim.errors import ConfigError
+
+    try:
+        write_starter(path)
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    typer.echo(
+        f"wrote {path}: the web chat with the echo harness; uncomment a platform's [[bots]] "
+        "block and set its environment variables, then run: dshim serve"
+        + ("" if path == LOCAL_CONFIG else f" (with --config {path})")
+    )
 
 
 def _only_bots(cfg: Any, names: list[str], label: str) -> Any:
@@ -184,7 +254,7 @@ def probe(
     _setup_logging(g, [])
     from dshim.probe import run_probe
 
-    code = run_probe(g.config, g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
+    code = run_probe(_config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
     raise typer.Exit(code)
 
 

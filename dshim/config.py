@@ -278,8 +278,9 @@ def load_config(
         text = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(
-            f"{p}: config file not found. Create one (see README.md, 'Configuration'), "
-            f"or pass --config PATH / set DSHIM_CONFIG. A minimal file:\n\n"
+            f"{p}: config file not found. Write a commented starter file with "
+            f"`dshim init {p}` (see README.md, 'Configuration'), or pass another "
+            f"--config PATH / DSHIM_CONFIG. A minimal file:\n\n"
             f'[harness]\nkind = "echo"\n\n[[bots]]\nname = "mybot"\nchannel = "telegram"\n'
             f'token = "${{TELEGRAM_BOT_TOKEN}}"\n'
         ) from None
@@ -605,16 +606,46 @@ def _check_semantics(config: Config, label: str) -> None:
         )
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
-    http = config.http
+    _check_http(config.http, f"{label}: ")
+
+
+def _check_http(http: HttpSection, prefix: str) -> None:
     try:
         host, _ = split_listen(http.listen)
     except ValueError as exc:
-        raise ConfigError(f"{label}: http.listen: {exc}") from None
+        raise ConfigError(f"{prefix}http.listen: {exc}") from None
     if http.enabled and not is_loopback(host) and not http.token:
         raise ConfigError(
-            f"{label}: http.token: required when http.listen is not a loopback address "
+            f"{prefix}http.token: required when http.listen is not a loopback address "
             f'({http.listen}): set token = "${{DSHIM_HTTP_TOKEN}}", or listen on 127.0.0.1'
         )
+
+
+def override_listen(config: Config, listen: str, *, origin: str) -> Config:
+    """``config`` with ``[http] listen`` replaced (``serve --listen``, ``DSHIM_HTTP_LISTEN``).
+
+    The same checks as in the file apply; errors start with ``origin``.
+    """
+    http = msgspec.structs.replace(config.http, listen=listen.strip())
+    _check_http(http, f"{origin}: ")
+    return msgspec.structs.replace(config, http=http)
+
+
+#: The label of :func:`default_config` in error messages.
+DEFAULT_CONFIG_LABEL = "the built-in default configuration"
+#: The web chat bot of the built-in default configuration.
+DEFAULT_BOT_NAME = "web"
+
+
+def default_config(env: typing.Mapping[str, str] | None = None) -> Config:
+    """What ``dshim serve`` runs without a config file: the echo harness, one ``webchat``
+    bot named ``web`` and the HTTP endpoint on 127.0.0.1:8910 (data in the default data
+    directory)."""
+    return parse_config(
+        {"bots": [{"name": DEFAULT_BOT_NAME, "channel": "webchat"}]},
+        label=DEFAULT_CONFIG_LABEL,
+        env=os.environ if env is None else env,
+    )
 
 
 def default_data_dir(env: typing.Mapping[str, str] | None = None) -> Path:
@@ -661,3 +692,124 @@ def data_dir_origin(config: Config | None, override: Path | None, label: str) ->
     if config is not None and config.dshim.data_dir:
         return f"{label}: dshim.data_dir"
     return "the default data directory"
+
+
+# --- dshim init ---------------------------------------------------------------------------------
+
+#: The commented starter file ``dshim init`` writes.  It loads as written (the web chat bot
+#: and the echo harness); each platform block loads once uncommented with its environment
+#: variables set.  Credentials are never written here: ``"${NAME}"`` reads them from the
+#: environment.
+STARTER_TOML = """\
+# dshim.toml, written by `dshim init`.  README.md explains every key.
+# Credentials are never written in this file: "${NAME}" reads the environment variable NAME.
+
+[dshim]
+# data_dir = "~/.local/state/dshim"   # default: $XDG_STATE_HOME/dshim, else ~/.local/state/dshim
+backlog_max_age_s = 600               # messages older than this (after downtime) are never run
+shutdown_grace_s = 10                 # SIGINT/SIGTERM: running answers get this long to finish
+
+[http]                                # the local endpoint: web chat, /healthz /readyz /metrics, webhooks
+enabled = true
+listen = "127.0.0.1:8910"             # anything but a loopback address needs a token
+# token = "${DSHIM_HTTP_TOKEN}"       # then every route but /healthz needs it (the page asks once)
+
+[harness]
+kind = "echo"                         # answers with exactly the prompt it received
+interaction_timeout_s = 600           # approvals and questions unanswered this long are rejected
+
+# An ACP agent instead: replace the [harness] table above with
+# [harness]
+# kind = "acp"
+# command = ["gemini", "--acp"]       # or ["claude-agent-acp"], ["codex-acp"]
+# env = { GEMINI_API_KEY = "${GEMINI_API_KEY}" }
+# cwd = "/srv/agent-work"             # the agent's workspace
+
+# An OpenAI-compatible Chat Completions server instead: replace the [harness] table with
+# [harness]
+# kind = "openai"
+# base_url = "https://api.deepseek.com"
+# api_key = "${DEEPSEEK_API_KEY}"     # optional for local servers (Ollama, llama.cpp, vLLM)
+# model = "deepseek-chat"
+
+# The web chat, served at the root of [http] listen: open http://127.0.0.1:8910/
+[[bots]]
+name = "web"
+channel = "webchat"
+
+# Platforms: uncomment a block and set its environment variables.
+
+# WeChat (personal, Tencent iLink).  Without a token, `dshim login weixin` logs in by QR code.
+# [[bots]]
+# name = "weixin"
+# channel = "weixin"
+# token = "${WEIXIN_BOT_TOKEN}"
+
+# Feishu / Lark (a custom app with the bot capability, long-connection events)
+# [[bots]]
+# name = "feishu"
+# channel = "feishu"
+# app_id = "${FEISHU_APP_ID}"
+# app_secret = "${FEISHU_APP_SECRET}"
+# domain = "feishu"                   # or "lark"
+
+# DingTalk (an internal app robot, Stream mode)
+# [[bots]]
+# name = "dingtalk"
+# channel = "dingtalk"
+# client_id = "${DINGTALK_CLIENT_ID}"          # the AppKey
+# client_secret = "${DINGTALK_CLIENT_SECRET}"  # the AppSecret
+
+# WeCom (an intelligent robot in long-connection API mode)
+# [[bots]]
+# name = "wecom"
+# channel = "wecom"
+# bot_id = "${WECOM_BOT_ID}"
+# secret = "${WECOM_BOT_SECRET}"
+
+# QQ (the official bot API)
+# [[bots]]
+# name = "qq"
+# channel = "qq"
+# app_id = "${QQ_APP_ID}"
+# client_secret = "${QQ_CLIENT_SECRET}"
+
+# Slack (Socket Mode)
+# [[bots]]
+# name = "slack"
+# channel = "slack"
+# bot_token = "${SLACK_BOT_TOKEN}"    # xoxb-...
+# app_token = "${SLACK_APP_TOKEN}"    # xapp-... with connections:write
+
+# Telegram (a bot from @BotFather)
+# [[bots]]
+# name = "telegram"
+# channel = "telegram"
+# token = "${TELEGRAM_BOT_TOKEN}"     # "<bot id>:<secret>"
+
+# Discord (Developer Portal -> Bot; turn on the Message Content intent)
+# [[bots]]
+# name = "discord"
+# channel = "discord"
+# token = "${DISCORD_BOT_TOKEN}"
+
+# WhatsApp (Cloud API; webhooks arrive at /hooks/whatsapp through your public HTTPS proxy)
+# [[bots]]
+# name = "whatsapp"
+# channel = "whatsapp"
+# phone_number_id = "${WHATSAPP_PHONE_NUMBER_ID}"
+# access_token = "${WHATSAPP_TOKEN}"
+# app_secret = "${WHATSAPP_APP_SECRET}"
+# verify_token = "${WHATSAPP_VERIFY_TOKEN}"
+"""
+
+
+def write_starter(path: Path) -> None:
+    """Write :data:`STARTER_TOML` to ``path``; ConfigError when it exists (never overwritten)."""
+    try:
+        with path.open("x", encoding="utf-8") as f:
+            f.write(STARTER_TOML)
+    except FileExistsError:
+        raise ConfigError(f"{path} already exists: not overwriting it") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write it: {exc.strerror or exc}") from None

@@ -18,7 +18,15 @@ import msgspec
 import trio
 
 from dshim.channels.base import ChannelStore, Check, Identity, ProbeResult
-from dshim.config import BotConfig, Config, load_config, resolve_data_dir, settings_of
+from dshim.config import (
+    DEFAULT_CONFIG_LABEL,
+    BotConfig,
+    Config,
+    default_config,
+    load_config,
+    resolve_data_dir,
+    settings_of,
+)
 from dshim.errors import ConfigError, DshimError
 from dshim.log import register_secret
 from dshim.store.base import BoundStore, Store
@@ -164,12 +172,12 @@ def format_table(rows: list[ProbeRow]) -> str:
 
 
 async def _probe(
-    config_path: Path, data_dir_opt: Path | None, bot_name: str | None, send_test: bool
+    config_path: Path | None, data_dir_opt: Path | None, bot_name: str | None, send_test: bool
 ) -> tuple[list[ProbeRow], int]:
     rows: list[ProbeRow] = []
     t0 = time.perf_counter()
     try:
-        config = load_config(config_path)
+        config = load_config(config_path) if config_path is not None else default_config()
     except ConfigError as exc:
         rows.append(ProbeRow("config", "fail", _safe(str(exc)), (time.perf_counter() - t0) * 1000))
         return rows, 2
@@ -177,7 +185,8 @@ async def _probe(
         ProbeRow(
             "config",
             "ok",
-            f"{config_path}: {len(config.bots)} bot(s), harness {config.harness.kind}",
+            f"{config_path or DEFAULT_CONFIG_LABEL}: {len(config.bots)} bot(s), "
+            f"harness {config.harness.kind}",
             (time.perf_counter() - t0) * 1000,
         )
     )
@@ -303,7 +312,7 @@ async def _bot_checks(
 
 
 def run_probe(
-    config_path: Path,
+    config_path: Path | None,
     data_dir: Path | None,
     *,
     bot: str | None,

@@ -287,6 +287,9 @@ class ResolveContext:
     session_id: str | None = None
     budget: ReplyBudget = field(default_factory=ReplyBudget)
     clock: Callable[[], float] = time.time
+    #: Told how the quote was resolved (metrics): ``snapshot``, ``loaded``, ``recovered``,
+    #: or the unavailable reason.
+    on_result: Callable[[str], None] | None = None
 
 
 _LOADED_FIELDS = (
@@ -512,12 +515,14 @@ async def resolve(ref: ReplyReference | None, ctx: ResolveContext) -> QuotedMess
     loader, ref.loader = ref.loader, None
     recover, ref.recover = ref.recover, False
     if loader is None and not recover:
-        return normalize(ref)
+        return _report(ctx, normalize(ref), "snapshot")
 
     stage = "load"
+    source = "snapshot"
     with trio.move_on_after(ctx.budget.deadline_s) as scope:
         if loader is not None:
             await _load(ref, loader)
+            source = "loaded"
         if recover and not _has_content(ref):
             stage = "recover"
             found = await _recover_safely(ref, ctx)
@@ -526,6 +531,7 @@ async def resolve(ref: ReplyReference | None, ctx: ResolveContext) -> QuotedMess
             else:
                 ref.content = found.text
                 ref.unavailable_reason = None
+                source = "recovered"
                 stage = "write_back"
                 await _write_back(ref, ctx, found)
         stage = "done"
@@ -540,4 +546,10 @@ async def resolve(ref: ReplyReference | None, ctx: ResolveContext) -> QuotedMess
             ref.unavailable_reason = NOT_DELIVERED
         elif stage == "recover":
             _mark_unrecovered(ref)
-    return normalize(ref)
+    return _report(ctx, normalize(ref), source)
+
+
+def _report(ctx: ResolveContext, quoted: QuotedMessage, source: str) -> QuotedMessage:
+    if ctx.on_result is not None:
+        ctx.on_result(quoted.unavailable_reason or source)
+    return quoted

@@ -1,26 +1,38 @@
-"""``dshim serve``: the root nursery — store, one supervised nursery per enabled bot.
+"""``dshim serve``: the root nursery — store, HTTP endpoint, one supervised nursery per bot.
 
 Theory of operation
 -------------------
-The root nursery holds a signal watcher and one supervisor per enabled bot.  A
-supervisor starts its channel with ``nursery.start`` (the bot counts as up only after it
-authenticated), and restarts it with exponential backoff and jitter (1 s .. 30 s) when it
-fails with a transient error.  Fatal errors (bad credentials, a platform's "never
-reconnect" close code, configuration) and bugs (TypeError, AssertionError ...) stop that
-bot loudly and are not retried; other bots are untouched.
+The root nursery holds a signal watcher and :func:`serve_process`: the local HTTP endpoint
+(when ``[http]`` is enabled), started with ``nursery.start`` so that it listens before any
+bot starts, and one supervisor per enabled bot.  A supervisor starts its channel with
+``nursery.start`` (the bot counts as up only after it authenticated), and restarts it with
+exponential backoff and jitter (1 s .. 30 s) when it fails with a transient error.  Fatal
+errors (bad credentials, a platform's "never reconnect" close code, configuration) and
+bugs (TypeError, AssertionError ...) stop that bot loudly and are not retried; other bots
+are untouched.
 
-SIGINT/SIGTERM sets the shutdown event: every bot stops reading new events, running turns
-get up to ``shutdown_grace_s`` (10 s) to finish, then everything is cancelled.  Accepted
+Every supervisor reports its bot's state to the process's :class:`BotStatuses`
+(``starting`` -> ``up`` at ``task_status.started()``, ``backoff`` with the retry time,
+``stopped`` with the reason), which ``/readyz`` and ``dshim_bot_up`` read.  Each bot's
+pipeline counts into the process's :class:`ProcessMetrics` (``/metrics``), and its
+platform requests are counted through the kit's request counter, set around the bot's
+tasks.
+
+SIGINT/SIGTERM sets the shutdown event: the endpoint closes its open websockets and
+finishes the requests in flight, every bot stops reading new events, running turns get
+up to ``shutdown_grace_s`` (10 s) to finish, then everything is cancelled.  Accepted
 messages that did not run stay in the durable inbox and run after the next start.  A
 second signal cancels at once.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -38,12 +50,16 @@ from dshim.channels.base import (
     RawDecoder,
     WebSocketHandler,
 )
+from dshim.channels.kit.http import counting_requests
 from dshim.config import BotConfig, Config, settings_of
 from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError, single_error
 from dshim.harness.base import Harness
 from dshim.http.app import Endpoint
+from dshim.http.ops import add_operator_routes
 from dshim.http.server import GRACEFUL_S, serve_endpoint
-from dshim.log import register_secret
+from dshim.http.status import BotStatuses
+from dshim.log import redact, register_secret
+from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store
@@ -75,9 +91,14 @@ class ServeHost:
         observer: Observer | None = None,
         harness: Harness | None = None,
         endpoint: Endpoint | None = None,
+        metrics: BotMetrics = NO_METRICS,
+        statuses: BotStatuses | None = None,
     ) -> None:
         self.config = config
         self._endpoint = endpoint
+        self.metrics = metrics
+        #: Where this bot's state is reported (None: nowhere).
+        self.statuses = statuses
         self._bot = bot
         self._store = store
         self._bound = BoundStore(store, bot.name)
@@ -136,6 +157,7 @@ class ServeHost:
             clock=self._clock,
             observer=self.observer,
             decode_raw=decode_raw,
+            metrics=self.metrics,
         ) as rt:
             self._runtime = rt
             try:
@@ -163,6 +185,8 @@ class ServeHost:
             await reader()
             nursery.cancel_scope.cancel()
         if self.shutdown.is_set():
+            if self.statuses is not None:
+                self.statuses.stopped(self._bot.name, "shutting down")
             log.info("bot_draining", grace_s=self.config.dshim.shutdown_grace_s)
             await runtime.drain(self.config.dshim.shutdown_grace_s)
 
@@ -200,20 +224,28 @@ async def supervise_bot(
     """
     backoff = Backoff(BACKOFF_MIN_S, BACKOFF_MAX_S, rng=rng)
     bot = host.bot
-    with structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel):
+    status = _Reporter(host)
+    with (
+        structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel),
+        counting_requests(host.metrics.platform_request),
+    ):
         while not host.shutdown.is_set():
             started_at = trio.current_time()
+            status.starting()
             try:
                 async with trio.open_nursery() as nursery:
                     await nursery.start(channel.run, host)
+                    status.up()
                     log.info("bot_started")
             except Exception as exc:
                 kind = classify_failure(exc)
                 if kind == "fatal":
                     log.error("bot_stopped_fatal", error=_describe(exc))
+                    status.stopped(_describe(exc))
                     return "fatal"
                 if kind == "bug":
                     log.error("bot_crashed_bug", exc_info=exc)
+                    status.stopped(f"crashed (a bug; see the log): {_describe(exc)}")
                     return "bug"
                 if trio.current_time() - started_at > HEALTHY_RUN_S:
                     backoff.reset()
@@ -224,6 +256,7 @@ async def supervise_bot(
                     retry_in_s=round(delay, 2),
                     failures=backoff.failures,
                 )
+                status.backoff(delay, _describe(exc))
                 with trio.move_on_after(delay):
                     await host.shutdown.wait()
                 continue
@@ -233,15 +266,42 @@ async def supervise_bot(
                 backoff.reset()
             delay = backoff.next_delay()
             log.warning("bot_reader_ended_restarting", retry_in_s=round(delay, 2))
+            status.backoff(delay, "the channel's reader ended")
             with trio.move_on_after(delay):
                 await host.shutdown.wait()
     log.info("bot_stopped")
+    status.stopped("shutdown")
     return "shutdown"
+
+
+class _Reporter:
+    """A supervisor's reports to its host's :class:`BotStatuses` (if any)."""
+
+    def __init__(self, host: ServeHost) -> None:
+        self._statuses = host.statuses
+        self._bot = host.bot
+        self._clock = host.clock
+
+    def starting(self) -> None:
+        if self._statuses is not None:
+            self._statuses.starting(self._bot.name, self._bot.channel)
+
+    def up(self) -> None:
+        if self._statuses is not None:
+            self._statuses.up(self._bot.name)
+
+    def backoff(self, delay: float, reason: str) -> None:
+        if self._statuses is not None:
+            self._statuses.backoff(self._bot.name, retry_at=self._clock() + delay, reason=reason)
+
+    def stopped(self, reason: str) -> None:
+        if self._statuses is not None:
+            self._statuses.stopped(self._bot.name, reason)
 
 
 def _describe(exc: BaseException) -> str:
     leaves = _leaves(exc)
-    return "; ".join(f"{type(e).__name__}: {e}" for e in leaves)[:500]
+    return redact("; ".join(f"{type(e).__name__}: {e}" for e in leaves))[:500]
 
 
 async def serve_bots(
@@ -254,13 +314,20 @@ async def serve_bots(
     observer: Observer | None = None,
     harness: Harness | None = None,
     endpoint: Endpoint | None = None,
+    metrics: ProcessMetrics | None = None,
+    statuses: BotStatuses | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """Supervise every enabled bot until all have ended.  Returns bot -> why it ended.
 
     ``channels`` maps bot names to their channel (default: loaded by the bot's key).
+    Every enabled bot is registered as ``starting`` in ``statuses`` before any starts.
     """
     results: dict[str, str] = {}
+    enabled = [bot for bot in config.bots if bot.enabled]
+    if statuses is not None:
+        for bot in enabled:
+            statuses.starting(bot.name, bot.channel)
 
     async def one(bot: BotConfig, channel: Channel) -> None:
         host = ServeHost(
@@ -272,23 +339,140 @@ async def serve_bots(
             observer=observer,
             harness=harness,
             endpoint=endpoint,
+            metrics=metrics.for_bot(bot.name, bot.channel) if metrics is not None else NO_METRICS,
+            statuses=statuses,
         )
         results[bot.name] = await supervise_bot(channel, host)
 
     async with trio.open_nursery() as nursery:
-        for bot in config.bots:
-            if bot.enabled:
-                channel = (
-                    channels[bot.name]
-                    if channels is not None and bot.name in channels
-                    else load_channel(bot.channel)
-                )
-                nursery.start_soon(one, bot, channel)
+        for bot in enabled:
+            channel = (
+                channels[bot.name]
+                if channels is not None and bot.name in channels
+                else load_channel(bot.channel)
+            )
+            nursery.start_soon(one, bot, channel)
         task_status.started()
     return results
 
 
-async def _serve_main(config: Config, data_dir: Path) -> int:
+@dataclass(frozen=True, slots=True)
+class Running:
+    """What :func:`serve_process` reports once it listens (tests read it)."""
+
+    #: The endpoint's URL for a browser (``http://127.0.0.1:8910/``); None when disabled.
+    url: str | None
+    endpoint: Endpoint | None
+    statuses: BotStatuses
+    metrics: ProcessMetrics
+
+
+def browser_url(bind: str) -> str:
+    """A bound address as hypercorn reports it (``http://0.0.0.0:8910``) as the URL to open:
+    a wildcard address becomes its loopback form."""
+    scheme, _, address = bind.partition("://")
+    host, _, port = address.rpartition(":")
+    if host in ("0.0.0.0", ""):
+        host = "127.0.0.1"
+    elif host == "[::]":
+        host = "[::1]"
+    return f"{scheme}://{host}:{port}/"
+
+
+def make_endpoint(config: Config, statuses: BotStatuses, metrics: ProcessMetrics) -> Endpoint:
+    """The endpoint ``[http]`` describes, with the operators' routes."""
+    http = config.http
+    endpoint = Endpoint(token=http.token.get() if http.token else None, host=http.host)
+    endpoint.root_bot = next(
+        (b.name for b in config.bots if b.enabled and b.channel == ROOT_CHANNEL), None
+    )
+    add_operator_routes(endpoint, statuses, metrics)
+    return endpoint
+
+
+async def serve_process(
+    config: Config,
+    store: Store,
+    *,
+    shutdown: trio.Event,
+    channels: Mapping[str, Channel] | None = None,
+    clock: Clock = wall_clock,
+    observer: Observer | None = None,
+    harness: Harness | None = None,
+    announce: Callable[[str], None] | None = None,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+) -> dict[str, str]:
+    """The HTTP endpoint (when ``[http]`` is enabled) and every enabled bot, until every
+    bot has ended.  Returns bot -> why it ended.
+
+    The endpoint listens before the bots start; its URL goes to ``announce`` and
+    ``task_status``.  ``shutdown`` stops the endpoint (open websockets closed, requests in
+    flight finished) and the bots; when the bots end on their own it stops too.
+    """
+    statuses = BotStatuses(clock)
+    statuses.store_open = True  # the caller opened it; it stays open while this runs
+    metrics = ProcessMetrics(statuses.up_flags)
+    endpoint = make_endpoint(config, statuses, metrics) if config.http.enabled else None
+    stop_http = trio.Event()
+    endpoint_done = trio.Event()
+    try:
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                url = None
+                if endpoint is not None:
+                    binds = await nursery.start(
+                        _run_endpoint, endpoint, config.http.listen, stop_http, endpoint_done
+                    )
+                    log.info("http_listening", urls=binds)
+                    url = browser_url(binds[0])
+                    if announce is not None:
+                        announce(url)
+                else:
+                    endpoint_done.set()
+
+                async def follow_shutdown() -> None:
+                    await shutdown.wait()
+                    stop_http.set()  # open chat sockets close, requests in flight finish
+
+                nursery.start_soon(follow_shutdown)
+                task_status.started(Running(url, endpoint, statuses, metrics))
+                results = await serve_bots(
+                    config,
+                    store,
+                    shutdown=shutdown,
+                    channels=channels,
+                    clock=clock,
+                    observer=observer,
+                    harness=harness,
+                    endpoint=endpoint,
+                    metrics=metrics,
+                    statuses=statuses,
+                )
+                stop_http.set()  # every bot ended: the endpoint stops too, gracefully
+                with trio.move_on_after(GRACEFUL_S + 1):
+                    await endpoint_done.wait()
+                nursery.cancel_scope.cancel()
+    finally:
+        statuses.store_open = False
+    return results
+
+
+async def _run_endpoint(
+    endpoint: Endpoint,
+    listen: str,
+    stop: trio.Event,
+    done: trio.Event,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        await serve_endpoint(endpoint, listen, shutdown=stop, task_status=task_status)
+    finally:
+        done.set()
+
+
+async def _serve_main(
+    config: Config, data_dir: Path, announce: Callable[[str], None] | None
+) -> int:
     enabled = [b for b in config.bots if b.enabled]
     if not enabled:
         raise ConfigError(
@@ -296,31 +480,8 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
         )
     channels = {b.name: load_channel(b.channel) for b in enabled}
     shutdown = trio.Event()
-    stop_http = trio.Event()
-    endpoint = Endpoint() if config.http.enabled else None
-    if endpoint is not None:
-        endpoint.root_bot = next((b.name for b in enabled if b.channel == ROOT_CHANNEL), None)
     with single_error():
         async with open_store(data_dir) as store, trio.open_nursery() as root:
-            endpoint_done = trio.Event()
-            if endpoint is not None:
-
-                async def http(task_status: trio.TaskStatus[list[str]]) -> None:
-                    try:
-                        await serve_endpoint(
-                            endpoint,
-                            config.http.listen,
-                            shutdown=stop_http,
-                            task_status=task_status,
-                        )
-                    finally:
-                        endpoint_done.set()
-
-                binds = await root.start(http)
-                log.info("http_listening", urls=binds)
-            else:
-                endpoint_done.set()
-            log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
 
             async def signals() -> None:
                 with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
@@ -328,7 +489,6 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
                         if not shutdown.is_set():
                             log.info("shutdown_requested", signal=signal.Signals(signum).name)
                             shutdown.set()
-                            stop_http.set()  # open chat sockets close, requests finish
                             root.start_soon(hard_stop)
                         else:
                             log.warning("shutdown_forced")
@@ -340,18 +500,21 @@ async def _serve_main(config: Config, data_dir: Path) -> int:
                 root.cancel_scope.cancel()
 
             root.start_soon(signals)
-            results = await serve_bots(
-                config, store, shutdown=shutdown, channels=channels, endpoint=endpoint
+            log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
+            results = await serve_process(
+                config, store, shutdown=shutdown, channels=channels, announce=announce
             )
             signalled = shutdown.is_set()
-            stop_http.set()  # every bot ended: the endpoint stops too, gracefully
-            with trio.move_on_after(GRACEFUL_S + 1):
-                await endpoint_done.wait()
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)
     return 0 if signalled else 1
 
 
-def run_serve(config: Config, data_dir: Path) -> int:
-    """Run ``dshim serve`` to completion; returns the exit code."""
-    return trio.run(_serve_main, config, data_dir)
+def run_serve(
+    config: Config, data_dir: Path, *, announce: Callable[[str], None] | None = None
+) -> int:
+    """Run ``dshim serve`` to completion; returns the exit code.
+
+    ``announce`` gets the endpoint's URL once it listens (the CLI prints it).
+    """
+    return trio.run(functools.partial(_serve_main, config, data_dir, announce))

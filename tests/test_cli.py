@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,11 @@ FIXTURE = REPO / "fixtures" / "normalized" / "plain_dm.json"
 def dshim(
     *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in ("DSHIM_CONFIG", "DSHIM_DATA_DIR")}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("DSHIM_CONFIG", "DSHIM_DATA_DIR", "DSHIM_HTTP_LISTEN")
+    }
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "dshim", *args],
@@ -59,10 +64,57 @@ def test_usage_error_exits_2() -> None:
 
 
 def test_missing_config_says_how_to_create_one(tmp_path: Path) -> None:
-    r = dshim("serve", cwd=tmp_path)
+    r = dshim("--config", "nope.toml", "serve", cwd=tmp_path)
     assert r.returncode == 2
-    assert "config file not found" in r.stderr and "[[bots]]" in r.stderr
+    assert "nope.toml: config file not found" in r.stderr and "[[bots]]" in r.stderr
+    assert "dshim init nope.toml" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_local_dshim_toml_is_read_without_config(tmp_path: Path) -> None:
+    (tmp_path / "dshim.toml").write_text('[harness]\nkind = "echo"\n')
+    r = dshim("serve", cwd=tmp_path, env={"DSHIM_DATA_DIR": str(tmp_path / "data")})
+    assert r.returncode == 2 and "no enabled bots" in r.stderr  # it read ./dshim.toml
+
+
+def test_a_busy_port_is_a_config_error_naming_http_listen(tmp_path: Path) -> None:
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        f'[dshim]\ndata_dir = "{tmp_path / "state"}"\n\n[http]\nlisten = "127.0.0.1:{port}"\n\n'
+        '[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "123456:abcdefghijklmnopqrstuvwxyz"\n'
+        'api_base = "http://127.0.0.1:9"\n'
+    )
+    with busy:
+        for args in (
+            ("--config", str(cfg), "serve"),
+            ("--config", str(cfg), "serve", "--listen", f"127.0.0.1:{port}"),
+        ):
+            r = dshim(*args)
+            assert r.returncode == 2, r.stderr
+            # One line besides the (JSON) log records, and no traceback.
+            lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("{")]
+            assert len(lines) == 1, r.stderr
+            assert lines[0] == (
+                f"dshim: http.listen: cannot listen on 127.0.0.1:{port}: the address is already in use"
+            )
+            assert r.stdout == ""  # never "dshim is running"
+
+
+def test_listen_override_is_checked_like_the_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        '[[bots]]\nname = "a"\nchannel = "telegram"\ntoken = "123456:abcdefghijklmnopqrstuvwxyz"\n'
+    )
+    r = dshim("--config", str(cfg), "serve", "--listen", "0.0.0.0:8910")
+    assert r.returncode == 2
+    assert "--listen / DSHIM_HTTP_LISTEN: http.token: required" in r.stderr
+    r = dshim("--config", str(cfg), "serve", env={"DSHIM_HTTP_LISTEN": "no-port-here"})
+    assert r.returncode == 2
+    assert "--listen / DSHIM_HTTP_LISTEN: http.listen: expected host:port" in r.stderr
 
 
 def test_bad_config_names_key_path_without_traceback(tmp_path: Path) -> None:
@@ -152,7 +204,8 @@ def test_help_shows_flags_as_flags() -> None:
     serve = dshim("serve", "--help").stdout
     assert "<bool>" not in top + probe + serve
     assert "--version " in top and "--send-test " in probe
-    assert "--bot NAME" in serve
+    assert "--bot NAME" in serve and "--listen HOST:PORT" in serve
+    assert "init" in top and "DSHIM_HTTP_LISTEN" in serve
 
 
 def test_serve_with_an_unusable_data_dir_is_a_config_error(tmp_path: Path) -> None:

@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 
 from dshim.channels.telegram.channel import TelegramSettings
-from dshim.config import Config, Secret, load_config, parse_config, resolve_data_dir
+from dshim.config import (
+    Config,
+    Secret,
+    load_config,
+    override_listen,
+    parse_config,
+    resolve_data_dir,
+)
 from dshim.errors import ConfigError
 
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
@@ -172,3 +179,53 @@ def test_data_dir_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     assert resolve_data_dir(cfg, tmp_path / "flag") == tmp_path / "flag"
     monkeypatch.delenv("XDG_STATE_HOME")
     assert resolve_data_dir(Config(), None) == Path.home() / ".local" / "state" / "dshim"
+
+
+@pytest.mark.parametrize(
+    ("http", "message"),
+    [
+        ({"listen": "0.0.0.0:8910"}, "dshim.toml: http.token: required when http.listen is not"),
+        ({"listen": "192.168.1.5:80"}, "dshim.toml: http.token: required"),
+        ({"listen": "[::]:8910"}, "dshim.toml: http.token: required"),
+        ({"listen": "8910"}, "dshim.toml: http.listen: expected host:port"),
+        ({"listen": "localhost:99999"}, "dshim.toml: http.listen: expected host:port"),
+        ({"token": 5}, "dshim.toml: http.token: expected a string, got an integer"),
+        ({"bind": "x"}, "dshim.toml: http.bind: unknown key"),
+    ],
+)
+def test_http_errors_name_the_key(http: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"http": http}, env={})
+    assert str(info.value).startswith(message)
+
+
+def test_http_defaults_and_the_token_from_the_environment() -> None:
+    cfg = parse_config({}, env={})
+    assert (cfg.http.enabled, cfg.http.listen, cfg.http.token) == (True, "127.0.0.1:8910", None)
+    secret = "a-long-http-bearer-token-0123"
+    cfg = parse_config(
+        {"http": {"listen": "0.0.0.0:8910", "token": "${DSHIM_HTTP_TOKEN}"}},
+        env={"DSHIM_HTTP_TOKEN": secret},
+    )
+    assert cfg.http.token == Secret(secret) and secret in cfg.secrets()
+    assert secret not in repr(cfg)
+    with pytest.raises(ConfigError, match="http.token: environment variable DSHIM_HTTP_TOKEN"):
+        parse_config({"http": {"token": "${DSHIM_HTTP_TOKEN}"}}, env={})
+    # Off: any address is fine (nothing listens).
+    assert not parse_config(
+        {"http": {"enabled": False, "listen": "0.0.0.0:1"}}, env={}
+    ).http.enabled
+    for loopback in ("127.0.0.1:0", "localhost:8910", "[::1]:8910", "127.1.2.3:8910"):
+        assert parse_config({"http": {"listen": loopback}}, env={}).http.listen == loopback
+
+
+def test_listen_override() -> None:
+    cfg = parse_config({"http": {"listen": "127.0.0.1:8910"}}, env={})
+    moved = override_listen(cfg, " 127.0.0.1:0 ", origin="--listen")
+    assert moved.http.listen == "127.0.0.1:0" and cfg.http.listen == "127.0.0.1:8910"
+    with pytest.raises(ConfigError, match=r"^--listen: http\.token: required"):
+        override_listen(cfg, "0.0.0.0:8910", origin="--listen")
+    with pytest.raises(ConfigError, match=r"^--listen: http\.listen: expected host:port"):
+        override_listen(cfg, "nowhere", origin="--listen")
+    guarded = parse_config({"http": {"token": "t0ken-for-the-endpoint"}}, env={})
+    assert override_listen(guarded, "0.0.0.0:8910", origin="--listen").http.listen == "0.0.0.0:8910"

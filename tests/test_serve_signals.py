@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import trio
 
 from dshim.pipeline.runtime import INTERRUPTED_TEXT
@@ -48,14 +49,23 @@ def write_config(tmp_path: Path, api_base: str, *, other_bot: bool = False) -> P
     return cfg
 
 
-async def start_serve(cfg: Path, log: Path, *args: str) -> trio.Process:
+async def start_serve(
+    cfg: Path, log: Path, *args: str, stdout: int = subprocess.DEVNULL
+) -> trio.Process:
     env = {**os.environ, "DSHIM_TEST_TG_TOKEN": TEST_TOKEN}
     env.pop("DSHIM_DATA_DIR", None)
     command = [sys.executable, "-m", "dshim", "--config", str(cfg), "--log-format", "json"]
     with log.open("ab") as stderr:  # the child keeps its own copy of the descriptor
         return await trio.lowlevel.open_process(
-            [*command, "serve", *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr
+            [*command, "serve", *args], env=env, stdout=stdout, stderr=stderr
         )
+
+
+async def stop(proc: trio.Process, sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` and wait (at most 15 s) for the exit code."""
+    proc.send_signal(sig)
+    with trio.fail_after(15):
+        return await proc.wait()
 
 
 async def polling(fake: FakeTelegram, n: int) -> None:
@@ -95,9 +105,7 @@ async def test_sigterm_lets_the_running_answer_finish_and_keeps_the_next_message
             proc = await start_serve(cfg, log)
             try:
                 await fake.wait_until(lambda: len(texts(fake)) == 2)
-                proc.send_signal(signal.SIGINT)
-                with trio.fail_after(15):
-                    code = await proc.wait()
+                code = await stop(proc, signal.SIGINT)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -139,9 +147,7 @@ async def test_an_answer_longer_than_the_grace_is_cut_and_marked_at_once(
                 polls = len(fake.calls_to("getUpdates"))
                 await polling(fake, polls + 1)
                 await trio.sleep(2)  # a notice would be out by now
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(15):
-                    await proc.wait()
+                await stop(proc)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -163,9 +169,7 @@ async def test_serve_bot_runs_only_the_named_bot(tmp_path: Path) -> None:
                 fake.user_message(chat, ADA, "hello")
                 await fake.wait_until(lambda: len(texts(fake)) == 1)
                 await trio.sleep(2)  # the other bot would have called getMe by now
-                proc.send_signal(signal.SIGTERM)
-                with trio.fail_after(15):
-                    code = await proc.wait()
+                code = await stop(proc, signal.SIGTERM)
             finally:
                 if proc.returncode is None:
                     proc.kill()
@@ -174,3 +178,37 @@ async def test_serve_bot_runs_only_the_named_bot(tmp_path: Path) -> None:
     assert all(c.status != 401 for c in fake.calls)  # the other token never reached the fake
     records = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
     assert {r.get("bot") for r in records if "bot" in r} == {"tg"}
+
+
+async def test_serve_with_http_prints_the_url_and_becomes_ready(tmp_path: Path) -> None:
+    log = tmp_path / "serve.log"
+    with trio.fail_after(60):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url)
+            proc = await start_serve(cfg, log, stdout=subprocess.PIPE)
+            try:
+                assert proc.stdout is not None
+                out = b""
+                while not out.endswith(b"\n"):
+                    chunk = await proc.stdout.receive_some(1024)
+                    assert chunk, log.read_text()[-2000:]
+                    out += chunk
+                line = out.decode().strip()
+                assert line.startswith("dshim is running: open http://127.0.0.1:")
+                url = line.removeprefix("dshim is running: open ")
+                assert url.endswith("/") and not url.endswith(":0/")  # the port actually bound
+                async with httpx.AsyncClient(base_url=url) as http:
+                    assert (await http.get("/healthz")).text == "ok"
+                    for _ in range(600):  # until every bot reported started
+                        ready = await http.get("/readyz")
+                        if ready.status_code == 200:
+                            break
+                        await trio.sleep(0.05)
+                    assert ready.json()[0]["name"] == "tg" and ready.json()[0]["state"] == "up"
+                code = await stop(proc, signal.SIGTERM)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+    assert code == 0, log.read_text()[-3000:]
+    assert "dshim init" not in log.read_text()  # the zero-config hint is for zero config only
+    assert "Traceback" not in log.read_text()

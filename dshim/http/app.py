@@ -13,19 +13,30 @@ outside:
   ``/hooks/<bot>/<path>``.  The mounts of the web chat bot (the embedded default) are
   also served at the root: ``/`` is its page, ``/ws`` its socket.  A request for an
   unknown bot or path answers 404;
-- more routes (readiness, metrics) are added with :meth:`Endpoint.route`.
+- more routes (readiness, metrics) are added with :meth:`Endpoint.route`; ``HEAD`` is
+  answered like ``GET`` (without the body) where a route has no ``HEAD`` of its own.
+
+Before anything else runs, a request is checked against ``[http] token``
+(:mod:`dshim.http.auth`): every route but ``/healthz`` and the login form needs the bearer
+token or the session cookie — an unknown path too, so that nothing is revealed without
+it.  A browser navigating without it is sent to the login form (303); any other client
+gets 401.  A websocket upgrade is also checked for ``Origin``, then for the token, then for
+a handler, and refused with a JSON answer (403, 401, 404) before it is accepted.
 
 Handlers receive :class:`~dshim.channels.base.HttpRequest` (the body read, capped at
-:data:`MAX_BODY`) and return :class:`~dshim.channels.base.HttpResponse`; a websocket
-handler gets an accepted :class:`AsgiWebSocket` and serves it until it returns.  Client
-mistakes answer 4xx with a short JSON error; an exception in a handler is logged and
-answers 500 without a traceback in the body.  On shutdown :meth:`Endpoint.close_sockets`
-closes every open websocket (code 1001), so the server's graceful stop is not held up.
+``max_body``: a larger ``Content-Length`` is refused before reading) and return
+:class:`~dshim.channels.base.HttpResponse`; a websocket handler gets an accepted
+:class:`AsgiWebSocket` and serves it until it returns.  Client mistakes answer 4xx with a
+short JSON error ``{"error": code, "message": text}``; an exception in a handler is
+logged and answers 500 without a traceback in the body.  On shutdown
+:meth:`Endpoint.close_sockets` closes every open websocket (code 1001), so the server's
+graceful stop is not held up.
 """
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +51,7 @@ from dshim.channels.base import (
     WebSocketClosed,
     WebSocketHandler,
 )
+from dshim.http.auth import Auth, OriginPolicy, login_form, login_page, safe_next
 
 __all__ = ["MAX_BODY", "AsgiWebSocket", "Endpoint", "json_error"]
 
@@ -53,6 +65,11 @@ Send = Callable[[Message], Awaitable[None]]
 #: Request bodies above this answer 413 (webhook payloads and uploads stay far below).
 MAX_BODY = 32 * 1024 * 1024
 HOOKS = "/hooks/"
+LOGIN = "/login"
+#: Open without the token.
+PUBLIC = frozenset({"/healthz"})
+#: The body limit of the routes open without the token (the login form is tiny).
+PUBLIC_MAX_BODY = 16 * 1024
 
 
 def json_error(status: int, code: str, message: str) -> HttpResponse:
@@ -142,15 +159,28 @@ def _headers(scope: Scope) -> tuple[tuple[str, str], ...]:
 
 
 class Endpoint:
-    """The ASGI application (see the module docstring)."""
+    """The ASGI application (see the module docstring).
 
-    def __init__(self) -> None:
+    ``token``: the bearer token every route but ``/healthz`` needs (None: open);
+    ``host``: the configured listen host (websocket ``Origin`` checks); ``max_body``: the
+    request body limit.
+    """
+
+    def __init__(
+        self, *, token: str | None = None, host: str = "127.0.0.1", max_body: int = MAX_BODY
+    ) -> None:
         self._bots: dict[str, _Mounts] = {}
         self._routes: dict[str, dict[str, HttpHandler]] = {}
         #: The bot whose mounts are also served at the root (the web chat).
         self.root_bot: str | None = None
         self._sockets: set[AsgiWebSocket] = set()
+        self.auth = Auth(token)
+        self.origins = OriginPolicy(host)
+        self.max_body = max_body
         self.route("GET", "/healthz", _healthz)
+        if self.auth.required:
+            self.route("GET", LOGIN, _login_get)
+            self.route("POST", LOGIN, self._login_post)
 
     # -- configuration ---------------------------------------------------------------
 
@@ -206,29 +236,41 @@ class Endpoint:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         method = str(scope.get("method", "GET")).upper()
         path = str(scope.get("path") or "/")
+        headers = _headers(scope)
+        head = method == "HEAD"
+        query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        public = self._public(path)
+        if not public and not self.auth.allows(headers):
+            await _respond(send, _unauthorized(method, path, query, headers), head=head)
+            return
+        limit = min(self.max_body, PUBLIC_MAX_BODY) if public else self.max_body
+        declared = next((v for k, v in headers if k == "content-length"), "")
+        if declared.strip().isdigit() and int(declared) > limit:
+            await _respond(send, _too_large(limit), head=head)
+            return
         body = bytearray()
         while True:
             message = await receive()
             if message.get("type") == "http.disconnect":
                 return
             body += message.get("body", b"")
-            if len(body) > MAX_BODY:
-                await _respond(send, json_error(413, "too_large", "the request body is too large"))
+            if len(body) > limit:
+                await _respond(send, _too_large(limit), head=head)
                 return
             if not message.get("more_body"):
                 break
         request = HttpRequest(
-            method=method,
-            path=path,
-            query=bytes(scope.get("query_string", b"")).decode("latin-1"),
-            headers=_headers(scope),
-            body=bytes(body),
+            method=method, path=path, query=query, headers=headers, body=bytes(body)
         )
         methods = self._routes.get(path)
-        handler = methods.get(method) if methods is not None else None
-        if methods is not None and handler is None:
-            await _respond(send, json_error(405, "method_not_allowed", f"{method} {path}"))
-            return
+        handler = None
+        if methods is not None:
+            handler = methods.get(method) or (methods.get("GET") if head else None)
+            if handler is None:
+                allowed = ", ".join(sorted({*methods, *(["HEAD"] if "GET" in methods else [])}))
+                error = json_error(405, "method_not_allowed", f"{method} is not allowed on {path}")
+                await _respond(send, _with_headers(error, ("allow", allowed)), head=head)
+                return
         if handler is None:
             target = self._resolve(path)
             mounts = self._bots.get(target[0]) if target is not None else None
@@ -239,14 +281,38 @@ class Endpoint:
                         method, target[1], request.query, request.headers, request.body
                     )
         if handler is None:
-            await _respond(send, json_error(404, "not_found", f"nothing at {path}"))
+            await _respond(
+                send, json_error(404, "not_found", f"nothing at {path[:200]}"), head=head
+            )
             return
         try:
             response = await handler(request)
         except Exception:
             log.exception("http_handler_failed", path=path, method=method)
             response = json_error(500, "internal", "the request failed inside dshim")
-        await _respond(send, response)
+        await _respond(send, response, head=head)
+
+    def _public(self, path: str) -> bool:
+        return path in PUBLIC or (path == LOGIN and self.auth.required)
+
+    async def _login_post(self, request: HttpRequest) -> HttpResponse:
+        form = login_form(request)
+        if form is None:
+            return json_error(
+                400,
+                "bad_request",
+                "expected a form (application/x-www-form-urlencoded) with one token field",
+            )
+        token, next_path = form
+        if not self.auth.token_matches(token):
+            log.info("http_login_refused")
+            return json_error(401, "unauthorized", "that is not the token")
+        return HttpResponse(
+            303,
+            b"",
+            "text/plain; charset=utf-8",
+            headers=(("location", safe_next(next_path)), self.auth.set_cookie()),
+        )
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = str(scope.get("path") or "/")
@@ -256,8 +322,20 @@ class Endpoint:
         connect = await receive()
         if connect.get("type") != "websocket.connect":
             return
+        headers = _headers(scope)
+        origin = next((v for k, v in headers if k == "origin"), None)
+        server = scope.get("server") or (None, None)
+        host_header = next((v for k, v in headers if k == "host"), None)
+        if origin is not None and not self.origins.allows(origin, host_header, server[1]):
+            log.info("websocket_origin_refused", path=path, origin=origin[:200])
+            error = json_error(403, "forbidden", "this page's origin may not open dshim sockets")
+            await _deny(scope, send, error)
+            return
+        if not self.auth.allows(headers):
+            await _deny(scope, send, _unauthorized("GET", path, "", ()))
+            return
         if handler is None or target is None:
-            await send({"type": "websocket.close", "code": 4404})
+            await _deny(scope, send, json_error(404, "not_found", f"no websocket at {path[:200]}"))
             return
         ws = AsgiWebSocket(scope, receive, send, target[1])
         await ws.accept()
@@ -282,12 +360,61 @@ async def _healthz(request: HttpRequest) -> HttpResponse:
     return HttpResponse(200, b"ok", "text/plain; charset=utf-8")
 
 
-async def _respond(send: Send, response: HttpResponse) -> None:
+async def _login_get(request: HttpRequest) -> HttpResponse:
+    query = urllib.parse.parse_qs(request.query)
+    return login_page(query.get("next", ["/"])[0])
+
+
+def _unauthorized(
+    method: str, path: str, query: str, headers: tuple[tuple[str, str], ...]
+) -> HttpResponse:
+    """A browser navigating goes to the login form; anything else gets 401."""
+    accept = next((v for k, v in headers if k == "accept"), "")
+    if method == "GET" and "text/html" in accept:
+        target = path + ("?" + query if query else "")
+        location = LOGIN + "?" + urllib.parse.urlencode({"next": target})
+        return HttpResponse(
+            303, b"", "text/plain; charset=utf-8", headers=(("location", location),)
+        )
+    error = json_error(
+        401, "unauthorized", "this endpoint needs its token: Authorization: Bearer <token>"
+    )
+    return _with_headers(error, ("www-authenticate", 'Bearer realm="dshim"'))
+
+
+def _too_large(limit: int) -> HttpResponse:
+    return json_error(413, "too_large", f"the request body is over {limit} bytes")
+
+
+def _with_headers(response: HttpResponse, *headers: tuple[str, str]) -> HttpResponse:
+    return HttpResponse(
+        response.status, response.body, response.content_type, (*response.headers, *headers)
+    )
+
+
+def _encode_headers(response: HttpResponse, length: int) -> list[tuple[bytes, bytes]]:
     headers = [(b"content-type", response.content_type.encode("latin-1"))]
     headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers]
-    headers.append((b"content-length", str(len(response.body)).encode()))
+    headers.append((b"content-length", str(length).encode()))
+    return headers
+
+
+async def _respond(send: Send, response: HttpResponse, *, head: bool = False) -> None:
+    headers = _encode_headers(response, len(response.body))
     await send({"type": "http.response.start", "status": response.status, "headers": headers})
-    await send({"type": "http.response.body", "body": response.body})
+    await send({"type": "http.response.body", "body": b"" if head else response.body})
+
+
+async def _deny(scope: Scope, send: Send, response: HttpResponse) -> None:
+    """Refuse a websocket upgrade with an HTTP answer (plain 403 where not supported)."""
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        headers = _encode_headers(response, len(response.body))
+        await send(
+            {"type": "websocket.http.response.start", "status": response.status, "headers": headers}
+        )
+        await send({"type": "websocket.http.response.body", "body": response.body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

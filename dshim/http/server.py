@@ -35,9 +35,14 @@ def _hypercorn_config(listen: str) -> HypercornConfig:
     config.websocket_max_message_size = MAX_BODY
     config.include_server_header = False
     config.accesslog = None
-    # hypercorn's own error log goes through stdlib logging (structlog renders it).
-    config.errorlog = logging.getLogger("hypercorn.error")
+    # hypercorn's own error log goes through stdlib logging (structlog renders it); its
+    # info lines ("Running on ...") repeat http_listening, so only warnings and errors.
+    config.errorlog = _HYPERCORN_LOG
     return config
+
+
+_HYPERCORN_LOG = logging.getLogger("hypercorn.error.dshim")
+_HYPERCORN_LOG.setLevel(logging.WARNING)
 
 
 async def serve_endpoint(

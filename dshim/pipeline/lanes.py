@@ -106,6 +106,10 @@ class LaneSet:
     def running_count(self) -> int:
         return self._running
 
+    def queued_count(self) -> int:
+        """Items waiting in all lanes (the lane queue gauge)."""
+        return sum(lane.queued for lane in self._lanes.values())
+
     def stop_all(self, reason: StopReason) -> int:
         """Stop every running item (shutdown).  Returns how many were stopped."""
         return sum(1 for lane in list(self._lanes.values()) if lane.stop(reason))

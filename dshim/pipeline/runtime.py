@@ -55,6 +55,7 @@ from dshim.config import BotConfig, Config, backlog_max_age
 from dshim.errors import HarnessError, single_error
 from dshim.harness import create_harness, open_harness
 from dshim.harness.base import Harness
+from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, Verdict
 from dshim.outbound import Outbound
 from dshim.pipeline import commands as cmds
@@ -112,6 +113,7 @@ class BotRuntime:
         clock: Clock,
         observer: Observer | None,
         decode_raw: RawDecoder | None,
+        metrics: BotMetrics = NO_METRICS,
     ) -> None:
         self.config = config
         self.bot = bot
@@ -121,6 +123,7 @@ class BotRuntime:
         self.outbound = outbound
         self.clock = clock
         self.observer = observer
+        self.metrics = metrics
         self.decode_raw = decode_raw
         self._nursery = nursery
         self.activity = Activity()
@@ -144,6 +147,7 @@ class BotRuntime:
             interactions=self.interactions,
             clock=clock,
             observer=observer,
+            metrics=metrics,
         )
         self._closing = False
         #: The shutdown grace is over: no lane item starts any more.
@@ -194,6 +198,7 @@ class BotRuntime:
         )
         if self.observer is not None:
             self.observer.on_drop(item, reason)
+        self.metrics.event(reason)
         return Verdict(False, reason)
 
     # -- steps 1-6 ---------------------------------------------------------------------
@@ -219,6 +224,7 @@ class BotRuntime:
             return self._drop(msg, reason)
         if self._closing:
             # Not accepted: the platform will redeliver after the restart.
+            self.metrics.event("shutdown")
             return Verdict(False, "shutdown")
         denied = reason == "denied"
         if denied:
@@ -240,6 +246,7 @@ class BotRuntime:
         if denied:
             self._drop(msg, "denied", sender=msg.sender_id)
             return ACCEPTED
+        self.metrics.event("accepted")
         await self._dispatch(msg)
         return ACCEPTED
 
@@ -278,6 +285,8 @@ class BotRuntime:
         self.activity.busy()
         if not self.lanes.enqueue(item.msg.lane_key, item):
             self.activity.done()
+            if item.kind == "turn":
+                self.metrics.turn("busy")
             log.warning(
                 "lane_overflow",
                 conversation=item.msg.conversation_id,
@@ -567,6 +576,7 @@ async def open_bot_runtime(
     observer: Observer | None = None,
     decode_raw: RawDecoder | None = None,
     restore: bool = True,
+    metrics: BotMetrics = NO_METRICS,
 ) -> AsyncIterator[BotRuntime]:
     """Open a bot's pipeline: its harness, lanes and notice sender.
 
@@ -597,12 +607,15 @@ async def open_bot_runtime(
                     clock=clock,
                     observer=observer,
                     decode_raw=decode_raw,
+                    metrics=metrics,
                 )
                 nursery.start_soon(rt.notifier.run_worker)
+                metrics.watch_lanes(rt.lanes)
                 with structlog.contextvars.bound_contextvars(bot=bot.name):
-                    if restore:
-                        await rt.restore()
                     try:
+                        if restore:
+                            await rt.restore()
                         yield rt
                     finally:
+                        metrics.unwatch_lanes(rt.lanes)
                         nursery.cancel_scope.cancel()

@@ -39,6 +39,7 @@ from dshim import reply as reply_mod
 from dshim.config import BotConfig
 from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
 from dshim.harness.base import Harness, TurnContext
+from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
     ApprovalRequest,
     Delivered,
@@ -170,6 +171,7 @@ class TurnDeps:
     interactions: Interactions
     clock: Callable[[], float]
     observer: Observer | None = None
+    metrics: BotMetrics = NO_METRICS
 
 
 class _Turn:
@@ -189,6 +191,7 @@ class _Turn:
         "prompt_recorded",
         "session_id",
         "delivered",
+        "first_delta_at",
     )
 
     def __init__(self, item: LaneItem, *, started_at: float) -> None:
@@ -209,6 +212,8 @@ class _Turn:
         self.prompt_recorded = False
         self.session_id: str | None = None
         self.delivered: list[Delivered] = []
+        #: When the agent's first text arrived (the first-delta histogram).
+        self.first_delta_at: float | None = None
 
 
 class _Delivery:
@@ -276,6 +281,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 if cut and not delivery.marked:
                     # Nothing was shown: leave the message to run again after the restart.
                     log.info("turn_left_for_restart", prompt_sent=turn.prompt_sent)
+                    deps.metrics.turn("stopped", duration_s=deps.clock() - turn.started_at)
                     return
                 if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
@@ -320,6 +326,7 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
             session_id=turn.session_id,
             budget=deps.bot.reply,
             clock=deps.clock,
+            on_result=deps.metrics.reply_lookup,
         )
         quoted = await reply_mod.resolve(msg.reply_to, ctx)
     images, files, notes = await fetch_media(msg)
@@ -373,6 +380,8 @@ async def _relay(
         async with aclosing(deps.harness.prompt(session_id, parts, tctx)) as events:
             async for ev in events:
                 if isinstance(ev, TextDelta):
+                    if turn.first_delta_at is None:
+                        turn.first_delta_at = deps.clock()
                     turn.text += ev.text
                     if delivery.due:
                         await delivery.mark()
@@ -416,6 +425,13 @@ async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
             inbox_done=turn.item.inbox_keys,
         ),
         now=completed_at,
+    )
+    deps.metrics.turn(
+        "stopped" if stopped else "error" if turn.error is not None else "ok",
+        first_delta_s=None
+        if turn.first_delta_at is None
+        else turn.first_delta_at - turn.started_at,
+        duration_s=completed_at - turn.started_at,
     )
     log.info(
         "turn_finished",

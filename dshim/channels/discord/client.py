@@ -46,7 +46,7 @@ from dshim.channels.discord.protocol import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import download_capped, map_httpx_errors
+from dshim.channels.kit.http import counted, download_capped
 from dshim.channels.kit.ws import Deliverer, WsOptions, run_ws
 from dshim.errors import (
     AuthError,
@@ -235,10 +235,10 @@ class RestClient:
                         f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait
                     )
                 await trio.sleep(wait)
-            with map_httpx_errors(route_key):
-                resp = await self._http.request(
-                    method, self.api_base + path, content=body, headers=headers
-                )
+            resp = await counted(
+                route_key,
+                self._http.request(method, self.api_base + path, content=body, headers=headers),
+            )
             now = self._clock()
             limits.learn(route_key, major, resp.headers, now)
             status = resp.status_code

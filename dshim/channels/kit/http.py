@@ -11,11 +11,19 @@ Platforms that mint short-lived tokens (Feishu tenant_access_token, DingTalk and
 access tokens, WeCom ...) keep one :class:`AccessToken` per bot: it renews before expiry,
 shares one refresh between concurrent callers and refreshes once more when the platform
 rejects a token that should still be valid.
+
+Counting: every platform request goes through :func:`counted` (or :func:`download_capped`),
+which reports ``(what, status)`` to the counter of the bot it runs for — set by the host
+around the bot's tasks with :func:`counting_requests` (``dshim serve`` counts them as
+``dshim_platform_requests_total``).  The counter travels in a context variable, like the
+bot's log context: trio hands it to every task the bot starts.  Without one, nothing
+is counted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import email.utils
 import math
 import time
@@ -39,7 +47,11 @@ from dshim.errors import (
 
 __all__ = [
     "AccessToken",
+    "RequestCounter",
     "TokenState",
+    "count_request",
+    "counted",
+    "counting_requests",
     "download_capped",
     "map_httpx_errors",
     "open_http",
@@ -151,6 +163,62 @@ def status_error(
     return ChannelError(text, status=status)
 
 
+# --- counting -----------------------------------------------------------------------------------
+
+#: Counts one platform request: ``(what, status)`` — ``what`` names the method or route
+#: template (never an id or a URL), ``status`` is the HTTP status or ``"error"``.
+RequestCounter = Callable[[str, str], None]
+
+_counter: contextvars.ContextVar[RequestCounter | None] = contextvars.ContextVar(
+    "dshim_request_counter", default=None
+)
+
+
+@contextlib.contextmanager
+def counting_requests(counter: RequestCounter) -> Iterator[None]:
+    """Count the platform requests of the tasks started inside the block with ``counter``."""
+    token = _counter.set(counter)
+    try:
+        yield
+    finally:
+        _counter.reset(token)
+
+
+def count_request(what: str, status: int | str) -> None:
+    """Count one request of the current bot (nothing when no counter is set)."""
+    counter = _counter.get()
+    if counter is not None:
+        counter(what, str(status))
+
+
+@contextlib.contextmanager
+def _counting(what: str) -> Iterator[Callable[[int], None]]:
+    """Count the request made in the block: call the yielded function with its status;
+    a network failure before that counts as ``error``."""
+    answered = False
+
+    def answer(status: int) -> None:
+        nonlocal answered
+        answered = True
+        count_request(what, status)
+
+    try:
+        yield answer
+    except httpx.TransportError:
+        if not answered:
+            count_request(what, "error")
+        raise
+
+
+async def counted(what: str, request: Awaitable[httpx.Response]) -> httpx.Response:
+    """Await one platform request: its httpx failures mapped (:func:`map_httpx_errors`)
+    and the request counted with its status."""
+    with map_httpx_errors(what), _counting(what) as answered:
+        resp = await request
+        answered(resp.status_code)
+    return resp
+
+
 # --- downloads ----------------------------------------------------------------------------------
 
 
@@ -176,10 +244,11 @@ async def download_capped(
         host = (parts.hostname or "").lower()
         if host not in allowed_hosts:
             raise PermissionDenied(f"{what}: refusing to download from host {host!r}")
-    with map_httpx_errors(what):
+    with map_httpx_errors(what), _counting(what) as answered:
         async with http.stream(
             "GET", url, headers=dict(headers or {}), timeout=http_timeout, follow_redirects=False
         ) as resp:
+            answered(resp.status_code)
             if resp.status_code != 200:
                 raise status_error(resp.status_code, what, headers=resp.headers)
             declared = resp.headers.get("content-length", "")

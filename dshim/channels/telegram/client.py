@@ -59,10 +59,10 @@ class BotApiClient:
     async def _post(
         self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
     ) -> httpx.Response:
-        with kit_http.map_httpx_errors(method):
-            return await self._http.post(
-                f"/bot{self._token}/{method}", json=params, timeout=http_timeout
-            )
+        return await kit_http.counted(
+            method,
+            self._http.post(f"/bot{self._token}/{method}", json=params, timeout=http_timeout),
+        )
 
     async def call(
         self,
