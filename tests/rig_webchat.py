@@ -381,11 +381,13 @@ async def serving(
     listen: str = "127.0.0.1:0",
     grace_s: float = 10.0,
     inline: bool = True,
+    token: str | None = None,
 ) -> AsyncIterator[Served]:
-    """``dshim serve`` with one web chat bot ``web`` (the root bot) on ``listen``."""
+    """``dshim serve`` with one web chat bot ``web`` (the root bot) on ``listen``
+    (with ``token``, the endpoint requires it: the page signs in through the login form)."""
     table = {"name": "web", "channel": "webchat", **(bot or {})}
     config = parse_config({"dshim": {"shutdown_grace_s": grace_s}, "bots": [table]}, env={})
-    endpoint = Endpoint()
+    endpoint = Endpoint(token=token)
     endpoint.root_bot = table["name"]
     results: dict[str, str] = {}
     async with open_store(data_dir, inline=inline) as store, trio.open_nursery() as nursery:

@@ -112,7 +112,9 @@ async def test_mounts_get_the_request_relative_to_the_bot() -> None:
             "query": "hub.mode=subscribe",
             "body": "payload",
         }
-        assert (await http.get("/hooks/wa")).json()["path"] == "/"
+        assert (await http.get("/hooks/wa")).json()["path"] == "/"  # a program: the mount
+        page = await http.get("/hooks/wa?x=1", headers={"accept": "text/html,*/*"})
+        assert (page.status_code, page.headers["location"]) == (308, "/hooks/wa/?x=1")
         # The web chat bot's mounts are at the root too.
         assert (await http.get("/")).json()["path"] == "/"
         assert (await http.get("/hooks/web/")).json()["path"] == "/"

@@ -175,3 +175,38 @@ def drive(url: str) -> None:
 async def test_the_page_in_chromium(tmp_path: Path) -> None:
     async with serving(tmp_path, harness=EchoHarness(slow_interval_s=0.25), inline=False) as s:
         await trio.to_thread.run_sync(drive, s.url + "/", abandon_on_cancel=True)
+
+
+TOKEN = "a-token-for-the-browser-test-0123456789"
+
+
+def sign_in_and_chat(url: str) -> None:
+    """With a token: the page first shows the login form, then chats with the cookie."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            expect(page.locator("form#login")).to_be_visible()  # redirected to /login
+            page.fill("#token", "not the token")
+            page.press("#token", "Enter")
+            expect(page.locator("body")).to_contain_text("not the token")
+            page.goto(url)
+            page.fill("#token", TOKEN)
+            page.press("#token", "Enter")
+            expect(page.locator("#status")).to_have_text("connected")
+            assert "dshim" not in page.evaluate("document.cookie")  # HttpOnly: not for scripts
+            [cookie] = page.context.cookies()
+            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+            assert TOKEN not in cookie["value"]
+            say(page, "signed in")
+            expect(bot_messages(page).first.locator(".body")).to_contain_text("signed in")
+        finally:
+            browser.close()
+
+
+@pytest.mark.deadline(120)
+async def test_with_a_token_the_page_signs_in_once_and_chats(tmp_path: Path) -> None:
+    async with serving(tmp_path, inline=False, token=TOKEN) as s:
+        await trio.to_thread.run_sync(sign_in_and_chat, s.url + "/", abandon_on_cancel=True)

@@ -271,6 +271,14 @@ class Endpoint:
                 error = json_error(405, "method_not_allowed", f"{method} is not allowed on {path}")
                 await _respond(send, _with_headers(error, ("allow", allowed)), head=head)
                 return
+        if handler is None and self._page_without_slash(method, path, headers):
+            # A browser at /hooks/<bot> goes to /hooks/<bot>/: the relative links of a mounted
+            # page (app.js, ws) resolve then.  Programs (webhook checks) get the mount itself.
+            location = path + "/" + (f"?{query}" if query else "")
+            await _respond(
+                send, HttpResponse(308, b"", headers=(("location", location),)), head=head
+            )
+            return
         if handler is None:
             target = self._resolve(path)
             mounts = self._bots.get(target[0]) if target is not None else None
@@ -291,6 +299,15 @@ class Endpoint:
             log.exception("http_handler_failed", path=path, method=method)
             response = json_error(500, "internal", "the request failed inside dshim")
         await _respond(send, response, head=head)
+
+    def _page_without_slash(
+        self, method: str, path: str, headers: tuple[tuple[str, str], ...]
+    ) -> bool:
+        if method not in ("GET", "HEAD") or not path.startswith(HOOKS):
+            return False
+        bot = path[len(HOOKS) :]
+        accept = next((v for k, v in headers if k == "accept"), "")
+        return bool(bot) and "/" not in bot and bot in self._bots and "text/html" in accept
 
     def _public(self, path: str) -> bool:
         return path in PUBLIC or (path == LOGIN and self.auth.required)
