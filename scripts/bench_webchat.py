@@ -235,30 +235,35 @@ async def chat(
     return meter.wall, meter.cpu, inbound.verdicts
 
 
+def micros(fn: Callable[[], object], k: int = 20000) -> float:
+    """Mean µs per call of ``fn`` over ``k`` calls."""
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - t0) / k * 1e6
+
+
 def decode_costs(args: argparse.Namespace) -> str:
     """Per-message cost of the web chat's own steps on one flooded frame vs json.loads."""
     _, sends = flood_frames(1, size=args.size)
     data = sends[0]
     me = BotIdentity.for_bot(BOT)
     member = Member("flood-0", "direct", "u-flood", "Flood")
-    k = 20000
-    t0 = time.perf_counter()
-    for _ in range(k):
-        frame = protocol.parse_frame(data)
-        assert isinstance(frame, m.SendFrame)
-        raw = protocol.build_event(frame, member, at=0.0)
-    parse = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        protocol.map_event(raw, me)
-    mapping = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        json.loads(data)
-    loads = (time.perf_counter() - t0) / k * 1e6
+    frame = protocol.parse_frame(data)
+    assert isinstance(frame, m.SendFrame)
+    raw = protocol.build_event(frame, member, at=0.0)
+
+    def parse() -> None:
+        parsed = protocol.parse_frame(data)
+        assert isinstance(parsed, m.SendFrame)
+        protocol.build_event(parsed, member, at=0.0)
+
+    parse_us = micros(parse)
+    mapping_us = micros(lambda: protocol.map_event(raw, me))
+    loads_us = micros(lambda: json.loads(data))
     return (
-        f"one {len(data.encode())}-byte send frame: parse_frame + build_event {parse:.1f} µs, "
-        f"map_event {mapping:.1f} µs; json.loads alone {loads:.1f} µs"
+        f"one {len(data.encode())}-byte send frame: parse_frame + build_event {parse_us:.1f} µs, "
+        f"map_event {mapping_us:.1f} µs; json.loads alone {loads_us:.1f} µs"
     )
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,7 @@ from dshim.testing.fakes.webchat import (
     BadServerFrame,
     FrameRefused,
     UpgradeRefused,
+    WebchatClient,
     flood,
     open_webchat_client,
 )
@@ -98,15 +101,17 @@ async def test_refusals_raise_with_dshims_code_and_message(
         with pytest.raises(FrameRefused) as not_joined:
             await tab.send("c1", "before joining")
         await tab.join("c1")
-        big = [("big.png", "image/png", PNG + bytes(6 * 1024 * 1024))]
-        with pytest.raises(FrameRefused) as too_large:
-            await tab.send("c1", "too big", files=big)
+        # (Small frames only: a multi-MiB frame on the autojump clock can let the clock
+        # jump while both ends wait on the socket.)
+        many = [(f"{i}.png", "image/png", PNG) for i in range(21)]
+        with pytest.raises(FrameRefused) as too_many:
+            await tab.send("c1", "too many", files=many)
         with pytest.raises(FrameRefused) as gone:
             await tab.answer("c1", "no-such-request", "allow_once")
         accepted = await tab.send("c1", "fine", client_id="mine-1")
     assert not_joined.value.code == "not_joined"
-    assert too_large.value.code == "attachment_too_large"
-    assert too_large.value.message.startswith("big.png is 6.0 MiB")
+    assert too_many.value.code == "too_many_attachments"
+    assert too_many.value.message == "21 attachments: at most 20 per message"
     assert gone.value.code == "not_found"
     assert accepted == {
         "type": "accepted",
@@ -117,14 +122,21 @@ async def test_refusals_raise_with_dshims_code_and_message(
     assert tab.unacked == {}  # refused frames are not sent again on a reconnect
 
 
-async def test_frames_and_streamed_texts_carry_their_trio_times(
-    tmp_path: Path, autojump_clock: trio.abc.Clock
-) -> None:
+@asynccontextmanager
+async def ann_in_c1(tmp_path: Path) -> AsyncIterator[WebchatClient]:
+    """dshim serving the web chat, and Ann's tab in the direct conversation c1."""
     async with (
         serving(tmp_path) as s,
         open_webchat_client(s.ws_url, user="u-ann", name="Ann") as tab,
     ):
         await tab.join("c1")
+        yield tab
+
+
+async def test_frames_and_streamed_texts_carry_their_trio_times(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with ann_in_c1(tmp_path) as tab:
         sent_at = trio.current_time()
         mid = (await tab.send("c1", "echo:slow 6 a story"))["id"]
         await tab.wait_until(lambda: any(m.final for m in tab.answers_to(mid)))
@@ -144,11 +156,7 @@ async def test_frames_and_streamed_texts_carry_their_trio_times(
 async def test_an_offline_tab_sends_nothing_then_rejoins_and_sends_what_waited(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    async with (
-        serving(tmp_path) as s,
-        open_webchat_client(s.ws_url, user="u-ann", name="Ann") as tab,
-    ):
-        await tab.join("c1")
+    async with ann_in_c1(tmp_path) as tab:
         await tab.drop(reconnect=False)
         assert not tab.connected and tab.close_codes == [1006]  # cut: no close frame
         async with trio.open_nursery() as nursery:
