@@ -2,34 +2,26 @@
 
 :func:`serving` runs what ``dshim serve`` runs for a web chat bot — the real SQLite store,
 the local HTTP endpoint (hypercorn on port 0) and ``serve_bots`` with the echo harness.
-:class:`ChatClient` is a tab as a script sees it: one websocket (trio-websocket), the
-frames of the README, and the page's reconnect rule (reconnect with backoff, join again,
-send again what was not ``accepted``).  It records every frame it received, so tests
-assert what a user would see.  :class:`WebchatRig` plugs both into the shared channel
-scenarios (``tests/channel_contract.py``).
+The tab is the product's scripted client, :mod:`dshim.testing.fakes.webchat` (the
+README's frames, the page's reconnect rule, every frame recorded with its time), so tests
+assert what a user would see; :class:`ChatClient` only adds the tests' shorthands.
+:class:`WebchatRig` plugs both into the shared channel scenarios
+(``tests/channel_contract.py``).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import dataclasses
 import functools
-import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import random
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
-from trio_websocket import (
-    ConnectionClosed,
-    HandshakeError,
-    WebSocketConnection,
-    wrap_client_stream,
-)
 
 from dshim.channels.base import BotHost, Channel, HttpHandler, WebSocketHandler
 from dshim.channels.webchat import channel as webchat_channel
@@ -40,9 +32,14 @@ from dshim.http.server import serve_endpoint
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
+from dshim.testing.fakes.webchat import (
+    FrameRefused,
+    WebchatClient,
+    open_webchat_client,
+    send_frame,
+)
 from tests.channel_contract import BOT, REPLY_NOTE, Answer
 
-Frame = dict[str, Any]
 REPLY_KEYS = ("messageId", "authorId", "authorName", "content", "attachments", "unavailableReason")
 
 
@@ -69,72 +66,11 @@ def bot_quote(message_id: str, content: str, bot: str = "web") -> str:
 # --- the scripted tab ------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _the_error() -> Iterator[None]:
-    """The one real error out of the socket's nursery (trio-websocket's reader task may add
-    its own cancellation to it; cancellation is level-triggered, so it comes back anyway)."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        real = [e for e in group.exceptions if not isinstance(e, trio.Cancelled)]
-        if len(real) == 1:
-            raise real[0] from None
-        if not real and len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-
-
-@asynccontextmanager
-async def open_socket(
-    url: str, headers: Sequence[tuple[bytes, bytes]] = ()
-) -> AsyncIterator[tuple[WebSocketConnection, trio.SocketStream]]:
-    """A client websocket on a TCP stream we own (trio-websocket's ``open_websocket_url``
-    leaves the socket open after a refused upgrade, see dshim/channels/kit/ws.py); the
-    stream too, so a test can drop the connection the hard way."""
-    rest = url.split("://", 1)[1]
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.rpartition(":")
-    stream = await trio.open_tcp_stream(host, int(port))
-    try:
-        with _the_error():
-            async with trio.open_nursery() as nursery:
-                ws = await wrap_client_stream(
-                    nursery, stream, hostport, "/" + path, extra_headers=list(headers)
-                )
-                try:
-                    yield ws, stream
-                finally:
-                    with trio.CancelScope(shield=True), trio.move_on_after(5):
-                        await ws.aclose()
-                    nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
-
-
-@dataclass
-class Seen:
-    """One message as a tab saw it: every text it showed, and whether it ended."""
-
-    id: str
-    conversation: str
-    author: dict[str, Any]
-    reply_to: str | None
-    texts: list[str] = field(default_factory=list)
-    final: bool = False
-    files: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def text(self) -> str:
-        return self.texts[-1] if self.texts else ""
-
-    @property
-    def bot(self) -> bool:
-        return bool(self.author.get("bot"))
-
-
-class ChatClient:
-    """A scripted tab (see the module docstring).  Use inside :meth:`running`."""
+class ChatClient(WebchatClient):
+    """The scripted tab of :mod:`dshim.testing.fakes.webchat` with the tests' shorthands:
+    ``user=(id, name)`` and ``send``/``answer`` returning the id (``wait=False``: the
+    client_id at once; a refused answer: ``""``, the error is in :attr:`errors`).  Its
+    reconnect backoff is seeded, so virtual timings repeat."""
 
     def __init__(
         self,
@@ -142,135 +78,10 @@ class ChatClient:
         *,
         user: tuple[str, str] = ("u-ann", "Ann"),
         headers: Sequence[tuple[bytes, bytes]] = (),
-        reconnect_s: float = 0.2,
     ) -> None:
-        self.url = url
-        self.user = {"id": user[0], "name": user[1]}
-        self.headers = list(headers)
-        self.reconnect_s = reconnect_s
-        self.frames: list[Frame] = []
-        self.messages: dict[str, Seen] = {}
-        self.accepted: dict[str, str] = {}
-        self.errors: list[Frame] = []
-        self.interactions: dict[str, Frame] = {}
-        self.closed_interactions: set[str] = set()
-        self.joined: dict[str, str] = {}
-        self.unacked: dict[str, Frame] = {}
-        self.last_sent: Frame | None = None
-        self.connections = 0
-        self.ws: WebSocketConnection | None = None
-        self._stream: trio.SocketStream | None = None
-        self.paused_until = 0.0
-        self._ids = itertools.count(1)
-        self._changed = trio.Event()
+        super().__init__(url, user=user[0], name=user[1], headers=headers, rng=random.Random(7))
 
-    # -- running -------------------------------------------------------------------------
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[ChatClient]:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._run)
-            try:
-                yield self
-            finally:
-                nursery.cancel_scope.cancel()
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                async with open_socket(self.url, self.headers) as (ws, stream):
-                    self.ws, self._stream = ws, stream
-                    self.connections += 1
-                    for conversation, kind in list(self.joined.items()):
-                        await self._send(self._join_frame(conversation, kind))
-                    for frame in list(self.unacked.values()):
-                        await self._send(frame)
-                    self._wake()
-                    while True:
-                        if trio.current_time() < self.paused_until:
-                            await trio.sleep_until(self.paused_until)
-                        self._on_frame(json.loads(await ws.get_message()))
-            except (ConnectionClosed, HandshakeError, OSError):
-                pass
-            self.ws = None
-            self._wake()
-            await trio.sleep(self.reconnect_s)
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        while not predicate():
-            await self._changed.wait()
-
-    async def _send(self, frame: Frame) -> None:
-        if self.ws is not None:
-            try:
-                await self.ws.send_message(json.dumps(frame))
-            except ConnectionClosed:
-                pass
-
-    async def send_raw(self, data: str | bytes) -> None:
-        await self.wait_until(lambda: self.ws is not None)
-        assert self.ws is not None
-        await self.ws.send_message(data)
-
-    # -- frames in -------------------------------------------------------------------------
-
-    def _on_frame(self, frame: Frame) -> None:
-        self.frames.append(frame)
-        kind = frame.get("type")
-        if kind == "message":
-            self._on_message(frame)
-        elif kind == "history":
-            for message in frame["messages"]:
-                self._on_message(message)
-        elif kind == "accepted":
-            self.accepted[frame["client_id"]] = frame["id"]
-            self.unacked.pop(frame["client_id"], None)
-        elif kind == "error":
-            self.errors.append(frame)
-        elif kind == "interaction":
-            self.interactions[frame["id"]] = frame
-        elif kind == "interaction_closed":
-            self.closed_interactions.add(frame["id"])
-        self._wake()
-
-    def _on_message(self, frame: Frame) -> None:
-        seen = self.messages.get(frame["id"])
-        if seen is None:
-            seen = self.messages[frame["id"]] = Seen(
-                frame["id"], frame["conversation"], frame["author"], frame["reply_to"]
-            )
-        if not seen.texts or seen.texts[-1] != frame["text"]:
-            seen.texts.append(frame["text"])
-        seen.final = seen.final or bool(frame["final"])
-        seen.files = frame.get("files", [])
-
-    # -- frames out ------------------------------------------------------------------------
-
-    def _join_frame(self, conversation: str, kind: str) -> Frame:
-        return {"type": "join", "conversation": conversation, "kind": kind, "user": self.user}
-
-    async def join(self, conversation: str, kind: str = "direct") -> Frame:
-        """Join and wait for the conversation's history frame."""
-        self.joined[conversation] = kind
-        await self.wait_until(lambda: self.ws is not None)
-        n = len(self.frames)
-        await self._send(self._join_frame(conversation, kind))
-        return await self.next_frame("history", after=n)
-
-    async def next_frame(self, kind: str, *, after: int = 0) -> Frame:
-        def found() -> Frame | None:
-            return next((f for f in self.frames[after:] if f.get("type") == kind), None)
-
-        await self.wait_until(lambda: found() is not None)
-        frame = found()
-        assert frame is not None
-        return frame
-
-    async def send(
+    async def send(  # type: ignore[override]
         self,
         conversation: str,
         text: str,
@@ -280,81 +91,27 @@ class ChatClient:
         client_id: str | None = None,
         wait: bool = True,
     ) -> str:
-        """Send a message; returns its id once ``accepted`` (or its client_id, ``wait=False``)."""
-        cid = client_id or f"k{next(self._ids)}"
-        frame = {
-            "type": "send",
-            "client_id": cid,
-            "conversation": conversation,
-            "text": text,
-            "reply_to": reply_to,
-            "files": [
-                {"name": n, "mime": mime, "data_b64": base64.b64encode(data).decode()}
-                for n, mime, data in files
-            ],
-        }
-        self.unacked[cid] = frame
-        self.last_sent = frame
-        await self.wait_until(lambda: self.ws is not None)
-        await self._send(frame)
         if not wait:
-            return cid
-        await self.wait_until(lambda: cid in self.accepted or self._error_for(cid) is not None)
-        error = self._error_for(cid)
-        if error is not None and cid not in self.accepted:
-            raise AssertionError(f"send refused: {error}")
-        return self.accepted[cid]
+            frame = send_frame(
+                client_id or self.next_client_id(),
+                conversation,
+                text,
+                reply_to=reply_to,
+                files=files,
+            )
+            return await self.submit(frame)
+        accepted = await super().send(
+            conversation, text, reply_to=reply_to, files=files, client_id=client_id
+        )
+        return str(accepted["id"])
 
-    def _error_for(self, client_id: str) -> Frame | None:
-        return next((e for e in self.errors if e.get("client_id") == client_id), None)
-
-    async def answer(self, conversation: str, interaction: str, option: str) -> str:
-        cid = f"k{next(self._ids)}"
-        frame = {
-            "type": "answer",
-            "client_id": cid,
-            "conversation": conversation,
-            "interaction": interaction,
-            "option": option,
-        }
-        self.unacked[cid] = frame
-        await self._send(frame)
-        await self.wait_until(lambda: cid in self.accepted or self._error_for(cid) is not None)
-        return self.accepted.get(cid, "")
-
-    async def drop(self, *, resend_last: bool = True) -> None:
-        """The connection drops (no closing handshake); the tab reconnects by itself and,
-        like a page that may have missed the ``accepted``, sends its last message again."""
-        stream, before = self._stream, self.connections
-        if resend_last and self.last_sent is not None:
-            self.unacked[self.last_sent["client_id"]] = self.last_sent
-        if stream is not None:
-            await stream.aclose()
-        await self.wait_until(lambda: self.connections > before and self.ws is not None)
-
-    # -- what the chat shows --------------------------------------------------------------------
-
-    def in_conversation(self, conversation: str, *, bot: bool | None = None) -> list[Seen]:
-        return [
-            s
-            for s in self.messages.values()
-            if s.conversation == conversation and (bot is None or s.bot == bot)
-        ]
-
-    def bot_texts(self, conversation: str) -> list[str]:
-        return [s.text for s in self.in_conversation(conversation, bot=True)]
-
-    def bot_frames(self, conversation: str) -> list[Frame]:
-        """Frames about the bot's own messages and requests (not the transport's)."""
-        out = []
-        for f in self.frames:
-            if f.get("conversation") != conversation:
-                continue
-            if f.get("type") in ("interaction", "typing") or (
-                f.get("type") == "message" and f["author"]["bot"]
-            ):
-                out.append(f)
-        return out
+    async def answer(  # type: ignore[override]
+        self, conversation: str, interaction: str, option: str
+    ) -> str:
+        try:
+            return str((await super().answer(conversation, interaction, option))["id"])
+        except FrameRefused:
+            return ""
 
 
 # --- dshim serving the web chat ----------------------------------------------------------------
@@ -473,7 +230,7 @@ class WebchatRig:
     def __init__(self) -> None:
         self.endpoint: Endpoint | None = None
         self.url = ""
-        self.client: ChatClient | None = None
+        self.client: WebchatClient | None = None
         self.runs = 0
         self._no_endpoint = False
         self._channel = dataclasses.replace(webchat_channel.CHANNEL, run_fn=self._run)
@@ -486,7 +243,7 @@ class WebchatRig:
         await webchat_channel.run(_EndpointHost(host, endpoint), task_status=task_status)
 
     @property
-    def tab(self) -> ChatClient:
+    def tab(self) -> WebchatClient:
         assert self.client is not None, "use the rig inside rig.open()"
         return self.client
 
@@ -511,13 +268,15 @@ class WebchatRig:
                 functools.partial(serve_endpoint, self.endpoint, "127.0.0.1:0", shutdown=stop)
             )
             self.url = binds[0].replace("http://", "ws://", 1) + f"/hooks/{BOT}/ws"
-            headers = [
-                (b"authorization", f"Bearer {SECRET}".encode()),
-                (b"cookie", f"dshim_token={SECRET}".encode()),
-            ]
-            self.client = ChatClient(self.url, headers=headers)
-            self.client.joined = {DM: "direct", ROOM: "room"}
-            async with self.client.running():
+            async with open_webchat_client(
+                self.url,
+                user="u-ann",
+                name="Ann",
+                token=SECRET,
+                headers=[(b"cookie", f"dshim_token={SECRET}".encode())],
+                conversations={DM: "direct", ROOM: "room"},
+                rng=random.Random(7),
+            ) as self.client:
                 try:
                     yield
                 finally:
@@ -540,15 +299,13 @@ class WebchatRig:
         return source_block(kind)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
-        return await self.tab.send(DM, text, reply_to=reply_to)
+        return str((await self.tab.send(DM, text, reply_to=reply_to))["id"])
 
     async def user_group(self, text: str, *, mention: bool) -> str:
-        return await self.tab.send(ROOM, f"@{BOT} {text}" if mention else text)
+        return str((await self.tab.send(ROOM, f"@{BOT} {text}" if mention else text))["id"])
 
     def dm_answers(self) -> list[Answer]:
-        return [
-            Answer(s.id, s.text, tuple(s.texts)) for s in self.tab.in_conversation(DM, bot=True)
-        ]
+        return [Answer(s.id, s.text, tuple(s.texts)) for s in self.tab.bot_messages(DM)]
 
     def calls_besides_receiving(self) -> list[str]:
         return [f"{f['type']} {f.get('id', '')}" for f in self.tab.bot_frames(ROOM)]
@@ -560,7 +317,7 @@ class WebchatRig:
         await self.tab.drop()
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
-        self.tab.paused_until = trio.current_time() + count * retry_after
+        self.tab.stall(count * retry_after)
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         await self.tab.wait_until(predicate)
