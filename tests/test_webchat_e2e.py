@@ -144,9 +144,9 @@ async def test_a_resend_with_the_same_client_id_is_accepted_again_and_not_answer
     ]
 
 
-async def test_bad_frames_get_an_error_and_the_socket_and_bot_stay_up(
-    tmp_path: Path, autojump_clock: trio.abc.Clock
-) -> None:
+async def test_bad_frames_get_an_error_and_the_socket_and_bot_stay_up(tmp_path: Path) -> None:
+    # The real clock: with a 28 MiB frame in flight both ends wait on the socket, and the
+    # autojump clock could jump straight to the test's deadline meanwhile.
     async with serving(tmp_path) as s, ChatClient(s.ws_url).running() as ann:
         await ann.send_raw("{this is not json")
         await ann.send_raw(json.dumps({"type": "subscribe", "conversation": "c1"}))
