@@ -381,3 +381,16 @@ async def test_the_socket_under_hooks_is_the_same_chat(
             await hooks.send("c1", "hi from under /hooks")
             await root.wait_until(lambda: len(root.bot_texts("c1")) == 1)
     assert root.bot_texts("c1") == [echo("hi from under /hooks")]
+
+
+async def test_a_frame_far_over_the_limit_is_an_error_frame_not_a_closed_socket(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path) as s, ChatClient(s.ws_url).running() as ann:
+        await ann.join("c1")
+        frame = json.dumps({"type": "send", "client_id": "k1", "conversation": "c1", "text": "x"})
+        await ann.send_raw(frame.replace('"x"', '"' + "x" * (45 * 1024 * 1024) + '"'))
+        await ann.wait_until(lambda: len(ann.errors) == 1)
+        assert ann.errors[0]["code"] == "too_large" and ann.connections == 1
+        await ann.send("c1", "still here?")
+        assert await answered(ann, "c1", 1) == [echo("still here?")]

@@ -26,13 +26,17 @@ __all__ = ["GRACEFUL_S", "serve_endpoint"]
 log = structlog.get_logger("dshim.http")
 
 GRACEFUL_S = 3.0
+#: Websocket messages up to this size reach the handler (which answers an oversized one
+#: with an error frame and keeps the socket); only beyond it does the server close the
+#: socket (1009).  Twice the largest body a handler accepts.
+WS_MAX_MESSAGE = 2 * MAX_BODY
 
 
 def _hypercorn_config(listen: str) -> HypercornConfig:
     config = HypercornConfig()
     config.bind = [listen]
     config.graceful_timeout = GRACEFUL_S
-    config.websocket_max_message_size = MAX_BODY
+    config.websocket_max_message_size = WS_MAX_MESSAGE
     config.include_server_header = False
     config.accesslog = None
     # hypercorn's own error log goes through stdlib logging (structlog renders it); its
