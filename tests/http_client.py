@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
-from trio_websocket import WebSocketConnection, wrap_client_stream
+from trio_websocket import WebSocketConnection
+
+from dshim.channels.kit.ws import WsOptions, open_client_websocket
 
 
 def port_of(base: str) -> int:
@@ -66,25 +68,9 @@ async def upgrade(base: str, path: str, *headers: str) -> tuple[int, bytes]:
 async def open_ws(
     base: str, path: str, headers: list[tuple[bytes, bytes]] | None = None
 ) -> AsyncIterator[WebSocketConnection]:
-    """A websocket to ``path`` of the endpoint at ``base`` (``http://127.0.0.1:PORT``)."""
-    port = port_of(base)
-    stream = await trio.open_tcp_stream("127.0.0.1", port)
-    try:
-        async with trio.open_nursery() as nursery:
-            ws = await wrap_client_stream(
-                nursery,
-                stream,
-                f"127.0.0.1:{port}",
-                path,
-                extra_headers=headers,
-                max_message_size=16 * 1024 * 1024,
-            )
-            try:
-                yield ws
-            finally:
-                if ws.closed is None:
-                    with trio.move_on_after(2):
-                        await ws.aclose()
-                nursery.cancel_scope.cancel()
-    finally:
-        await stream.aclose()
+    """A websocket to ``path`` of the endpoint at ``base`` (``http://127.0.0.1:PORT``), on
+    the kit's client (it owns the TCP stream, so no way out leaks the socket)."""
+    url = base.replace("http://", "ws://", 1) + path
+    options = WsOptions(max_message_size=16 * 1024 * 1024, shutdown_close_s=2.0)
+    async with open_client_websocket(url, options, extra_headers=headers or ()) as (ws, _):
+        yield ws

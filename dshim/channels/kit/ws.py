@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Generic, NoReturn, TypeVar
@@ -95,6 +95,7 @@ __all__ = [
     "WsOptions",
     "WsSession",
     "connect_once",
+    "open_client_websocket",
     "run_ws",
 ]
 
@@ -129,6 +130,8 @@ class WsOptions:
 
 
 DEFAULT_OPTIONS = WsOptions()
+#: The transport under a client websocket (TLS for ``wss://``).
+Stream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 
 def _loggable(url: str) -> str:
@@ -274,8 +277,14 @@ def _endpoint(url: str) -> tuple[str, int, str, str, bool]:
 
 
 @asynccontextmanager
-async def _open_websocket(url: str, options: WsOptions) -> AsyncIterator[WebSocketConnection]:
-    """A client websocket on a TCP (TLS) stream this function owns.
+async def open_client_websocket(
+    url: str,
+    options: WsOptions = DEFAULT_OPTIONS,
+    *,
+    extra_headers: Sequence[tuple[bytes, bytes]] = (),
+) -> AsyncIterator[tuple[WebSocketConnection, Stream]]:
+    """A client websocket on a TCP (TLS) stream this function owns, and that stream (a
+    caller may cut the connection the hard way by closing it).
 
     trio-websocket's ``open_websocket_url`` (checked with 0.12.2) leaves the socket open
     after a refused upgrade, and after a connection that ended without a closing
@@ -290,7 +299,7 @@ async def _open_websocket(url: str, options: WsOptions) -> AsyncIterator[WebSock
     host, port, host_header, target, secure = _endpoint(url)
     deadline = trio.current_time() + options.connect_timeout_s
     with trio.fail_at(deadline):
-        stream: trio.SocketStream | trio.SSLStream[trio.SocketStream]
+        stream: Stream
         if secure:
             stream = await trio.open_ssl_over_tcp_stream(
                 host, port, ssl_context=ssl.create_default_context(), https_compatible=True
@@ -306,12 +315,13 @@ async def _open_websocket(url: str, options: WsOptions) -> AsyncIterator[WebSock
                         stream,
                         host_header,
                         target,
+                        extra_headers=list(extra_headers),
                         message_queue_size=options.message_queue_size,
                         max_message_size=options.max_message_size,
                         receive_buffer_size=options.receive_buffer_size,
                     )
                 try:
-                    yield ws
+                    yield ws, stream
                 finally:
                     if ws.closed is None:
                         with (
@@ -346,7 +356,7 @@ async def connect_once(
     code: int | None = None
     rejected: int | None = None
     try:
-        async with _open_websocket(url, options) as ws:
+        async with open_client_websocket(url, options) as (ws, _):
             conn = _Connection(
                 ws, session, deliver, clock, options, stop_when_connected, on_connected
             )

@@ -68,10 +68,10 @@ from trio_websocket import (
     ConnectionRejected,
     HandshakeError,
     WebSocketConnection,
-    wrap_client_stream,
 )
 
 from dshim.backoff import Backoff
+from dshim.channels.kit.ws import WsOptions, open_client_websocket
 
 __all__ = [
     "BadServerFrame",
@@ -208,41 +208,21 @@ async def open_socket(
     max_message_size: int = MAX_MESSAGE_BYTES,
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> AsyncIterator[tuple[WebSocketConnection, trio.SocketStream]]:
-    """One client websocket on a TCP stream this function owns, and the stream.
-
-    trio-websocket's ``open_websocket_url`` leaves the socket open after a refused upgrade
-    (see ``dshim/channels/kit/ws.py``); owning the stream closes it on every way out, and
-    hands it out so a caller can cut the connection the hard way.  Leaving the block
-    closes the websocket (1000) when it is still open, waiting for dshim's answer at most
-    :data:`CLOSE_WAIT_S` (when the block is left by a cancellation, trio-websocket's
-    reader task is cancelled too and that answer is never read).
+    """One client websocket and its TCP stream (the kit's
+    :func:`~dshim.channels.kit.ws.open_client_websocket`, which owns the stream so that
+    every way out closes the socket).  Leaving the block closes the websocket (1000) when
+    it is still open, waiting for dshim's answer at most :data:`CLOSE_WAIT_S`.
     """
-    host, port, host_header, target = _target(url)
-    deadline = trio.current_time() + connect_timeout_s
-    with trio.fail_at(deadline):
-        stream = await trio.open_tcp_stream(host, port)
-    try:
-        with _one_error():
-            async with trio.open_nursery() as nursery:
-                with trio.fail_at(deadline):
-                    ws = await wrap_client_stream(
-                        nursery,
-                        stream,
-                        host_header,
-                        target,
-                        extra_headers=list(headers),
-                        max_message_size=max_message_size,
-                    )
-                try:
-                    yield ws, stream
-                finally:
-                    if ws.closed is None:
-                        with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_WAIT_S):
-                            await ws.aclose()
-                    nursery.cancel_scope.cancel()
-    finally:
-        with trio.CancelScope(shield=True):
-            await stream.aclose()
+    options = WsOptions(
+        connect_timeout_s=connect_timeout_s,
+        max_message_size=max_message_size,
+        shutdown_close_code=1000,
+        shutdown_close_s=CLOSE_WAIT_S,
+    )
+    with _one_error():
+        async with open_client_websocket(url, options, extra_headers=headers) as (ws, stream):
+            assert isinstance(stream, trio.SocketStream)  # ws:// only
+            yield ws, stream
 
 
 def upgrade_headers(
