@@ -2,7 +2,9 @@
 
 Each fixture runs in its own trio run on a virtual clock (deterministic, instant), with a
 fresh temporary store, the echo harness and no network: platform lookups are answered by
-the fixture's recorded ``http`` exchanges (unmatched requests answer 404).  Events are fed
+the fixture's recorded ``http`` exchanges (unmatched requests answer 404; a recorded path
+without a query string matches any query, one with a query string matches the same
+parameters in any order).  Events are fed
 one at a time and the pipeline is allowed to settle after each, so the output follows
 event order: the clock moves to an event's time when it lies ahead, and a pending
 approval or question waits for the next event (it may be the answer) rather than for
@@ -197,14 +199,23 @@ def _bounded(text: str) -> str:
     return text[:TEXT_PRINT_MAX] + f"…[{len(text) - TEXT_PRINT_MAX} more characters]"
 
 
+def _query_set(query: str) -> list[tuple[str, str]]:
+    """A query string's parameters, decoded, in a canonical order (matching ignores order)."""
+    return sorted(httpx.QueryParams(query).multi_items())
+
+
 def _mock_transport(fx: Fixture, rec: _Recorder, base_path: str) -> httpx.MockTransport:
     def handle(request: httpx.Request) -> httpx.Response:
-        path = request.url.raw_path.decode("ascii", "replace").split("?", 1)[0]
+        path, _, query = request.url.raw_path.decode("ascii", "replace").partition("?")
         if base_path and path.startswith(base_path):
             path = path[len(base_path) :] or "/"
         rec.emit("http", method=request.method, path=path)
+        params = _query_set(query)
         for ex in fx.http:
-            if ex.method.upper() == request.method and ex.path.split("?", 1)[0] == path:
+            ex_path, has_query, ex_query = ex.path.partition("?")
+            if ex.method.upper() != request.method or ex_path != path:
+                continue
+            if not has_query or _query_set(ex_query) == params:
                 return httpx.Response(ex.status, json=ex.json)
         return httpx.Response(404, json={"message": "not found (no recorded exchange)", "code": 0})
 

@@ -92,3 +92,28 @@ def test_memory_stays_linear_in_the_answer_length(tmp_path: Path) -> None:
     assert len(str(send["text"])) < TEXT_PRINT_MAX + 100
     # Keeping every intermediate text costs ~250 MB here; only the final text is kept.
     assert peak < 40 * 1024 * 1024, f"peak {peak / 1e6:.0f} MB"
+
+
+def test_recorded_lookups_match_on_the_path_and_their_query_in_any_order() -> None:
+    """A recorded path with a query answers only the same parameters (in any order); one
+    without a query answers whatever query the channel sends."""
+    import httpx
+
+    from dshim.replay import Fixture, HttpExchange, _mock_transport, _Recorder
+
+    fx = Fixture(
+        channel="slack",
+        format="raw",
+        events=[],
+        http=[
+            HttpExchange(method="GET", path="/history?channel=C1&latest=1.5", json={"n": 1}),
+            HttpExchange(method="GET", path="/messages/om_1", json={"n": 2}),
+        ],
+    )
+    rec = _Recorder("f")
+    client = httpx.Client(transport=_mock_transport(fx, rec, "/api"), base_url="http://x/api")  # type: ignore[arg-type]
+    assert client.get("/history?latest=1.5&channel=C1").json() == {"n": 1}
+    assert client.get("/history?channel=C1&latest=2").status_code == 404
+    assert client.get("/history?channel=C1").status_code == 404
+    assert client.get("/messages/om_1?user_id_type=open_id").json() == {"n": 2}
+    assert [line["path"] for line in rec.lines] == ["/history"] * 3 + ["/messages/om_1"]
