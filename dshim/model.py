@@ -52,9 +52,11 @@ class ReplyReference(msgspec.Struct, kw_only=True):
     overrides only the fields it sets.
 
     ``loader`` is a platform lookup for when the payload carried only an id.  ``recover``
-    asks the core to recover the text of one of the bot's own earlier answers (outbound
-    index, then session history) using ``message_id`` and ``recover_at``.  Neither is ever
-    serialized or logged; both run at most once, inside the turn.
+    asks the core to recover a quoted message the payload gave no content for, from the
+    conversation's message index (by ``recover_keys`` in order, then ``message_id``; an
+    inbound entry is the user's own message, with its author), then the bot's own answers
+    by ``recover_at``, then session history.  Neither is ever serialized or logged; both
+    run at most once, inside the turn.
     """
 
     message_id: str | int | float | None | UnsetType = UNSET
@@ -65,6 +67,7 @@ class ReplyReference(msgspec.Struct, kw_only=True):
     unavailable_reason: str | None | UnsetType = UNSET
     recover: bool = False
     recover_at: float | None = None
+    recover_keys: list[str] = msgspec.field(default_factory=list)
     loader: Loader | None = None
 
     def __repr__(self) -> str:  # never show a loader, keep logs short

@@ -35,8 +35,12 @@ Rules (they are a contract with agents downstream; keep them stable):
   sets; 401/403 or PermissionDenied -> ``permission-denied``, 404 or NotFound ->
   ``not-found``, 410 or Deleted -> ``deleted``; deadline, exhausted budget or any other
   error -> ``not-delivered``.  Cancellation (``/stop``, shutdown) always propagates.
-* Recovery of the bot's own answer (``recover=True``, when no content is known): the
-  outbound index by quoted id, then by quoted time within ``window_s``, then the bound
+* Recovery (``recover=True``, when no content is known): the conversation's message
+  index by each of ``recover_keys`` in order, then by the quoted id (the first key with
+  any match decides: one entry is the answer — an inbound entry is the user's own
+  message and gives its author and attachments, a ``deleted`` one makes the quote
+  ``deleted`` — several are ambiguous); then the bot's own answers by quoted time within
+  ``window_s``, then the bound
   session's transcript (newest first, ``pages`` x ``rows_per_page``), accepting exactly
   one completed assistant row within ``window_s`` of the quoted time once the scan has
   passed ``T - window_s`` or reached the history's start; the text found there is written
@@ -101,6 +105,7 @@ ATTACHMENT_NAME_MAX = 255
 MAX_ATTACHMENTS = 20
 
 NOT_DELIVERED = "not-delivered"
+DELETED = "deleted"
 
 _REMOVED_RANGES = (
     (0x0000, 0x0009),
@@ -384,12 +389,19 @@ def _quoted_time(ref: ReplyReference) -> float | None:
 
 
 class _Recovery:
-    """The outcome of one recovery: the text, and the index entry to write back."""
+    """The outcome of one recovery: the text, the index entry it came from (when it came
+    from the index), and the index entry to write back."""
 
-    __slots__ = ("text", "write_back")
+    __slots__ = ("text", "entry", "write_back")
 
-    def __init__(self, text: str, write_back: OutboundEntry | None = None) -> None:
+    def __init__(
+        self,
+        text: str,
+        write_back: OutboundEntry | None = None,
+        entry: OutboundEntry | None = None,
+    ) -> None:
         self.text = text
+        self.entry = entry
         self.write_back = write_back
 
 
@@ -403,19 +415,28 @@ async def _recover(ref: ReplyReference, ctx: ResolveContext) -> _Recovery | None
         log.info("reply_recovery_failed", message_id=qid, cause="no_store")
         return None
 
-    # (a) and (b): the outbound index of this bot and conversation.
+    # (a) and (b): the message index of this bot and conversation, by key then by time.
     entries = await store.list_outbound(ctx.bot, ctx.conversation_id, now=ctx.clock())
-    matches = [e for e in entries if qid in e.message_ids] if qid is not None else []
+    matches: list[OutboundEntry] = []
+    for key in [*(_id(k) for k in ref.recover_keys), qid]:
+        if key is not None:
+            matches = [e for e in entries if key in e.message_ids]
+            if matches:
+                break
     source = "outbound_id"
     if not matches and t is not None:
-        matches = [e for e in entries if e.sent_at - window <= t <= e.completed_at + window]
+        matches = [
+            e
+            for e in entries
+            if not e.inbound and e.sent_at - window <= t <= e.completed_at + window
+        ]
         source = "outbound_time"
     if len(matches) > 1:  # several: ambiguous, no further fallback
         log.info("reply_recovery_failed", message_id=qid, cause="ambiguous_" + source)
         return None
     if matches:
         log.info("reply_recovered", message_id=qid, source=source)
-        return _Recovery(matches[0].text)
+        return _Recovery(matches[0].text, entry=matches[0])
 
     # (c): the bound session's transcript, newest first, within the page budget.
     if ctx.session_id is None or t is None:
@@ -461,6 +482,27 @@ async def _recover(ref: ReplyReference, ctx: ResolveContext) -> _Recovery | None
         else None
     )
     return _Recovery(found[0], write_back)
+
+
+def _apply(ref: ReplyReference, found: _Recovery) -> None:
+    """Merge a recovery into the reference: the text, and from an index entry its author
+    and attachments where the platform said nothing, and a deletion."""
+    ref.content = found.text
+    ref.unavailable_reason = None
+    entry = found.entry
+    if entry is None:
+        return
+    if entry.inbound:
+        if ref.author_id is UNSET or ref.author_id is None:
+            ref.author_id = entry.author_id
+        if ref.author_name is UNSET or ref.author_name is None:
+            ref.author_name = entry.author_name
+    if entry.attachments and (ref.attachments is UNSET or not ref.attachments):
+        ref.attachments = list(entry.attachments)
+    if entry.state == "deleted":
+        ref.content = None
+        ref.attachments = []
+        ref.unavailable_reason = DELETED
 
 
 def _mark_unrecovered(ref: ReplyReference) -> None:
@@ -529,8 +571,7 @@ async def resolve(ref: ReplyReference | None, ctx: ResolveContext) -> QuotedMess
             if found is None:
                 _mark_unrecovered(ref)
             else:
-                ref.content = found.text
-                ref.unavailable_reason = None
+                _apply(ref, found)
                 source = "recovered"
                 stage = "write_back"
                 await _write_back(ref, ctx, found)

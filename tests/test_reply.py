@@ -1096,3 +1096,65 @@ async def test_recovery_failure_keeps_a_known_reason(store: Any) -> None:
     ref = recover_ref("q1", loader=loader_of(PermissionDenied("no")))
     q = await resolve(ref, ctx(store))
     assert q is not None and q.unavailable_reason == "permission-denied"
+
+
+# --- the message index of both directions ------------------------------------------------------
+
+
+def user_entry(ids: list[str], text: str, at: float, **kw: Any) -> OutboundEntry:
+    return OutboundEntry(
+        message_ids=ids,
+        text=text,
+        sent_at=at,
+        completed_at=at,
+        inbound=True,
+        author_id="u1",
+        author_name="Ann",
+        **kw,
+    )
+
+
+async def test_recover_a_users_own_message_with_its_author_and_attachments(store: Any) -> None:
+    from dshim.model import Attachment
+
+    T = NOW - 100
+    photo = [Attachment(kind="image", name="a.png")]
+    await add(store, user_entry(["u-7"], "look at this", T, attachments=photo))
+    q = await resolve(recover_ref("u-7", at=T), ctx(store, session_id="s"))
+    assert q == QuotedMessage(
+        message_id="u-7",
+        author_id="u1",
+        author_name="Ann",
+        content="look at this",
+        attachments=(("image", "a.png"),),
+    )
+
+
+async def test_recover_keys_are_tried_before_the_quoted_id_and_first_match_decides(
+    store: Any,
+) -> None:
+    T = NOW - 100
+    await add(store, entry(["track-1", "pqk-1"], "the card's final text", T))
+    await add(store, entry(["msg-9"], "another answer", T - 500))
+    ref = recover_ref("msg-9", at=T - 500, recover_keys=["pqk-1"])
+    q = await resolve(ref, ctx(store))
+    assert q is not None and q.content == "the card's final text"
+    # An unknown key falls through to the quoted id.
+    q = await resolve(recover_ref("msg-9", recover_keys=["nope"]), ctx(store))
+    assert q is not None and q.content == "another answer"
+
+
+async def test_a_deleted_entry_is_a_deleted_quote(store: Any) -> None:
+    T = NOW - 100
+    await add(store, user_entry(["u-8"], "oops", T, state="deleted"))
+    q = await resolve(recover_ref("u-8", at=T), ctx(store, session_id="s"))
+    assert q is not None
+    assert (q.content, q.unavailable_reason) == (None, "deleted")
+
+
+async def test_recovery_by_time_considers_only_the_bots_answers(store: Any) -> None:
+    T = NOW - 100
+    await add(store, user_entry(["u-1"], "the user's question", T))
+    await add(store, entry(["b-1"], "the bot's answer", T + 2))
+    q = await resolve(recover_ref("shell", at=T + 1), ctx(store))
+    assert q is not None and q.content == "the bot's answer"

@@ -586,3 +586,74 @@ async def test_a_cancelled_caller_waits_for_its_write_to_finish(db_path: Path) -
             nursery.start_soon(write)
         # The write had started: it completed as a whole despite the cancellation.
         assert [e.message_ids for e in await store.list_outbound("bot", "c", now=T0)] == [["1"]]
+
+
+# -- the message index of both directions ------------------------------------------------------
+
+
+async def test_index_keeps_inbound_entries_with_author_attachments_and_state(
+    store: SqliteStore,
+) -> None:
+    from dshim.model import Attachment
+
+    user = OutboundEntry(
+        message_ids=["w1", "REFIDX_1"],
+        text="a photo of the bug",
+        sent_at=T0,
+        completed_at=T0,
+        inbound=True,
+        author_id="u1",
+        author_name="Ann",
+        attachments=[Attachment(kind="image", name="bug.png")],
+    )
+    await store.add_outbound("bot", "chat", user, now=T0)
+    await store.add_outbound("bot", "chat", entry(2, sent_at=T0 + 1), now=T0 + 1)
+    [newest, oldest] = await store.list_outbound("bot", "chat", now=T0 + 2)
+    assert oldest == user
+    assert (newest.inbound, newest.author_id, newest.attachments, newest.state) == (
+        False,
+        None,
+        [],
+        "ok",
+    )
+
+
+async def test_update_finds_an_entry_by_any_of_its_ids_and_changes_only_what_is_given(
+    store: SqliteStore,
+) -> None:
+    await store.add_outbound("bot", "chat", entry(1, sent_at=T0), now=T0)
+    await store.add_outbound("bot", "chat", entry(2, sent_at=T0 + 1), now=T0)
+    assert await store.update_outbound(
+        "bot", "chat", "m1b", now=T0, text="final", completed_at=T0 + 5, add_ids=["card-1", "m1"]
+    )
+    assert await store.update_outbound("bot", "chat", "card-1", now=T0, state="deleted")
+    assert not await store.update_outbound("bot", "chat", "nope", now=T0, state="deleted")
+    assert not await store.update_outbound("bot", "other", "m1", now=T0, state="deleted")
+    [second, first] = await store.list_outbound("bot", "chat", now=T0)
+    assert first == OutboundEntry(
+        message_ids=["m1", "m1b", "card-1"],
+        text="final",
+        sent_at=T0,
+        completed_at=T0 + 5,
+        state="deleted",
+    )
+    assert second == entry(2, sent_at=T0 + 1)
+    with pytest.raises(ValueError, match="state"):
+        await store.update_outbound("bot", "chat", "m1", now=T0, state="gone")
+
+
+async def test_a_version_3_index_gains_the_inbound_columns(db_path: Path) -> None:
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        for migration in sqlite_store.MIGRATIONS[:3]:
+            for statement in migration.statements:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 3")
+        conn.execute(
+            "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at,"
+            " completed_at) VALUES ('bot', 'c1', '[\"m1\"]', 'old answer', ?, ?)",
+            (T0, T0),
+        )
+    async with open_sqlite_store(db_path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION
+        [old] = await store.list_outbound("bot", "c1", now=T0)
+    assert old == OutboundEntry(message_ids=["m1"], text="old answer", sent_at=T0, completed_at=T0)

@@ -140,13 +140,41 @@ class ChannelStore(Protocol):
         ...
 
     async def outbound(self, conversation_id: str, *, now: float) -> list[OutboundEntry]:
-        """The message index of a conversation: the bot's delivered messages, newest first."""
+        """The message index of a conversation, newest first: the bot's delivered messages
+        and the user messages the channel recorded (``inbound``).  At most 200 entries per
+        conversation, none completed more than 30 days ago, text cut to 8,000 code points."""
         ...
 
     async def record_outbound(
         self, conversation_id: str, entry: OutboundEntry, *, now: float
     ) -> None:
-        """Add a message the channel delivered on its own (not through the pipeline)."""
+        """Add an entry: a message the channel delivered on its own (not through the
+        pipeline), or an accepted user message (``inbound=True``, see
+        :func:`dshim.channels.kit.index.inbound_entry`) on platforms whose quotes carry only
+        an id."""
+        ...
+
+    async def indexed(
+        self, conversation_id: str, message_id: str, *, now: float
+    ) -> list[OutboundEntry]:
+        """The index entries of a conversation that carry ``message_id``, newest first."""
+        ...
+
+    async def update_outbound(
+        self,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        text: str | None = None,
+        completed_at: float | None = None,
+        add_ids: Sequence[str] = (),
+        state: str | None = None,
+    ) -> bool:
+        """Change the newest entry carrying ``message_id``: its final text and completion
+        time (a streamed card finished), further ids it is known by, its ``state``
+        (``deleted`` after a recall, ``undelivered`` after a failed-delivery report).  False
+        when the index has no such entry."""
         ...
 
     async def log_message(

@@ -7,6 +7,7 @@ call from the trio thread (implementations do blocking work in a worker thread).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
@@ -24,12 +25,29 @@ class Binding(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class OutboundEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One message the bot delivered, kept so quotes of it can be resolved later."""
+    """One entry of a conversation's message index (the "outbound index").
+
+    Mostly the bot's own delivered messages, kept so quotes of them can be resolved later
+    (``inbound`` false; the author is the bot).  Channels whose platform never gives a
+    quoted message's content and has no fetch-by-id API (WeChat, DingTalk, QQ, WhatsApp)
+    also record every accepted user message here (``inbound`` true, with its author), so
+    the index holds both directions under the same bounds.
+
+    ``message_ids``: every id the message is known by (platform message id, client id,
+    quote index keys, card track ids), matched exactly.  ``attachments``: kinds and names
+    only.  ``state``: ``ok``; ``deleted`` (recalled/revoked: a quote of it is
+    ``deleted``); ``undelivered`` (the platform reported the send failed).
+    """
 
     message_ids: list[str]
     text: str
     sent_at: float
     completed_at: float
+    inbound: bool = False
+    author_id: str | None = None
+    author_name: str | None = None
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    state: str = "ok"
 
     @classmethod
     def from_delivered(cls, d: Delivered) -> OutboundEntry:
@@ -37,6 +55,10 @@ class OutboundEntry(msgspec.Struct, frozen=True, kw_only=True):
         return cls(
             message_ids=[d.message_id], text=d.text, sent_at=d.sent_at, completed_at=d.completed_at
         )
+
+
+#: The states of an index entry.
+INDEX_STATES = ("ok", "deleted", "undelivered")
 
 
 class LoggedMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,6 +233,22 @@ class Store(Protocol):
         """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
         ...
 
+    async def update_outbound(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        text: str | None = None,
+        completed_at: float | None = None,
+        add_ids: Sequence[str] = (),
+        state: str | None = None,
+    ) -> bool:
+        """Change the newest entry of a bot+conversation that carries ``message_id``: set
+        the given fields, add ids it is also known by.  False when there is none."""
+        ...
+
     # -- message log (channels that keep their own: the web chat) -----------------------
     async def log_message(
         self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float
@@ -285,6 +323,37 @@ class BoundStore:
         self, conversation_id: str, entry: OutboundEntry, *, now: float
     ) -> None:
         await self._store.add_outbound(self._bot, conversation_id, entry, now=now)
+
+    async def indexed(
+        self, conversation_id: str, message_id: str, *, now: float
+    ) -> list[OutboundEntry]:
+        return [
+            e
+            for e in await self._store.list_outbound(self._bot, conversation_id, now=now)
+            if message_id in e.message_ids
+        ]
+
+    async def update_outbound(
+        self,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        text: str | None = None,
+        completed_at: float | None = None,
+        add_ids: Sequence[str] = (),
+        state: str | None = None,
+    ) -> bool:
+        return await self._store.update_outbound(
+            self._bot,
+            conversation_id,
+            message_id,
+            now=now,
+            text=text,
+            completed_at=completed_at,
+            add_ids=add_ids,
+            state=state,
+        )
 
     async def log_message(
         self, conversation_id: str, message: LoggedMessage, *, now: float

@@ -1,6 +1,6 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 3; see :data:`MIGRATIONS`):
+Tables (schema version 4; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
@@ -13,7 +13,9 @@ Tables (schema version 3; see :data:`MIGRATIONS`):
                  updated_at.  ``thread_id`` is ``""`` for "no thread".
 ``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
 ``outbound``     id -> bot, conversation_id, message_ids (JSON list), text, sent_at,
-                 completed_at.  The bot's delivered messages per conversation: at most the
+                 completed_at, inbound, author_id, author_name, attachments (JSON list),
+                 state.  The message index: the bot's delivered messages per conversation
+                 and, for channels that record them, accepted user messages: at most the
                  newest :data:`OUTBOUND_CAP` by ``sent_at``, none completed more than
                  :data:`OUTBOUND_MAX_AGE_S` ago, text cut to :data:`OUTBOUND_TEXT_MAX`
                  code points.
@@ -49,7 +51,7 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, NamedTuple, TypeVar, TypeVarTuple
 
@@ -61,6 +63,7 @@ import trio
 from dshim.errors import StoreError
 from dshim.model import Attachment
 from dshim.store.base import (
+    INDEX_STATES,
     Binding,
     InboxEntry,
     LoggedMessage,
@@ -217,6 +220,16 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX messages_recent ON messages (bot, conversation_id, at, seq)",
         ),
     ),
+    Migration(
+        "the outbound index holds both directions: authors, attachments and a state",
+        (
+            "ALTER TABLE outbound ADD COLUMN inbound INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE outbound ADD COLUMN author_id TEXT",
+            "ALTER TABLE outbound ADD COLUMN author_name TEXT",
+            "ALTER TABLE outbound ADD COLUMN attachments TEXT NOT NULL DEFAULT '[]'",
+            "ALTER TABLE outbound ADD COLUMN state TEXT NOT NULL DEFAULT 'ok'",
+        ),
+    ),
 )
 
 #: The schema version this code writes and understands.
@@ -256,8 +269,11 @@ _OUTBOUND_CUT = """
         ORDER BY sent_at DESC, id DESC LIMIT -1 OFFSET ?
     )
 """
-_OUTBOUND_LIST = """
-    SELECT message_ids, text, sent_at, completed_at FROM outbound
+_OUTBOUND_COLUMNS = (
+    "message_ids, text, sent_at, completed_at, inbound, author_id, author_name, attachments, state"
+)
+_OUTBOUND_LIST = f"""
+    SELECT {_OUTBOUND_COLUMNS} FROM outbound
     WHERE bot = ? AND conversation_id = ? AND completed_at >= ?
     ORDER BY sent_at DESC, id DESC LIMIT ?
 """
@@ -595,6 +611,33 @@ class SqliteStore:
         """Entries of a bot+conversation, newest first (at most 200, within 30 days)."""
         return await self._call(_list_outbound, bot, conversation_id, now)
 
+    async def update_outbound(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        text: str | None = None,
+        completed_at: float | None = None,
+        add_ids: Sequence[str] = (),
+        state: str | None = None,
+    ) -> bool:
+        """Change the newest entry carrying ``message_id`` (within 30 days); False if none."""
+        if state is not None and state not in INDEX_STATES:
+            raise ValueError(f"index entry state must be one of {INDEX_STATES}, got {state!r}")
+        return await self._call(
+            _update_outbound,
+            bot,
+            conversation_id,
+            message_id,
+            now,
+            text,
+            completed_at,
+            tuple(add_ids),
+            state,
+        )
+
     # -- message log -------------------------------------------------------------------------
 
     async def log_message(
@@ -800,9 +843,21 @@ def _insert_outbound(
     ids = _ids_encoder.encode(entry.message_ids).decode()
     text = entry.text[:OUTBOUND_TEXT_MAX]  # str indexes code points, so no pair is split
     conn.execute(
-        "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at, completed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?)",
-        (bot, conversation_id, ids, text, entry.sent_at, entry.completed_at),
+        f"INSERT INTO outbound (bot, conversation_id, {_OUTBOUND_COLUMNS})"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            bot,
+            conversation_id,
+            ids,
+            text,
+            entry.sent_at,
+            entry.completed_at,
+            int(entry.inbound),
+            entry.author_id,
+            entry.author_name,
+            _ids_encoder.encode(entry.attachments).decode(),
+            entry.state,
+        ),
     )
     conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
     # Only this conversation: bounded work per insert; prune() sweeps the rest.  An entry
@@ -822,10 +877,61 @@ def _list_outbound(
     rows = conn.execute(
         _OUTBOUND_LIST, (bot, conversation_id, now - OUTBOUND_MAX_AGE_S, OUTBOUND_CAP)
     )
-    return [
-        OutboundEntry(message_ids=_ids_decoder.decode(ids), text=t, sent_at=s, completed_at=c)
-        for ids, t, s, c in rows
-    ]
+    return [_entry(row) for row in rows]
+
+
+def _entry(row: tuple[Any, ...]) -> OutboundEntry:
+    ids, text, sent_at, completed_at, inbound, author_id, author_name, attachments, state = row
+    return OutboundEntry(
+        message_ids=_ids_decoder.decode(ids),
+        text=text,
+        sent_at=sent_at,
+        completed_at=completed_at,
+        inbound=bool(inbound),
+        author_id=author_id,
+        author_name=author_name,
+        attachments=_attachments_decoder.decode(attachments),
+        state=state,
+    )
+
+
+def _update_outbound(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    now: float,
+    text: str | None,
+    completed_at: float | None,
+    add_ids: Sequence[str],
+    state: str | None,
+) -> bool:
+    with _transaction(conn):
+        row = conn.execute(
+            "SELECT id, message_ids FROM outbound"
+            " WHERE bot = ? AND conversation_id = ? AND completed_at >= ?"
+            " AND EXISTS (SELECT 1 FROM json_each(outbound.message_ids) WHERE value = ?)"
+            " ORDER BY sent_at DESC, id DESC LIMIT 1",
+            (bot, conversation_id, now - OUTBOUND_MAX_AGE_S, message_id),
+        ).fetchone()
+        if row is None:
+            return False
+        rowid, ids_json = row
+        ids: list[str] = _ids_decoder.decode(ids_json)
+        ids.extend(i for i in dict.fromkeys(add_ids) if i not in ids)
+        conn.execute(
+            "UPDATE outbound SET message_ids = ?, text = COALESCE(?, text),"
+            " completed_at = COALESCE(?, completed_at), state = COALESCE(?, state)"
+            " WHERE id = ?",
+            (
+                _ids_encoder.encode(ids).decode(),
+                None if text is None else text[:OUTBOUND_TEXT_MAX],
+                completed_at,
+                state,
+                rowid,
+            ),
+        )
+    return True
 
 
 def _log_message(

@@ -8,7 +8,9 @@ plus a fake, with nothing copied from another channel.
 - :mod:`dshim.channels.kit.poll`: the long-poll loop with a durable, shielded cursor
   commit after acceptance (Telegram, WeChat iLink);
 - :mod:`dshim.channels.kit.ws`: the websocket connection runner over a sans-IO session
-  protocol (Discord; QQ, Slack, Feishu, DingTalk and WeCom next).
+  protocol (Discord; QQ, Slack, Feishu, DingTalk and WeCom next);
+- :mod:`dshim.channels.kit.index`: the message index of both directions, for platforms
+  whose quotes carry only an id (WeChat, DingTalk, QQ, WhatsApp).
 
 The streaming-by-edit engine is :mod:`dshim.render`; the backoff :mod:`dshim.backoff`.
 """
