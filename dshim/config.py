@@ -151,12 +151,82 @@ class HarnessConfig(_Base):
 class AccessConfig(_Base):
     mode: Literal["open", "allowlist"] = "open"
     users: list[str | int] = msgspec.field(default_factory=list)
+    #: Users who may run operator commands (``/substitute on|off``) and get the
+    #: substitute control notice.  Empty: nobody.
+    operators: list[str | int] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.users = [str(u).strip() for u in self.users]
+        self.operators = [str(u).strip() for u in self.operators]
 
     def allows(self, user_id: str) -> bool:
         return user_id in self.users
+
+    def operates(self, user_id: str) -> bool:
+        return user_id in self.operators
+
+
+#: The id kinds a substitute target may carry, in the order a prompt names the target.
+TARGET_ID_KINDS = ("open_id", "id", "user_id", "union_id", "username")
+
+
+class SubstituteTarget(_Base):
+    """A person the bot stands in for: the ids its channel knows them by."""
+
+    name: str | None = None
+    id: str | int | None = None
+    username: str | None = None
+    open_id: str | None = None
+    user_id: str | None = None
+    union_id: str | None = None
+    email: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("name", "username", "open_id", "user_id", "union_id", "email"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                value = value.strip()
+                setattr(self, key, value or None)
+        if isinstance(self.id, int):
+            self.id = str(self.id)
+        elif isinstance(self.id, str):
+            self.id = self.id.strip() or None
+        if self.username is not None:
+            self.username = self.username.lstrip("@") or None
+
+    def ids(self) -> dict[str, str]:
+        """The ids that can match a mention at run time (never the email or the name)."""
+        out: dict[str, str] = {}
+        for kind in TARGET_ID_KINDS:
+            value = getattr(self, kind)
+            if isinstance(value, str) and value:
+                out[kind] = value
+        return out
+
+    def prompt_id(self) -> str:
+        """The id a prompt names the target by: open_id, else the platform id, else
+        user_id/union_id, else ``@username``."""
+        for kind in TARGET_ID_KINDS:
+            value = getattr(self, kind)
+            if isinstance(value, str) and value:
+                return "@" + value if kind == "username" else value
+        return self.email or ""
+
+
+class SubstituteConfig(_Base):
+    """``[bots.substitute]``: answer group messages that mention a target person."""
+
+    enabled: bool = False
+    targets: list[SubstituteTarget] = msgspec.field(default_factory=list)
+    chats: list[str | int] = msgspec.field(default_factory=list)
+    reply_mode: Literal["thread", "quote"] = "thread"
+    disclosure: Literal["prefix", "none"] = "prefix"
+    topic_groups: bool = True
+    control_notice: bool = True
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        self.chats = list(dict.fromkeys(str(c).strip() for c in self.chats if str(c).strip()))
 
 
 class PromptConfig(_Base):
@@ -197,6 +267,7 @@ class BotConfig(_Base):
     prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
     reply: ReplyBudget = msgspec.field(default_factory=ReplyBudget)
     lanes: LanesConfig = msgspec.field(default_factory=LanesConfig)
+    substitute: SubstituteConfig = msgspec.field(default_factory=SubstituteConfig)
     #: The channel's settings (``Channel.settings``); None when loaded without them.
     settings: msgspec.Struct | None = None
 
@@ -584,6 +655,10 @@ def _check_semantics(config: Config, label: str) -> None:
         for j, user in enumerate(bot.access.users):
             if not str(user).strip():
                 raise ConfigError(f"{where}.access.users[{j}]: empty user id")
+        for j, user in enumerate(bot.access.operators):
+            if not str(user).strip():
+                raise ConfigError(f"{where}.access.operators[{j}]: empty user id")
+        _check_substitute(bot.substitute, bot.channel, f"{where}.substitute")
     h = config.harness
     if h.kind == "openai":
         if not h.base_url:
@@ -607,6 +682,23 @@ def _check_semantics(config: Config, label: str) -> None:
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
     _check_http(config.http, f"{label}: ")
+
+
+def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
+    for j, target in enumerate(sub.targets):
+        if not target.ids() and not target.email:
+            raise ConfigError(
+                f"{where}.targets[{j}]: needs at least one of id, username, open_id, user_id,"
+                " union_id or email"
+            )
+    # Feishu resolves an email to an open_id at start-up; elsewhere an email never matches.
+    usable = [t for t in sub.targets if t.ids() or (channel == "feishu" and t.email)]
+    if sub.enabled and not usable:
+        raise ConfigError(
+            f"{where}.targets: enabled = true needs at least one target with an id a mention"
+            " can match (id, username, open_id, user_id or union_id; an email alone never"
+            " matches until it is resolved)"
+        )
 
 
 def _check_http(http: HttpSection, prefix: str) -> None:

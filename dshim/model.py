@@ -111,6 +111,54 @@ class MediaRef(msgspec.Struct, kw_only=True):
         return f"MediaRef(kind={self.kind!r}, name={self.name!r}, size={self.size!r})"
 
 
+class Mention(msgspec.Struct, kw_only=True, frozen=True):
+    """A structured mention of a person in the message's own text (never one inside a
+    quoted or forwarded message), in message order.
+
+    ``ids``: every id the platform gave for the person, by kind — ``id`` (Slack ``U…``,
+    Discord snowflake, Telegram numeric user id), ``username`` (Telegram, without ``@``),
+    ``open_id`` / ``user_id`` / ``union_id`` (Feishu).  ``text``: the mention as it stands
+    in ``content`` (e.g. ``@owner``), when it is still there.
+    """
+
+    ids: dict[str, str]
+    name: str | None = None
+    text: str | None = None
+
+
+class SubstituteTurn(msgspec.Struct, kw_only=True, frozen=True):
+    """A turn the bot answers on behalf of the person a group message mentioned.
+
+    Decided once, when the message is accepted (pipeline step 2), and kept with its inbox
+    entry, so queued turns and a restart answer under their own trigger.  ``target_*``
+    come from the configuration (trusted), ``mentioned_*`` from the event (untrusted).
+    ``anchor_id``: the message the answer is anchored to (the trigger, or the thread root
+    when the trigger is inside a thread).
+    """
+
+    target_id: str
+    target_name: str | None = None
+    mentioned_id: str | None = None
+    mentioned_name: str | None = None
+    disclosure: Literal["prefix", "none"] = "prefix"
+    reply_mode: Literal["thread", "quote"] = "thread"
+    anchor_id: str
+    stream: bool = False
+    #: A regular group (not a topic/thread): the first session gets an operator notice.
+    in_topic: bool = False
+
+
+class Anchor(msgspec.Struct, kw_only=True, frozen=True):
+    """How a substitute turn's answer is placed: ``thread`` (a thread under
+    ``message_id``), ``quote`` (a reply quoting it in the main flow) or ``plain`` (a
+    plain message: the anchor was evicted), mentioning the person who asked."""
+
+    mode: Literal["thread", "quote", "plain"]
+    message_id: str | None = None
+    mention_id: str | None = None
+    mention_name: str | None = None
+
+
 class InboundMessage(msgspec.Struct, kw_only=True):
     """One platform message, normalized.  Channels fill it; the pipeline reads it."""
 
@@ -137,6 +185,12 @@ class InboundMessage(msgspec.Struct, kw_only=True):
     #: Opaque channel data needed to answer this message (webhook URL, context token,
     #: request id ...).  Only the channel that produced it reads it.
     route: Any = None
+    #: Structured mentions of people in the current text, in order (substitute mode).
+    mentions: list[Mention] = msgspec.field(default_factory=list)
+    #: The bot itself was explicitly @-mentioned (not only replied to).
+    mentioned: bool = False
+    #: Set by the pipeline when this is a substitute turn.
+    substitute: SubstituteTurn | None = None
 
     @property
     def lane_key(self) -> tuple[str, str]:
@@ -272,6 +326,8 @@ class ReplyTarget(msgspec.Struct, kw_only=True, frozen=True):
     thread_id: str | None = None
     reply_to_message_id: str | None = None
     route: Any = None
+    #: A substitute turn's placement (None: the channel's ordinary reply).
+    anchor: Anchor | None = None
 
     @classmethod
     def for_message(cls, msg: InboundMessage) -> ReplyTarget:

@@ -34,7 +34,15 @@ import re
 from collections.abc import Iterable, Sequence
 
 from dshim.config import SOURCE_FIELDS, PromptConfig
-from dshim.model import FilePart, ImagePart, InboundMessage, PromptPart, QuotedMessage, TextPart
+from dshim.model import (
+    FilePart,
+    ImagePart,
+    InboundMessage,
+    PromptPart,
+    QuotedMessage,
+    SubstituteTurn,
+    TextPart,
+)
 from dshim.reply import (
     REMOVED_CHARS,
     clean_text,
@@ -47,12 +55,16 @@ from dshim.reply import (
 __all__ = [
     "SOURCE_TAG",
     "SOURCE_VALUE_MAX",
+    "SUBSTITUTE_NOTE_NONE",
+    "SUBSTITUTE_NOTE_PREFIX",
+    "SUBSTITUTE_TAG",
     "TITLE_MAX",
     "assemble",
     "neutralize_tags",
     "prompt_text",
     "session_title",
     "source_block",
+    "substitute_block",
 ]
 
 SOURCE_TAG = "dsh_im_source"
@@ -64,6 +76,7 @@ PART_SEPARATOR = "\n\n"
 _INJECTED_PREFIX = re.compile(
     r"\A(?:<dsh_im_source>.*?</dsh_im_source>\s*)?"
     r"(?:<dsh_im_source_guidance>.*?</dsh_im_source_guidance>\s*)?"
+    r"(?:<dsh_im_substitute>.*?</dsh_im_substitute>\s*)?"
     r"(?:<dsh_im_reply_to>.*?</dsh_im_reply_to>\s*)?",
     re.DOTALL,
 )
@@ -113,6 +126,33 @@ def source_block(msg: InboundMessage, cfg: PromptConfig) -> str | None:
     return encode_block(SOURCE_TAG, obj) if obj else None
 
 
+SUBSTITUTE_TAG = "dsh_im_substitute"
+SUBSTITUTE_NOTE_PREFIX = (
+    "The user mentioned the person below, not you. Answer on their behalf and say openly"
+    " that you are answering for them."
+)
+SUBSTITUTE_NOTE_NONE = "The user mentioned the person below, not you. Answer on their behalf."
+
+
+def substitute_block(sub: SubstituteTurn) -> str:
+    """The ``<dsh_im_substitute>`` block of a substitute turn, keys in this exact order:
+    ``note``, ``target`` (``id``, ``name``?: from the configuration), ``disclosure``,
+    ``mentionedAs`` (``id``?, ``name``?: from the event, cleaned and cut when decided)."""
+    target: dict[str, str] = {"id": sub.target_id}
+    if sub.target_name:
+        target["name"] = sub.target_name
+    mentioned: dict[str, str] = {}
+    if sub.mentioned_id:
+        mentioned["id"] = sub.mentioned_id
+    if sub.mentioned_name:
+        mentioned["name"] = sub.mentioned_name
+    note = SUBSTITUTE_NOTE_PREFIX if sub.disclosure == "prefix" else SUBSTITUTE_NOTE_NONE
+    return encode_block(
+        SUBSTITUTE_TAG,
+        {"note": note, "target": target, "disclosure": sub.disclosure, "mentionedAs": mentioned},
+    )
+
+
 def assemble(
     msg: InboundMessage,
     quoted: QuotedMessage | None,
@@ -128,6 +168,8 @@ def assemble(
     source = source_block(msg, cfg)
     if source is not None:
         parts.append(TextPart(source))
+    if msg.substitute is not None:
+        parts.append(TextPart(substitute_block(msg.substitute)))
     if quoted is not None:
         parts.append(TextPart(render_reply_block(quoted)))
     text = neutralize_tags(_normalize_newlines(msg.content).strip())

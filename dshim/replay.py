@@ -12,6 +12,8 @@ its timeout; after the last event everything runs to its end.  Output lines (JSO
 
     {"fixture":F,"kind":"prompt","conversation":C,"thread":T,"text":TEXT,"images":N,"files":N}
     {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"text":FINAL_TEXT}
+    {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"anchor":MODE,
+     "mention":USER,"text":FINAL_TEXT}                    (a substitute turn's answer)
     {"fixture":F,"kind":"drop","index":I,"reason":R}     (echo, bot, unaddressed, duplicate,
                                                           stale, malformed, denied)
     {"fixture":F,"kind":"command","index":I,"name":NAME}
@@ -185,10 +187,22 @@ class _Recorder:
         )
 
     def on_send(self, sent: Sent) -> None:
+        anchor = sent.target.anchor
+        if anchor is None:
+            self.emit(
+                "send",
+                conversation=sent.target.conversation_id,
+                reply_to=sent.target.reply_to_message_id,
+                text=_bounded(sent.text),
+            )
+            return
+        # A substitute answer: placed by its own anchor, addressed to the asker.
         self.emit(
             "send",
             conversation=sent.target.conversation_id,
-            reply_to=sent.target.reply_to_message_id,
+            reply_to=anchor.message_id,
+            anchor=anchor.mode,
+            mention=anchor.mention_id,
             text=_bounded(sent.text),
         )
 

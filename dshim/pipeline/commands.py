@@ -14,10 +14,22 @@ import msgspec
 #: Commands dshim handles itself.  Harness-dependent ones (/models, /model, /steer) are
 #: recognized here and answered by the runtime according to the harness' capabilities.
 KNOWN_COMMANDS = frozenset(
-    {"help", "new", "stop", "status", "batch", "send", "cancel", "models", "model", "steer"}
+    {
+        "help",
+        "new",
+        "stop",
+        "status",
+        "batch",
+        "send",
+        "cancel",
+        "models",
+        "model",
+        "steer",
+        "substitute",
+    }
 )
 #: Commands that take arguments; the rest must be sent exactly (an argument -> usage).
-TAKES_ARGS = frozenset({"model", "steer"})
+TAKES_ARGS = frozenset({"model", "steer", "substitute"})
 BATCH_LIMIT = 10
 
 
@@ -60,6 +72,9 @@ Commands:
 /batch — collect several messages (direct chats); /send submits them as one prompt, /cancel discards
 /help — this list
 Anything else is sent to the agent."""
+
+#: Added to /help when the bot has substitute mode.
+HELP_SUBSTITUTE = "/substitute status|on|off — answering for the people this bot stands in for, in this group (on/off: operators)"
 
 BATCH_REFUSED_MEDIA = (
     "Batch mode collects text only: images, files or quoted messages are not collected. "

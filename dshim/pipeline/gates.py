@@ -60,15 +60,20 @@ def judge(
     now: float,
     max_age_s: float,
     access: AccessConfig,
+    substitute: bool = False,
 ) -> DropReason | None:
-    """Why ``msg`` is dropped by steps 1-4 (the first gate that refuses it), or None."""
+    """Why ``msg`` is dropped by steps 1-4 (the first gate that refuses it), or None.
+
+    ``substitute``: the message is a substitute trigger (it mentions a person the bot
+    answers for), which stands in for being addressed in step 2.
+    """
     # Step 1: echoes of our own messages, and other bots.
     if msg.sender_id == msg.bot_id or msg.sender_id == bot_id:
         return "echo"
     if msg.sender_is_bot:
         return "bot"
     # Step 2: in groups only messages addressed to the bot.
-    if msg.conversation_type == "group" and not msg.addressed:
+    if msg.conversation_type == "group" and not msg.addressed and not substitute:
         return "unaddressed"
     # Step 3 (the part without the store): the backlog limit.
     if msg.received_at and now - msg.received_at > max_age_s:

@@ -56,7 +56,7 @@ from dshim.errors import HarnessError, single_error
 from dshim.harness import create_harness, open_harness
 from dshim.harness.base import Harness
 from dshim.metrics import NO_METRICS, BotMetrics
-from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, Verdict
+from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, SubstituteTurn, Verdict
 from dshim.outbound import Outbound
 from dshim.pipeline import commands as cmds
 from dshim.pipeline import gates
@@ -66,6 +66,7 @@ from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
 from dshim.pipeline.notices import Notifier, short
 from dshim.pipeline.observer import Observer
+from dshim.pipeline.substitute import SubstituteGate, chat_allowed
 from dshim.pipeline.turn import TurnDeps, run_turn
 from dshim.store.base import InboxEntry, Store
 
@@ -95,6 +96,20 @@ MAX_TURN_ATTEMPTS = 2
 CUT_GRACE_S = 5.0
 
 ACCEPTED = Verdict(True)
+
+_substitute_decoder = msgspec.json.Decoder(SubstituteTurn)
+SUBSTITUTE_ACTIONS = {
+    "": "status",
+    "status": "status",
+    "on": "on",
+    "enable": "on",
+    "开启": "on",
+    "开": "on",
+    "off": "off",
+    "disable": "off",
+    "关闭": "off",
+    "关": "off",
+}
 
 
 class BotRuntime:
@@ -131,6 +146,7 @@ class BotRuntime:
             outbound=outbound, store=store, bot=bot.name, clock=clock, activity=self.activity
         )
         self.interactions = Interactions(self.notifier, config.harness.interaction_timeout_s)
+        self.substitute = SubstituteGate(bot, store, clock)
         self.batches = Batches()
         self.lanes = LaneSet(
             nursery,
@@ -148,6 +164,7 @@ class BotRuntime:
             clock=clock,
             observer=observer,
             metrics=metrics,
+            substitute=self.substitute,
         )
         self._closing = False
         #: The shutdown grace is over: no lane item starts any more.
@@ -216,6 +233,20 @@ class BotRuntime:
             max_age_s=self.backlog_max_age_s,
             access=self.bot.access,
         )
+        if self.substitute.enabled and reason in ("unaddressed", None):
+            # Step 2, substitute triggers: before dedup and before any network call.
+            sub = await self.substitute.evaluate(msg)
+            if sub is not None:
+                msg.substitute = sub
+                if reason == "unaddressed":
+                    reason = gates.judge(
+                        msg,
+                        bot_id=self.bot_id,
+                        now=now,
+                        max_age_s=self.backlog_max_age_s,
+                        access=self.bot.access,
+                        substitute=True,
+                    )
         if reason == "stale":
             if await self.store.seen(self.bot.name, msg.conversation_id, msg.message_id, now=now):
                 return self._drop(msg, "duplicate")
@@ -233,6 +264,8 @@ class BotRuntime:
             stored = b"R" + raw
         else:
             stored = b"N" + normalized.encode_event(msg)
+        if stored is not None and msg.substitute is not None:
+            stored = b"S" + msgspec.json.encode(msg.substitute) + b"\n" + stored
         fresh = await self.store.accept(
             self.bot.name,
             msg.conversation_id,
@@ -247,6 +280,9 @@ class BotRuntime:
             self._drop(msg, "denied", sender=msg.sender_id)
             return ACCEPTED
         self.metrics.event("accepted")
+        if msg.substitute is not None:
+            await self.substitute.remember_anchor(msg, msg.substitute)
+            log.info("substitute_triggered", message_id=msg.message_id)
         await self._dispatch(msg)
         return ACCEPTED
 
@@ -323,7 +359,10 @@ class BotRuntime:
             )
             return
         if name == "help":
-            await self._reply(msg, cmds.HELP_TEXT)
+            text = cmds.HELP_TEXT
+            if self.bot.substitute.enabled:
+                text = text.replace("\n/help", f"\n{cmds.HELP_SUBSTITUTE}\n/help", 1)
+            await self._reply(msg, text)
         elif name == "stop":
             lane = self.lanes.get(msg.lane_key)
             stopped = lane.stop() if lane is not None else False
@@ -343,8 +382,40 @@ class BotRuntime:
             self._spawn(self._status, msg)
         elif name in ("models", "model", "steer"):
             self._spawn(self._harness_command, msg, command)
+        elif name == "substitute":
+            await self._reply(msg, await self._substitute_command(msg, command.args))
         else:  # pragma: no cover - KNOWN_COMMANDS and this switch are kept in step
             raise AssertionError(name)
+
+    async def _substitute_command(self, msg: InboundMessage, args: str) -> str:
+        """``/substitute status|on|off`` (see :mod:`dshim.pipeline.substitute`)."""
+        action = SUBSTITUTE_ACTIONS.get(args.strip().lower())
+        if action is None:
+            return "Usage: /substitute status|on|off"
+        if msg.conversation_type != "group":
+            return "/substitute works only in groups: it controls answering for others there."
+        if not msg.mentioned:
+            return (
+                "Mention me to use /substitute in a group (for example: @bot /substitute status)."
+            )
+        cfg = self.bot.substitute
+        if not cfg.enabled:
+            return "Substitute mode is not enabled for this bot (see [bots.substitute] in the configuration)."
+        if msg.thread_id is not None and not cfg.topic_groups:
+            return "Substitute mode is disabled for topic groups and threads on this bot (topic_groups = false)."
+        if not chat_allowed(cfg, msg.conversation_id):
+            return (
+                "Substitute mode does not apply to this chat (it is not in the bot's chats list)."
+            )
+        if action != "status":
+            if not self.bot.access.operates(msg.sender_id):
+                return "Only the bot's operators may turn substitute mode on or off."
+            await self.substitute.set_on(msg.conversation_id, action == "on")
+            log.info("substitute_toggled", on=action == "on", conversation=msg.conversation_id)
+        on = await self.substitute.is_on(msg.conversation_id)
+        names = ", ".join(t.name or t.prompt_id() for t in cfg.targets)
+        state = "on" if on else "off"
+        return f"Substitute mode is {state} in this chat (answering for: {names})."
 
     async def _batch_step(self, msg: InboundMessage, step: Step) -> None:
         """Carry out what the batch logic decided for ``msg``."""
@@ -463,6 +534,12 @@ class BotRuntime:
     # -- restart -----------------------------------------------------------------------
 
     def _decode_stored(self, data: bytes) -> InboundMessage | Skip:
+        if data[:1] == b"S":  # a substitute turn: its decision, then the message
+            decision, _, inner = data[1:].partition(b"\n")
+            item = self._decode_stored(inner)
+            if isinstance(item, InboundMessage):
+                item.substitute = _substitute_decoder.decode(decision)
+            return item
         kind, body = data[:1], data[1:]
         if kind == b"R" and self.decode_raw is not None:
             return self.decode_raw(body)
@@ -494,6 +571,7 @@ class BotRuntime:
                 now=self.clock(),
                 max_age_s=self.backlog_max_age_s,
                 access=self.bot.access,
+                substitute=item.substitute is not None,
             )
             if reason is not None:
                 self._drop(item, reason, restored=True)

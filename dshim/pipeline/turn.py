@@ -59,6 +59,7 @@ from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
 from dshim.pipeline.notices import Notifier
 from dshim.pipeline.observer import Observer
+from dshim.pipeline.substitute import SubstituteGate, send_control_notice
 from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord
 
 log = structlog.get_logger("dshim.turn")
@@ -172,6 +173,7 @@ class TurnDeps:
     clock: Callable[[], float]
     observer: Observer | None = None
     metrics: BotMetrics = NO_METRICS
+    substitute: SubstituteGate | None = None
 
 
 class _Turn:
@@ -192,6 +194,7 @@ class _Turn:
         "session_id",
         "delivered",
         "first_delta_at",
+        "opened_session",
     )
 
     def __init__(self, item: LaneItem, *, started_at: float) -> None:
@@ -214,6 +217,8 @@ class _Turn:
         self.delivered: list[Delivered] = []
         #: When the agent's first text arrived (the first-delta histogram).
         self.first_delta_at: float | None = None
+        #: This turn bound a new session (a substitute turn's control notice is due).
+        self.opened_session = False
 
 
 class _Delivery:
@@ -269,6 +274,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
         log.info("turn_started", message_id=msg.message_id)
         try:
+            if msg.substitute is not None and deps.substitute is not None:
+                turn.target = await deps.substitute.target_for(msg, turn.target)
             async with deps.outbound.open_stream(turn.target) as stream:
                 # A stream that cannot report its first send: what it is handed counts as shown.
                 delivery.due = not watch_delivery(stream, delivery.mark)
@@ -301,6 +308,13 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
         await _record(deps, turn, stopped=stop_scope.cancelled_caught)
+        sub = msg.substitute
+        if turn.opened_session and sub is not None and not sub.in_topic and deps.substitute:
+            # After the answer: the operators learn what was asked and how to take over.
+            assert turn.session_id is not None
+            await send_control_notice(
+                deps.substitute, deps.outbound, deps.notifier, msg, turn.session_id
+            )
 
 
 async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
@@ -350,6 +364,7 @@ async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
     await deps.store.set_binding(deps.bot.name, *key, session_id, title=title, now=deps.clock())
     log.info("session_bound", session=session_id)
     turn.session_id = session_id
+    turn.opened_session = True
     return True
 
 
@@ -376,6 +391,9 @@ async def _relay(
         sender_id=msg.sender_id,
         conversation_type=msg.conversation_type,
     )
+    # A substitute turn answers like a person: one finished message (unless configured
+    # to stream).  Decided per turn, never latched on the session.
+    live = msg.substitute is None or msg.substitute.stream
     try:
         async with aclosing(deps.harness.prompt(session_id, parts, tctx)) as events:
             async for ev in events:
@@ -383,10 +401,14 @@ async def _relay(
                     if turn.first_delta_at is None:
                         turn.first_delta_at = deps.clock()
                     turn.text += ev.text
+                    if not live:
+                        continue
                     if delivery.due:
                         await delivery.mark()
                     await stream.update(turn.text)
                 elif isinstance(ev, ToolProgress):
+                    if not live:
+                        continue
                     if delivery.due:
                         await delivery.mark()
                     await stream.progress(f"{ev.title} ({ev.status})")

@@ -249,6 +249,27 @@ class Store(Protocol):
         the given fields, add ids it is also known by.  False when there is none."""
         ...
 
+    # -- reply anchors of substitute turns ---------------------------------------------
+    async def put_anchor(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        turn_id: str,
+        anchor_id: str,
+        *,
+        now: float,
+        keep: int,
+    ) -> None:
+        """Remember a turn's anchor; keep the newest ``keep`` per conversation + thread."""
+        ...
+
+    async def get_anchor(
+        self, bot: str, conversation_id: str, thread_id: str, turn_id: str
+    ) -> str | None:
+        """A turn's anchor, or None when it was never recorded or was evicted."""
+        ...
+
     # -- message log (channels that keep their own: the web chat) -----------------------
     async def log_message(
         self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float

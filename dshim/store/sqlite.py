@@ -1,6 +1,6 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 4; see :data:`MIGRATIONS`):
+Tables (schema version 5; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
@@ -19,6 +19,8 @@ Tables (schema version 4; see :data:`MIGRATIONS`):
                  newest :data:`OUTBOUND_CAP` by ``sent_at``, none completed more than
                  :data:`OUTBOUND_MAX_AGE_S` ago, text cut to :data:`OUTBOUND_TEXT_MAX`
                  code points.
+``anchors``      (bot, conversation_id, thread_id, turn_id) -> anchor_id, updated_at.
+                 The reply anchors of substitute turns, the newest 32 per conversation.
 ``transcript``   id (autoincrement) -> bot, session_id, role, text, at, completed.  Paged
                  newest first by an index range scan on (session_id, id).
 ``last_direct``  bot -> conversation_id, updated_at.
@@ -228,6 +230,21 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE outbound ADD COLUMN author_name TEXT",
             "ALTER TABLE outbound ADD COLUMN attachments TEXT NOT NULL DEFAULT '[]'",
             "ALTER TABLE outbound ADD COLUMN state TEXT NOT NULL DEFAULT 'ok'",
+        ),
+    ),
+    Migration(
+        "reply anchors of substitute turns",
+        (
+            """CREATE TABLE anchors (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                thread_id TEXT NOT NULL,
+                turn_id TEXT NOT NULL,
+                anchor_id TEXT NOT NULL,
+                updated_at REAL NOT NULL,
+                PRIMARY KEY (bot, conversation_id, thread_id, turn_id)
+            )""",
+            "CREATE INDEX anchors_recent ON anchors (bot, conversation_id, thread_id, updated_at)",
         ),
     ),
 )
@@ -638,6 +655,31 @@ class SqliteStore:
             state,
         )
 
+    # -- reply anchors -----------------------------------------------------------------------
+
+    async def put_anchor(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        turn_id: str,
+        anchor_id: str,
+        *,
+        now: float,
+        keep: int,
+    ) -> None:
+        """Remember a turn's reply anchor; keeps the newest ``keep`` per conversation +
+        thread (by update time)."""
+        await self._call(
+            _put_anchor, bot, conversation_id, thread_id, turn_id, anchor_id, now, keep
+        )
+
+    async def get_anchor(
+        self, bot: str, conversation_id: str, thread_id: str, turn_id: str
+    ) -> str | None:
+        """A turn's reply anchor, or None (never recorded, or evicted)."""
+        return await self._call(_get_anchor, bot, conversation_id, thread_id, turn_id)
+
     # -- message log -------------------------------------------------------------------------
 
     async def log_message(
@@ -893,6 +935,40 @@ def _entry(row: tuple[Any, ...]) -> OutboundEntry:
         attachments=_attachments_decoder.decode(attachments),
         state=state,
     )
+
+
+def _put_anchor(
+    conn: sqlite3.Connection,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    turn_id: str,
+    anchor_id: str,
+    now: float,
+    keep: int,
+) -> None:
+    with _transaction(conn):
+        conn.execute(
+            "INSERT OR REPLACE INTO anchors VALUES (?, ?, ?, ?, ?, ?)",
+            (bot, conversation_id, thread_id, turn_id, anchor_id, now),
+        )
+        conn.execute(
+            "DELETE FROM anchors WHERE bot = ? AND conversation_id = ? AND thread_id = ?"
+            " AND turn_id IN (SELECT turn_id FROM anchors WHERE bot = ? AND conversation_id = ?"
+            " AND thread_id = ? ORDER BY updated_at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+            (bot, conversation_id, thread_id, bot, conversation_id, thread_id, keep),
+        )
+
+
+def _get_anchor(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, thread_id: str, turn_id: str
+) -> str | None:
+    row = conn.execute(
+        "SELECT anchor_id FROM anchors WHERE bot = ? AND conversation_id = ? AND thread_id = ?"
+        " AND turn_id = ?",
+        (bot, conversation_id, thread_id, turn_id),
+    ).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _update_outbound(

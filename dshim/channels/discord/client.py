@@ -125,16 +125,18 @@ class RestClient:
         reply_to: str | None = None,
         nonce: str | None = None,
         retries: int | None = None,
+        ping: str | None = None,
     ) -> m.CreatedMessage:
-        """``POST /channels/{channel_id}/messages``: never pings anyone.
+        """``POST /channels/{channel_id}/messages``: never pings anyone but ``ping`` (a
+        user id whose ``<@id>`` the content carries: a substitute answer's asker).
 
         With ``reply_to`` the message is a reply that still posts when the target is gone
         (``fail_if_not_exists: false``).  A ``nonce`` makes a retried create idempotent.
         """
-        body: dict[str, Any] = {
-            "content": content,
-            "allowed_mentions": {"parse": [], "replied_user": False},
-        }
+        allowed: dict[str, Any] = {"parse": [], "replied_user": False}
+        if ping is not None:
+            allowed["users"] = [ping]
+        body: dict[str, Any] = {"content": content, "allowed_mentions": allowed}
         if reply_to is not None:
             body["message_reference"] = {"message_id": reply_to, "fail_if_not_exists": False}
         if nonce is not None:
@@ -147,6 +149,30 @@ class RestClient:
             json=body,
             decoder=m.created_decoder,
             retries=retries,
+        )
+
+    async def start_thread(
+        self, channel_id: str, message_id: str, name: str, *, retries: int | None = None
+    ) -> m.CreatedChannel:
+        """``POST /channels/{channel_id}/messages/{message_id}/threads``: a thread on a
+        message (its id is the message's)."""
+        return await self.request(
+            "POST",
+            "/channels/{channel_id}/messages/{message_id}/threads",
+            channel_id=channel_id,
+            message_id=message_id,
+            json={"name": name[:100] or "answer", "auto_archive_duration": 1440},
+            decoder=m.channel_decoder,
+            retries=retries,
+        )
+
+    async def open_dm(self, user_id: str) -> m.CreatedChannel:
+        """``POST /users/@me/channels``: the DM channel with a user (created if needed)."""
+        return await self.request(
+            "POST",
+            "/users/@me/channels",
+            json={"recipient_id": user_id},
+            decoder=m.channel_decoder,
         )
 
     async def edit_message(

@@ -38,6 +38,8 @@ class User(msgspec.Struct, kw_only=True, gc=False):
 
 class MentionedUser(msgspec.Struct, kw_only=True, gc=False):
     id: str
+    username: str = ""
+    global_name: str | None = None
 
 
 class Member(msgspec.Struct, kw_only=True, gc=False):
@@ -173,6 +175,12 @@ class ErrorBody(msgspec.Struct, kw_only=True, gc=False):
     global_: bool = msgspec.field(default=False, name="global")
 
 
+class CreatedChannel(msgspec.Struct, kw_only=True, gc=False):
+    """What dshim reads from a created channel (a thread, a DM channel)."""
+
+    id: str
+
+
 class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
     """What dshim reads from a created or edited message."""
 
@@ -182,6 +190,7 @@ class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
 
 
 frame_decoder = msgspec.json.Decoder(Frame)
+channel_decoder = msgspec.json.Decoder(CreatedChannel)
 hello_decoder = msgspec.json.Decoder(Hello)
 ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -86,11 +87,14 @@ from dshim.model import (
     InboundMessage,
     Loader,
     MediaRef,
+    Mention,
     ReplyReference,
     Skip,
 )
 
 CHANNEL = "discord"
+#: A user mention in message content: ``<@id>`` or the legacy nickname form ``<@!id>``.
+_USER_MENTION_RE = re.compile(r"<@!?(\d{1,20})>")
 API_VERSION = 10
 
 # Gateway opcodes (topics/opcodes-and-status-codes.mdx).
@@ -1048,6 +1052,7 @@ class MessageMapper:
             # A sticker, a poll, an embed, a bare mention: nothing to answer.
             return Skip(reason="ignored", detail="nothing for the agent", message_id=msg.id)
         received_at = parse_timestamp(msg.timestamp) or snowflake_time(msg.id) or 0.0
+        mentions = [] if forwarded else self._people_mentioned(msg, content)
         item = InboundMessage(
             channel=CHANNEL,
             bot_id=self.bot_id,
@@ -1064,10 +1069,28 @@ class MessageMapper:
             files=files,
             reply_to=reply_to,
             received_at=received_at,
+            mentions=mentions,
+            mentioned=mentioned,
         )
         if forwarded:
             item.forwarded = True
         return item
+
+    def _people_mentioned(self, msg: m.Message, content: str) -> list[Mention]:
+        """``<@id>`` / ``<@!id>`` in the (bot-mention-free) content, in text order, named
+        from ``mentions`` when Discord resolved them; the bot itself is never one."""
+        if "<@" not in content:
+            return []
+        known = {u.id: u for u in msg.mentions}
+        out: list[Mention] = []
+        for match in _USER_MENTION_RE.finditer(content):
+            uid = match.group(1)
+            if uid == self.bot_id:
+                continue
+            user = known.get(uid)
+            name = (user.global_name or user.username or None) if user is not None else None
+            out.append(Mention(ids={"id": uid}, name=name, text=match.group(0)))
+        return out
 
     def _strip_role_mentions(self, msg: m.Message, content: str) -> tuple[str, bool]:
         """``content`` without mentions of the bot's managed role, and whether it had one."""

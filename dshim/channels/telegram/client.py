@@ -114,14 +114,23 @@ class BotApiClient:
         sent: m.SentMessage = await self._result("sendMessage", params, m.SENT_DECODER)
         return sent
 
-    async def edit_message_text(self, chat_id: int, message_id: int, text: str) -> None:
+    async def edit_message_text(
+        self,
+        chat_id: int,
+        message_id: int,
+        text: str,
+        *,
+        entities: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Edit a text message; an edit that changes nothing is a success."""
-        params = {
+        params: dict[str, Any] = {
             "chat_id": chat_id,
             "message_id": message_id,
             "text": text,
             "link_preview_options": {"is_disabled": True},
         }
+        if entities:
+            params["entities"] = entities
         try:
             await self.call("editMessageText", params)
         except NotModified:

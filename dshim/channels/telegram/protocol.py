@@ -66,6 +66,7 @@ from dshim.model import (
     Fetcher,
     InboundMessage,
     MediaRef,
+    Mention,
     ReplyReference,
     Skip,
 )
@@ -121,15 +122,17 @@ def _entity_text(u16: bytes, span: tuple[int, int]) -> str | None:
 
 def _addressing(
     text: str, entities: list[m.MessageEntity] | None, me: BotIdentity
-) -> tuple[bool, str]:
-    """(addressed by an entity, text with the addressing mentions removed)."""
+) -> tuple[bool, str, list[Mention]]:
+    """(addressed by an entity, text with the addressing mentions removed, the other
+    people mentioned, in order)."""
     if not entities:
-        return False, text
+        return False, text, []
     u16 = text.encode("utf-16-le", "surrogatepass")
     username = (me.username or "").lstrip("@")
     handle = f"@{username}".lower() if username else None
     addressed = False
     remove: list[tuple[int, int]] = []
+    mentions: list[Mention] = []
     for entity in entities:
         span = _span(u16, entity)
         if span is None:
@@ -140,11 +143,18 @@ def _addressing(
             if handle is not None and word is not None and word.lower() == handle:
                 addressed = True
                 remove.append(span)
+            elif word is not None and len(word) > 1:
+                mentions.append(Mention(ids={"username": word[1:]}, text=word))
         elif entity.type == "text_mention":
             # A mention of a user without a username carries the user.
             if entity.user is not None and entity.user.id == me.id:
                 addressed = True
                 remove.append(span)
+            elif entity.user is not None:
+                word = _entity_text(u16, span)
+                mentions.append(
+                    Mention(ids={"id": str(entity.user.id)}, name=user_name(entity.user), text=word)
+                )
         elif entity.type == "bot_command":
             # "/cmd@username" is for this bot; the command text itself stays.
             word = _entity_text(u16, span)
@@ -153,8 +163,8 @@ def _addressing(
                 if at and "@" + target.lower() == handle:
                     addressed = True
     if not remove:
-        return addressed, text
-    return addressed, _remove_spans(u16, remove)
+        return addressed, text, mentions
+    return addressed, _remove_spans(u16, remove), mentions
 
 
 def _remove_spans(u16: bytes, spans: list[tuple[int, int]]) -> str:
@@ -379,7 +389,8 @@ def map_message(
         if msg.text is not None
         else (msg.caption or "", msg.caption_entities)
     )
-    by_entity, content = _addressing(text, entities, me)
+    by_entity, content, mentions = _addressing(text, entities, me)
+    forwarded = _is_forward(msg)
     replied = msg.reply_to_message
     by_reply = (
         replied is not None
@@ -416,7 +427,10 @@ def map_message(
         reply_to=reply_to,
         received_at=float(msg.date),
         conversation_title=chat.title,
-        forwarded=_is_forward(msg),
+        forwarded=forwarded,
+        # Someone else's words: their mentions trigger nothing here.
+        mentions=[] if forwarded else mentions,
+        mentioned=by_entity,
     )
 
 
@@ -666,6 +680,8 @@ def combine_album(parts: list[InboundMessage]) -> InboundMessage:
         addressed=any(p.addressed for p in parts),
         reply_to=next((p.reply_to for p in parts if p.reply_to is not None), None),
         forwarded=any(p.forwarded for p in parts),
+        mentions=[mention for p in parts for mention in p.mentions],
+        mentioned=any(p.mentioned for p in parts),
     )
 
 

@@ -62,17 +62,48 @@ class TelegramTransport:
         self._chat = int(target.conversation_id)
         self._thread = _int(target.thread_id)
         self._reply_to = _int(target.reply_to_message_id)
+        anchor = target.anchor
+        #: A substitute answer: placed by its own anchor, addressed to the asker.
+        self._mention: tuple[str, int] | None = None
+        self._mentioned_id: str | None = None
+        if anchor is not None:
+            self._reply_to = _int(anchor.message_id) if anchor.mode != "plain" else None
+            user = _int(anchor.mention_id)
+            if user is not None and user > 0:  # a person (a chat has a negative id)
+                self._mention = (" ".join((anchor.mention_name or "").split()) or "you", user)
 
     @property
     def chat_id(self) -> int:
         return self._outbound.current_chat(self._chat)
 
+    def _addressed(self, text: str) -> tuple[str, list[dict[str, Any]] | None]:
+        """The first message of a substitute answer starts with a ``text_mention`` of the
+        person who asked (when it still fits Telegram's limit)."""
+        if self._mention is None:
+            return text, None
+        name, user = self._mention
+        out = f"{name} {text}"
+        if utf16_len(out) > MAX_MESSAGE_UTF16:
+            return text, None
+        entity = {
+            "type": "text_mention",
+            "offset": 0,
+            "length": utf16_len(name),
+            "user": {"id": user},
+        }
+        return out, [entity]
+
     async def send(self, text: str, *, reply: bool) -> str:
+        entities = None
+        if self._mention is not None and self._mentioned_id is None:
+            text, entities = self._addressed(text)
         params: dict[str, Any] = {
             "chat_id": self.chat_id,
             "text": text,
             "link_preview_options": {"is_disabled": True},
         }
+        if entities:
+            params["entities"] = entities
         if self._thread is not None:
             params["message_thread_id"] = self._thread
         if reply and self._reply_to is not None:
@@ -87,6 +118,8 @@ class TelegramTransport:
             params["chat_id"] = exc.migrate_to_chat_id
             params.pop("reply_parameters", None)  # the original lives in the old chat
             sent = await self._send_to_thread(params)
+        if self._mention is not None and self._mentioned_id is None:
+            self._mentioned_id = str(sent.message_id)
         return str(sent.message_id)
 
     async def _send_to_thread(self, params: dict[str, Any]) -> SentMessage:
@@ -103,7 +136,10 @@ class TelegramTransport:
         return await self._client.send_message(params)
 
     async def edit(self, message_id: str, text: str) -> None:
-        await self._client.edit_message_text(self.chat_id, int(message_id), text)
+        entities = None
+        if message_id == self._mentioned_id:
+            text, entities = self._addressed(text)
+        await self._client.edit_message_text(self.chat_id, int(message_id), text, entities=entities)
 
     async def typing(self) -> None:
         await self._client.send_chat_action(self.chat_id, "typing", thread_id=self._thread)

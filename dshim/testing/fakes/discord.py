@@ -193,6 +193,13 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         "/channels/{channel_id}/typing",
         "_typing",
     ),
+    (
+        "POST",
+        re.compile(r"^/channels/(?P<channel>[^/]+)/messages/(?P<message>[^/]+)/threads$"),
+        "/channels/{channel_id}/messages/{message_id}/threads",
+        "_start_thread",
+    ),
+    ("POST", re.compile(r"^/users/@me/channels$"), "/users/@me/channels", "_open_dm"),
 ]
 
 
@@ -246,6 +253,8 @@ class FakeDiscord(FakePlatform[RestCall]):
                 "parent_id": self.text_channel,
             },
         }
+        #: user id -> DM channel id (``POST /users/@me/channels``)
+        self.dm_channels: dict[str, str] = {}
         # knobs
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.ack_heartbeats = True
@@ -401,6 +410,7 @@ class FakeDiscord(FakePlatform[RestCall]):
         attachments: list[dict[str, Any]] | None = None,
         forward: dict[str, Any] | None = None,
         stickers: list[str] | None = None,
+        mention_users: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """Build a MESSAGE_CREATE ``d`` as Discord sends it (and store the message).
 
@@ -413,6 +423,7 @@ class FakeDiscord(FakePlatform[RestCall]):
         ``forward`` (a stored message) makes it a forward of that message: a reference of
         type 1 and its text and attachments in ``message_snapshots`` (no author), the
         content empty as Discord sends it.  ``stickers`` are sticker names.
+        ``mention_users`` (users whose ``<@id>`` the content carries) go into ``mentions``.
         """
         chan = self.channels[channel_id]
         author = author or self.user
@@ -433,7 +444,8 @@ class FakeDiscord(FakePlatform[RestCall]):
             "edited_timestamp": None,
             "tts": False,
             "mention_everyone": False,
-            "mentions": [dict(self.bot_user)] if mention_bot else [],
+            "mentions": ([dict(self.bot_user)] if mention_bot else [])
+            + [dict(u) for u in mention_users or []],
             "mention_roles": [mention_role] if mention_role is not None else [],
             "attachments": attachments or [],
             "embeds": [],
@@ -915,6 +927,8 @@ class FakeDiscord(FakePlatform[RestCall]):
                 return json_response(self.messages[existing])
         chan = self.channels[channel]
         now = time.time()
+        allowed = body.get("allowed_mentions")
+        pinged = allowed.get("users", []) if isinstance(allowed, dict) else []
         msg: dict[str, Any] = {
             "id": snowflake(now),
             "type": 0,
@@ -925,7 +939,7 @@ class FakeDiscord(FakePlatform[RestCall]):
             "edited_timestamp": None,
             "tts": False,
             "mention_everyone": False,
-            "mentions": [],
+            "mentions": [{"id": u} for u in pinged if f"<@{u}>" in content],
             "mention_roles": [],
             "attachments": [],
             "embeds": [],
@@ -976,6 +990,42 @@ class FakeDiscord(FakePlatform[RestCall]):
             msg["edited_timestamp"] = iso_now()
             self.edits.setdefault(message, []).append(content)
         return json_response(msg)
+
+    def _start_thread(self, body: Any, channel: str, message: str) -> Response:
+        """A thread on a message: a public thread whose id is the message's id."""
+        parent = self.channels.get(channel)
+        target = self.messages.get(message)
+        if parent is None or target is None or target["channel_id"] != channel:
+            return _error(404, 10008, "Unknown Message")
+        if parent["type"] in (10, 11, 12):
+            return _error(400, 50024, "Cannot execute action on this channel type")
+        if message in self.channels:
+            return _error(400, 160004, "A thread has already been created for this message")
+        name = body.get("name") if isinstance(body, dict) else None
+        if not isinstance(name, str) or not 1 <= len(name) <= 100:
+            return _error(400, 50035, "Invalid Form Body (name)")
+        thread: dict[str, Any] = {
+            "id": message,
+            "type": 11,
+            "parent_id": channel,
+            "name": name,
+        }
+        if "guild_id" in parent:
+            thread["guild_id"] = parent["guild_id"]
+        self.channels[message] = thread
+        return json_response(thread)
+
+    def _open_dm(self, body: Any) -> Response:
+        """The DM channel with a user (one per user)."""
+        recipient = body.get("recipient_id") if isinstance(body, dict) else None
+        if not isinstance(recipient, str) or not recipient.isdigit():
+            return _error(400, 50035, "Invalid Form Body (recipient_id)")
+        channel_id = self.dm_channels.get(recipient)
+        if channel_id is None:
+            channel_id = snowflake()
+            self.dm_channels[recipient] = channel_id
+            self.channels[channel_id] = {"id": channel_id, "type": 1}
+        return json_response({"id": channel_id, "type": 1, "recipients": [{"id": recipient}]})
 
     def _typing(self, body: Any, channel: str) -> Response:
         if channel not in self.channels:

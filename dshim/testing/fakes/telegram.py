@@ -725,6 +725,9 @@ class FakeTelegram(FakePlatform[Call]):
         chat = self._chat_for(params)
         text = self._check_text(params.get("text"))
         fields: dict[str, Any] = {"from": self.bot, "text": text}
+        entities = _json_param(params, "entities")
+        if isinstance(entities, list) and entities:
+            fields["entities"] = entities
         thread = _int_param(params, "message_thread_id")
         if thread is not None:
             if chat.data.get("is_forum") and thread not in chat.topics:
@@ -758,6 +761,11 @@ class FakeTelegram(FakePlatform[Call]):
         if text == msg.data["text"]:
             raise ApiError(400, NOT_MODIFIED)
         msg.data["text"] = text
+        entities = _json_param(params, "entities")
+        if isinstance(entities, list) and entities:
+            msg.data["entities"] = entities
+        else:
+            msg.data.pop("entities", None)
         msg.data["edit_date"] = int(self.clock())
         msg.history.append(text)
         msg.edited_at.append(trio.current_time())
