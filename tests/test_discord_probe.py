@@ -124,3 +124,27 @@ async def test_probe_fails_on_gateway_close_4004_and_when_no_identify_is_left(
     assert code == 1
     assert row(rows, "disco: gateway info").result == "fail"
     assert len(fake.identifies) == 1  # the second probe did not identify
+
+
+async def test_substitute_rows_check_each_target_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_discord(heartbeat_interval_ms=5000) as fake:
+            monkeypatch.setenv("DISCORD_BOT_TOKEN", fake.token)
+            olga = fake.make_user("olga", global_name="Olga")
+            fake.known_users[olga["id"]] = olga
+            config = write_config(tmp_path, fake)
+            with config.open("a", encoding="utf-8") as f:
+                f.write(
+                    "message_content = false\n[bots.substitute]\nenabled = true\n"
+                    f'targets = [{{name = "Olga", id = "{olga["id"]}"}},'
+                    ' {name = "Ghost", id = "123456789012345678"}, {name = "Name", username = "x"}]\n'
+                )
+            rows, code = await _probe(config, tmp_path / "data", None, False)
+    assert row(rows, "disco: substitute: group messages").result == "warn"
+    ok = row(rows, "disco: substitute target Olga")
+    assert (ok.result, ok.detail) == ("ok", f"Olga (id {olga['id']})")
+    assert row(rows, "disco: substitute target Ghost").result == "warn"
+    assert "never matches" in row(rows, "disco: substitute target Name").detail
+    assert code == 0

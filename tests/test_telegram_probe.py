@@ -186,3 +186,30 @@ async def test_cli_prints_the_table_and_exits_by_the_result(tmp_path: Path) -> N
     assert bad_code == 1 and "fail" in bad_output
     for text in (output, bad_output):
         assert TEST_TOKEN not in text and SECRET_PART not in text
+
+
+async def test_substitute_rows_warn_about_privacy_mode_and_check_targets(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_telegram() as fake:
+            group = fake.group_chat(-100123, "Ops")
+            fake.user_message(group, FakeTelegram.user(777, "Olga"), "hello")
+            fake.members[(-100123, 778)] = "left"
+            path = write_config(tmp_path, fake.url)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(
+                    "[bots.substitute]\nenabled = true\nchats = [-100123]\n"
+                    'targets = [{name = "Olga", id = 777}, {name = "Gone", id = 778},'
+                    ' {username = "someone"}]\n'
+                )
+            rows, code = await _probe(path, None, "tg", False)
+            by, table = rows_by_check(rows), format_table(rows)
+    assert by["tg: substitute: group messages"].result == "warn"
+    assert "privacy mode is on" in by["tg: substitute: group messages"].detail
+    assert by["tg: substitute target Olga"].result == "ok"
+    assert "-100123: member" in by["tg: substitute target Olga"].detail
+    assert by["tg: substitute target Gone"].result == "warn"
+    assert by["tg: substitute target @someone"].result == "ok"
+    assert "resolves no username" in by["tg: substitute target @someone"].detail
+    assert code == 0 and TEST_TOKEN not in table

@@ -73,7 +73,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 import msgspec
 import trio
 
-from dshim.config import BotConfig, ChannelSettings, Secret
+from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
 from dshim.model import InboundMessage, Skip, Verdict
 from dshim.outbound import InteractionPrompt, Outbound, ReplyStream
 from dshim.store.base import LoggedMessage, OutboundEntry
@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BotConfig",
+    "SubstituteTarget",
     "BotHost",
     "Channel",
     "ChannelSettings",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random as _random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import msgspec
 import structlog
@@ -277,15 +277,51 @@ async def probe(rows: ProbeRows) -> None:
             )
             return created.id
 
+        async def message_content() -> tuple[ProbeResult, str]:
+            if settings.message_content:
+                return "ok", (
+                    "the MESSAGE_CONTENT intent is requested (enable it in the Developer "
+                    "Portal, or the gateway closes with 4014)"
+                )
+            return "warn", (
+                "message_content = false: guild messages that only mention a substitute "
+                "target arrive without text, so they never trigger"
+            )
+
+        def target_check(user_id: str) -> Callable[[], Awaitable[tuple[ProbeResult, str]]]:
+            async def run() -> tuple[ProbeResult, str]:
+                try:
+                    user = await rest.get_user(user_id)
+                except NotFound:
+                    return "warn", f"no Discord user {user_id}: this target never matches"
+                return "ok", f"{user.global_name or user.username} (id {user.id})"
+
+            return run
+
+        checks = [
+            Check("gateway info", gateway_info),
+            Check("gateway", ready, timeout_s=PROBE_READY_TIMEOUT_S),
+        ]
+        sub = rows.bot.substitute
+        if sub.enabled:
+            checks.append(Check("substitute: group messages", message_content))
+            for target in sub.targets:
+                label = f"substitute target {target.name or target.prompt_id()}"
+                tid = target.id if isinstance(target.id, str) and target.id.isdigit() else None
+                if tid is None:
+                    checks.append(Check(label, _no_discord_id))
+                else:
+                    checks.append(Check(label, target_check(tid)))
         await rows.standard(
             credentials="token present",
             identity=identity,
-            checks=[
-                Check("gateway info", gateway_info),
-                Check("gateway", ready, timeout_s=PROBE_READY_TIMEOUT_S),
-            ],
+            checks=checks,
             send_test=send_test,
         )
+
+
+async def _no_discord_id() -> tuple[ProbeResult, str]:
+    return "warn", "no Discord user id (a snowflake): this target never matches here"
 
 
 #: key, settings, run, replay adapter, probe (see ChannelSpec).

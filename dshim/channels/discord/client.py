@@ -103,6 +103,12 @@ class RestClient:
         """``GET /users/@me``: the bot's own user (identity check)."""
         return await self.request("GET", "/users/@me", decoder=m.user_decoder)
 
+    async def get_user(self, user_id: str) -> m.User:
+        """``GET /users/{user_id}``: a user (substitute targets in probe)."""
+        return await self.request(
+            "GET", "/users/{user_id}", user_id=user_id, decoder=m.user_decoder
+        )
+
     async def get_gateway_bot(self) -> m.GatewayBot:
         """``GET /gateway/bot``: the gateway URL and the identify budget."""
         return await self.request("GET", "/gateway/bot", decoder=m.gateway_bot_decoder)

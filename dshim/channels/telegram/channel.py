@@ -16,6 +16,7 @@ loop never spins.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -33,6 +34,7 @@ from dshim.channels.base import (
     ProbeRows,
     ReplaySource,
     Secret,
+    SubstituteTarget,
 )
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
@@ -239,12 +241,61 @@ async def probe(rows: ProbeRows) -> None:
             )
             return str(sent.message_id)
 
+        async def group_messages() -> tuple[ProbeResult, str]:
+            me = await client.get_me()
+            if me.can_read_all_group_messages:
+                return "ok", "privacy mode is off: group messages that mention a target arrive"
+            return "warn", (
+                "privacy mode is on: group messages that only mention a substitute target "
+                "never reach the bot (turn it off with @BotFather /setprivacy, then re-add "
+                "the bot to its groups)"
+            )
+
+        checks = [Check("getWebhookInfo", webhook), Check("getUpdates", poll_once)]
+        sub = rows.bot.substitute
+        if sub.enabled:
+            checks.append(Check("substitute: group messages", group_messages))
+            for target in sub.targets:
+                checks.append(
+                    Check(
+                        f"substitute target {target.name or target.prompt_id()}",
+                        _target_check(client, target, sub.chats),
+                    )
+                )
         await rows.standard(
             credentials=f"token present and well-formed (bot id {token_bot_id(token)})",
             identity=identity,
-            checks=[Check("getWebhookInfo", webhook), Check("getUpdates", poll_once)],
+            checks=checks,
             send_test=send_test,
         )
+
+
+def _target_check(
+    client: BotApiClient, target: SubstituteTarget, chats: list[str | int]
+) -> Callable[[], Awaitable[tuple[ProbeResult, str]]]:
+    """A target's probe row: its membership of the allowed chats, where Telegram can say."""
+
+    async def run() -> tuple[ProbeResult, str]:
+        user = target.id if isinstance(target.id, str) and target.id.lstrip("-").isdigit() else None
+        if user is None:
+            return "ok", (
+                f"matched by @{target.username} (Telegram resolves no username to a user id)"
+                if target.username
+                else "no Telegram id or username: never matches here"
+            )
+        if not chats:
+            return "ok", f"user {user}; list substitute.chats to check membership"
+        found: list[str] = []
+        for chat in chats:
+            try:
+                status = await client.get_chat_member(int(str(chat)), int(user))
+            except (ChannelError, ValueError) as exc:
+                return "warn", f"user {user} in chat {chat}: {exc}"
+            found.append(f"{chat}: {status}")
+        absent = [f for f in found if f.endswith((": left", ": kicked"))]
+        return ("warn" if absent else "ok"), f"user {user}: " + ", ".join(found)
+
+    return run
 
 
 def _origin(url: str) -> str:

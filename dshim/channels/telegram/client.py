@@ -97,6 +97,13 @@ class BotApiClient:
         me: m.Me = await self._result("getMe", None, m.ME_DECODER)
         return me
 
+    async def get_chat_member(self, chat_id: int, user_id: int) -> str:
+        """A user's status in a chat (``member``, ``administrator``, ``left`` ...)."""
+        member: m.ChatMember = await self._result(
+            "getChatMember", {"chat_id": chat_id, "user_id": user_id}, m.CHAT_MEMBER_DECODER
+        )
+        return member.status
+
     async def get_webhook_info(self) -> m.WebhookInfo:
         info: m.WebhookInfo = await self._result("getWebhookInfo", None, m.WEBHOOK_DECODER)
         return info

@@ -153,6 +153,12 @@ class ResponseParameters(_View):
     migrate_to_chat_id: int | None = None
 
 
+class ChatMember(_View):
+    """``getChatMember``'s result: only the status is read."""
+
+    status: str = "unknown"
+
+
 class Envelope(_View):
     """Every Bot API response; ``result`` is decoded per method."""
 
@@ -190,3 +196,4 @@ ME_DECODER = msgspec.json.Decoder(Me)
 SENT_DECODER = msgspec.json.Decoder(SentMessage)
 FILE_DECODER = msgspec.json.Decoder(File)
 WEBHOOK_DECODER = msgspec.json.Decoder(WebhookInfo)
+CHAT_MEMBER_DECODER = msgspec.json.Decoder(ChatMember)

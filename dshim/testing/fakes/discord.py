@@ -200,6 +200,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         "_start_thread",
     ),
     ("POST", re.compile(r"^/users/@me/channels$"), "/users/@me/channels", "_open_dm"),
+    ("GET", re.compile(r"^/users/(?P<user>\d+)$"), "/users/{user_id}", "_get_user"),
 ]
 
 
@@ -255,6 +256,8 @@ class FakeDiscord(FakePlatform[RestCall]):
         }
         #: user id -> DM channel id (``POST /users/@me/channels``)
         self.dm_channels: dict[str, str] = {}
+        #: user id -> user object, for ``GET /users/{id}``
+        self.known_users: dict[str, dict[str, Any]] = {}
         # knobs
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.ack_heartbeats = True
@@ -1014,6 +1017,21 @@ class FakeDiscord(FakePlatform[RestCall]):
             thread["guild_id"] = parent["guild_id"]
         self.channels[message] = thread
         return json_response(thread)
+
+    def _get_user(self, body: Any, user: str) -> Response:
+        """A user the fake knows: the default user, the authors and mentions it saw, or
+        :attr:`known_users`."""
+        found = self.known_users.get(user)
+        if found is None and user == self.user["id"]:
+            found = self.user
+        if found is None:
+            for msg in self.messages.values():
+                for u in [msg.get("author") or {}, *msg.get("mentions", [])]:
+                    if u.get("id") == user:
+                        found = u
+        if found is None:
+            return _error(404, 10013, "Unknown User")
+        return json_response(found)
 
     def _open_dm(self, body: Any) -> Response:
         """The DM channel with a user (one per user)."""

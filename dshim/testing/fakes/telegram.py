@@ -186,6 +186,8 @@ class FakeTelegram(FakePlatform[Call]):
         self.commands: list[dict[str, Any]] = []
         self.allowed_updates: list[str] | None = None
         self.chats: dict[int, FakeChat] = {}
+        #: (chat id, user id) -> getChatMember status (else: "member" if they wrote there)
+        self.members: dict[tuple[int, int], str] = {}
         self.files: dict[str, tuple[str, bytes]] = {}
         self._updates: list[tuple[int, dict[str, Any] | bytes]] = []
         self._next_update_id = first_update_id
@@ -771,6 +773,20 @@ class FakeTelegram(FakePlatform[Call]):
         msg.edited_at.append(trio.current_time())
         return msg.data
 
+    async def _get_chat_member(self, params: dict[str, Any]) -> Any:
+        """A member is whoever :attr:`members` says, or anyone who wrote in the chat."""
+        chat = self._chat_for(params)
+        user = _int_param(params, "user_id")
+        if user is None:
+            raise ApiError(400, "Bad Request: user_id is required")
+        status = self.members.get((chat.id, user))
+        if status is None:
+            wrote = any(m.data.get("from", {}).get("id") == user for m in chat.messages.values())
+            if not wrote:
+                raise ApiError(400, "Bad Request: user not found")
+            status = "member"
+        return {"status": status, "user": {"id": user, "is_bot": False, "first_name": "?"}}
+
     async def _send_chat_action(self, params: dict[str, Any]) -> Any:
         self._chat_for(params)
         if not params.get("action"):
@@ -842,6 +858,7 @@ _METHODS = {
     "editmessagetext": FakeTelegram._edit_message_text,
     "sendchataction": FakeTelegram._send_chat_action,
     "getfile": FakeTelegram._get_file,
+    "getchatmember": FakeTelegram._get_chat_member,
 }
 
 
