@@ -597,13 +597,24 @@ async def test_lane_overflow_gets_a_visible_busy_reply(
     autojump_clock: object, tmp_path: Path
 ) -> None:
     async with open_rig(tmp_path, lanes={"max_queue": 2}) as rig:
-        await rig.rt.accept(msg("echo:slow 4"))
-        await trio.sleep(0.1)
+        await rig.rt.accept(msg("echo:slow 10"))
+        await trio.sleep(1.5)  # the agent has been at it for 1.5 s: it is slow
         for i in range(3):
             await rig.rt.accept(msg(f"q{i}"))
         await rig.rt.wait_idle()
     assert rig.texts.count(BUSY_TEXT) == 1
     assert len(rig.events.prompts) == 3  # the slow one + 2 queued
+
+
+async def test_a_burst_is_queued_beyond_the_bound_while_the_agent_keeps_up(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    async with open_rig(tmp_path, lanes={"max_queue": 2}) as rig:
+        for i in range(30):  # a restart backlog or a fast burst from one chat
+            await rig.rt.accept(msg(f"b{i}"))
+        await rig.rt.wait_idle()
+    assert BUSY_TEXT not in rig.texts
+    assert [p.split("\n\n")[-1] for p in rig.texts] == [f"b{i}" for i in range(30)]
 
 
 async def test_idle_lane_exits_after_ten_minutes(autojump_clock: object, tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ What an agent would see is visible in the chat, which makes it the harness of te
 replay and a fresh install.  Directives in the *current* text (the last text part):
 
 - ``echo:slow N``   stream N deltas 0.5 s apart (for /stop and shutdown tests)
+- ``echo:sleep S``  wait S seconds (up to 60), then answer at once (a slow agent, for
+  benchmarks of head-of-line blocking)
 - ``echo:fail``     end the turn with an error
 - ``echo:approval`` ask for approval (allow once / allow always / reject) and answer with
   the decision that came back
@@ -38,6 +40,7 @@ from dshim.model import (
 
 DELTA_MAX = 64
 _SLOW = re.compile(r"^echo:slow\s+(\d{1,4})\b")
+_SLEEP = re.compile(r"^echo:sleep\s+(\d{1,2}(?:\.\d{1,3})?)\b")
 
 APPROVAL_OPTIONS = [
     Option(id="allow_once", label="Allow once", kind="allow_once"),
@@ -121,6 +124,9 @@ class EchoHarness:
                 yield TextDelta("Answer: (none, the question was cancelled)")
             yield TurnEnd()
             return
+        pause = _SLEEP.match(current)
+        if pause:
+            await trio.sleep(min(60.0, float(pause.group(1))))
         m = _SLOW.match(current)
         if m:
             n = max(1, int(m.group(1)))

@@ -1,5 +1,11 @@
 """Step 6: conversation lanes — one turn at a time per (conversation, thread), FIFO, bounded.
 
+The bound (``[bots.lanes] max_queue``) is for slow agents: a lane whose running turn has
+taken :data:`SLOW_TURN_S` or longer refuses an item beyond ``max_queue`` (the user gets
+"busy").  While the agent keeps up — a burst from one chat, a restart backlog — items
+beyond ``max_queue`` are queued, up to :data:`MAX_BACKLOG` per lane; they are in the
+durable inbox already, so memory is the only thing this protects.
+
 A lane is a bounded memory channel plus one worker task in the bot's nursery.  The worker
 runs each item in its own cancel scope (so ``/stop`` cancels exactly the running turn and
 leaves the queue alone) and exits after ``idle_exit_s`` without work.  Creating and
@@ -25,6 +31,11 @@ LaneKey = tuple[str, str]
 Handler = Callable[[Any, "Lane"], Awaitable[None]]
 StopReason = Literal["user", "shutdown"]
 
+#: A running turn this old means the agent is slow: the lane bound applies.
+SLOW_TURN_S = 1.0
+#: Items a lane holds at most, however fast its turns are.
+MAX_BACKLOG = 1000
+
 
 class LaneItem(msgspec.Struct, kw_only=True):
     """One unit of work on a conversation lane: a turn, or a ``/new``."""
@@ -44,7 +55,10 @@ class Lane:
 
     def __init__(self, key: LaneKey, max_queue: int) -> None:
         self.key = key
-        self.send, self.receive = trio.open_memory_channel[Any](max_queue)
+        self.max_queue = max_queue
+        self.send, self.receive = trio.open_memory_channel[Any](max(max_queue, MAX_BACKLOG))
+        #: When the running item started (trio time; None: idle).
+        self.started_at: float | None = None
         #: Cancels the running item's stoppable part (/stop).
         self.stop_scope: trio.CancelScope | None = None
         #: Why it was cancelled: ``"user"`` (/stop) or ``"shutdown"`` (the grace ended).
@@ -54,6 +68,16 @@ class Lane:
     @property
     def queued(self) -> int:
         return self.send.statistics().current_buffer_used
+
+    def full(self) -> bool:
+        """Refuse the next item?  Only beyond ``max_queue`` while the agent is slow."""
+        queued = self.queued
+        if queued < self.max_queue:
+            return False
+        if queued >= max(self.max_queue, MAX_BACKLOG):
+            return True
+        started = self.started_at
+        return started is not None and trio.current_time() - started >= SLOW_TURN_S
 
     def stop(self, reason: StopReason = "user") -> bool:
         """Cancel the running item's stoppable part.  True when something was running."""
@@ -97,6 +121,8 @@ class LaneSet:
             lane = Lane(key, self._max_queue)
             self._lanes[key] = lane
             self._nursery.start_soon(self._work, lane, name=f"lane:{key[0]}:{key[1]}")
+        if lane.full():
+            return False
         try:
             lane.send.send_nowait(item)
         except trio.WouldBlock:
@@ -133,6 +159,7 @@ class LaneSet:
                     log.debug("lane_idle_exit", conversation=lane.key[0], thread=lane.key[1])
                     return
             lane.running = item
+            lane.started_at = trio.current_time()
             self._running += 1
             if self._none_running.is_set():
                 self._none_running = trio.Event()
@@ -140,6 +167,7 @@ class LaneSet:
                 await self._handler(item, lane)
             finally:
                 lane.running = None
+                lane.started_at = None
                 lane.stop_scope = None
                 lane.stop_reason = None
                 self._running -= 1

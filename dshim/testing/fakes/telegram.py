@@ -200,6 +200,8 @@ class FakeTelegram(FakePlatform[Call]):
         self._lost = FaultQueue()
         self._poll_terminate = trio.Event()
         self._poll_drop = trio.Event()
+        #: Called with every message the bot sends (benchmarks account replies with it).
+        self.on_bot_message: Callable[[FakeMessage], None] | None = None
 
     # -- where it listens -----------------------------------------------------------------
 
@@ -343,6 +345,8 @@ class FakeTelegram(FakePlatform[Call]):
         data = {"message_id": mid, **fields, "chat": chat.data, "date": int(self.clock())}
         msg = FakeMessage(data, from_bot=from_bot, at=trio.current_time())
         chat.messages[mid] = msg
+        if from_bot and self.on_bot_message is not None:
+            self.on_bot_message(msg)
         return msg
 
     def _entities(self, text: str) -> list[dict[str, Any]]:

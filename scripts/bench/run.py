@@ -1,0 +1,506 @@
+#!/usr/bin/env python3
+"""The side-by-side benchmark suite: dshim next to python-telegram-bot, aiogram and
+nonebot2 against one fake Bot API, each candidate in its own process.
+
+Usage::
+
+    python scripts/bench/run.py                 # every scenario, 3 repetitions
+    python scripts/bench/run.py --quick         # 1 repetition, smaller counts
+    python scripts/bench/run.py --only B1,B2 --candidates dshim,ptb
+
+The peers are installed by the suite itself into their own venvs under ``.bench/venvs``
+(benchmark-only dependencies, never dshim's): python-telegram-bot 22.x, aiogram 3,
+nonebot2 + nonebot-adapter-telegram with the aiohttp driver.  ``--no-install`` uses what
+is there.  The fake is dshim's own ``FakeTelegram`` in its own process
+(``scripts/bench/fake_telegram.py``), which counts the replies.
+
+Scenarios:
+
+* **B1 saturated**: 4,000 text updates (~2.1 KB each) available at once, over 200 chats and
+  over 1 chat; events/s from release to the last reply, CPU ms per event (the candidate's
+  utime+stime from ``/proc`` between release and the last reply, after an idle hold),
+  peak RSS (``VmHWM``), duplicates, per-chat order.
+* **B1 paced**: 50 / 200 / 500 updates/s over 200 chats; p50/p99 latency from an update's
+  availability to its reply.
+* **B2 head-of-line**: a 2 s agent; 20 chats send one message each and one of them 3 more;
+  the time until every chat had an answer (ideal ~2 s) and per-chat order; uniform 2 s
+  and varied 1-3 s latencies.
+* **idle**: RSS and CPU after 10 s idle; startup: process start to the first getUpdates.
+
+Every run is bounded in count and time; three repetitions give the median and the spread
+(min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = Path(__file__).resolve().parent
+VENVS = ROOT / ".bench" / "venvs"
+TOKEN = "123456:TEST-token-for-the-fake-only"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+PEERS: dict[str, tuple[str, list[str], str]] = {
+    # name: (venv, pip specs, script)
+    "ptb": ("ptb", ["python-telegram-bot~=22.0"], "ptb_echo.py"),
+    "aiogram": ("aiogram", ["aiogram~=3.0"], "aiogram_echo.py"),
+    "nonebot": (
+        "nonebot",
+        ["nonebot2[aiohttp]~=2.4", "nonebot-adapter-telegram"],
+        "nonebot_echo.py",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    version: str = ""
+
+
+def venv_python(venv: str) -> Path:
+    return VENVS / venv / "bin" / "python"
+
+
+def ensure_peers(names: set[str], install: bool) -> dict[str, str]:
+    """Create the peers' venvs (when missing) and return their versions."""
+    versions: dict[str, str] = {}
+    for venv, specs, _ in [PEERS[n] for n in sorted(names) if n in PEERS]:
+        py = venv_python(venv)
+        if not py.exists():
+            if not install:
+                raise SystemExit(
+                    f"{venv}: no venv at {py.parent.parent} (run without --no-install)"
+                )
+            print(f"installing {' '.join(specs)} into .bench/venvs/{venv} ...", flush=True)
+            subprocess.run([sys.executable, "-m", "venv", str(py.parent.parent)], check=True)
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *specs],
+                check=True,
+            )
+        dist = specs[0].split("[")[0].split("~")[0].split("=")[0]
+        out = subprocess.run(
+            [str(py), "-c", f"import importlib.metadata as m; print(m.version({dist!r}))"],
+            capture_output=True,
+            text=True,
+        )
+        versions[venv] = f"{dist} {out.stdout.strip() or '?'}"
+    return versions
+
+
+def dshim_version() -> str:
+    sys.path.insert(0, str(ROOT))
+    import dshim
+
+    return f"dshim {dshim.__version__}"
+
+
+def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> list[Candidate]:
+    out: list[Candidate] = []
+    for name in selected:
+        if name == "dshim":
+            out.append(
+                Candidate(
+                    "dshim",
+                    [sys.executable, "-m", "dshim", "--config", "{config}", "serve"],
+                    version=dshim_version(),
+                )
+            )
+        elif name in ("ptb", "ptb-c8"):
+            env = {"BENCH_CONCURRENT": "8"} if name == "ptb-c8" else {}
+            out.append(
+                Candidate(
+                    name,
+                    [str(venv_python("ptb")), str(BENCH / "peers" / "ptb_echo.py")],
+                    env,
+                    versions.get("ptb", ""),
+                )
+            )
+        elif name in PEERS:
+            venv, _, script = PEERS[name]
+            out.append(
+                Candidate(
+                    name,
+                    [str(venv_python(venv)), str(BENCH / "peers" / script)],
+                    version=versions.get(venv, ""),
+                )
+            )
+        else:
+            raise SystemExit(f"unknown candidate {name!r}")
+    return out
+
+
+def dshim_config(workdir: Path, api: str, *, bots: int = 1, apis: list[str] | None = None) -> Path:
+    """A dshim.toml with ``bots`` Telegram bots (echo harness, no HTTP endpoint)."""
+    lines = [
+        "[dshim]",
+        f'data_dir = "{workdir / "data"}"',
+        "",
+        "[http]",
+        "enabled = false",
+        "",
+        "[harness]",
+        'kind = "echo"',
+    ]
+    for i in range(bots):
+        base = (apis or [api])[i % len(apis or [api])]
+        lines += [
+            "",
+            "[[bots]]",
+            f'name = "tg{i}"',
+            'channel = "telegram"',
+            'token = "${BENCH_TOKEN}"',
+            f'api_base = "{base}"',
+        ]
+    path = workdir / "dshim.toml"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime of a process (all its threads), in seconds."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def rss_mb(pid: int, key: str = "VmHWM") -> float:
+    with open(f"/proc/{pid}/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def read_line(stream: IO[str], deadline: float) -> dict[str, Any]:
+    """The next JSON line from the fake (it bounds its own run; this only guards hangs)."""
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the fake said nothing in time")
+        line = stream.readline()
+        if not line:
+            raise RuntimeError("the fake exited early")
+        line = line.strip()
+        if line.startswith("{"):
+            obj: dict[str, Any] = json.loads(line)
+            if "error" in obj:
+                raise RuntimeError(f"the fake: {obj['error']}")
+            return obj
+
+
+def start_fake(args: list[str]) -> tuple[subprocess.Popen[str], str]:
+    fake = subprocess.Popen(
+        [sys.executable, str(BENCH / "fake_telegram.py"), "--token", TOKEN, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert fake.stdout is not None
+    url = read_line(fake.stdout, time.monotonic() + 30)["url"]
+    return fake, str(url)
+
+
+def start_candidate(
+    cand: Candidate, workdir: Path, api: str, **config: Any
+) -> subprocess.Popen[str]:
+    env = {**os.environ, "BENCH_API": api, "BENCH_TOKEN": TOKEN, **cand.env}
+    env.pop("DSHIM_HTTP_LISTEN", None)
+    argv = [a.replace("{config}", str(dshim_config(workdir, api, **config))) for a in cand.argv]
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def run_once(cand: Candidate, fake_args: list[str], timeout: float) -> dict[str, Any]:
+    """One candidate against one fresh fake: the fake's figures plus CPU and RSS."""
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        fake, url = start_fake([*fake_args, "--timeout", str(timeout)])
+        spawned = time.perf_counter()
+        proc = start_candidate(cand, workdir, url)
+        try:
+            assert fake.stdout is not None
+            limit = time.monotonic() + timeout + 60
+            first = read_line(fake.stdout, limit)
+            released = read_line(fake.stdout, limit)
+            cpu0 = cpu_s(proc.pid)
+            done = read_line(fake.stdout, limit)["done"]
+            cpu1 = cpu_s(proc.pid)
+            done["cpu_ms_per_event"] = (cpu1 - cpu0) * 1000 / max(1, done["replies"])
+            done["peak_rss_mb"] = rss_mb(proc.pid)
+            done["startup_ms"] = (first["first_poll"] - spawned) * 1000
+            del released
+            return done
+        finally:
+            stop(proc)
+            stop(fake)
+
+
+# -- reporting -----------------------------------------------------------------------------
+
+
+def med(values: list[float]) -> tuple[float, float, float]:
+    clean = [v for v in values if v == v]  # NaN-free
+    if not clean:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(clean), min(clean), max(clean)
+
+
+def fmt(values: list[float], digits: int = 0) -> str:
+    m, lo, hi = med(values)
+    if m != m:
+        return "—"
+    if len(values) == 1:
+        return f"{m:,.{digits}f}"
+    return f"{m:,.{digits}f} ({lo:,.{digits}f}–{hi:,.{digits}f})"
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    print(f"\n### {title}\n")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def ratio_row(name: str, figures: dict[str, list[float]], key: str, higher_is_better: bool) -> str:
+    mine = med(figures.get("dshim", [float("nan")]))[0]
+    theirs = med(figures.get(name, [float("nan")]))[0]
+    if name == "dshim" or mine != mine or theirs != theirs or theirs == 0:
+        return "—"
+    r = mine / theirs
+    return f"{r:.2f}x"
+
+
+# -- scenarios -----------------------------------------------------------------------------
+
+
+def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> None:
+    args = ["--updates", str(n), "--chats", "1" if one_chat else "200"]
+    if one_chat:
+        args.append("--one-chat")
+    results: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cands}
+    for rep in range(reps):
+        for cand in cands:  # interleaved: drift hits everyone alike
+            r = run_once(cand, args, timeout=180)
+            results[cand.name].append(r)
+            print(
+                f"  B1 {'1 chat' if one_chat else '200 chats'} rep {rep + 1} {cand.name}: "
+                f"{r['replies']}/{n} in {r['elapsed_s']:.2f} s",
+                flush=True,
+            )
+    eps = {k: [r["replies"] / r["elapsed_s"] for r in v] for k, v in results.items()}
+    cpu = {k: [r["cpu_ms_per_event"] for r in v] for k, v in results.items()}
+    rows = []
+    for cand in cands:
+        v = results[cand.name]
+        rows.append(
+            [
+                cand.name,
+                fmt(eps[cand.name]),
+                fmt(cpu[cand.name], 2),
+                fmt([r["peak_rss_mb"] for r in v]),
+                str(sum(r["duplicates"] for r in v)),
+                "yes" if all(r["in_order"] for r in v) else "NO",
+                str(min(r["replies"] for r in v)) + f"/{n}",
+                ratio_row(cand.name, eps, "eps", True),
+                ratio_row(cand.name, cpu, "cpu", False),
+            ]
+        )
+    table(
+        f"B1 saturated echo, {n} updates, {'1 chat' if one_chat else '200 chats'}",
+        [
+            "candidate",
+            "events/s",
+            "CPU ms/event",
+            "peak RSS MB",
+            "dupes",
+            "order",
+            "answered",
+            "dshim/peer events/s",
+            "dshim/peer CPU",
+        ],
+        rows,
+    )
+
+
+def scenario_paced(cands: list[Candidate], reps: int, rates: list[int], seconds: float) -> None:
+    rows = []
+    for rate in rates:
+        n = int(rate * seconds)
+        for cand in cands:
+            p50, p99 = [], []
+            for _ in range(reps):
+                r = run_once(cand, ["--updates", str(n), "--rate", str(rate)], timeout=seconds + 60)
+                p50.append(r["p50_ms"])
+                p99.append(r["p99_ms"])
+            rows.append([f"{rate}/s", cand.name, fmt(p50, 2), fmt(p99, 2)])
+            print(f"  paced {rate}/s {cand.name}: p50 {fmt(p50, 2)} p99 {fmt(p99, 2)}", flush=True)
+    table(
+        f"B1 paced, 200 chats, {seconds:.0f} s each",
+        ["rate", "candidate", "p50 ms", "p99 ms"],
+        rows,
+    )
+
+
+def scenario_b2(cands: list[Candidate], reps: int) -> None:
+    rows = []
+    for varied in (False, True):
+        args = ["--updates", "23", "--chats", "20", "--layout", "b2", "--sleep", "2"]
+        if varied:
+            args.append("--varied")
+        for cand in cands:
+            t, order, all_chats = [], True, True
+            for _ in range(reps):
+                r = run_once(cand, args, timeout=120)
+                t.append(r["chats_answered_s"] or float("nan"))
+                order = order and r["in_order"]
+                all_chats = all_chats and r["chats_answered"] == 20 and r["replies"] == 23
+            rows.append(
+                [
+                    "1–3 s" if varied else "2 s",
+                    cand.name,
+                    fmt(t, 2),
+                    "yes" if order else "NO",
+                    "yes" if all_chats else "NO",
+                ]
+            )
+            print(
+                f"  B2 {'varied' if varied else 'uniform'} {cand.name}: {fmt(t, 2)} s", flush=True
+            )
+    table(
+        "B2 head-of-line: 20 chats + 3 more in one, slow agent",
+        ["agent latency", "candidate", "all 20 chats answered after s", "per-chat order", "23/23"],
+        rows,
+    )
+
+
+def scenario_idle(cands: list[Candidate], reps: int, idle_s: float) -> None:
+    rows = []
+    for cand in cands:
+        for bots in (1, 9) if cand.name == "dshim" else (1,):
+            rss, cpu, start = [], [], []
+            for _ in range(reps):
+                r = idle_once(cand, bots, idle_s)
+                rss.append(r["rss_mb"])
+                cpu.append(r["cpu_pct"])
+                start.append(r["startup_ms"])
+            rows.append([cand.name, str(bots), fmt(start), fmt(rss, 1), fmt(cpu, 2)])
+            print(f"  idle {cand.name} x{bots}: {fmt(rss, 1)} MB", flush=True)
+    table(
+        f"Idle and startup (after {idle_s:.0f} s idle)",
+        ["candidate", "bots", "start to first getUpdates ms", "RSS MB", "CPU %"],
+        rows,
+    )
+
+
+def idle_once(cand: Candidate, bots: int, idle_s: float) -> dict[str, float]:
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        fakes = [start_fake(["--updates", "0", "--hold", "3600"]) for _ in range(bots)]
+        urls = [u for _, u in fakes]
+        spawned = time.perf_counter()
+        if cand.name == "dshim":
+            env = {**os.environ, "BENCH_TOKEN": TOKEN}
+            config = dshim_config(workdir, urls[0], bots=bots, apis=urls)
+            proc = subprocess.Popen(
+                [a.replace("{config}", str(config)) for a in cand.argv],
+                env=env,
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+        else:
+            proc = start_candidate(cand, workdir, urls[0])
+        try:
+            firsts = []
+            for fake, _ in fakes:
+                assert fake.stdout is not None
+                firsts.append(read_line(fake.stdout, time.monotonic() + 60)["first_poll"])
+            startup = (max(firsts) - spawned) * 1000
+            time.sleep(2.0)
+            c0, t0 = cpu_s(proc.pid), time.monotonic()
+            time.sleep(idle_s)
+            c1, t1 = cpu_s(proc.pid), time.monotonic()
+            return {
+                "rss_mb": rss_mb(proc.pid, "VmRSS"),
+                "cpu_pct": (c1 - c0) * 100 / (t1 - t0),
+                "startup_ms": startup,
+            }
+        finally:
+            stop(proc)
+            for fake, _ in fakes:
+                stop(fake)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--updates", type=int, default=4000)
+    p.add_argument("--only", default="B1,B1-1chat,paced,B2,idle")
+    p.add_argument("--candidates", default="dshim,ptb,ptb-c8,aiogram,nonebot")
+    p.add_argument("--no-install", action="store_true")
+    args = p.parse_args(argv)
+    reps = 1 if args.quick else args.reps
+    n = 1000 if args.quick else args.updates
+    names = [c.strip() for c in args.candidates.split(",") if c.strip()]
+    versions = ensure_peers(
+        {"ptb" if c.startswith("ptb") else c for c in names}, not args.no_install
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        cands = candidates(names, versions, Path(tmp))
+    only = {s.strip() for s in args.only.split(",")}
+    print(f"# dshim benchmark suite — {time.strftime('%Y-%m-%d %H:%M')}")
+    print(f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.machine()}")
+    print("candidates: " + "; ".join(f"{c.name} ({c.version})" for c in cands))
+    print(f"repetitions: {reps} (median, spread min–max)")
+    runs: dict[str, Callable[[], None]] = {
+        "B1": lambda: scenario_b1(cands, reps, n, one_chat=False),
+        "B1-1chat": lambda: scenario_b1(cands, reps, n, one_chat=True),
+        "paced": lambda: scenario_paced(cands, reps, [50, 200, 500], 5.0 if args.quick else 10.0),
+        "B2": lambda: scenario_b2(cands, reps),
+        "idle": lambda: scenario_idle(cands, reps, 5.0 if args.quick else 10.0),
+    }
+    for key, fn in runs.items():
+        if key in only:
+            fn()
+
+
+if __name__ == "__main__":
+    main()
