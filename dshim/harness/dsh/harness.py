@@ -1,0 +1,764 @@
+"""The DSH adapter: dshim in front of a DSH agent host over its HTTP RPC.
+
+Theory of operation
+-------------------
+Calls are ``POST {base_url}/api/<method>`` over the bot's one :class:`httpx.AsyncClient`
+(``Authorization: Bearer <token>`` when ``[harness] token`` is set); the envelope and the
+error mapping are :mod:`dshim.harness.dsh.protocol`.  Every httpx exception is mapped here,
+once: what leaves the adapter is a :class:`~dshim.errors.HarnessError` or a turn event.
+
+Sessions: ``create_session`` finds the workspace (``workspace.list``; ``workspace.create``
+when the path is not registered yet; the bot's ``workspace`` wins over ``[harness]
+workspace``), then ``session.create`` (with ``agentPreset`` when configured) and names it
+with ``session.rename`` (best effort).  A turn is one ``session.prompt`` with ``mode:
+"queue"``, the prompt text and images, and ``clientTimeZone``; its ``rpcId`` identifies
+the turn among the session's events (:class:`~dshim.harness.dsh.protocol.TurnTracker`).
+
+Events: one websocket per bot to ``/api/events.mux`` (reconnected with backoff, 0.5 s to
+30 s) feeds the running turns: a turn subscribes to its session before it sends the
+prompt, so it sees every event of its turn.  When the mux is not connected within
+``mux_wait_s`` the turn follows ``session.history`` instead (the latest 50 events every
+300 ms, bounded by the turn's quiet window) and says so in the log
+(``turn_events_polled``); when the mux breaks during a turn the turn goes on polling from
+the last ``seq`` it saw, so nothing is lost or shown twice.  The quiet window
+(``reply_timeout_s``, 10 minutes) resets on every new event; when it passes, the turn
+ends with an error unless ``session.list`` says the session is still running.
+
+Approvals and questions come only over the mux, for the session of a running turn of this
+bot: they become :class:`~dshim.model.ApprovalRequest` / :class:`~dshim.model.QuestionRequest`
+answered through ``POST /api/respond`` (``allowed-once`` / ``rejected``; question answers
+``{answers:[{id, selected:[labels], custom?}]}``; a cancelled question is answered
+``{ok:false, error:{code:"cancelled"}}``).  A ``*/resolved`` for one we did not answer
+(another client answered it) withdraws it from the chat and the answer says so.
+
+``/stop`` cancels the turn's generator: in a shielded scope it sends ``session.cancel
+{keepInbox: true}`` and waits up to ``stop_timeout_s`` (10 s) for the ``turn/end``; a turn
+that does not end in time is abandoned (logged ``turn_abandoned``).  ``/steer`` is
+``session.prompt`` with ``mode: "steer"``.  ``/models`` is ``session.models`` (or
+``llm.models`` without a session), ``/model`` ``session.selectModel``.  ``history`` reads
+``session.history`` pages for the core's quote recovery.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+import urllib.parse
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import structlog
+import trio
+import trio_websocket
+
+import dshim
+from dshim.backoff import Backoff
+from dshim.channels.kit.ws import WsOptions, open_client_websocket
+from dshim.errors import HarnessError
+from dshim.harness.base import HistoryPage, ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.harness.dsh import protocol
+from dshim.harness.dsh.protocol import (
+    APPROVAL_OPTIONS,
+    DshRpcError,
+    HistoryAnswer,
+    MuxFrame,
+    TurnTracker,
+)
+from dshim.log import register_secret
+from dshim.model import (
+    ApprovalRequest,
+    FilePart,
+    ImagePart,
+    Option,
+    PromptPart,
+    QuestionRequest,
+    TextDelta,
+    TurnEvent,
+)
+from dshim.prompt import prompt_text
+
+if TYPE_CHECKING:
+    from dshim.config import HarnessConfig
+
+__all__ = ["DEFAULT_BASE_URL", "DshHarness"]
+
+log = structlog.get_logger("dshim.harness.dsh")
+
+DEFAULT_BASE_URL = "http://127.0.0.1:3080"
+RPC_TIMEOUT_S = 30.0
+DESCRIBE_TIMEOUT_S = 5.0
+POLL_INTERVAL_S = 0.3
+POLL_WINDOW = 50
+MUX_WAIT_S = 5.0
+STOP_TIMEOUT_S = 10.0
+REPLY_TIMEOUT_S = 600.0
+SUB_BUFFER = 1024
+MUX_OPTIONS = WsOptions(connect_timeout_s=10.0, message_queue_size=256)
+
+
+class _Open:
+    """An approval or question of a running turn, waiting for its answer."""
+
+    def __init__(self) -> None:
+        self.withdrawn = trio.Event()
+        self.answered = False
+        #: The outcome another client gave it (from ``*/resolved``).
+        self.elsewhere: str | None = None
+
+
+class _Sub:
+    """A running turn's view of the mux: its session's frames, in order."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.send, self.recv = trio.open_memory_channel[MuxFrame](SUB_BUFFER)
+        self.seen: set[str] = set()
+        #: Open interactions by approvalId / question rpcId.
+        self.open: dict[str, _Open] = {}
+
+    def lose(self) -> None:
+        """The mux broke (or this turn fell behind): the turn goes on by polling."""
+        self.send.close()
+
+    def offer(self, frame: MuxFrame) -> None:
+        kind = frame.kind
+        if kind in ("approval/resolved", "question/resolved"):
+            key = frame.payload.get(
+                "approvalId" if kind == "approval/resolved" else "questionRpcId"
+            )
+            waiting = self.open.get(key) if isinstance(key, str) else None
+            if waiting is not None and not waiting.answered:
+                outcome = frame.payload.get("outcome")
+                waiting.elsewhere = outcome if isinstance(outcome, str) else "answered"
+                waiting.withdrawn.set()
+            return
+        if kind in ("approval/requested", "question/requested"):
+            if frame.rpc_id is None or frame.rpc_id in self.seen:
+                return  # replayed after a reconnect: asked already
+            self.seen.add(frame.rpc_id)
+        try:
+            self.send.send_nowait(frame)
+        except trio.WouldBlock:
+            log.warning("turn_events_overflowed")
+            self.lose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+class DshHarness:
+    """A bot's DSH host: HTTP RPC calls, one events websocket, sessions bound per chat."""
+
+    kind = "dsh"
+
+    def __init__(
+        self,
+        cfg: HarnessConfig,
+        *,
+        bot: str,
+        workspace: str | None = None,
+        client: httpx.AsyncClient | None = None,
+        poll_interval_s: float = POLL_INTERVAL_S,
+        mux_wait_s: float = MUX_WAIT_S,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+    ) -> None:
+        self.bot = bot
+        self.base_url = (cfg.base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._token = cfg.token.get() if cfg.token is not None else None
+        if self._token:
+            register_secret(self._token)
+        base = workspace or cfg.workspace or cfg.cwd or os.getcwd()
+        self.workspace = os.path.abspath(os.path.expanduser(base))
+        self.agent_preset = cfg.agent_preset
+        self.poll_interval_s = poll_interval_s
+        self.mux_wait_s = mux_wait_s
+        self.stop_timeout_s = stop_timeout_s
+        self.reply_timeout_s = reply_timeout_s
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=10.0, read=RPC_TIMEOUT_S, write=RPC_TIMEOUT_S, pool=10.0),
+            headers={"user-agent": f"dshim/{dshim.__version__}"},
+        )
+        host = urllib.parse.urlsplit(self.base_url).hostname or ""
+        self._loopback = host == "localhost" or _is_loopback(host)
+        scheme = "wss" if self.base_url.startswith("https:") else "ws"
+        self._mux_url = scheme + self.base_url[self.base_url.index(":") :] + "/api/events.mux"
+        self._workspace_id: str | None = None
+        self._workspace_lock = trio.Lock()
+        self._subs: dict[str, _Sub] = {}
+        self._mux_up = False
+        self._mux_changed = trio.Event()
+        self._mux_started = False
+        #: A first connection attempt has ended (until then a turn waits for the mux).
+        self._mux_tried = False
+        self._nursery: trio.Nursery | None = None
+        self.host_version: str | None = None
+
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Give the harness the nursery its events websocket runs in (see open_harness)."""
+        self._nursery = nursery
+
+    # -- calls -------------------------------------------------------------------------
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"content-type": "application/json", "accept": "application/json"}
+        if self._token:
+            headers["authorization"] = f"Bearer {self._token}"
+        return headers
+
+    async def _post(self, path: str, what: str, body: bytes, timeout_s: float) -> bytes:
+        try:
+            with trio.fail_after(timeout_s):
+                resp = await self._client.post(
+                    self.base_url + path, content=body, headers=self._headers()
+                )
+        except trio.TooSlowError as exc:
+            raise HarnessError(
+                f"{what}: the DSH host did not answer within {timeout_s:g} s",
+                code="harness-timeout",
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise HarnessError(
+                f"{what}: the DSH host did not answer in time", code="harness-timeout"
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise HarnessError(
+                f"cannot reach the DSH host at {self.base_url} ({type(exc).__name__})",
+                code="harness-connect-failed",
+            ) from exc
+        if not 200 <= resp.status_code < 300:
+            raise protocol.http_error(
+                what, resp.status_code, resp.content[:64], loopback=self._loopback
+            )
+        return resp.content
+
+    async def call(
+        self,
+        method: str,
+        payload: dict[str, Any],
+        *,
+        rpc_id: str | None = None,
+        timeout_s: float = RPC_TIMEOUT_S,
+    ) -> Any:
+        """One RPC: its ``value``, or a HarnessError."""
+        rid = rpc_id or _rpc_id()
+        body = await self._post(
+            f"/api/{method}", method, protocol.request_body(rid, method, payload), timeout_s
+        )
+        return protocol.parse_response(method, rid, body)
+
+    async def _respond(self, rpc_id: str, value: Any | None, *, cancelled: bool = False) -> None:
+        """Answer an interaction (never raises: the turn goes on and reports what happens)."""
+        try:
+            body = await self._post(
+                "/api/respond",
+                "respond",
+                protocol.respond_body(rpc_id, value, cancelled=cancelled),
+                5.0 if cancelled else RPC_TIMEOUT_S,
+            )
+        except HarnessError as exc:
+            log.warning("interaction_response_failed", error=str(exc), code=exc.code)
+            return
+        accepted, reason = protocol.parse_receipt(body)
+        if accepted:
+            log.info("interaction_response_accepted")
+        else:
+            log.warning("interaction_response_refused", reason=reason)
+
+    # -- the events websocket ------------------------------------------------------------
+
+    def _ensure_mux(self) -> None:
+        if not self._mux_started and self._nursery is not None:
+            self._mux_started = True
+            self._nursery.start_soon(self._run_mux, name=f"dsh-events:{self.bot}")
+
+    def _set_mux(self, up: bool) -> None:
+        self._mux_up = up
+        self._mux_changed.set()
+        self._mux_changed = trio.Event()
+
+    async def _run_mux(self) -> None:
+        backoff = Backoff(0.5, 30.0, 2.0, jitter=0.2)
+        headers = [(b"authorization", f"Bearer {self._token}".encode())] if self._token else []
+        while True:
+            opened_at: float | None = None
+            try:
+                async with open_client_websocket(
+                    self._mux_url, MUX_OPTIONS, extra_headers=headers
+                ) as (ws, _stream):
+                    opened_at = trio.current_time()
+                    backoff.reset()
+                    log.info("events_connected")
+                    self._set_mux(True)
+                    while True:
+                        message = await ws.get_message()
+                        self._dispatch(message)
+            except (
+                OSError,
+                trio.TooSlowError,
+                trio_websocket.HandshakeError,
+                trio_websocket.ConnectionClosed,
+                trio.BrokenResourceError,
+            ) as exc:
+                reason = type(exc).__name__
+                if isinstance(exc, trio_websocket.ConnectionRejected):
+                    reason = f"HTTP {exc.status_code}"
+                if opened_at is None:
+                    log.info("events_unavailable", reason=reason)
+                else:
+                    log.warning("events_disconnected", reason=reason)
+            finally:
+                self._mux_tried = True
+                if self._mux_up or opened_at is None:
+                    self._set_mux(False)
+                    for sub in list(self._subs.values()):
+                        sub.lose()
+            await trio.sleep(backoff.next_delay())
+
+    def _dispatch(self, message: str | bytes) -> None:
+        frame = protocol.decode_frame(message)
+        if frame is None:
+            log.warning("event_dropped", reason="malformed")
+            return
+        sub = self._subs.get(frame.session_id)
+        if sub is not None:
+            sub.offer(frame)
+
+    async def _subscribe(self, session_id: str) -> _Sub | None:
+        """Follow a session over the mux; None when the mux is not up within mux_wait_s."""
+        self._ensure_mux()
+        if not self._mux_up and self._nursery is not None:
+            with trio.move_on_after(self.mux_wait_s):
+                while not self._mux_up and not self._mux_tried:
+                    await self._mux_changed.wait()
+        if not self._mux_up:
+            return None
+        sub = _Sub(session_id)
+        self._subs[session_id] = sub
+        return sub
+
+    # -- sessions ------------------------------------------------------------------------
+
+    async def _workspace(self) -> str:
+        async with self._workspace_lock:
+            if self._workspace_id is not None:
+                return self._workspace_id
+            value = await self.call("workspace.list", {})
+            items = value.get("items") if isinstance(value, dict) else None
+            for item in items if isinstance(items, list) else []:
+                if isinstance(item, dict) and item.get("path") == self.workspace:
+                    wid = item.get("workspaceId")
+                    if isinstance(wid, str):
+                        self._workspace_id = wid
+                        return wid
+            created = await self.call("workspace.create", {"path": self.workspace})
+            ws = created.get("workspace") if isinstance(created, dict) else None
+            wid = ws.get("workspaceId") if isinstance(ws, dict) else None
+            if not isinstance(wid, str):
+                raise HarnessError(
+                    "workspace.create: the DSH host sent no workspaceId",
+                    code="harness-response-invalid",
+                )
+            log.info("workspace_created", path=self.workspace)
+            self._workspace_id = wid
+            return wid
+
+    async def create_session(self, *, title: str | None) -> str:
+        payload: dict[str, Any] = {"workspaceId": await self._workspace()}
+        if self.agent_preset:
+            payload["agentPreset"] = self.agent_preset
+        value = await self.call("session.create", payload)
+        sid = value.get("sessionId") if isinstance(value, dict) else None
+        if not isinstance(sid, str) or not sid:
+            raise HarnessError(
+                "session.create: the DSH host sent no sessionId", code="harness-response-invalid"
+            )
+        if title:
+            try:
+                await self.call("session.rename", {"sessionId": sid, "title": title})
+            except HarnessError as exc:
+                log.info("session_rename_failed", error=str(exc))
+        return sid
+
+    # -- turns ---------------------------------------------------------------------------
+
+    async def prompt(
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        text = prompt_text(parts)
+        for f in parts:
+            if isinstance(f, FilePart):
+                text += "\n\n" + file_part_text(f)
+        images = [p for p in parts if isinstance(p, ImagePart)]
+        rpc_id = _rpc_id()
+        sub = await self._subscribe(session_id)
+        tracker: TurnTracker | None = None
+        accepted = False
+        try:
+            if sub is None:
+                log.info("turn_events_polled", reason="events mux unavailable")
+                after = await self._latest_seq(session_id)
+            else:
+                log.info("turn_events_streamed")
+                after = -1.0
+            tracker = TurnTracker(rpc_id, after_seq=after)
+            await self.call(
+                "session.prompt",
+                {
+                    "sessionId": session_id,
+                    "mode": "queue",
+                    "content": protocol.content_blocks(text, images),
+                    "clientTimeZone": _time_zone(),
+                },
+                rpc_id=rpc_id,
+            )
+            accepted = True
+            async for event in self._follow(session_id, tracker, sub):
+                yield event
+            assert tracker.end is not None
+            yield tracker.end
+        finally:
+            if sub is not None:
+                for waiting in sub.open.values():
+                    waiting.withdrawn.set()
+            if accepted and tracker is not None and not tracker.done:
+                with trio.CancelScope(shield=True):
+                    await self._stop(session_id, tracker, sub)
+            if sub is not None and self._subs.get(session_id) is sub:
+                del self._subs[session_id]
+
+    async def _follow(
+        self, session_id: str, tracker: TurnTracker, sub: _Sub | None
+    ) -> AsyncGenerator[TurnEvent, None]:
+        quiet_until = trio.current_time() + self.reply_timeout_s
+        while not tracker.done:
+            before = tracker.last_seq
+            if sub is not None:
+                with trio.move_on_at(quiet_until):
+                    try:
+                        frame = await sub.recv.receive()
+                    except (trio.EndOfChannel, trio.ClosedResourceError):
+                        log.info("turn_events_polled", reason="events mux lost")
+                        sub = None
+                        continue
+                    if frame.kind == "session/event":
+                        for event in tracker.feed([frame.payload.get("event")]):
+                            yield event
+                    elif frame.kind == "approval/requested":
+                        async for event in self._approval(sub, frame):
+                            yield event
+                    elif frame.kind == "question/requested":
+                        async for event in self._questions(sub, frame):
+                            yield event
+                    quiet_until = trio.current_time() + self.reply_timeout_s
+            else:
+                await trio.sleep(self.poll_interval_s)
+                value = await self.call(
+                    "session.history", {"sessionId": session_id, "maxMessages": POLL_WINDOW}
+                )
+                events, _ = protocol.page_events(value)
+                for event in tracker.feed(events):
+                    yield event
+                if tracker.last_seq > before:
+                    quiet_until = trio.current_time() + self.reply_timeout_s
+            if not tracker.done and trio.current_time() >= quiet_until:
+                if await self._running(session_id):
+                    quiet_until = trio.current_time() + self.reply_timeout_s
+                    continue
+                raise HarnessError(
+                    f"the DSH host sent nothing for {self.reply_timeout_s:g} s and the "
+                    "session is not running",
+                    code="harness-reply-timeout",
+                )
+
+    async def _approval(self, sub: _Sub, frame: MuxFrame) -> AsyncGenerator[TurnEvent, None]:
+        p = frame.payload
+        rpc = frame.rpc_id
+        approval_id = p.get("approvalId")
+        if rpc is None or not isinstance(approval_id, str):
+            log.warning("event_dropped", reason="malformed", detail="approval without ids")
+            return
+        waiting = _Open()
+        sub.open[approval_id] = waiting
+        tool = p.get("toolName") if isinstance(p.get("toolName"), str) else "a tool"
+        reason = p.get("reason") if isinstance(p.get("reason"), str) else None
+
+        async def reply(option_id: str | None) -> None:
+            if waiting.answered or waiting.elsewhere is not None:
+                return
+            waiting.answered = True
+            outcome = option_id if option_id in ("allowed-once", "rejected") else "rejected"
+            await self._respond(
+                rpc,
+                {"sessionId": sub.session_id, "approvalId": approval_id, "outcome": outcome},
+            )
+
+        yield ApprovalRequest(
+            title=str(tool),
+            detail=reason,
+            options=list(APPROVAL_OPTIONS),
+            reply=reply,
+            withdrawn=waiting.withdrawn.wait,
+        )
+        sub.open.pop(approval_id, None)
+        if waiting.elsewhere is not None and not waiting.answered:
+            log.info("interaction_resolved_elsewhere", outcome=waiting.elsewhere)
+            yield TextDelta(
+                f"(The request “{tool}” was answered in another client: {waiting.elsewhere}.)\n\n"
+            )
+
+    async def _questions(self, sub: _Sub, frame: MuxFrame) -> AsyncGenerator[TurnEvent, None]:
+        rpc = frame.rpc_id
+        items = frame.payload.get("questions")
+        questions = [q for q in items if isinstance(q, dict)] if isinstance(items, list) else []
+        if rpc is None or not questions:
+            log.warning("event_dropped", reason="malformed", detail="question without items")
+            return
+        waiting = _Open()
+        sub.open[rpc] = waiting
+        answers: list[dict[str, Any]] = []
+        cancelled = False
+        for q in questions:
+            got: dict[str, Any] = {}
+            options = [
+                Option(id=o["label"], label=o["label"], description=o.get("description"))
+                for o in q.get("options") or []
+                if isinstance(o, dict) and isinstance(o.get("label"), str)
+            ]
+
+            async def reply(
+                selected: list[str], custom: str | None, got: dict[str, Any] = got
+            ) -> None:
+                got["selected"] = list(selected)
+                got["custom"] = custom
+
+            text = q.get("question") if isinstance(q.get("question"), str) else "The agent asks:"
+            header = q.get("header")
+            yield QuestionRequest(
+                question=f"{header}: {text}" if isinstance(header, str) and header else str(text),
+                options=options,
+                multi_select=q.get("multiSelect") is True,
+                allow_free_text=True,
+                reply=reply,
+                withdrawn=waiting.withdrawn.wait,
+            )
+            if waiting.elsewhere is not None:
+                break
+            if not got or (not got["selected"] and not got["custom"]):
+                cancelled = True
+                break
+            answer: dict[str, Any] = {"id": q.get("id"), "selected": got["selected"]}
+            if got["custom"]:
+                answer["custom"] = got["custom"]
+            answers.append(answer)
+        sub.open.pop(rpc, None)
+        if waiting.elsewhere is not None:
+            log.info("interaction_resolved_elsewhere", outcome=waiting.elsewhere)
+            yield TextDelta("(The question was answered in another client.)\n\n")
+            return
+        waiting.answered = True
+        if cancelled:
+            await self._respond(rpc, None, cancelled=True)
+        else:
+            await self._respond(rpc, {"sessionId": sub.session_id, "answer": {"answers": answers}})
+
+    async def _stop(self, session_id: str, tracker: TurnTracker, sub: _Sub | None) -> None:
+        """/stop or shutdown: ``session.cancel``, then wait (bounded) for the turn's end."""
+        started = trio.current_time()
+        with trio.move_on_after(self.stop_timeout_s):
+            try:
+                await self.call("session.cancel", {"sessionId": session_id, "keepInbox": True})
+                async for _ in self._follow(session_id, tracker, sub):
+                    pass
+            except HarnessError as exc:
+                log.warning("turn_cancel_failed", error=str(exc))
+                return
+        if tracker.done:
+            log.info("turn_cancelled", ms=round((trio.current_time() - started) * 1000))
+        else:
+            log.warning("turn_abandoned", seconds=self.stop_timeout_s)
+
+    async def _latest_seq(self, session_id: str) -> float:
+        value = await self.call("session.history", {"sessionId": session_id, "maxMessages": 1})
+        events, _ = protocol.page_events(value)
+        return protocol.max_seq(events)
+
+    async def _running(self, session_id: str) -> bool:
+        value = await self.call("session.list", {})
+        items = value.get("items") if isinstance(value, dict) else None
+        for item in items if isinstance(items, list) else []:
+            if isinstance(item, dict) and item.get("sessionId") == session_id:
+                return item.get("running") is True
+        return False
+
+    async def cancel(self, session_id: str) -> None:
+        try:
+            await self.call("session.cancel", {"sessionId": session_id, "keepInbox": True})
+        except HarnessError as exc:
+            log.info("turn_cancel_failed", error=str(exc))
+
+    async def steer(self, session_id: str, text: str) -> bool:
+        try:
+            await self.call(
+                "session.prompt",
+                {
+                    "sessionId": session_id,
+                    "mode": "steer",
+                    "content": [{"type": "text", "text": text}],
+                    "clientTimeZone": _time_zone(),
+                },
+            )
+        except DshRpcError as exc:
+            if exc.rpc_code in ("no-active-turn", "not-running", "session-idle"):
+                raise HarnessError(
+                    "nothing is running in the DSH session to steer", code=exc.rpc_code
+                ) from exc
+            raise
+        return True
+
+    # -- models --------------------------------------------------------------------------
+
+    async def list_models(self, session_id: str | None) -> list[ModelInfo] | None:
+        if session_id is not None:
+            value = await self.call("session.models", {"sessionId": session_id})
+        else:
+            value = await self.call("llm.models", {})
+        current = value.get("current") if isinstance(value, dict) else None
+        cur = (current.get("provider"), current.get("model")) if isinstance(current, dict) else None
+        out = []
+        groups = value.get("groups") if isinstance(value, dict) else None
+        for group in groups if isinstance(groups, list) else []:
+            if not isinstance(group, dict):
+                continue
+            provider = group.get("id")
+            for m in group.get("models") or []:
+                if isinstance(m, dict) and isinstance(m.get("id"), str):
+                    out.append(
+                        ModelInfo(
+                            id=f"{provider}/{m['id']}",
+                            name=m.get("name") if isinstance(m.get("name"), str) else None,
+                            current=cur == (provider, m["id"]),
+                        )
+                    )
+        return out
+
+    async def select_model(self, session_id: str, model: str) -> str:
+        models = await self.list_models(session_id) or []
+        wanted = model.strip()
+        chosen = next((m for m in models if m.id == wanted), None) or next(
+            (m for m in models if m.id.split("/", 1)[-1].casefold() == wanted.casefold()), None
+        )
+        if chosen is None:
+            raise HarnessError(
+                f"unknown model {wanted!r}; /models lists the choices", code="model-unknown"
+            )
+        provider, _, name = chosen.id.partition("/")
+        await self.call(
+            "session.selectModel", {"sessionId": session_id, "provider": provider, "model": name}
+        )
+        return chosen.id
+
+    # -- history -------------------------------------------------------------------------
+
+    async def history(self, session_id: str, *, before: str | None, limit: int) -> HistoryPage:
+        """One ``session.history`` page (newest first): the completed turns' answers."""
+        payload: dict[str, Any] = {"sessionId": session_id, "maxMessages": limit}
+        if before is not None:
+            payload["beforeSeq"] = float(before) if "." in before else int(before)
+        value = await self.call("session.history", payload, timeout_s=5.0)
+        events, more = protocol.page_events(value)
+        if not events:
+            return HistoryPage(items=[], before=None)
+        oldest = min(e["seq"] for e in events)
+        if before is not None and oldest >= float(before):
+            raise HarnessError(
+                "session.history: the page cursor did not advance", code="harness-response-invalid"
+            )
+        answers: list[HistoryAnswer] = protocol.completed_answers(events)
+        times = [t for e in events if (t := protocol.event_time(e)) is not None]
+        return HistoryPage(
+            items=[(a.text, a.at) for a in answers],
+            before=str(oldest) if more else None,
+            oldest_at=min(times) if times else None,
+        )
+
+    # -- health --------------------------------------------------------------------------
+
+    async def check(self) -> str:
+        value = await self.call("host.describe", {}, timeout_s=DESCRIBE_TIMEOUT_S)
+        version = value.get("version") if isinstance(value, dict) else None
+        self.host_version = version if isinstance(version, str) else None
+        return f"DSH host {self.host_version or '(version unknown)'} at {self.base_url}"
+
+    async def probe_details(self) -> list[ProbeItem]:
+        items = [
+            ProbeItem(
+                name="host",
+                result="ok",
+                detail=f"DSH {self.host_version or '(version unknown)'} at {self.base_url}",
+            )
+        ]
+        exists = await trio.Path(self.workspace).is_dir()
+        try:
+            value = await self.call("workspace.list", {})
+        except HarnessError as exc:
+            items.append(ProbeItem(name="workspace", result="fail", detail=str(exc)))
+        else:
+            listed = any(
+                isinstance(i, dict) and i.get("path") == self.workspace
+                for i in (value.get("items") or [] if isinstance(value, dict) else [])
+            )
+            where = "registered on the host" if listed else "created on first use"
+            items.append(
+                ProbeItem(
+                    name="workspace",
+                    result="ok" if exists else "warn",
+                    detail=f"{self.workspace} ({where})"
+                    + ("" if exists else "; the directory does not exist here"),
+                )
+            )
+        try:
+            models = await self.list_models(None) or []
+        except HarnessError as exc:
+            items.append(ProbeItem(name="models", result="fail", detail=str(exc)))
+        else:
+            shown = ", ".join(m.id for m in models[:8])
+            items.append(
+                ProbeItem(
+                    name="models",
+                    result="ok" if models else "warn",
+                    detail=f"{len(models)}: {shown}" if models else "the host lists no models",
+                )
+            )
+        return items
+
+    async def aclose(self) -> None:
+        if self._own_client:
+            await self._client.aclose()
+
+
+def _rpc_id() -> str:
+    return f"dshim-{uuid.uuid4()}"
+
+
+def _time_zone() -> str:
+    """The IANA zone of this machine (``TZ``, else /etc/localtime's link), else UTC."""
+    tz = os.environ.get("TZ", "").lstrip(":")
+    if tz and "/" in tz:
+        return tz
+    try:
+        link = os.readlink("/etc/localtime")
+    except OSError:
+        return time.tzname[0] if time.tzname[0] == "UTC" else "UTC"
+    _, sep, name = link.partition("zoneinfo/")
+    return name if sep and name else "UTC"
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
