@@ -24,7 +24,7 @@ from dshim.config import parse_config
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
-from dshim.testing.fakes.dsh import FakeDsh, open_fake_dsh
+from dshim.testing.fakes.dsh import VERSION, FakeDsh, open_fake_dsh
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
 from tests.helpers import Clock
 from tests.test_telegram_e2e import ADA, echo_of, final_texts, polling, source
@@ -336,3 +336,24 @@ async def test_mux_unavailable_falls_back_to_polling_and_answers_once(
     assert len(history) >= 3
     assert all(b.at - a.at >= 0.3 - 1e-6 for a, b in zip(history[1:], history[2:], strict=False))
     assert w.tg.bot_messages(CHAT)[0].history.count(answer) == 1
+
+
+async def test_status_names_the_host_version_and_models_are_listed_and_chosen(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with dsh_world(tmp_path) as w:
+            w.say("/status")
+            await w.answered(1)
+            w.say("/models")
+            await w.answered(2)
+            w.say("/model 2")
+            await w.answered(3)
+            w.say("which model?")
+            await w.until(lambda: any("which model?" in t for t in w.texts()))
+            await trio.sleep(3)
+    status, models, chosen, answer = w.texts()
+    assert f"Harness (dsh): reachable — DSH host {VERSION} at {w.dsh.url}" in status
+    assert models == "Models:\n1. deepseek/deepseek-chat\n2. deepseek/deepseek-reasoner"
+    assert chosen == "Model set to deepseek/deepseek-reasoner."
+    assert answer.startswith("[deepseek-reasoner] echo: ")

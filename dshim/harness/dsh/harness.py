@@ -694,14 +694,9 @@ class DshHarness:
         return f"DSH host {self.host_version or '(version unknown)'} at {self.base_url}"
 
     async def probe_details(self) -> list[ProbeItem]:
-        items = [
-            ProbeItem(
-                name="host",
-                result="ok",
-                detail=f"DSH {self.host_version or '(version unknown)'} at {self.base_url}",
-            )
-        ]
-        exists = await trio.Path(self.workspace).is_dir()
+        """Rows for ``dshim probe`` after :meth:`check` (host and version): workspace, models."""
+        items = []
+        exists = _is_dir(self.workspace)
         try:
             value = await self.call("workspace.list", {})
         except HarnessError as exc:
@@ -755,6 +750,11 @@ def _time_zone() -> str:
         return time.tzname[0] if time.tzname[0] == "UTC" else "UTC"
     _, sep, name = link.partition("zoneinfo/")
     return name if sep and name else "UTC"
+
+
+def _is_dir(path: str) -> bool:
+    """One local stat, on the trio thread on purpose (a worker thread is not worth it)."""
+    return os.path.isdir(path)
 
 
 def _is_loopback(host: str) -> bool:

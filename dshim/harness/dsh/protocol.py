@@ -45,6 +45,7 @@ from typing import Any
 
 import msgspec
 
+from dshim.channels.kit.decode import decode
 from dshim.errors import HarnessError
 from dshim.model import (
     ImagePart,
@@ -138,12 +139,13 @@ class _Response(msgspec.Struct):
 
 
 _RESPONSE = msgspec.json.Decoder(_Response)
+_ANY = msgspec.json.Decoder()
 
 
 def parse_response(method: str, rpc_id: str, body: bytes) -> Any:
     """The ``value`` of a 2xx answer; raises HarnessError for a bad envelope or ``ok:false``."""
     try:
-        resp = _RESPONSE.decode(body)
+        resp = decode(_RESPONSE, body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise HarnessError(
             f"{method}: the DSH host sent an invalid answer", code="harness-response-invalid"
@@ -193,10 +195,13 @@ class _Receipt(msgspec.Struct):
     reason: str | None = None
 
 
+_RECEIPT = msgspec.json.Decoder(_Receipt)
+
+
 def parse_receipt(body: bytes) -> tuple[bool, str | None]:
     """``(accepted, reason)`` of a respond receipt; an unreadable one is ``(False, "invalid")``."""
     try:
-        receipt = msgspec.json.decode(body, type=_Receipt)
+        receipt = decode(_RECEIPT, body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return False, "invalid"
     return receipt.accepted, receipt.reason
@@ -234,7 +239,7 @@ def decode_frame(data: str | bytes) -> MuxFrame | None:
     if isinstance(data, bytes):
         return None
     try:
-        obj = msgspec.json.decode(data)
+        obj = decode(_ANY, data)
     except msgspec.DecodeError:
         return None
     if not isinstance(obj, dict) or obj.get("type") != "server-request":
