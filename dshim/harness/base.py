@@ -62,6 +62,32 @@ class ReadsHistory(Protocol):
 
 
 @runtime_checkable
+class ClosesSessions(Protocol):
+    """Adapters whose backend holds resources per open session (ACP: a CLI process per
+    session): the pipeline says when a conversation went idle (``reason="idle"``) or was
+    reset by ``/new`` (``"new"``), so the session can be closed and later resumed."""
+
+    async def close_session(self, session_id: str, *, reason: str) -> bool: ...
+
+
+@runtime_checkable
+class HasAgentCommands(Protocol):
+    """Adapters that know the agent's own slash commands (ACP
+    ``available_commands_update``): ``/help`` lists them, ``/agent <command>`` runs one."""
+
+    @property
+    def agent_commands(self) -> Sequence[AgentCommandInfo]: ...
+
+
+class AgentCommandInfo(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+
+@runtime_checkable
 class ProbesCapabilities(Protocol):
     """Adapters that can list their capabilities for ``dshim probe`` (after ``check``)."""
 

@@ -9,15 +9,29 @@ Unknown ``/words`` are ordinary text for the harness.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 #: Commands dshim handles itself.  Harness-dependent ones (/models, /model, /steer) are
 #: recognized here and answered by the runtime according to the harness' capabilities.
 KNOWN_COMMANDS = frozenset(
-    {"help", "new", "stop", "status", "batch", "send", "cancel", "models", "model", "steer"}
+    {
+        "help",
+        "new",
+        "stop",
+        "status",
+        "batch",
+        "send",
+        "cancel",
+        "models",
+        "model",
+        "steer",
+        "agent",
+    }
 )
 #: Commands that take arguments; the rest must be sent exactly (an argument -> usage).
-TAKES_ARGS = frozenset({"model", "steer"})
+TAKES_ARGS = frozenset({"model", "steer", "agent"})
 BATCH_LIMIT = 10
 
 
@@ -57,9 +71,35 @@ Commands:
 /status — harness reachability, session, queue
 /models, /model <n|id> — list or choose the agent's model
 /steer <text> — add guidance to the running answer (when the agent supports it)
+/agent <command> [args] — run one of the agent's own commands, also one named like a dshim command
 /batch — collect several messages (direct chats); /send submits them as one prompt, /cancel discards
 /help — this list
 Anything else is sent to the agent."""
+
+AGENT_USAGE = (
+    "Usage: /agent <command> [arguments] — e.g. /agent status. /help lists the agent's commands."
+)
+
+
+def help_text(agent_commands: Sequence[tuple[str, str]] = ()) -> str:
+    """``/help``: dshim's commands, then the agent's own (name, description) ones.
+
+    An agent command with the name of a dshim command is reached with ``/agent <name>``;
+    the others are passed to the agent as they are typed.
+    """
+    if not agent_commands:
+        return HELP_TEXT
+    lines = []
+    for name, description in agent_commands[:50]:
+        typed = f"/agent {name}" if name.lower() in KNOWN_COMMANDS else f"/{name}"
+        lines.append(f"{typed} — {description}" if description else typed)
+    return HELP_TEXT + "\n\nThe agent's own commands:\n" + "\n".join(lines)
+
+
+def agent_prompt(args: str) -> str:
+    """The text ``/agent <command> [args]`` sends to the agent: ``/<command> [args]``."""
+    return "/" + args.strip().lstrip("/")
+
 
 BATCH_REFUSED_MEDIA = (
     "Batch mode collects text only: images, files or quoted messages are not collected. "
