@@ -734,6 +734,14 @@ interaction_timeout_s = 600           # approvals and questions unanswered this 
 # command = ["gemini", "--acp"]       # or ["claude-agent-acp"], ["codex-acp"]
 # env = { GEMINI_API_KEY = "${GEMINI_API_KEY}" }
 # cwd = "/srv/agent-work"             # the agent's workspace
+# mode = "default"                    # the agent mode that asks before tools (claude-agent-acp)
+
+# A DSH agent host instead: replace the [harness] table with
+# [harness]
+# kind = "dsh"
+# base_url = "http://127.0.0.1:3080"
+# token = "${DSH_TOKEN}"              # optional
+# workspace = "/srv/agent-work"
 
 # An OpenAI-compatible Chat Completions server instead: replace the [harness] table with
 # [harness]

@@ -466,3 +466,31 @@ async def test_probe_rows_show_version_workspace_and_models(
     assert by_name["harness"].result == "ok" and VERSION in by_name["harness"].detail
     assert by_name["harness: workspace"].result == "ok"
     assert by_name["harness: models"].detail.startswith("2: deepseek/deepseek-chat")
+
+
+async def test_polling_reads_back_over_a_burst_larger_than_one_window(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    long = " ".join(f"word{i:04d}" for i in range(300))  # ~190 chunk events at once
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            fake.mux_enabled = False
+            sid = await h.create_session(title=None)
+            answer = text_of(await run(h, sid, long))
+    assert answer == "echo: " + long
+    assert any("beforeSeq" in c.payload for c in fake.calls_to("session.history"))
+
+
+async def test_a_prompt_the_host_does_not_confirm_is_not_sent_again(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            sid = await h.create_session(title=None)
+            fake.slow_next("session.prompt", 45)
+            with pytest.raises(HarnessError) as info:
+                await run(h, sid, "slow to accept")
+            await trio.sleep(60)
+    assert info.value.code == "harness-result-uncertain"
+    assert "may still be answered" in str(info.value)
+    assert len(fake.calls_to("session.prompt")) == 1

@@ -92,6 +92,8 @@ RPC_TIMEOUT_S = 30.0
 DESCRIBE_TIMEOUT_S = 5.0
 POLL_INTERVAL_S = 0.3
 POLL_WINDOW = 50
+#: Windows read per poll at most when more happened than one window holds.
+POLL_PAGES = 5
 MUX_WAIT_S = 5.0
 STOP_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 600.0
@@ -405,16 +407,26 @@ class DshHarness:
                 log.info("turn_events_streamed")
                 after = -1.0
             tracker = TurnTracker(rpc_id, after_seq=after)
-            await self.call(
-                "session.prompt",
-                {
-                    "sessionId": session_id,
-                    "mode": "queue",
-                    "content": protocol.content_blocks(text, images),
-                    "clientTimeZone": _time_zone(),
-                },
-                rpc_id=rpc_id,
-            )
+            try:
+                await self.call(
+                    "session.prompt",
+                    {
+                        "sessionId": session_id,
+                        "mode": "queue",
+                        "content": protocol.content_blocks(text, images),
+                        "clientTimeZone": _time_zone(),
+                    },
+                    rpc_id=rpc_id,
+                )
+            except HarnessError as exc:
+                if exc.code != "harness-timeout":
+                    raise
+                # Sent, outcome unknown: never sent again (it would run twice).
+                raise HarnessError(
+                    "the DSH host did not confirm the message in time; it may still be "
+                    "answered there (check the DSH UI, or /stop) before you send it again",
+                    code="harness-result-uncertain",
+                ) from exc
             accepted = True
             async for event in self._follow(session_id, tracker, sub):
                 yield event
@@ -456,10 +468,7 @@ class DshHarness:
                     quiet_until = trio.current_time() + self.reply_timeout_s
             else:
                 await trio.sleep(self.poll_interval_s)
-                value = await self.call(
-                    "session.history", {"sessionId": session_id, "maxMessages": POLL_WINDOW}
-                )
-                events, _ = protocol.page_events(value)
+                events = await self._recent_events(session_id, tracker.last_seq)
                 for event in tracker.feed(events):
                     yield event
                 if tracker.last_seq > before:
@@ -580,6 +589,23 @@ class DshHarness:
             log.info("turn_cancelled", ms=round((trio.current_time() - started) * 1000))
         else:
             log.warning("turn_abandoned", seconds=self.stop_timeout_s)
+
+    async def _recent_events(self, session_id: str, after: float) -> list[dict[str, Any]]:
+        """The session's events after ``after``: the newest window, and older windows (at
+        most :data:`POLL_PAGES` in all) while a gap to ``after`` remains."""
+        events: list[dict[str, Any]] = []
+        payload: dict[str, Any] = {"sessionId": session_id, "maxMessages": POLL_WINDOW}
+        for _ in range(POLL_PAGES):
+            value = await self.call("session.history", payload)
+            page, more = protocol.page_events(value)
+            events.extend(page)
+            oldest = min((e["seq"] for e in page), default=None)
+            if not more or oldest is None or oldest <= after + 1:
+                break
+            if "beforeSeq" in payload and oldest >= payload["beforeSeq"]:
+                break  # the cursor did not advance: refuse to loop
+            payload = {**payload, "beforeSeq": oldest}
+        return events
 
     async def _latest_seq(self, session_id: str) -> float:
         value = await self.call("session.history", {"sessionId": session_id, "maxMessages": 1})
