@@ -253,7 +253,8 @@ async def test_agent_commands_are_listed_and_reachable_with_agent(tmp_path: Path
             ours = await ask(rig, "/status")
             theirs = await ask(rig, "/agent status")
             usage = await ask(rig, "/agent")
-    assert "The agent's own commands:\n/agent status — Show the agent's own status" in help_text
+    assert "The agent's own commands (/agent <command> [args] runs one" in help_text
+    assert "\n/agent status — Show the agent's own status\n" in help_text
     assert "/compact — Compact the conversation" in help_text
     assert ours.startswith("Harness (acp): reachable")
     assert theirs == "agent status: fine"

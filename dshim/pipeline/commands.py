@@ -71,7 +71,6 @@ Commands:
 /status — harness reachability, session, queue
 /models, /model <n|id> — list or choose the agent's model
 /steer <text> — add guidance to the running answer (when the agent supports it)
-/agent <command> [args] — run one of the agent's own commands, also one named like a dshim command
 /batch — collect several messages (direct chats); /send submits them as one prompt, /cancel discards
 /help — this list
 Anything else is sent to the agent."""
@@ -93,7 +92,12 @@ def help_text(agent_commands: Sequence[tuple[str, str]] = ()) -> str:
     for name, description in agent_commands[:50]:
         typed = f"/agent {name}" if name.lower() in KNOWN_COMMANDS else f"/{name}"
         lines.append(f"{typed} — {description}" if description else typed)
-    return HELP_TEXT + "\n\nThe agent's own commands:\n" + "\n".join(lines)
+    return (
+        HELP_TEXT
+        + "\n\nThe agent's own commands (/agent <command> [args] runs one, also one named"
+        + " like a dshim command):\n"
+        + "\n".join(lines)
+    )
 
 
 def agent_prompt(args: str) -> str:
