@@ -574,15 +574,21 @@ class AcpHarness:
             return
         if option.get("currentValue") == chosen:
             return
+        await self._set_option(agent, sid, state, option, chosen)
+        log.info("agent_mode_set", mode=chosen)
+
+    async def _set_option(
+        self, agent: _Agent, sid: str, state: _SessionState, option: dict[str, Any], value: str
+    ) -> None:
+        """``session/set_config_option``; the session's options become the answer's."""
         raw = await agent.conn.request(
             "session/set_config_option",
-            {"sessionId": sid, "configId": option.get("id"), "value": chosen},
+            {"sessionId": sid, "configId": option.get("id"), "value": value},
             timeout_s=self.request_timeout_s,
         )
         options = protocol.options_list(protocol.decode_session(raw, sid).config_options)
         if options is not None:
             state.config_options = options
-        log.info("agent_mode_set", mode=chosen)
 
     def mode_text(self) -> str | None:
         """The agent mode for ``/status``: the current value, and whether it is configured."""
@@ -795,14 +801,7 @@ class AcpHarness:
         option = protocol.model_option(state.config_options)
         if option is not None:
             chosen = protocol.choose(model, protocol.select_values(option))
-            raw = await agent.conn.request(
-                "session/set_config_option",
-                {"sessionId": sid, "configId": option.get("id"), "value": chosen},
-                timeout_s=self.request_timeout_s,
-            )
-            options = protocol.options_list(protocol.decode_session(raw, sid).config_options)
-            if options is not None:
-                state.config_options = options
+            await self._set_option(agent, sid, state, option, chosen)
             return chosen
         legacy = state.legacy_models
         if legacy is not None and legacy.available_models:
