@@ -253,12 +253,14 @@ async def test_agent_commands_are_listed_and_reachable_with_agent(tmp_path: Path
             ours = await ask(rig, "/status")
             theirs = await ask(rig, "/agent status")
             usage = await ask(rig, "/agent")
+            passed = await ask(rig, "/compact now")  # no dshim command of that name
     assert "The agent's own commands (/agent <command> [args] runs one" in help_text
     assert "\n/agent status — Show the agent's own status\n" in help_text
     assert "/compact — Compact the conversation" in help_text
     assert ours.startswith("Harness (acp): reachable")
     assert theirs == "agent status: fine"
     assert usage.startswith("Usage: /agent <command>")
+    assert passed == "echo: /compact now"
 
 
 def test_child_pid_helper_sees_this_process() -> None:

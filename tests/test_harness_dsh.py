@@ -494,3 +494,39 @@ async def test_a_prompt_the_host_does_not_confirm_is_not_sent_again(
     assert info.value.code == "harness-result-uncertain"
     assert "may still be answered" in str(info.value)
     assert len(fake.calls_to("session.prompt")) == 1
+
+
+async def test_a_session_the_host_lost_is_replaced_once(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            sid = await h.create_session(title=None)
+            del fake.sessions[sid]  # deleted in the host's own UI
+            first = text_of(await run(h, sid, "still there?"))
+            second = text_of(await run(h, sid, "and now?"))
+    assert (first, second) == ("echo: still there?", "echo: and now?")
+    assert len(fake.calls_to("session.create")) == 2
+    new = [p["sessionId"] for p in fake.prompts()]
+    assert new == [sid, new[1], new[1]] and new[1] != sid  # refused once, then the new one
+    assert [e["event"] for e in logs].count("session_replaced") == 1
+
+
+async def test_a_response_the_host_calls_bad_is_logged(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            sid = await h.create_session(title=None)
+            async with aclosing(h.prompt(sid, [TextPart("dsh:approve")], CTX)) as stream:
+                async for ev in stream:
+                    if isinstance(ev, ApprovalRequest) and ev.reply is not None:
+                        [rpc] = list(fake.pending)
+                        await h._respond(
+                            rpc, {"sessionId": sid, "approvalId": "x", "outcome": "ok"}
+                        )
+                        await ev.reply("rejected")
+                    elif isinstance(ev, TurnEnd):
+                        break
+    reasons = [e.get("reason") for e in logs if e["event"].startswith("interaction_response")]
+    assert reasons == ["bad-response", None]

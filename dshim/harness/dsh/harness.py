@@ -47,6 +47,7 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -198,6 +199,8 @@ class DshHarness:
         self._mux_tried = False
         self._nursery: trio.Nursery | None = None
         self.host_version: str | None = None
+        #: Bound session ids the host lost -> the sessions that replaced them.
+        self._aliases: dict[str, str] = {}
 
     def attach(self, nursery: trio.Nursery) -> None:
         """Give the harness the nursery its events websocket runs in (see open_harness)."""
@@ -283,6 +286,8 @@ class DshHarness:
         self._mux_changed = trio.Event()
 
     async def _run_mux(self) -> None:
+        # Started by the first turn that needed it: that turn's log context is not ours.
+        structlog.contextvars.unbind_contextvars("turn", "conversation", "message_id")
         backoff = Backoff(0.5, 30.0, 2.0, jitter=0.2)
         headers = [(b"authorization", f"Bearer {self._token}".encode())] if self._token else []
         while True:
@@ -390,6 +395,28 @@ class DshHarness:
     async def prompt(
         self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
     ) -> AsyncGenerator[TurnEvent, None]:
+        try:
+            async with aclosing(self._turn(self._sid(session_id), parts)) as events:
+                async for event in events:
+                    yield event
+            return
+        except _SessionGone:
+            pass
+        # The host lost the session (deleted in its UI, a new host): the conversation goes
+        # on in a new one.  The prompt was refused, so sending it again cannot duplicate it.
+        new = await self.create_session(title=None)
+        self._aliases[session_id] = new
+        log.warning("session_replaced", reason="the DSH host no longer knows the session")
+        async with aclosing(self._turn(new, parts)) as events:
+            async for event in events:
+                yield event
+
+    def _sid(self, session_id: str) -> str:
+        return self._aliases.get(session_id, session_id)
+
+    async def _turn(
+        self, session_id: str, parts: Sequence[PromptPart]
+    ) -> AsyncGenerator[TurnEvent, None]:
         text = prompt_text(parts)
         for f in parts:
             if isinstance(f, FilePart):
@@ -402,7 +429,12 @@ class DshHarness:
         try:
             if sub is None:
                 log.info("turn_events_polled", reason="events mux unavailable")
-                after = await self._latest_seq(session_id)
+                try:
+                    after = await self._latest_seq(session_id)
+                except DshRpcError as exc:
+                    if exc.rpc_code == "session-not-found":
+                        raise _SessionGone from exc
+                    raise
             else:
                 log.info("turn_events_streamed")
                 after = -1.0
@@ -419,6 +451,8 @@ class DshHarness:
                     rpc_id=rpc_id,
                 )
             except HarnessError as exc:
+                if isinstance(exc, DshRpcError) and exc.rpc_code == "session-not-found":
+                    raise _SessionGone from exc
                 if exc.code != "harness-timeout":
                     raise
                 # Sent, outcome unknown: never sent again (it would run twice).
@@ -622,7 +656,9 @@ class DshHarness:
 
     async def cancel(self, session_id: str) -> None:
         try:
-            await self.call("session.cancel", {"sessionId": session_id, "keepInbox": True})
+            await self.call(
+                "session.cancel", {"sessionId": self._sid(session_id), "keepInbox": True}
+            )
         except HarnessError as exc:
             log.info("turn_cancel_failed", error=str(exc))
 
@@ -631,7 +667,7 @@ class DshHarness:
             await self.call(
                 "session.prompt",
                 {
-                    "sessionId": session_id,
+                    "sessionId": self._sid(session_id),
                     "mode": "steer",
                     "content": [{"type": "text", "text": text}],
                     "clientTimeZone": _time_zone(),
@@ -649,7 +685,7 @@ class DshHarness:
 
     async def list_models(self, session_id: str | None) -> list[ModelInfo] | None:
         if session_id is not None:
-            value = await self.call("session.models", {"sessionId": session_id})
+            value = await self.call("session.models", {"sessionId": self._sid(session_id)})
         else:
             value = await self.call("llm.models", {})
         current = value.get("current") if isinstance(value, dict) else None
@@ -683,7 +719,8 @@ class DshHarness:
             )
         provider, _, name = chosen.id.partition("/")
         await self.call(
-            "session.selectModel", {"sessionId": session_id, "provider": provider, "model": name}
+            "session.selectModel",
+            {"sessionId": self._sid(session_id), "provider": provider, "model": name},
         )
         return chosen.id
 
@@ -691,7 +728,7 @@ class DshHarness:
 
     async def history(self, session_id: str, *, before: str | None, limit: int) -> HistoryPage:
         """One ``session.history`` page (newest first): the completed turns' answers."""
-        payload: dict[str, Any] = {"sessionId": session_id, "maxMessages": limit}
+        payload: dict[str, Any] = {"sessionId": self._sid(session_id), "maxMessages": limit}
         if before is not None:
             payload["beforeSeq"] = float(before) if "." in before else int(before)
         value = await self.call("session.history", payload, timeout_s=5.0)
@@ -759,6 +796,10 @@ class DshHarness:
     async def aclose(self) -> None:
         if self._own_client:
             await self._client.aclose()
+
+
+class _SessionGone(Exception):
+    """``session.prompt`` answered ``session-not-found``: nothing was started."""
 
 
 def _rpc_id() -> str:
