@@ -530,3 +530,25 @@ async def test_a_response_the_host_calls_bad_is_logged(
                         break
     reasons = [e.get("reason") for e in logs if e["event"].startswith("interaction_response")]
     assert reasons == ["bad-response", None]
+
+
+async def test_a_turn_returns_to_the_mux_when_it_is_back(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            sid = await h.create_session(title=None)
+            events: list[TurnEvent] = []
+            async with aclosing(h.prompt(sid, [TextPart("dsh:slow 8")], CTX)) as stream:
+                async for ev in stream:
+                    events.append(ev)
+                    if text_of(events) == "chunk 0 chunk 1 ":
+                        await fake.close_mux()  # dropped; the host takes it back at once
+    assert text_of(events) == "".join(f"chunk {i} " for i in range(8))
+    follows = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("turn_events")]
+    assert follows == [
+        ("turn_events_streamed", None),
+        ("turn_events_polled", "events mux lost"),
+        ("turn_events_streamed", "events mux back"),
+    ]
+    assert fake.mux_opened == 2

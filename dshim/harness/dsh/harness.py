@@ -115,12 +115,17 @@ class _Open:
 class _Sub:
     """A running turn's view of the mux: its session's frames, in order."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, owner: object, *, after: _Sub | None = None) -> None:
         self.session_id = session_id
+        #: The turn following it (a token): one turn per session at a time.
+        self.owner = owner
         self.send, self.recv = trio.open_memory_channel[MuxFrame](SUB_BUFFER)
-        self.seen: set[str] = set()
+        #: Interactions asked already (the host replays pending ones on a reconnect).
+        self.seen: set[str] = after.seen if after is not None else set()
         #: Open interactions by approvalId / question rpcId.
-        self.open: dict[str, _Open] = {}
+        self.open: dict[str, _Open] = after.open if after is not None else {}
+        #: Closed and emptied: the turn polls until the mux is back.
+        self.drained = False
 
     def lose(self) -> None:
         """The mux broke (or this turn fell behind): the turn goes on by polling."""
@@ -334,7 +339,7 @@ class DshHarness:
         if sub is not None:
             sub.offer(frame)
 
-    async def _subscribe(self, session_id: str) -> _Sub | None:
+    async def _subscribe(self, session_id: str, owner: object) -> _Sub | None:
         """Follow a session over the mux; None when the mux is not up within mux_wait_s."""
         self._ensure_mux()
         if not self._mux_up and self._nursery is not None:
@@ -343,9 +348,13 @@ class DshHarness:
                     await self._mux_changed.wait()
         if not self._mux_up:
             return None
-        sub = _Sub(session_id)
+        sub = _Sub(session_id, owner)
         self._subs[session_id] = sub
         return sub
+
+    def _sub_of(self, session_id: str, owner: object) -> _Sub | None:
+        sub = self._subs.get(session_id)
+        return sub if sub is not None and sub.owner is owner else None
 
     # -- sessions ------------------------------------------------------------------------
 
@@ -423,7 +432,8 @@ class DshHarness:
                 text += "\n\n" + file_part_text(f)
         images = [p for p in parts if isinstance(p, ImagePart)]
         rpc_id = _rpc_id()
-        sub = await self._subscribe(session_id)
+        owner = object()
+        sub = await self._subscribe(session_id, owner)
         tracker: TurnTracker | None = None
         accepted = False
         try:
@@ -462,37 +472,43 @@ class DshHarness:
                     code="harness-result-uncertain",
                 ) from exc
             accepted = True
-            async for event in self._follow(session_id, tracker, sub):
+            async for event in self._follow(session_id, tracker, owner):
                 yield event
             assert tracker.end is not None
             yield tracker.end
         finally:
-            if sub is not None:
-                for waiting in sub.open.values():
+            current = self._sub_of(session_id, owner)
+            if current is not None:
+                for waiting in current.open.values():
                     waiting.withdrawn.set()
             if accepted and tracker is not None and not tracker.done:
                 with trio.CancelScope(shield=True):
-                    await self._stop(session_id, tracker, sub)
-            if sub is not None and self._subs.get(session_id) is sub:
+                    await self._stop(session_id, tracker, owner)
+            if self._sub_of(session_id, owner) is not None:
                 del self._subs[session_id]
 
     async def _follow(
-        self, session_id: str, tracker: TurnTracker, sub: _Sub | None
+        self, session_id: str, tracker: TurnTracker, owner: object
     ) -> AsyncGenerator[TurnEvent, None]:
+        """The turn's events until its ``turn/end``: from the mux while it is up, else
+        from ``session.history`` (and back to the mux when it returns)."""
         quiet_until = trio.current_time() + self.reply_timeout_s
         while not tracker.done:
             before = tracker.last_seq
-            if sub is not None:
+            sub = self._sub_of(session_id, owner)
+            if sub is not None and not sub.drained:
                 with trio.move_on_at(quiet_until):
                     try:
                         frame = await sub.recv.receive()
                     except (trio.EndOfChannel, trio.ClosedResourceError):
                         log.info("turn_events_polled", reason="events mux lost")
-                        sub = None
+                        sub.drained = True
                         continue
                     if frame.kind == "session/event":
                         for event in tracker.feed([frame.payload.get("event")]):
                             yield event
+                    elif tracker.turn is None:
+                        log.info("interaction_not_ours", kind=frame.kind)  # an earlier turn's
                     elif frame.kind == "approval/requested":
                         async for event in self._approval(sub, frame):
                             yield event
@@ -500,6 +516,13 @@ class DshHarness:
                         async for event in self._questions(sub, frame):
                             yield event
                     quiet_until = trio.current_time() + self.reply_timeout_s
+            elif self._mux_up:
+                # The mux is back: subscribe again (it buffers from now on), then catch up
+                # on what happened meanwhile; events seen twice are dropped by their seq.
+                self._subs[session_id] = _Sub(session_id, owner, after=sub)
+                log.info("turn_events_streamed", reason="events mux back")
+                for event in tracker.feed(await self._recent_events(session_id, tracker.last_seq)):
+                    yield event
             else:
                 await trio.sleep(self.poll_interval_s)
                 events = await self._recent_events(session_id, tracker.last_seq)
@@ -608,13 +631,13 @@ class DshHarness:
         else:
             await self._respond(rpc, {"sessionId": sub.session_id, "answer": {"answers": answers}})
 
-    async def _stop(self, session_id: str, tracker: TurnTracker, sub: _Sub | None) -> None:
+    async def _stop(self, session_id: str, tracker: TurnTracker, owner: object) -> None:
         """/stop or shutdown: ``session.cancel``, then wait (bounded) for the turn's end."""
         started = trio.current_time()
         with trio.move_on_after(self.stop_timeout_s):
             try:
                 await self.call("session.cancel", {"sessionId": session_id, "keepInbox": True})
-                async for _ in self._follow(session_id, tracker, sub):
+                async for _ in self._follow(session_id, tracker, owner):
                     pass
             except HarnessError as exc:
                 log.warning("turn_cancel_failed", error=str(exc))
