@@ -15,6 +15,7 @@ from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import structlog
 import trio
@@ -552,3 +553,34 @@ async def test_a_turn_returns_to_the_mux_when_it_is_back(
         ("turn_events_streamed", "events mux back"),
     ]
     assert fake.mux_opened == 2
+
+
+def test_http_errors_are_harness_error_subtypes() -> None:
+    assert isinstance(protocol.http_error("m", 401, b"", loopback=True), protocol.HostNotLoggedIn)
+    assert isinstance(protocol.http_error("m", 403, b"", loopback=True), protocol.HostRefused)
+    assert isinstance(protocol.http_error("m", 404, b"", loopback=True), protocol.HostTooOld)
+
+
+async def test_an_oversized_or_deeply_nested_answer_is_an_error_not_a_crash(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    def answer(request: httpx.Request) -> httpx.Response:
+        rpc = json.loads(request.content)["rpcId"]
+        if request.url.path == "/api/host.describe":
+            return httpx.Response(200, content=b'"' + b"x" * (33 * 1024 * 1024) + b'"')
+        deep = "[" * 5000 + "]" * 5000
+        nested = (
+            f'{{"type":"server-response","rpcId":"{rpc}","result":{{"ok":true,"value":{deep}}}}}'
+        )
+        return httpx.Response(200, content=nested.encode())
+
+    cfg = HarnessConfig(kind="dsh", base_url="http://dsh.test", workspace=str(tmp_path))
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    h = DshHarness(cfg, bot="b", client=client)
+    with trio.fail_after(DEADLINE):
+        with pytest.raises(HarnessError, match="larger than 32 MiB"):
+            await h.check()
+        with pytest.raises(HarnessError) as info:
+            await h.list_models(None)
+    assert info.value.code == "harness-response-invalid"
+    await client.aclose()

@@ -68,6 +68,7 @@ from dshim.harness.dsh.protocol import (
     MuxFrame,
     TurnTracker,
 )
+from dshim.harness.httpio import release_response
 from dshim.log import register_secret
 from dshim.model import (
     ApprovalRequest,
@@ -90,6 +91,8 @@ log = structlog.get_logger("dshim.harness.dsh")
 
 DEFAULT_BASE_URL = "http://127.0.0.1:3080"
 RPC_TIMEOUT_S = 30.0
+#: The largest answer read from the host (a history page of big messages fits easily).
+ANSWER_MAX = 32 * 1024 * 1024
 DESCRIBE_TIMEOUT_S = 5.0
 POLL_INTERVAL_S = 0.3
 POLL_WINDOW = 50
@@ -222,9 +225,26 @@ class DshHarness:
     async def _post(self, path: str, what: str, body: bytes, timeout_s: float) -> bytes:
         try:
             with trio.fail_after(timeout_s):
-                resp = await self._client.post(
-                    self.base_url + path, content=body, headers=self._headers()
+                request = self._client.build_request(
+                    "POST", self.base_url + path, content=body, headers=self._headers()
                 )
+                resp = await self._client.send(request, stream=True)
+                status = resp.status_code
+                content = bytearray()
+                chunks = resp.aiter_bytes()
+                try:
+                    async for chunk in chunks:
+                        content += chunk
+                        if len(content) > ANSWER_MAX:
+                            raise HarnessError(
+                                f"{what}: the DSH host's answer is larger than "
+                                f"{ANSWER_MAX // (1024 * 1024)} MiB",
+                                code="harness-response-invalid",
+                            )
+                        if not 200 <= status < 300 and len(content) >= 64:
+                            break  # only the start of an error body is read
+                finally:
+                    await release_response(resp, chunks)
         except trio.TooSlowError as exc:
             raise HarnessError(
                 f"{what}: the DSH host did not answer within {timeout_s:g} s",
@@ -239,11 +259,9 @@ class DshHarness:
                 f"cannot reach the DSH host at {self.base_url} ({type(exc).__name__})",
                 code="harness-connect-failed",
             ) from exc
-        if not 200 <= resp.status_code < 300:
-            raise protocol.http_error(
-                what, resp.status_code, resp.content[:64], loopback=self._loopback
-            )
-        return resp.content
+        if not 200 <= status < 300:
+            raise protocol.http_error(what, status, bytes(content[:64]), loopback=self._loopback)
+        return bytes(content)
 
     async def call(
         self,

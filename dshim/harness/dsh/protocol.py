@@ -60,6 +60,9 @@ from dshim.model import (
 __all__ = [
     "APPROVAL_OPTIONS",
     "DshRpcError",
+    "HostNotLoggedIn",
+    "HostRefused",
+    "HostTooOld",
     "HistoryAnswer",
     "MuxFrame",
     "TurnTracker",
@@ -97,6 +100,18 @@ CODE_TEXT = {
     "model-unavailable": "the selected model is not available on the DSH host",
     "attachment-error": "the DSH host refused an attachment (the model may not read images)",
 }
+
+
+class HostNotLoggedIn(HarnessError):
+    """HTTP 401/407: the host wants credentials (``[harness] token``)."""
+
+
+class HostRefused(HarnessError):
+    """HTTP 403: the host does not trust this client."""
+
+
+class HostTooOld(HarnessError):
+    """HTTP 404: the host has no such API (too old, or not DSH at all)."""
 
 
 class DshRpcError(HarnessError):
@@ -166,15 +181,15 @@ def http_error(method: str, status: int, body: bytes, *, loopback: bool) -> Harn
     """A non-2xx answer of the host, mapped once (the seed's transport error taxonomy)."""
     if status in (401, 407):
         code = "harness-auth-required" if status == 401 else "harness-proxy-auth-required"
-        return HarnessError(NOT_LOGGED_IN.format(status=status), code=code)
+        return HostNotLoggedIn(NOT_LOGGED_IN.format(status=status), code=code)
     if status == 403:
         if body[:64].strip() == b"forbidden":
             code = "harness-loopback-forbidden" if loopback else "harness-host-untrusted"
         else:
             code = "harness-request-forbidden"
-        return HarnessError(REFUSED.format(detail=f", {code}"), code=code)
+        return HostRefused(REFUSED.format(detail=f", {code}"), code=code)
     if status == 404:
-        return HarnessError(TOO_OLD.format(method=method), code="harness-api-not-found")
+        return HostTooOld(TOO_OLD.format(method=method), code="harness-api-not-found")
     return HarnessError(
         f"{method}: the DSH host failed (HTTP {status})", code="harness-http-failed"
     )
@@ -485,6 +500,8 @@ class AnswerScan:
             if not isinstance(data, dict):
                 continue
             turn = data.get("turn")
+            if isinstance(turn, bool) or not isinstance(turn, int | str):
+                continue  # malformed: a turn number is an int (or an id)
             kind = event.get("type")
             if kind == "turn/end":
                 reason = data.get("reason")
