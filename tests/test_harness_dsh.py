@@ -19,6 +19,8 @@ import httpx
 import pytest
 import structlog
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dshim.config import HarnessConfig, Secret, parse_config
 from dshim.errors import ConfigError, HarnessError
@@ -247,6 +249,44 @@ def test_history_scan_takes_the_last_message_of_completed_turns_across_pages() -
     assert protocol.event_time({"time": "2026-09-21T00:00:00Z"}) == 1789948800.0
     assert protocol.event_time({"time": 1_790_000_000_000}) == 1_790_000_000.0
     assert protocol.event_time({"time": True}) is None
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+_kinds = st.sampled_from(
+    ["user/message", "assistant/chunk", "assistant/message", "tool/call", "tool/result", "turn/end"]
+)
+_data = st.dictionaries(
+    st.sampled_from(["turn", "step", "chunk", "message", "reason", "name", "callId", "error"]),
+    _json | st.just(1),
+    max_size=5,
+)
+_event = st.fixed_dictionaries(
+    {"seq": st.integers(1, 30) | _json, "type": _kinds | _json, "data": _data | _json},
+    optional={"time": _json},
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(_event | _json, max_size=8))
+def test_events_of_any_shape_never_raise(events: list[Any]) -> None:
+    tracker = TurnTracker("r")
+    tracker.feed([_ev(0, "user/message", turn=1, source={"rpcId": "r"}), *events])
+    scan = protocol.AnswerScan()
+    scan.feed([e for e in events if isinstance(e, dict)])
+    protocol.page_events({"events": [{"event": e} for e in events], "hasMore": True})
+
+
+@settings(max_examples=100, deadline=None)
+@given(_json)
+def test_frames_of_any_shape_never_raise(payload: Any) -> None:
+    frame = {"type": "server-request", "rpcId": "x", "method": "session/event", "payload": payload}
+    protocol.decode_frame(json.dumps(frame))
 
 
 def test_config_accepts_dsh_keys_and_checks_the_url() -> None:
