@@ -4,6 +4,11 @@ A turn is ``async with aclosing(harness.prompt(session, parts, ctx)) as events``
 events are :data:`dshim.model.TurnEvent` values and the last one is a
 :class:`~dshim.model.TurnEnd`.  A harness instance belongs to one bot (an ACP agent
 process is per bot) and is opened and closed by the bot's runtime.
+
+Optional abilities, checked with ``isinstance``: :class:`ProbesCapabilities` (probe rows),
+:class:`ReadsHistory` (the backend's session history for quote recovery),
+:class:`ClosesSessions` (free a session when its conversation idles or is reset) and
+:class:`HasAgentCommands` (the agent's own slash commands).
 """
 
 from __future__ import annotations

@@ -39,6 +39,19 @@ doubling per consecutive failure, at most 30 s; a turn that ends well resets it)
 Everything that leaves this adapter is a turn event or a
 :class:`~dshim.errors.HarnessError`.
 
+Resources: the agent runs in its own process group (``start_new_session``), which is
+ended as a whole when the process fails, is abandoned or is closed (see
+:mod:`~dshim.harness.acp.rpc`).  With ``sessionCapabilities.close`` a session is closed
+(``session/close``) when its conversation went idle (only when it can be resumed: the
+next turn reopens it with its history) or was reset by ``/new``
+(:meth:`AcpHarness.close_session`, called by the pipeline).  ``[harness] mode`` is set
+with ``session/set_config_option`` (the ``category: "mode"`` select) on every new or
+reopened session.  ``available_commands_update`` keeps :attr:`AcpHarness.agent_commands`
+(``/help``, ``/agent``).  ``session/new`` answered -32000 by an agent that lists
+``authMethods`` becomes a reply naming them and the log-in command.  The reader task
+runs without the log context of the turn that spawned the agent; each routed event binds
+the context of its own turn.
+
 Models come from the session's ``configOptions`` (first ``category: "model"`` select,
 switched with ``session/set_config_option``) or the legacy ``models`` object
 (``session/set_model``).  Steering uses the ``_session/steering`` extension when the agent
