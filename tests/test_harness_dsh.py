@@ -624,3 +624,24 @@ async def test_an_oversized_or_deeply_nested_answer_is_an_error_not_a_crash(
             await h.list_models(None)
     assert info.value.code == "harness-response-invalid"
     await client.aclose()
+
+
+async def test_a_question_answered_in_another_client_is_withdrawn_with_a_note(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            sid = await h.create_session(title=None)
+            events: list[TurnEvent] = []
+            async with aclosing(h.prompt(sid, [TextPart("dsh:ask")], CTX)) as stream:
+                async for ev in stream:
+                    events.append(ev)
+                    if isinstance(ev, QuestionRequest) and ev.withdrawn is not None:
+                        [rpc] = list(fake.pending)
+                        fake.resolve_elsewhere(rpc)
+                        await ev.withdrawn()  # what the pipeline waits on
+    assert (
+        text_of(events)
+        == "(The question was answered in another client.)\n\nanswer: answered elsewhere"
+    )
+    assert not fake.calls_to("respond")

@@ -590,9 +590,13 @@ class DshHarness:
         sub.open.pop(approval_id, None)
         if waiting.elsewhere is not None and not waiting.answered:
             log.info("interaction_resolved_elsewhere", outcome=waiting.elsewhere)
-            yield TextDelta(
-                f"(The request “{tool}” was answered in another client: {waiting.elsewhere}.)\n\n"
-            )
+            if waiting.elsewhere in ("allowed-once", "rejected"):
+                note = (
+                    f"(The request “{tool}” was answered in another client: {waiting.elsewhere}.)"
+                )
+            else:
+                note = f"(The request “{tool}” was withdrawn by the DSH host: {waiting.elsewhere}.)"
+            yield TextDelta(note + "\n\n")
 
     async def _questions(self, sub: _Sub, frame: MuxFrame) -> AsyncGenerator[TurnEvent, None]:
         rpc = frame.rpc_id
@@ -641,7 +645,10 @@ class DshHarness:
         sub.open.pop(rpc, None)
         if waiting.elsewhere is not None:
             log.info("interaction_resolved_elsewhere", outcome=waiting.elsewhere)
-            yield TextDelta("(The question was answered in another client.)\n\n")
+            if waiting.elsewhere == "answered":
+                yield TextDelta("(The question was answered in another client.)\n\n")
+            else:
+                yield TextDelta("(The question was withdrawn by the DSH host.)\n\n")
             return
         waiting.answered = True
         if cancelled:
