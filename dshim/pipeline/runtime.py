@@ -488,14 +488,14 @@ class BotRuntime:
             if item.kind == "new":
                 old = await self.store.get_binding(self.bot.name, *item.msg.lane_key)
                 existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)
-                if old is not None:
-                    await self._close_session(old.session_id, "new")
                 text = (
                     "Started a new conversation: your next message opens a new session."
                     if existed
                     else "This chat had no session yet: your next message opens a new one."
                 )
                 await self.notifier.send_now(ReplyTarget.for_message(item.msg), text)
+                if old is not None:  # after the reply: closing may take the agent a while
+                    await self._close_session(old.session_id, "new")
             else:
                 await run_turn(self.turn_deps, item, lane)  # finishes the inbox entries itself
                 return
