@@ -645,3 +645,55 @@ async def test_a_question_answered_in_another_client_is_withdrawn_with_a_note(
         == "(The question was answered in another client.)\n\nanswer: answered elsewhere"
     )
     assert not fake.calls_to("respond")
+
+
+def test_a_message_without_a_turn_number_joins_the_open_or_the_next_turn() -> None:
+    def user(seq: int) -> dict[str, Any]:
+        return _ev(seq, "user/message", source={"rpcId": "mine"})
+
+    open_turn = TurnTracker("mine")
+    out = open_turn.feed(
+        [
+            _ev(1, "turn/start", turn=4),
+            user(2),
+            _chunk(3, "yes", turn=4),
+            _ev(4, "turn/end", turn=4, reason="completed"),
+        ]
+    )
+    assert out == [TextDelta("yes")] and open_turn.done
+
+    queued = TurnTracker("mine")
+    out = queued.feed(
+        [
+            _ev(1, "turn/start", turn=1),
+            _chunk(2, "theirs", turn=1),
+            _ev(3, "turn/end", turn=1, reason="completed"),
+            user(4),  # queued: the host numbers turns, none is open
+            _ev(5, "turn/start", turn=2),
+            _chunk(6, "ours"),
+            _ev(7, "turn/end", turn=2, reason="completed"),
+        ]
+    )
+    assert out == [TextDelta("ours")] and queued.done
+
+    unnumbered = TurnTracker("mine")
+    out = unnumbered.feed(
+        [
+            user(1),
+            _ev(2, "assistant/chunk", chunk={"type": "text-delta", "text": "plain"}),
+            _ev(3, "turn/end", reason="completed"),
+        ]
+    )
+    assert out == [TextDelta("plain")] and unnumbered.done
+
+
+async def test_a_workspace_registered_with_a_trailing_slash_is_found(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dsh() as fake:
+            wid = fake.add_workspace(str(tmp_path) + "/")
+            async with adapter(tmp_path, fake) as h:
+                await h.create_session(title=None)
+    assert not fake.calls_to("workspace.create")
+    assert fake.calls_to("session.create")[0].payload == {"workspaceId": wid}

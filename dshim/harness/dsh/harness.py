@@ -378,27 +378,33 @@ class DshHarness:
 
     async def _workspace(self) -> str:
         async with self._workspace_lock:
-            if self._workspace_id is not None:
-                return self._workspace_id
-            value = await self.call("workspace.list", {})
-            items = value.get("items") if isinstance(value, dict) else None
-            for item in items if isinstance(items, list) else []:
-                if isinstance(item, dict) and item.get("path") == self.workspace:
-                    wid = item.get("workspaceId")
-                    if isinstance(wid, str):
-                        self._workspace_id = wid
-                        return wid
+            if self._workspace_id is None:
+                self._workspace_id = await self._find_workspace() or await self._create_workspace()
+            return self._workspace_id
+
+    async def _find_workspace(self) -> str | None:
+        """The id ``workspace.list`` gives our path (compared normalized), if any."""
+        return protocol.workspace_id(await self.call("workspace.list", {}), self.workspace)
+
+    async def _create_workspace(self) -> str:
+        try:
             created = await self.call("workspace.create", {"path": self.workspace})
-            ws = created.get("workspace") if isinstance(created, dict) else None
-            wid = ws.get("workspaceId") if isinstance(ws, dict) else None
-            if not isinstance(wid, str):
-                raise HarnessError(
-                    "workspace.create: the DSH host sent no workspaceId",
-                    code="harness-response-invalid",
-                )
-            log.info("workspace_created", path=self.workspace)
-            self._workspace_id = wid
-            return wid
+        except DshRpcError:
+            # Registered meanwhile (another client), under a spelling we did not match:
+            # look once more before giving up.
+            found = await self._find_workspace()
+            if found is None:
+                raise
+            return found
+        ws = created.get("workspace") if isinstance(created, dict) else None
+        wid = ws.get("workspaceId") if isinstance(ws, dict) else None
+        if not isinstance(wid, str):
+            raise HarnessError(
+                "workspace.create: the DSH host sent no workspaceId",
+                code="harness-response-invalid",
+            )
+        log.info("workspace_created", path=self.workspace)
+        return wid
 
     async def create_session(self, *, title: str | None) -> str:
         payload: dict[str, Any] = {"workspaceId": await self._workspace()}
@@ -525,7 +531,7 @@ class DshHarness:
                     if frame.kind == "session/event":
                         for event in tracker.feed([frame.payload.get("event")]):
                             yield event
-                    elif tracker.turn is None:
+                    elif not tracker.matched:
                         log.info("interaction_not_ours", kind=frame.kind)  # an earlier turn's
                     elif frame.kind == "approval/requested":
                         async for event in self._approval(sub, frame):
@@ -813,10 +819,7 @@ class DshHarness:
         except HarnessError as exc:
             items.append(ProbeItem(name="workspace", result="fail", detail=str(exc)))
         else:
-            listed = any(
-                isinstance(i, dict) and i.get("path") == self.workspace
-                for i in (value.get("items") or [] if isinstance(value, dict) else [])
-            )
+            listed = protocol.workspace_id(value, self.workspace) is not None
             where = "registered on the host" if listed else "created on first use"
             items.append(
                 ProbeItem(

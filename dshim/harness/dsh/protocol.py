@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import posixpath
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -237,6 +238,20 @@ def content_blocks(text: str, images: Sequence[ImagePart]) -> list[dict[str, Any
     return blocks
 
 
+def workspace_id(value: Any, path: str) -> str | None:
+    """The ``workspaceId`` a ``workspace.list`` value gives ``path`` (compared normalized:
+    ``/w/`` is ``/w``), or None."""
+    items = value.get("items") if isinstance(value, dict) else None
+    want = posixpath.normpath(path)
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+            continue
+        wid = item.get("workspaceId")
+        if posixpath.normpath(item["path"]) == want and isinstance(wid, str):
+            return wid
+    return None
+
+
 # --- mux frames -----------------------------------------------------------------------------
 
 
@@ -352,6 +367,11 @@ def end_for(reason: Any) -> TurnEnd:
     )
 
 
+def _turn_of(data: Mapping[str, Any]) -> int | None:
+    turn = data.get("turn")
+    return turn if isinstance(turn, int) and not isinstance(turn, bool) else None
+
+
 class TurnTracker:
     """One prompt's turn, followed through its session's events (from the mux or history)."""
 
@@ -359,11 +379,19 @@ class TurnTracker:
         self.prompt_rpc_id = prompt_rpc_id
         #: The highest ``seq`` consumed (events at or below it are duplicates).
         self.last_seq = after_seq
-        self.turn: Any = None
+        #: Our ``user/message`` was seen (the prompt reached the session).
+        self.matched = False
+        #: Our turn's number (None: not known, or the host numbers no turns).
+        self.turn: int | None = None
+        self._open_turn: int | None = None
+        #: Our message was queued behind a running turn: ours is the next ``turn/start``.
+        self._await_start = False
         self.end: TurnEnd | None = None
         self._step: Any = None
         self._step_text = ""
         self._sep = False
+        #: The host numbers its turns (so a message without a number waits for one).
+        self._seen_start = False
         self.text = ""
 
     @property
@@ -387,16 +415,32 @@ class TurnTracker:
         data = event.get("data")
         if not isinstance(data, dict):
             return []
-        if self.turn is None:
+        turn = _turn_of(data)
+        if kind == "turn/start" and turn is not None:
+            self._seen_start = True
+            if self.matched and self.turn is None:
+                self.turn, self._await_start = turn, False  # ours started (it was queued)
+            elif not self.matched:
+                self._open_turn = turn
+            return []
+        if not self.matched:
             source = data.get("source")
             if (
                 kind == "user/message"
                 and isinstance(source, dict)
                 and source.get("rpcId") == self.prompt_rpc_id
             ):
-                self.turn = data.get("turn")
+                # The message names its turn; else it belongs to the open turn (the seed's
+                # rule); else, when the host numbers turns, ours is the next turn/start.
+                self.matched = True
+                self.turn = turn if turn is not None else self._open_turn
+                self._await_start = self.turn is None and self._seen_start
+            elif kind == "turn/end" and turn is not None and turn == self._open_turn:
+                self._open_turn = None
             return []
-        if data.get("turn", self.turn) != self.turn:
+        if self._await_start:
+            return []
+        if self.turn is not None and "turn" in data and turn != self.turn:
             return []
         if kind == "assistant/chunk":
             chunk = data.get("chunk")
