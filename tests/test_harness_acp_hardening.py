@@ -265,3 +265,23 @@ async def test_agent_commands_are_listed_and_reachable_with_agent(tmp_path: Path
 
 def test_child_pid_helper_sees_this_process() -> None:
     assert alive(os.getpid())
+
+
+def test_login_text_names_the_agents_own_login_command() -> None:
+    from dshim.harness.acp.protocol import AuthMethod, auth_methods, login_text
+
+    methods = auth_methods(
+        [
+            {
+                "id": "claude-login",
+                "name": "Log in with Claude",
+                "description": "Run `claude /login`",
+            },
+            7,
+        ]
+    )
+    assert methods == (AuthMethod("claude-login", "Log in with Claude", "Run `claude /login`"),)
+    text = login_text(methods, ["/usr/local/bin/claude-agent-acp"])
+    assert "run `claude /login` on the host" in text
+    assert "run `codex login` on the host" in login_text(methods, ["npx", "codex-acp"])
+    assert "log the agent in on the host" in login_text(methods, ["my-agent"])
