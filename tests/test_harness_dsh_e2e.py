@@ -216,7 +216,8 @@ async def test_approval_is_answered_over_im(autojump_clock: trio.abc.Clock, tmp_
             await trio.sleep(3)
     texts = w.texts()
     [asked] = [t for t in texts if "shell" in t and "1." in t]
-    assert "Allow once" in asked and "Reject" in asked and "ls -la" in asked
+    assert "Allow once" in asked and "Reject" in asked and "run `ls -la`" in asked
+    assert 'arguments: {"command": "ls -la"}' in asked
     assert "approval: allowed-once" in texts
     [respond] = w.dsh.calls_to("respond")
     assert respond.rpc_id is not None and respond.rpc_id.startswith("approval-")

@@ -534,7 +534,7 @@ class DshHarness:
                     elif not tracker.matched:
                         log.info("interaction_not_ours", kind=frame.kind)  # an earlier turn's
                     elif frame.kind == "approval/requested":
-                        async for event in self._approval(sub, frame):
+                        async for event in self._approval(sub, frame, tracker):
                             yield event
                     elif frame.kind == "question/requested":
                         async for event in self._questions(sub, frame):
@@ -564,7 +564,9 @@ class DshHarness:
                     code="harness-reply-timeout",
                 )
 
-    async def _approval(self, sub: _Sub, frame: MuxFrame) -> AsyncGenerator[TurnEvent, None]:
+    async def _approval(
+        self, sub: _Sub, frame: MuxFrame, tracker: TurnTracker
+    ) -> AsyncGenerator[TurnEvent, None]:
         p = frame.payload
         rpc = frame.rpc_id
         approval_id = p.get("approvalId")
@@ -575,6 +577,10 @@ class DshHarness:
         sub.open[approval_id] = waiting
         tool = p.get("toolName") if isinstance(p.get("toolName"), str) else "a tool"
         reason = p.get("reason") if isinstance(p.get("reason"), str) else None
+        call_id = p.get("callId")
+        args = tracker.tool_args.get(call_id) if isinstance(call_id, str) else None
+        if args and args not in ("{}", "null"):
+            reason = f"{reason}\narguments: {args}" if reason else f"arguments: {args}"
 
         async def reply(option_id: str | None) -> None:
             if waiting.answered or waiting.elsewhere is not None:

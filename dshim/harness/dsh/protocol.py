@@ -372,6 +372,10 @@ def _turn_of(data: Mapping[str, Any]) -> int | None:
     return turn if isinstance(turn, int) and not isinstance(turn, bool) else None
 
 
+#: Characters of a tool call's arguments shown with its approval request.
+TOOL_ARGS_MAX = 300
+
+
 class TurnTracker:
     """One prompt's turn, followed through its session's events (from the mux or history)."""
 
@@ -392,6 +396,8 @@ class TurnTracker:
         self._sep = False
         #: The host numbers its turns (so a message without a number waits for one).
         self._seen_start = False
+        #: Arguments of this turn's tool calls by callId (shown with their approvals).
+        self.tool_args: dict[str, str] = {}
         self.text = ""
 
     @property
@@ -462,6 +468,10 @@ class TurnTracker:
         if kind == "tool/call":
             name = data.get("name")
             call_id = data.get("callId")
+            args = data.get("arguments")
+            if isinstance(call_id, str) and len(self.tool_args) < 100:
+                text = args if isinstance(args, str) else msgspec.json.encode(args).decode()
+                self.tool_args[call_id] = " ".join(text.split())[:TOOL_ARGS_MAX]
             return [
                 ToolProgress(
                     title=name if isinstance(name, str) and name else "tool",

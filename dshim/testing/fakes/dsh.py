@@ -595,7 +595,12 @@ class FakeDsh(FakePlatform[RpcCall]):
             self._event(
                 s,
                 "tool/call",
-                {"turn": s.turns, "callId": "call-x", "name": "shell", "arguments": "{}"},
+                {
+                    "turn": s.turns,
+                    "callId": "call-x",
+                    "name": "shell",
+                    "arguments": '{"command": "ls -la"}',
+                },
             )
             payload = {
                 "type": "approval/requested",
