@@ -10,7 +10,7 @@ autojump clock with a hard deadline; the end-to-end tests through Telegram are i
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -327,6 +327,19 @@ async def run(h: DshHarness, sid: str, text: str, **answers: Any) -> list[TurnEv
     return out
 
 
+Hook = Callable[[TurnEvent, list[TurnEvent]], Awaitable[None]]
+
+
+async def watch(h: DshHarness, sid: str, text: str, hook: Hook) -> list[TurnEvent]:
+    """One turn; ``hook`` sees every event (and the events so far) as it arrives."""
+    events: list[TurnEvent] = []
+    async with aclosing(h.prompt(sid, [TextPart(text)], CTX)) as stream:
+        async for ev in stream:
+            events.append(ev)
+            await hook(ev, events)
+    return events
+
+
 def text_of(events: list[TurnEvent]) -> str:
     return "".join(e.text for e in events if isinstance(e, TextDelta))
 
@@ -423,13 +436,13 @@ async def test_mux_lost_mid_turn_continues_by_polling_without_repeats(
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
-            events: list[TurnEvent] = []
-            async with aclosing(h.prompt(sid, [TextPart("dsh:slow 6")], CTX)) as stream:
-                async for ev in stream:
-                    events.append(ev)
-                    if text_of(events).count("chunk") == 2:
-                        fake.mux_enabled = False
-                        await fake.close_mux()
+
+            async def cut(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if text_of(events).count("chunk") == 2 and isinstance(ev, TextDelta):
+                    fake.mux_enabled = False
+                    await fake.close_mux()
+
+            events = await watch(h, sid, "dsh:slow 6", cut)
     assert text_of(events) == "".join(f"chunk {i} " for i in range(6))
     assert isinstance(events[-1], TurnEnd) and events[-1].error is None
     assert [e["reason"] for e in logs if e["event"] == "turn_events_polled"] == ["events mux lost"]
@@ -443,14 +456,14 @@ async def test_malformed_mux_frames_do_not_stop_the_turn(
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
             await h.check()
-            async with aclosing(h.prompt(sid, [TextPart("dsh:slow 3")], CTX)) as stream:
-                events = []
-                async for ev in stream:
-                    events.append(ev)
-                    if len(events) == 1:
-                        for send in fake.mux:
-                            for bad in ("nope", "[" * 5000, json.dumps({"type": "server-request"})):
-                                send.send_nowait(bad)
+
+            async def garbage(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if len(events) == 1:
+                    for send in fake.mux:
+                        for bad in ("nope", "[" * 5000, json.dumps({"type": "server-request"})):
+                            send.send_nowait(bad)
+
+            events = await watch(h, sid, "dsh:slow 3", garbage)
     assert text_of(events) == "chunk 0 chunk 1 chunk 2 "
     assert sum(1 for e in logs if e["event"] == "event_dropped") == 3
 
@@ -461,15 +474,15 @@ async def test_respond_refusals_are_logged_and_the_turn_goes_on(
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
-            events: list[TurnEvent] = []
-            async with aclosing(h.prompt(sid, [TextPart("dsh:approve")], CTX)) as stream:
-                async for ev in stream:
-                    events.append(ev)
-                    if isinstance(ev, ApprovalRequest) and ev.reply is not None:
-                        [rpc] = list(fake.pending)
-                        fake.pending[rpc].done.set()  # answered meanwhile: not pending
-                        fake.pending[rpc].result = {"outcome": "rejected"}
-                        await ev.reply("allowed-once")
+
+            async def late(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if isinstance(ev, ApprovalRequest) and ev.reply is not None:
+                    [rpc] = list(fake.pending)
+                    fake.pending[rpc].done.set()  # answered meanwhile: not pending
+                    fake.pending[rpc].result = {"outcome": "rejected"}
+                    await ev.reply("allowed-once")
+
+            events = await watch(h, sid, "dsh:approve", late)
     refused = [e for e in logs if e["event"] == "interaction_response_refused"]
     assert [e["reason"] for e in refused] == ["not-pending"]
     assert text_of(events) == "approval: rejected"
@@ -559,16 +572,14 @@ async def test_a_response_the_host_calls_bad_is_logged(
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
-            async with aclosing(h.prompt(sid, [TextPart("dsh:approve")], CTX)) as stream:
-                async for ev in stream:
-                    if isinstance(ev, ApprovalRequest) and ev.reply is not None:
-                        [rpc] = list(fake.pending)
-                        await h._respond(
-                            rpc, {"sessionId": sid, "approvalId": "x", "outcome": "ok"}
-                        )
-                        await ev.reply("rejected")
-                    elif isinstance(ev, TurnEnd):
-                        break
+
+            async def bad(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if isinstance(ev, ApprovalRequest) and ev.reply is not None:
+                    [rpc] = list(fake.pending)
+                    await h._respond(rpc, {"sessionId": sid, "approvalId": "x", "outcome": "ok"})
+                    await ev.reply("rejected")
+
+            await watch(h, sid, "dsh:approve", bad)
     reasons = [e.get("reason") for e in logs if e["event"].startswith("interaction_response")]
     assert reasons == ["bad-response", None]
 
@@ -579,12 +590,12 @@ async def test_a_turn_returns_to_the_mux_when_it_is_back(
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
-            events: list[TurnEvent] = []
-            async with aclosing(h.prompt(sid, [TextPart("dsh:slow 8")], CTX)) as stream:
-                async for ev in stream:
-                    events.append(ev)
-                    if text_of(events) == "chunk 0 chunk 1 ":
-                        await fake.close_mux()  # dropped; the host takes it back at once
+
+            async def drop(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if text_of(events) == "chunk 0 chunk 1 " and isinstance(ev, TextDelta):
+                    await fake.close_mux()  # dropped; the host takes it back at once
+
+            events = await watch(h, sid, "dsh:slow 8", drop)
     assert text_of(events) == "".join(f"chunk {i} " for i in range(8))
     follows = [(e["event"], e.get("reason")) for e in logs if e["event"].startswith("turn_events")]
     assert follows == [
@@ -632,14 +643,14 @@ async def test_a_question_answered_in_another_client_is_withdrawn_with_a_note(
     with trio.fail_after(DEADLINE):
         async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
             sid = await h.create_session(title=None)
-            events: list[TurnEvent] = []
-            async with aclosing(h.prompt(sid, [TextPart("dsh:ask")], CTX)) as stream:
-                async for ev in stream:
-                    events.append(ev)
-                    if isinstance(ev, QuestionRequest) and ev.withdrawn is not None:
-                        [rpc] = list(fake.pending)
-                        fake.resolve_elsewhere(rpc)
-                        await ev.withdrawn()  # what the pipeline waits on
+
+            async def elsewhere(ev: TurnEvent, events: list[TurnEvent]) -> None:
+                if isinstance(ev, QuestionRequest) and ev.withdrawn is not None:
+                    [rpc] = list(fake.pending)
+                    fake.resolve_elsewhere(rpc)
+                    await ev.withdrawn()  # what the pipeline waits on
+
+            events = await watch(h, sid, "dsh:ask", elsewhere)
     assert (
         text_of(events)
         == "(The question was answered in another client.)\n\nanswer: answered elsewhere"
