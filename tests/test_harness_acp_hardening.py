@@ -150,7 +150,7 @@ async def test_unknown_mode_is_logged_and_the_turn_still_runs(tmp_path: Path) ->
         async with rig_with(tmp_path, cfg={"mode": "yolo"}) as (rig, _):
             answer = await ask(rig, "/mode")
     assert answer == "mode: auto"
-    [warning] = [e for e in logs if e["event"] == "agent_mode_unknown"]
+    [warning] = [e for e in logs if e["event"] == "agent_mode_ignored"]
     assert warning["available"] == ["auto", "ask", "plan"]
 
 

@@ -558,7 +558,7 @@ class AcpHarness:
         except AgentRpcError as exc:
             caps = agent.caps
             if exc.rpc_code == AUTH_REQUIRED and caps is not None and caps.auth:
-                log.warning("agent_login_required", methods=[m.id for m in caps.auth])
+                log.warning("agent_login_needed", methods=[m.id for m in caps.auth])
                 raise HarnessError(
                     protocol.login_text(caps.auth, self._argv), code="agent-auth-required"
                 ) from exc
@@ -577,13 +577,18 @@ class AcpHarness:
             return
         option = protocol.category_option(state.config_options, "mode")
         if option is None:
-            log.warning("agent_mode_unsupported", mode=self.mode)
+            log.warning("agent_mode_ignored", mode=self.mode, reason="the agent offers no modes")
             return
         values = protocol.select_values(option)
         try:
             chosen = protocol.choose(self.mode, values)
         except HarnessError:
-            log.warning("agent_mode_unknown", mode=self.mode, available=[v for v, _ in values])
+            log.warning(
+                "agent_mode_ignored",
+                mode=self.mode,
+                reason="not offered",
+                available=[v for v, _ in values],
+            )
             return
         if option.get("currentValue") == chosen:
             return

@@ -337,7 +337,7 @@ class DshHarness:
                 if isinstance(exc, trio_websocket.ConnectionRejected):
                     reason = f"HTTP {exc.status_code}"
                 if opened_at is None:
-                    log.info("events_unavailable", reason=reason)
+                    log.info("events_connect_failed", reason=reason)
                 else:
                     log.warning("events_disconnected", reason=reason)
             finally:
@@ -532,7 +532,7 @@ class DshHarness:
                         for event in tracker.feed([frame.payload.get("event")]):
                             yield event
                     elif not tracker.matched:
-                        log.info("interaction_not_ours", kind=frame.kind)  # an earlier turn's
+                        log.info("interaction_ignored", kind=frame.kind, reason="before this turn")
                     elif frame.kind == "approval/requested":
                         async for event in self._approval(sub, frame, tracker):
                             yield event
