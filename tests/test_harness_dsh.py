@@ -708,3 +708,18 @@ async def test_a_workspace_registered_with_a_trailing_slash_is_found(
                 await h.create_session(title=None)
     assert not fake.calls_to("workspace.create")
     assert fake.calls_to("session.create")[0].payload == {"workspaceId": wid}
+
+
+async def test_images_a_text_only_model_refuses_are_left_out_with_a_note(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            fake.images_refused = True
+            sid = await h.create_session(title=None)
+            image = ImagePart(mime="image/png", data=b"\x89PNG1234")
+            answer = text_of(await run(h, sid, "look", images=[image]))
+    first, second = fake.calls_to("session.prompt")
+    assert first.rpc_id == second.rpc_id  # the same prompt, refused once
+    assert len(second.payload["content"]) == 1
+    assert answer.startswith("echo: look\n\n[1 image(s) attached by the user were left out")

@@ -473,28 +473,7 @@ class DshHarness:
                 log.info("turn_events_streamed")
                 after = -1.0
             tracker = TurnTracker(rpc_id, after_seq=after)
-            try:
-                await self.call(
-                    "session.prompt",
-                    {
-                        "sessionId": session_id,
-                        "mode": "queue",
-                        "content": protocol.content_blocks(text, images),
-                        "clientTimeZone": _time_zone(),
-                    },
-                    rpc_id=rpc_id,
-                )
-            except HarnessError as exc:
-                if isinstance(exc, DshRpcError) and exc.rpc_code == "session-not-found":
-                    raise _SessionGone from exc
-                if exc.code != "harness-timeout":
-                    raise
-                # Sent, outcome unknown: never sent again (it would run twice).
-                raise HarnessError(
-                    "the DSH host did not confirm the message in time; it may still be "
-                    "answered there (check the DSH UI, or /stop) before you send it again",
-                    code="harness-result-uncertain",
-                ) from exc
+            await self._send_prompt(session_id, rpc_id, text, images)
             accepted = True
             async for event in self._follow(session_id, tracker, owner):
                 yield event
@@ -510,6 +489,50 @@ class DshHarness:
                     await self._stop(session_id, tracker, owner)
             if self._sub_of(session_id, owner) is not None:
                 del self._subs[session_id]
+
+    async def _send_prompt(
+        self, session_id: str, rpc_id: str, text: str, images: list[ImagePart]
+    ) -> None:
+        """``session.prompt`` (mode queue).  A refusal of the images (the model cannot read
+        them) sends it once more without them, with a note, under the same ``rpcId``
+        (refused: nothing ran).  A timeout is never followed by a second send."""
+        try:
+            try:
+                await self._prompt_call(session_id, rpc_id, text, images)
+            except DshRpcError as exc:
+                if not images or exc.rpc_code != "attachment-error":
+                    raise
+                log.info("prompt_images_refused", images=len(images))
+                note = (
+                    f"[{len(images)} image(s) attached by the user were left out: the "
+                    "selected model cannot read images]"
+                )
+                await self._prompt_call(session_id, rpc_id, f"{text}\n\n{note}", [])
+        except HarnessError as exc:
+            if isinstance(exc, DshRpcError) and exc.rpc_code == "session-not-found":
+                raise _SessionGone from exc
+            if exc.code != "harness-timeout":
+                raise
+            # Sent, outcome unknown: never sent again (it would run twice).
+            raise HarnessError(
+                "the DSH host did not confirm the message in time; it may still be "
+                "answered there (check the DSH UI, or /stop) before you send it again",
+                code="harness-result-uncertain",
+            ) from exc
+
+    async def _prompt_call(
+        self, session_id: str, rpc_id: str, text: str, images: list[ImagePart]
+    ) -> None:
+        await self.call(
+            "session.prompt",
+            {
+                "sessionId": session_id,
+                "mode": "queue",
+                "content": protocol.content_blocks(text, images),
+                "clientTimeZone": _time_zone(),
+            },
+            rpc_id=rpc_id,
+        )
 
     async def _follow(
         self, session_id: str, tracker: TurnTracker, owner: object

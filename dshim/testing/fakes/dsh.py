@@ -22,6 +22,7 @@ anything else         a reasoning delta ``thinking``, then ``echo: <text>`` in c
 
 Knobs: ``token`` (require ``Authorization: Bearer``), ``forbidden`` (403 ``forbidden``),
 ``old`` (404 for every API), ``mux_enabled`` (False: the websocket upgrade gets 404),
+``images_refused`` (a prompt with images answers ``attachment-error``),
 ``down`` (drop every connection unanswered), and the :class:`FakePlatform` faults keyed
 by method name (``session.prompt`` ...).  :meth:`FakeDsh.seed_answer` writes a completed
 turn into a session's history (for quote recovery); :meth:`FakeDsh.resolve_elsewhere`
@@ -144,6 +145,8 @@ class FakeDsh(FakePlatform[RpcCall]):
         self.old = False
         self.down = False
         self.mux_enabled = True
+        #: session.prompt with images answers attachment-error (a text-only model).
+        self.images_refused = False
         self.url = ""
         self.workspaces: dict[str, str] = {}
         self.sessions: dict[str, _Session] = {}
@@ -429,6 +432,8 @@ class FakeDsh(FakePlatform[RpcCall]):
             b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"
         ]
         images = [b for b in content if isinstance(b, dict) and b.get("type") == "image"]
+        if images and self.images_refused:
+            raise _RpcFailure("attachment-error", "MODEL_DOES_NOT_SUPPORT_IMAGES")
         text = "\n".join(texts)
         if mode == "steer":
             if s.running is None:
