@@ -13,6 +13,10 @@ workspace``), then ``session.create`` (with ``agentPreset`` when configured) and
 with ``session.rename`` (best effort).  A turn is one ``session.prompt`` with ``mode:
 "queue"``, the prompt text and images, and ``clientTimeZone``; its ``rpcId`` identifies
 the turn among the session's events (:class:`~dshim.harness.dsh.protocol.TurnTracker`).
+A prompt is sent again only when the host refused it: with its images left out (and a
+note) after ``attachment-error``, or to a new session after ``session-not-found`` (the
+binding then maps to the new session); after a timeout it is never sent again.  Answers
+are read up to 32 MiB.
 
 Events: one websocket per bot to ``/api/events.mux`` (reconnected with backoff, 0.5 s to
 30 s) feeds the running turns: a turn subscribes to its session before it sends the
@@ -20,7 +24,8 @@ prompt, so it sees every event of its turn.  When the mux is not connected withi
 ``mux_wait_s`` the turn follows ``session.history`` instead (the latest 50 events every
 300 ms, bounded by the turn's quiet window) and says so in the log
 (``turn_events_polled``); when the mux breaks during a turn the turn goes on polling from
-the last ``seq`` it saw, so nothing is lost or shown twice.  The quiet window
+the last ``seq`` it saw (older windows are read when more happened than one holds), so
+nothing is lost or shown twice, and returns to the mux once it is back.  The quiet window
 (``reply_timeout_s``, 10 minutes) resets on every new event; when it passes, the turn
 ends with an error unless ``session.list`` says the session is still running.
 
