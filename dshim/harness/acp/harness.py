@@ -636,7 +636,8 @@ class AcpHarness:
             return False
         async with self._session_lock:
             sid = self._aliases.get(session_id, session_id)
-            if sid not in agent.sessions or sid in agent.turns or self._in_use.get(sid):
+            busy = self._in_use.get(session_id) or self._in_use.get(sid)
+            if sid not in agent.sessions or sid in agent.turns or busy:
                 return False
             if sid == self._spare:
                 return False
