@@ -2,8 +2,8 @@
 
     [dshim]        data_dir, backlog_max_age_s
     [harness]      kind = "echo" | "openai" (base_url, api_key, model, system_prompt,
-                   max_context_messages, vision) | "acp" (command, env, cwd);
-                   interaction_timeout_s
+                   max_context_messages, vision) | "acp" (command, env, cwd, mode) |
+                   "dsh" (base_url, token, workspace, agent_preset); interaction_timeout_s
     [[bots]]       name, channel, enabled, credentials ("${ENV}"), api_base, backlog_max_age_s,
                    [bots.access] [bots.prompt] [bots.reply] [bots.lanes]
 
@@ -132,8 +132,8 @@ def is_loopback(host: str) -> bool:
 
 
 class HarnessConfig(_Base):
-    kind: Literal["echo", "openai", "acp"] = "echo"
-    # openai
+    kind: Literal["echo", "openai", "acp", "dsh"] = "echo"
+    # openai, dsh
     base_url: str | None = None
     api_key: Secret | None = None
     model: str | None = None
@@ -144,6 +144,12 @@ class HarnessConfig(_Base):
     command: list[str] | None = None
     env: dict[str, str] = msgspec.field(default_factory=dict)
     cwd: str | None = None
+    #: The agent's mode (ACP config option of category "mode"), applied to every session.
+    mode: str | None = None
+    # dsh
+    token: Secret | None = None
+    workspace: str | None = None
+    agent_preset: str | None = None
     # shared
     interaction_timeout_s: float = 600.0
 
@@ -669,6 +675,10 @@ def _check_semantics(config: Config, label: str) -> None:
             raise ConfigError(
                 f"{label}: harness.base_url: expected an http:// or https:// URL, got {_describe_value(h.base_url)}"
             )
+    if h.kind == "dsh" and h.base_url and not h.base_url.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{label}: harness.base_url: expected an http:// or https:// URL, got {_describe_value(h.base_url)}"
+        )
     if h.kind == "acp" and not h.command:
         raise ConfigError(f'{label}: harness.command: required when kind = "acp"')
     if h.max_context_messages < 1:
@@ -816,6 +826,14 @@ interaction_timeout_s = 600           # approvals and questions unanswered this 
 # command = ["gemini", "--acp"]       # or ["claude-agent-acp"], ["codex-acp"]
 # env = { GEMINI_API_KEY = "${GEMINI_API_KEY}" }
 # cwd = "/srv/agent-work"             # the agent's workspace
+# mode = "default"                    # the agent mode that asks before tools (claude-agent-acp)
+
+# A DSH agent host instead: replace the [harness] table with
+# [harness]
+# kind = "dsh"
+# base_url = "http://127.0.0.1:3080"
+# token = "${DSH_TOKEN}"              # optional
+# workspace = "/srv/agent-work"
 
 # An OpenAI-compatible Chat Completions server instead: replace the [harness] table with
 # [harness]

@@ -55,7 +55,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import structlog
@@ -73,6 +73,9 @@ from dshim.model import (
     ReplyReference,
 )
 from dshim.store.base import OutboundEntry, Store
+
+if TYPE_CHECKING:
+    from dshim.harness.base import ReadsHistory
 
 __all__ = [
     "ATTACHMENT_NAME_MAX",
@@ -295,6 +298,9 @@ class ResolveContext:
     #: Told how the quote was resolved (metrics): ``snapshot``, ``loaded``, ``recovered``,
     #: or the unavailable reason.
     on_result: Callable[[str], None] | None = None
+    #: The harness, when its backend keeps session history (DSH): searched after the
+    #: transcript, within the same page budget, for an answer the transcript lacks.
+    history: ReadsHistory | None = None
 
 
 _LOADED_FIELDS = (
@@ -469,13 +475,20 @@ async def _recover(ref: ReplyReference, ctx: ResolveContext) -> _Recovery | None
             complete = True
             break
         before = min(row.id for row in rows)  # the next page is older than this one
+    source = "history"
+    if not found and ctx.history is not None:
+        complete, found = await _backend_answers(ctx.history, ctx.session_id, t, budget)
+        source = "backend_history"
+        if len(found) > 1:
+            log.info("reply_recovery_failed", message_id=qid, cause="ambiguous_backend_history")
+            return None
     if not complete:
         log.info("reply_recovery_failed", message_id=qid, cause="budget_exhausted")
         return None
     if len(found) != 1:
         log.info("reply_recovery_failed", message_id=qid, cause="no_candidate")
         return None
-    log.info("reply_recovered", message_id=qid, source="history")
+    log.info("reply_recovered", message_id=qid, source=source)
     write_back = (
         OutboundEntry(message_ids=[qid], text=found[0], sent_at=t, completed_at=t)
         if qid is not None
@@ -503,6 +516,26 @@ def _apply(ref: ReplyReference, found: _Recovery) -> None:
         ref.content = None
         ref.attachments = []
         ref.unavailable_reason = DELETED
+
+
+async def _backend_answers(
+    history: ReadsHistory, session_id: str, t: float, budget: ReplyBudget
+) -> tuple[bool, list[str]]:
+    """(scan complete, answers within the window) from the harness' own session history."""
+    before: str | None = None
+    found: list[str] = []
+    for _page in range(budget.pages):
+        page = await history.history(session_id, before=before, limit=budget.rows_per_page)
+        found.extend(
+            text for text, at in page.items if abs(at - t) <= budget.window_s and clean_text(text)
+        )
+        if len(found) > 1:
+            return True, found
+        oldest = page.oldest_at
+        if page.before is None or (oldest is not None and oldest < t - budget.window_s):
+            return True, found
+        before = page.before
+    return False, found
 
 
 def _mark_unrecovered(ref: ReplyReference) -> None:

@@ -50,7 +50,7 @@ def tg(**kw: object) -> dict[str, object]:
         ),
         (
             {"harness": {"kind": "gpt"}},
-            'dshim.toml: harness.kind: expected "echo", "openai" or "acp", got "gpt"',
+            'dshim.toml: harness.kind: expected "echo", "openai", "acp" or "dsh", got "gpt"',
         ),
         ({"bots": {"name": "x"}}, "dshim.toml: bots: expected an array, got a table"),
         (bots(tg(channel="icq")), 'dshim.toml: bots[0].channel: expected one of "weixin"'),

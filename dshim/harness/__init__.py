@@ -15,6 +15,7 @@ import trio
 from dshim.errors import single_error
 from dshim.harness.acp import AcpHarness
 from dshim.harness.base import Harness
+from dshim.harness.dsh import DshHarness
 from dshim.harness.echo import EchoHarness
 from dshim.harness.openai import OpenAIHarness
 
@@ -35,6 +36,8 @@ def create_harness(
         return OpenAIHarness(cfg, bot=bot, store=store)
     if cfg.kind == "acp":
         return AcpHarness(cfg, bot=bot, workspace=workspace)
+    if cfg.kind == "dsh":
+        return DshHarness(cfg, bot=bot, workspace=workspace)
     raise ValueError(f"unknown harness kind {cfg.kind!r}")
 
 

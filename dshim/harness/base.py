@@ -4,6 +4,11 @@ A turn is ``async with aclosing(harness.prompt(session, parts, ctx)) as events``
 events are :data:`dshim.model.TurnEvent` values and the last one is a
 :class:`~dshim.model.TurnEnd`.  A harness instance belongs to one bot (an ACP agent
 process is per bot) and is opened and closed by the bot's runtime.
+
+Optional abilities, checked with ``isinstance``: :class:`ProbesCapabilities` (probe rows),
+:class:`ReadsHistory` (the backend's session history for quote recovery),
+:class:`ClosesSessions` (free a session when its conversation idles or is reset) and
+:class:`HasAgentCommands` (the agent's own slash commands).
 """
 
 from __future__ import annotations
@@ -39,6 +44,52 @@ class ProbeItem(msgspec.Struct, kw_only=True, frozen=True):
     name: str
     result: Literal["ok", "warn", "fail"]
     detail: str
+
+
+class HistoryPage(msgspec.Struct, kw_only=True, frozen=True):
+    """One page of a backend's session history, for the core's bounded quote recovery."""
+
+    #: The answers of completed turns in this page as (text, epoch seconds), newest first.
+    items: list[tuple[str, float]]
+    #: Cursor of the next older page (pass as ``before``); None when there is none.
+    before: str | None
+    #: Time of the oldest event in the page (epoch seconds), when known.
+    oldest_at: float | None = None
+
+
+@runtime_checkable
+class ReadsHistory(Protocol):
+    """Adapters whose backend keeps session history (DSH): ``history(session, before,
+    limit)`` pages it newest first, so a quote of an answer dshim's own transcript lacks
+    can still be recovered."""
+
+    async def history(self, session_id: str, *, before: str | None, limit: int) -> HistoryPage: ...
+
+
+@runtime_checkable
+class ClosesSessions(Protocol):
+    """Adapters whose backend holds resources per open session (ACP: a CLI process per
+    session): the pipeline says when a conversation went idle (``reason="idle"``) or was
+    reset by ``/new`` (``"new"``), so the session can be closed and later resumed."""
+
+    async def close_session(self, session_id: str, *, reason: str) -> bool: ...
+
+
+@runtime_checkable
+class HasAgentCommands(Protocol):
+    """Adapters that know the agent's own slash commands (ACP
+    ``available_commands_update``): ``/help`` lists them, ``/agent <command>`` runs one."""
+
+    @property
+    def agent_commands(self) -> Sequence[AgentCommandInfo]: ...
+
+
+class AgentCommandInfo(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
 
 
 @runtime_checkable

@@ -56,6 +56,7 @@ import dshim
 from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.harness.httpio import release_response
 from dshim.log import register_secret
 from dshim.model import (
     FilePart,
@@ -579,7 +580,7 @@ class OpenAIHarness:
                 retry = exc
             finally:
                 if resp is not None:
-                    await _release(resp, chunks)
+                    await release_response(resp, chunks)
             assert retry is not None
             if tries >= MAX_TRIES:
                 raise HarnessError(
@@ -728,20 +729,6 @@ class OpenAIHarness:
     async def aclose(self) -> None:
         if self._own_client:
             await self._client.aclose()
-
-
-async def _release(resp: httpx.Response, chunks: AsyncIterator[bytes] | None) -> None:
-    """Close a response, then let its byte iterator fail so that httpx's chain of async
-    generators finishes now (an abandoned, suspended chain would be finalized by the
-    garbage collector later).  Shielded and bounded: runs on /stop and shutdown too."""
-    with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
-        await resp.aclose()
-        if chunks is not None:
-            try:
-                async for _ in chunks:
-                    pass
-            except (httpx.HTTPError, httpx.StreamError):
-                pass
 
 
 __all__ = ["OpenAIHarness", "SseDecoder", "SseItem", "parse_retry_after"]

@@ -9,6 +9,8 @@ Unknown ``/words`` are ordinary text for the harness.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 #: Commands dshim handles itself.  Harness-dependent ones (/models, /model, /steer) are
@@ -26,10 +28,11 @@ KNOWN_COMMANDS = frozenset(
         "model",
         "steer",
         "substitute",
+        "agent",
     }
 )
 #: Commands that take arguments; the rest must be sent exactly (an argument -> usage).
-TAKES_ARGS = frozenset({"model", "steer", "substitute"})
+TAKES_ARGS = frozenset({"model", "steer", "substitute", "agent"})
 BATCH_LIMIT = 10
 
 
@@ -75,6 +78,36 @@ Anything else is sent to the agent."""
 
 #: Added to /help when the bot has substitute mode.
 HELP_SUBSTITUTE = "/substitute status|on|off — answering for the people this bot stands in for, in this group (on/off: operators)"
+
+AGENT_USAGE = (
+    "Usage: /agent <command> [arguments] — e.g. /agent status. /help lists the agent's commands."
+)
+
+
+def help_text(agent_commands: Sequence[tuple[str, str]] = ()) -> str:
+    """``/help``: dshim's commands, then the agent's own (name, description) ones.
+
+    An agent command with the name of a dshim command is reached with ``/agent <name>``;
+    the others are passed to the agent as they are typed.
+    """
+    if not agent_commands:
+        return HELP_TEXT
+    lines = []
+    for name, description in agent_commands[:50]:
+        typed = f"/agent {name}" if name.lower() in KNOWN_COMMANDS else f"/{name}"
+        lines.append(f"{typed} — {description}" if description else typed)
+    return (
+        HELP_TEXT
+        + "\n\nThe agent's own commands (/agent <command> [args] runs one, also one named"
+        + " like a dshim command):\n"
+        + "\n".join(lines)
+    )
+
+
+def agent_prompt(args: str) -> str:
+    """The text ``/agent <command> [args]`` sends to the agent: ``/<command> [args]``."""
+    return "/" + args.strip().lstrip("/")
+
 
 BATCH_REFUSED_MEDIA = (
     "Batch mode collects text only: images, files or quoted messages are not collected. "

@@ -29,6 +29,8 @@ log = structlog.get_logger("dshim.lanes")
 
 LaneKey = tuple[str, str]
 Handler = Callable[[Any, "Lane"], Awaitable[None]]
+#: Told that a lane went idle and was removed (the harness may free its session).
+IdleHook = Callable[[LaneKey], Awaitable[None]]
 StopReason = Literal["user", "shutdown"]
 
 #: A running turn this old means the agent is slow: the lane bound applies.
@@ -98,11 +100,13 @@ class LaneSet:
         *,
         max_queue: int,
         idle_exit_s: float,
+        on_idle: IdleHook | None = None,
     ) -> None:
         self._nursery = nursery
         self._handler = handler
         self._max_queue = max_queue
         self._idle_exit_s = idle_exit_s if idle_exit_s > 0 else math.inf
+        self._on_idle = on_idle
         self._lanes: dict[LaneKey, Lane] = {}
         self._running = 0
         self._none_running = trio.Event()
@@ -157,6 +161,8 @@ class LaneSet:
                 except trio.WouldBlock:
                     del self._lanes[lane.key]
                     log.debug("lane_idle_exit", conversation=lane.key[0], thread=lane.key[1])
+                    if self._on_idle is not None:
+                        await self._on_idle(lane.key)
                     return
             lane.running = item
             lane.started_at = trio.current_time()

@@ -52,9 +52,9 @@ import trio
 
 from dshim import normalized
 from dshim.config import BotConfig, Config, backlog_max_age
-from dshim.errors import HarnessError, single_error
+from dshim.errors import DshimError, HarnessError, single_error
 from dshim.harness import create_harness, open_harness
-from dshim.harness.base import Harness
+from dshim.harness.base import ClosesSessions, Harness, HasAgentCommands
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, SubstituteTurn, Verdict
 from dshim.outbound import Outbound
@@ -153,6 +153,7 @@ class BotRuntime:
             self._run_item,
             max_queue=bot.lanes.max_queue,
             idle_exit_s=bot.lanes.idle_exit_s,
+            on_idle=self._lane_idle,
         )
         self.turn_deps = TurnDeps(
             bot=bot,
@@ -359,10 +360,22 @@ class BotRuntime:
             )
             return
         if name == "help":
-            text = cmds.HELP_TEXT
+            text = cmds.help_text(self._agent_commands())
             if self.bot.substitute.enabled:
                 text = text.replace("\n/help", f"\n{cmds.HELP_SUBSTITUTE}\n/help", 1)
             await self._reply(msg, text)
+        elif name == "agent":
+            if not command.args:
+                await self._reply(msg, cmds.AGENT_USAGE)
+                return
+            await self._enqueue(
+                LaneItem(
+                    kind="turn",
+                    msg=msg,
+                    text=cmds.agent_prompt(command.args),
+                    inbox_keys=[(msg.conversation_id, msg.message_id)],
+                )
+            )
         elif name == "stop":
             lane = self.lanes.get(msg.lane_key)
             stopped = lane.stop() if lane is not None else False
@@ -509,6 +522,34 @@ class BotRuntime:
         selected = await self.harness.select_model(session, choice)
         return f"Model set to {selected}."
 
+    def _agent_commands(self) -> list[tuple[str, str]]:
+        if not isinstance(self.harness, HasAgentCommands):
+            return []
+        return [(c.name, c.description) for c in self.harness.agent_commands]
+
+    # -- harness sessions of idle conversations ----------------------------------------
+
+    async def _lane_idle(self, key: tuple[str, str]) -> None:
+        """A conversation lane went idle: let the harness free its session (ACP
+        ``session/close``); the next message reopens it."""
+        if not isinstance(self.harness, ClosesSessions):
+            return
+        try:
+            binding = await self.store.get_binding(self.bot.name, *key)
+        except DshimError as exc:
+            log.warning("session_close_skipped", error=short(exc))
+            return
+        if binding is not None:
+            await self._close_session(binding.session_id, "idle")
+
+    async def _close_session(self, session_id: str, reason: str) -> None:
+        if not isinstance(self.harness, ClosesSessions):
+            return
+        try:
+            await self.harness.close_session(session_id, reason=reason)
+        except HarnessError as exc:
+            log.warning("session_close_failed", reason=reason, error=short(exc))
+
     # -- step 7 and lane items ---------------------------------------------------------
 
     async def _run_item(self, item: LaneItem, lane: Lane) -> None:
@@ -516,6 +557,7 @@ class BotRuntime:
             if self._cutting:
                 return  # shutting down: its inbox entry brings it back after the restart
             if item.kind == "new":
+                old = await self.store.get_binding(self.bot.name, *item.msg.lane_key)
                 existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)
                 text = (
                     "Started a new conversation: your next message opens a new session."
@@ -523,6 +565,8 @@ class BotRuntime:
                     else "This chat had no session yet: your next message opens a new one."
                 )
                 await self.notifier.send_now(ReplyTarget.for_message(item.msg), text)
+                if old is not None:  # after the reply: closing may take the agent a while
+                    await self._close_session(old.session_id, "new")
             else:
                 await run_turn(self.turn_deps, item, lane)  # finishes the inbox entries itself
                 return

@@ -38,7 +38,7 @@ from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
 from dshim.config import BotConfig
 from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
-from dshim.harness.base import Harness, TurnContext
+from dshim.harness.base import Harness, ReadsHistory, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
     ApprovalRequest,
@@ -341,6 +341,7 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
             budget=deps.bot.reply,
             clock=deps.clock,
             on_result=deps.metrics.reply_lookup,
+            history=deps.harness if isinstance(deps.harness, ReadsHistory) else None,
         )
         quoted = await reply_mod.resolve(msg.reply_to, ctx)
     images, files, notes = await fetch_media(msg)

@@ -39,6 +39,19 @@ doubling per consecutive failure, at most 30 s; a turn that ends well resets it)
 Everything that leaves this adapter is a turn event or a
 :class:`~dshim.errors.HarnessError`.
 
+Resources: the agent runs in its own process group (``start_new_session``), which is
+ended as a whole when the process fails, is abandoned or is closed (see
+:mod:`~dshim.harness.acp.rpc`).  With ``sessionCapabilities.close`` a session is closed
+(``session/close``) when its conversation went idle (only when it can be resumed: the
+next turn reopens it with its history) or was reset by ``/new``
+(:meth:`AcpHarness.close_session`, called by the pipeline).  ``[harness] mode`` is set
+with ``session/set_config_option`` (the ``category: "mode"`` select) on every new or
+reopened session.  ``available_commands_update`` keeps :attr:`AcpHarness.agent_commands`
+(``/help``, ``/agent``).  ``session/new`` answered -32000 by an agent that lists
+``authMethods`` becomes a reply naming them and the log-in command.  The reader task
+runs without the log context of the turn that spawned the agent; each routed event binds
+the context of its own turn.
+
 Models come from the session's ``configOptions`` (first ``category: "model"`` select,
 switched with ``session/set_config_option``) or the legacy ``models`` object
 (``session/set_model``).  Steering uses the ``_session/steering`` extension when the agent
@@ -50,6 +63,7 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
@@ -60,6 +74,7 @@ from dshim.backoff import Backoff
 from dshim.errors import HarnessError
 from dshim.harness.acp import protocol
 from dshim.harness.acp.models import (
+    AUTH_REQUIRED,
     CONNECTION_LOST,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -135,6 +150,10 @@ class _Turn:
         self.cancelling = False
         self.open_requests: dict[RequestId, _OpenRequest] = {}
         self.updates = protocol.UpdateState()
+        #: The pipeline's log context of this turn, bound by the reader per event (the
+        #: reader task itself belongs to no turn).
+        ctx = structlog.contextvars.get_contextvars()
+        self.log_context = {k: ctx[k] for k in ("conversation", "turn") if k in ctx}
 
     def finish(self, *, stop_reason: str | None = None, error: str | None = None) -> None:
         if self.finished.is_set():
@@ -181,7 +200,7 @@ class _Agent:
     """
 
     def __init__(self, proc: trio.Process, *, label: str, harness: AcpHarness) -> None:
-        self.conn = Connection(proc, label=label, handler=self)
+        self.conn = Connection(proc, label=label, handler=self, group=True)
         self._harness = harness
         self.caps: Caps | None = None
         self.sessions: dict[str, _SessionState] = {}
@@ -201,7 +220,10 @@ class _Agent:
 
     def on_closed(self, conn: Connection, reason: str, *, failed: bool) -> None:
         for turn in list(self.turns.values()):
-            turn.finish(error=reason)
+            with structlog.contextvars.bound_contextvars(**turn.log_context):
+                if failed:
+                    log.warning("agent_turn_failed", reason=reason)
+                turn.finish(error=reason)
         if failed:
             self._harness.agent_failed(self)
 
@@ -223,12 +245,19 @@ class _Agent:
             if options is not None:
                 state.config_options = options
             return
+        if update.session_update == "available_commands_update":
+            commands = protocol.agent_commands(update.available_commands)
+            if commands is not None:
+                self._harness.agent_commands = commands
+                log.info("agent_commands_updated", count=len(commands))
+            return
         turn = self.turns.get(note.session_id)
         if turn is None or turn.finished.is_set():
             return  # replay during session/load, or late updates of a finished turn
-        event = protocol.event_for(update, turn.updates)
-        if event is not None:
-            await turn.push(event)
+        with structlog.contextvars.bound_contextvars(**turn.log_context):
+            event = protocol.event_for(update, turn.updates)
+            if event is not None:
+                await turn.push(event)
 
     async def _on_cancel_request(self, params: msgspec.Raw) -> None:
         """The agent withdrew one of its requests: answer it -32800, stop asking the user."""
@@ -247,10 +276,15 @@ class _Agent:
     async def on_request(
         self, conn: Connection, rid: RequestId, method: str, params: Params
     ) -> None:
-        if method == "session/request_permission":
-            await self._on_permission(rid, params)
-        elif method == "elicitation/create":
-            await self._on_elicitation(rid, params)
+        if method in ("session/request_permission", "elicitation/create"):
+            turn = next(iter(self.turns.values()), None) if len(self.turns) == 1 else None
+            with structlog.contextvars.bound_contextvars(
+                **(turn.log_context if turn is not None else {})
+            ):
+                if method == "session/request_permission":
+                    await self._on_permission(rid, params)
+                else:
+                    await self._on_elicitation(rid, params)
         else:
             log.info("agent_request_unsupported", method=method)
             await self.conn.respond_error(rid, METHOD_NOT_FOUND, f"Method not found: {method}")
@@ -389,6 +423,12 @@ class AcpHarness:
         self.cancel_timeout_s = cancel_timeout_s
         self.restart_backoff_s = restart_backoff_s
         self.request_timeout_s = request_timeout_s
+        #: ``[harness] mode``: the agent mode applied to every session (category "mode").
+        self.mode = cfg.mode
+        #: Slash commands the agent advertised (``available_commands_update``).
+        self.agent_commands: tuple[protocol.AgentCommand, ...] = ()
+        #: Sessions with a turn starting or running (never closed under it).
+        self._in_use: dict[str, int] = {}
         self._agent: _Agent | None = None
         self._spawn_lock = trio.Lock()
         self._session_lock = trio.Lock()
@@ -455,6 +495,9 @@ class AcpHarness:
             proc = await trio.lowlevel.open_process(
                 self._argv,
                 stdin=subprocess.PIPE,
+                # Its own process group: ended as a whole, so the adapter's CLI children
+                # and tool subprocesses never outlive it (see rpc.Connection).
+                start_new_session=True,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=self._env,
@@ -508,14 +551,108 @@ class AcpHarness:
     # -- sessions ----------------------------------------------------------------------
 
     async def _new_session(self, agent: _Agent) -> str:
-        raw = await agent.conn.request(
-            "session/new", protocol.session_params(self.cwd), timeout_s=self.request_timeout_s
-        )
+        try:
+            raw = await agent.conn.request(
+                "session/new", protocol.session_params(self.cwd), timeout_s=self.request_timeout_s
+            )
+        except AgentRpcError as exc:
+            caps = agent.caps
+            if exc.rpc_code == AUTH_REQUIRED and caps is not None and caps.auth:
+                log.warning("agent_login_needed", methods=[m.id for m in caps.auth])
+                raise HarnessError(
+                    protocol.login_text(caps.auth, self._argv), code="agent-auth-required"
+                ) from exc
+            raise
         result = protocol.decode_session(raw)
         if not result.session_id:
             raise HarnessError("the agent created a session without an id", code="agent-protocol")
-        agent.sessions[result.session_id] = _SessionState(result)
+        state = _SessionState(result)
+        agent.sessions[result.session_id] = state
+        await self._apply_mode(agent, result.session_id, state)
         return result.session_id
+
+    async def _apply_mode(self, agent: _Agent, sid: str, state: _SessionState) -> None:
+        """Switch a new or reopened session to ``[harness] mode`` (when it differs)."""
+        if not self.mode:
+            return
+        option = protocol.category_option(state.config_options, "mode")
+        if option is None:
+            log.warning("agent_mode_ignored", mode=self.mode, reason="the agent offers no modes")
+            return
+        values = protocol.select_values(option)
+        try:
+            chosen = protocol.choose(self.mode, values)
+        except HarnessError:
+            log.warning(
+                "agent_mode_ignored",
+                mode=self.mode,
+                reason="not offered",
+                available=[v for v, _ in values],
+            )
+            return
+        if option.get("currentValue") == chosen:
+            return
+        await self._set_option(agent, sid, state, option, chosen)
+        log.info("agent_mode_set", mode=chosen)
+
+    async def _set_option(
+        self, agent: _Agent, sid: str, state: _SessionState, option: dict[str, Any], value: str
+    ) -> None:
+        """``session/set_config_option``; the session's options become the answer's."""
+        raw = await agent.conn.request(
+            "session/set_config_option",
+            {"sessionId": sid, "configId": option.get("id"), "value": value},
+            timeout_s=self.request_timeout_s,
+        )
+        options = protocol.options_list(protocol.decode_session(raw, sid).config_options)
+        if options is not None:
+            state.config_options = options
+
+    def mode_text(self) -> str | None:
+        """The agent mode for ``/status``: the current value, and whether it is configured."""
+        agent = self._agent
+        current = None
+        if agent is not None:
+            for state in agent.sessions.values():
+                option = protocol.category_option(state.config_options, "mode")
+                if option is not None and isinstance(option.get("currentValue"), str):
+                    current = option["currentValue"]
+        if current is None and not self.mode:
+            return None
+        if self.mode:
+            return f"mode {current or self.mode} ([harness] mode = {self.mode!r})"
+        return f"mode {current} (the agent's default; set [harness] mode to change it)"
+
+    async def close_session(self, session_id: str, *, reason: str) -> bool:
+        """Free the agent's session when its conversation went idle (``reason="idle"``) or
+        was reset (``"new"``): ``session/close`` when advertised.  An idle session is
+        closed only when the agent can resume it — the next message then reopens it with
+        its history.  True when it was closed."""
+        agent = self._agent
+        caps = agent.caps if agent is not None and agent.alive else None
+        if agent is None or caps is None or not caps.close:
+            return False
+        if reason == "idle" and not (caps.resume or caps.load_session):
+            return False
+        async with self._session_lock:
+            sid = self._aliases.get(session_id, session_id)
+            busy = self._in_use.get(session_id) or self._in_use.get(sid)
+            if sid not in agent.sessions or sid in agent.turns or busy:
+                return False
+            if sid == self._spare:
+                return False
+            try:
+                await agent.conn.request(
+                    "session/close", {"sessionId": sid}, timeout_s=self.request_timeout_s
+                )
+            except HarnessError as exc:
+                log.warning("agent_session_close_failed", reason=reason, error=str(exc))
+                return False
+            agent.sessions.pop(sid, None)
+            if reason == "new":
+                self._aliases.pop(session_id, None)
+        log.info("agent_session_closed", reason=reason)
+        return True
 
     async def _ensure_session(self, agent: _Agent, session_id: str) -> str:
         async with self._session_lock:
@@ -534,8 +671,10 @@ class AcpHarness:
                         protocol.session_params(self.cwd, sid),
                         timeout_s=self.request_timeout_s,
                     )
-                    agent.sessions[sid] = _SessionState(protocol.decode_session(raw, sid))
+                    state = _SessionState(protocol.decode_session(raw, sid))
+                    agent.sessions[sid] = state
                     log.info("agent_session_reopened", method=method)
+                    await self._apply_mode(agent, sid, state)
                     return sid
                 except AgentRpcError as exc:
                     log.warning("agent_session_not_reopened", method=method, error=str(exc))
@@ -561,6 +700,19 @@ class AcpHarness:
 
     async def prompt(
         self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        self._in_use[session_id] = self._in_use.get(session_id, 0) + 1
+        try:
+            async with aclosing(self._prompt(session_id, parts)) as events:
+                async for event in events:
+                    yield event
+        finally:
+            left = self._in_use.pop(session_id, 1) - 1
+            if left:
+                self._in_use[session_id] = left
+
+    async def _prompt(
+        self, session_id: str, parts: Sequence[PromptPart]
     ) -> AsyncGenerator[TurnEvent, None]:
         agent = await self._ensure_agent()
         sid = await self._ensure_session(agent, session_id)
@@ -668,14 +820,7 @@ class AcpHarness:
         option = protocol.model_option(state.config_options)
         if option is not None:
             chosen = protocol.choose(model, protocol.select_values(option))
-            raw = await agent.conn.request(
-                "session/set_config_option",
-                {"sessionId": sid, "configId": option.get("id"), "value": chosen},
-                timeout_s=self.request_timeout_s,
-            )
-            options = protocol.options_list(protocol.decode_session(raw, sid).config_options)
-            if options is not None:
-                state.config_options = options
+            await self._set_option(agent, sid, state, option, chosen)
             return chosen
         legacy = state.legacy_models
         if legacy is not None and legacy.available_models:
@@ -718,7 +863,10 @@ class AcpHarness:
         agent = await self._ensure_agent()
         caps = agent.caps
         assert caps is not None
-        return f"{caps.agent}, ACP protocol {PROTOCOL_VERSION}, pid {agent.pid}"
+        mode = self.mode_text()
+        return f"{caps.agent}, ACP protocol {PROTOCOL_VERSION}, pid {agent.pid}" + (
+            f", {mode}" if mode else ""
+        )
 
     async def probe_details(self) -> list[ProbeItem]:
         """Capabilities for ``dshim probe``: image, load session, models, steer."""
@@ -764,6 +912,7 @@ class AcpHarness:
                 )
             else:
                 items.append(ProbeItem(name="models", result="warn", detail=NO_MODEL_SELECTION))
+        items.append(await self._mode_probe())
         items.append(
             ProbeItem(
                 name="steer",
@@ -774,6 +923,38 @@ class AcpHarness:
             )
         )
         return items
+
+    async def _mode_probe(self) -> ProbeItem:
+        """The agent's modes (config option of category "mode") and the configured one."""
+        try:
+            _, _, state = await self._state(None)
+        except HarnessError as exc:
+            return ProbeItem(name="mode", result="fail", detail=str(exc))
+        option = protocol.category_option(state.config_options, "mode")
+        if option is None:
+            return ProbeItem(
+                name="mode",
+                result="fail" if self.mode else "ok",
+                detail="the agent offers no modes",
+            )
+        values = [v for v, _ in protocol.select_values(option)]
+        available = ", ".join(values)
+        current = option.get("currentValue")
+        if not self.mode:
+            return ProbeItem(
+                name="mode",
+                result="warn",
+                detail=f"not set: the agent's default {current!r} applies; available: {available}",
+            )
+        try:
+            chosen = protocol.choose(self.mode, protocol.select_values(option))
+        except HarnessError:
+            return ProbeItem(
+                name="mode",
+                result="fail",
+                detail=f"[harness] mode = {self.mode!r} is not offered; available: {available}",
+            )
+        return ProbeItem(name="mode", result="ok", detail=f"{chosen} (available: {available})")
 
     async def aclose(self) -> None:
         self._closed = True

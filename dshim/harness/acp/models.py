@@ -101,6 +101,7 @@ class InitResult(msgspec.Struct, rename="camel"):
     protocol_version: int = 0
     agent_capabilities: AgentCaps = msgspec.field(default_factory=AgentCaps)
     agent_info: AgentInfo | None = None
+    auth_methods: Any = None
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
@@ -136,6 +137,7 @@ class Update(msgspec.Struct, rename="camel"):
     status: Any = None
     entries: Any = None
     config_options: Any = None
+    available_commands: Any = None
 
 
 class Notification(msgspec.Struct, rename="camel"):

@@ -31,6 +31,7 @@ them and :mod:`~dshim.harness.acp.harness` holds the state machine of sessions a
 from __future__ import annotations
 
 import base64
+import os
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
@@ -147,6 +148,7 @@ def session_params(cwd: str, session_id: str | None = None) -> dict[str, Any]:
 class Caps(msgspec.Struct, frozen=True, kw_only=True):
     """What the agent said it can do, from its ``initialize`` result."""
 
+    auth: tuple[AuthMethod, ...] = ()
     image: bool
     embedded_context: bool
     load_session: bool
@@ -169,6 +171,7 @@ def caps_from(init: InitResult) -> Caps:
     if info is not None and (info.title or info.name):
         agent = str(info.title or info.name) + (f" {info.version}" if info.version else "")
     return Caps(
+        auth=auth_methods(init.auth_methods),
         image=ac.prompt_capabilities.image,
         embedded_context=ac.prompt_capabilities.embedded_context,
         load_session=ac.load_session,
@@ -211,14 +214,101 @@ def legacy_models(value: Any) -> LegacyModels | None:
 
 def model_option(options: list[Any] | None) -> dict[str, Any] | None:
     """The first ``category: "model"`` select among a session's config options."""
+    return category_option(options, "model")
+
+
+def category_option(options: list[Any] | None, category: str) -> dict[str, Any] | None:
+    """The first select of ``category`` (``model``, ``mode``) among a session's options."""
     for option in options or []:
         if (
             isinstance(option, dict)
-            and option.get("category") == "model"
+            and option.get("category") == category
             and option.get("type", "select") == "select"
         ):
             return option
     return None
+
+
+class AuthMethod(msgspec.Struct, frozen=True):
+    """One ``authMethods`` entry of ``initialize``: how to log the agent in."""
+
+    id: str
+    name: str
+    description: str | None = None
+
+
+def auth_methods(value: Any) -> tuple[AuthMethod, ...]:
+    """The agent's advertised ``authMethods`` (malformed entries skipped)."""
+    out = []
+    for item in value if isinstance(value, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("id"), str):
+            name = item.get("name")
+            desc = item.get("description")
+            out.append(
+                AuthMethod(
+                    id=item["id"],
+                    name=name if isinstance(name, str) and name else item["id"],
+                    description=desc if isinstance(desc, str) and desc else None,
+                )
+            )
+    return tuple(out)
+
+
+#: Login commands of known agents, by a word of the agent's command line.
+LOGIN_COMMANDS = (("claude", "claude /login"), ("codex", "codex login"), ("gemini", "gemini"))
+
+
+def login_text(methods: Sequence[AuthMethod], argv: Sequence[str]) -> str:
+    """What to tell the user when the agent needs logging in (-32000 with ``authMethods``)."""
+    ways = "; ".join(
+        f"{m.name}" + (f" — {' '.join(m.description.split())[:200]}" if m.description else "")
+        for m in methods
+    )
+    command = next(
+        (cmd for word, cmd in LOGIN_COMMANDS if any(word in os.path.basename(a) for a in argv)),
+        None,
+    )
+    how = (
+        f"run `{command}` on the host as the user dshim runs as"
+        if command
+        else "log the agent in on the host as the user dshim runs as"
+    )
+    return (
+        f"the agent is not logged in on the host. Log-in methods it offers: {ways}. "
+        f"To fix it, {how}, then send your message again."
+    )
+
+
+class AgentCommand(msgspec.Struct, frozen=True):
+    """A slash command the agent advertised (``available_commands_update``)."""
+
+    name: str
+    description: str = ""
+    hint: str | None = None
+
+
+def agent_commands(value: Any) -> tuple[AgentCommand, ...] | None:
+    """The commands of an ``available_commands_update`` (None when malformed)."""
+    if not isinstance(value, list):
+        return None
+    out = []
+    for item in value:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            continue
+        name = item["name"].strip().lstrip("/")
+        if not name or len(name) > 64 or any(c.isspace() for c in name):
+            continue
+        desc = item.get("description")
+        inp = item.get("input")
+        hint = inp.get("hint") if isinstance(inp, dict) else None
+        out.append(
+            AgentCommand(
+                name=name,
+                description=" ".join(desc.split())[:200] if isinstance(desc, str) else "",
+                hint=hint if isinstance(hint, str) and hint else None,
+            )
+        )
+    return tuple(out[:100])
 
 
 def select_values(option: dict[str, Any]) -> list[tuple[str, str | None]]:

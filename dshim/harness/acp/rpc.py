@@ -27,6 +27,8 @@ connection: the process is killed, every pending call is released with
 from __future__ import annotations
 
 import collections
+import os
+import signal
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -47,12 +49,37 @@ from dshim.harness.acp.protocol import AgentRpcError
 
 __all__ = ["Call", "Connection", "RpcHandler"]
 
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether a process group has a member that is not a zombie (Linux ``/proc``; True
+    where it cannot tell).  Zombies left to an init that does not reap must not hold the
+    bounded wait open."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rpartition(b")")[2].split()
+        if len(fields) > 2 and fields[2] == str(pgid).encode() and fields[0] != b"Z":
+            return True
+    return False
+
+
 log = structlog.get_logger("dshim.harness.acp")
 
 LINE_MAX = 32 * 1024 * 1024
 READ_SIZE = 256 * 1024
 REQUEST_TIMEOUT_S = 60.0
 CLOSE_TIMEOUT_S = 2.0
+#: After the agent's process group got SIGTERM: how long its members may take to exit.
+GROUP_TERM_S = 2.0
 STDERR_LINE_MAX = 2000
 #: Ids of calls we gave up on, remembered so their late answers are not protocol errors.
 ABANDONED_IDS = 256
@@ -97,8 +124,13 @@ class Call:
 class Connection:
     """One agent process spoken to in JSON-RPC (see the module docstring)."""
 
-    def __init__(self, proc: trio.Process, *, label: str, handler: RpcHandler) -> None:
+    def __init__(
+        self, proc: trio.Process, *, label: str, handler: RpcHandler, group: bool = False
+    ) -> None:
         self.proc = proc
+        #: The process leads its own process group (started with ``start_new_session``):
+        #: the whole group is ended with it, so no child outlives the agent.
+        self.group = group
         self.label = label
         self.alive = True
         self.failure: str | None = None
@@ -131,6 +163,7 @@ class Connection:
         if not self.alive:
             return
         log.warning("agent_failed", reason=reason, pid=self.proc.pid)
+        self._signal_group(signal.SIGTERM)
         if self.proc.returncode is None:
             try:
                 self.proc.kill()
@@ -138,23 +171,63 @@ class Connection:
                 pass
         self._release(reason, failed=True)
 
+    def _signal_group(self, sig: int) -> bool:
+        """Signal the agent's process group; False when it has no member left."""
+        if not self.group:
+            return False
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            return False
+        except PermissionError:  # the group id was reused by someone else's processes
+            return False
+        return True
+
+    async def _end_group(self) -> None:
+        """TERM the agent's process group (its CLIs, tool subprocesses), KILL what stays."""
+        if not self._signal_group(signal.SIGTERM):
+            return
+        with trio.move_on_after(GROUP_TERM_S):
+            # The OS offers no event for "a process group emptied": poll it.
+            while self._signal_group(0) and _group_has_live_members(self.proc.pid):  # noqa: ASYNC110
+                await trio.sleep(0.05)
+            return
+        if self._signal_group(signal.SIGKILL):
+            log.warning("agent_group_killed", pid=self.proc.pid)
+
     async def service(self) -> None:
-        """The reader task: stdout and stderr until the process ends or :meth:`close`."""
+        """The reader task: stdout and stderr until the process ends or :meth:`close`.
+
+        It is started from whatever turn first needed the agent; that turn's log context
+        is dropped here (the handler binds the turn of each event itself).
+        """
+        structlog.contextvars.unbind_contextvars("turn", "conversation", "message_id")
         try:
             with self._scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._read_stderr)
+                    nursery.start_soon(self._watch_exit, nursery.cancel_scope)
                     await self._read_stdout()
                     # stdout is done; give stderr a moment to drain its last lines.
-                    nursery.cancel_scope.deadline = trio.current_time() + CLOSE_TIMEOUT_S
+                    nursery.cancel_scope.deadline = min(
+                        nursery.cancel_scope.deadline, trio.current_time() + CLOSE_TIMEOUT_S
+                    )
         except Exception as exc:  # a reader bug fails this agent, not the bot
             log.exception("agent_reader_crashed")
             self.fail(f"dshim's agent reader failed: {type(exc).__name__}")
         finally:
             self.fail(self._exit_reason())
-            with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
-                self.exit_status = await self.proc.wait()
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(CLOSE_TIMEOUT_S):
+                    self.exit_status = await self.proc.wait()
+                await self._end_group()
             self.stopped.set()
+
+    async def _watch_exit(self, readers: trio.CancelScope) -> None:
+        """The process exited: its pipes may stay open (a child inherited them), so the
+        readers get a moment to drain what was written, then stop."""
+        await self.proc.wait()
+        readers.deadline = min(readers.deadline, trio.current_time() + CLOSE_TIMEOUT_S)
 
     def _exit_reason(self) -> str:
         code = self.proc.returncode

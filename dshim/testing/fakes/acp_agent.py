@@ -24,6 +24,12 @@ chosen by the *last text block* of a prompt (dshim puts the user's text there):
 ``/error CODE``       answers the prompt with JSON-RPC error CODE
 ``/refuse``           ``stopReason: refusal``;  ``/maxtokens``: ``max_tokens``
 ``/crash``            one chunk, then the process exits with status 3
+``/child [crash]``    starts a child process (``sleep``) in the agent's process group and
+                      reports ``child <pid>``; then hangs (or exits with status 3)
+``/recall``           ``recall: <earlier prompts of this session, joined by " | ">`` (kept
+                      across ``session/close`` + ``session/resume``)
+``/mode``             ``mode: <the session's current mode>``
+``/status``           ``agent status: fine`` (an agent command dshim's /status shadows)
 ``/garbage``          one chunk, then a line that is not JSON
 ``/unknown-id``       one chunk, then a response to a request id the client never sent
 anything else         a thought ``thinking about: ...`` then ``echo: <text>`` in chunks,
@@ -33,8 +39,13 @@ anything else         a thought ``thinking about: ...`` then ``echo: <text>`` in
 
 Flags turn capabilities off so "unsupported" branches can be tested: ``--no-image``,
 ``--no-load`` (neither load nor resume), ``--load-only`` (load, no resume),
-``--no-steer``, ``--models config|legacy|none``, ``--protocol-version N``.
-``--journal FILE`` appends every message the agent receives, one JSON object per line.
+``--no-steer``, ``--no-close``, ``--models config|legacy|none``, ``--protocol-version N``;
+``--auth-required`` answers ``session/new`` with -32000 and advertises ``authMethods``.
+``--journal FILE`` appends every message the agent receives, one JSON object per line;
+``--sessions-file FILE`` holds the ids of the open sessions (rewritten on every change).
+Sessions offer the modes ``auto`` (the default), ``ask`` and ``plan`` (a ``mode`` config
+option), and the agent advertises the commands ``status`` and ``compact``
+(``available_commands_update`` after ``session/new``).
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from typing import Any
 
@@ -64,6 +76,8 @@ class FakeAgent:
         self.inp = trio.lowlevel.FdStream(os.dup(0))
         self.write_lock = trio.Lock()
         self.sessions: dict[str, dict[str, Any]] = {}
+        #: Histories of closed sessions, restored by session/resume or load.
+        self.closed: dict[str, list[str]] = {}
         self.active: dict[str, _Prompt] = {}
         self.waiting: dict[int, trio.Event] = {}
         self.answers: dict[int, dict[str, Any]] = {}
@@ -156,7 +170,7 @@ class FakeAgent:
     async def on_initialize(self, rid: Any, params: dict[str, Any]) -> None:
         self.client_caps = params.get("clientCapabilities") or {}
         a = self.args
-        session_caps: dict[str, Any] = {"close": {}}
+        session_caps: dict[str, Any] = {} if a.no_close else {"close": {}}
         if not a.no_load and not a.load_only:
             session_caps["resume"] = {}
         result: dict[str, Any] = {
@@ -167,7 +181,15 @@ class FakeAgent:
                 "sessionCapabilities": session_caps,
             },
             "agentInfo": {"name": "fake-acp-agent", "title": "Fake ACP agent", "version": "1.0"},
-            "authMethods": [],
+            "authMethods": [
+                {
+                    "id": "fake-login",
+                    "name": "Log in with Fake",
+                    "description": "Run `fake-agent login` in a terminal",
+                }
+            ]
+            if a.auth_required
+            else [],
         }
         if not a.no_steer:
             result["_meta"] = {"steering": {"supported": True}}
@@ -202,8 +224,12 @@ class FakeAgent:
                     "name": "Mode",
                     "category": "mode",
                     "type": "select",
-                    "currentValue": "default",
-                    "options": [{"value": "default", "name": "Default"}],
+                    "currentValue": self.sessions[sid].get("mode", "auto"),
+                    "options": [
+                        {"value": "auto", "name": "Auto (never asks)"},
+                        {"value": "ask", "name": "Ask before tools"},
+                        {"value": "plan", "name": "Plan only"},
+                    ],
                 },
             ]
         elif self.args.models == "legacy":
@@ -214,13 +240,41 @@ class FakeAgent:
         return result
 
     def open_session(self, sid: str, cwd: str) -> None:
-        self.sessions.setdefault(sid, {"model": DEFAULT_MODEL, "cwd": cwd})
+        history = self.closed.pop(sid, [])
+        self.sessions.setdefault(sid, {"model": DEFAULT_MODEL, "cwd": cwd, "history": history})
+        self.save_sessions()
+
+    def save_sessions(self) -> None:
+        if self.args.sessions_file:  # atomically: a test may read it at any moment
+            tmp = self.args.sessions_file + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(sorted(self.sessions), f)
+            os.replace(tmp, self.args.sessions_file)
 
     async def on_session_new(self, rid: Any, params: dict[str, Any]) -> None:
+        if self.args.auth_required:
+            await self.send(
+                {"id": rid, "error": {"code": -32000, "message": "Authentication required"}}
+            )
+            return
         self.counter += 1
         sid = f"fake-{os.getpid()}-{self.counter}"
         self.open_session(sid, params.get("cwd", ""))
         await self.send({"id": rid, "result": self.session_result(sid)})
+        await self.update(
+            sid,
+            {
+                "sessionUpdate": "available_commands_update",
+                "availableCommands": [
+                    {"name": "status", "description": "Show the agent's own status"},
+                    {
+                        "name": "compact",
+                        "description": "Compact the conversation",
+                        "input": {"hint": "instructions"},
+                    },
+                ],
+            },
+        )
 
     async def on_session_load(self, rid: Any, params: dict[str, Any]) -> None:
         if self.args.no_load:
@@ -246,12 +300,28 @@ class FakeAgent:
         await self.send({"id": rid, "result": result})
 
     async def on_session_close(self, rid: Any, params: dict[str, Any]) -> None:
-        self.sessions.pop(str(params.get("sessionId")), None)
+        if self.args.no_close:
+            await self.send({"id": rid, "error": {"code": -32601, "message": "Method not found"}})
+            return
+        sid = str(params.get("sessionId"))
+        session = self.sessions.pop(sid, None)
+        if session is not None:
+            self.closed[sid] = session["history"]
+        self.save_sessions()
         await self.send({"id": rid, "result": {}})
 
     async def on_session_set_config_option(self, rid: Any, params: dict[str, Any]) -> None:
         sid = params.get("sessionId")
         value = params.get("value")
+        if params.get("configId") == "mode" and sid in self.sessions:
+            if value not in ("auto", "ask", "plan"):
+                await self.send({"id": rid, "error": {"code": -32602, "message": "Invalid mode"}})
+                return
+            self.sessions[sid]["mode"] = value
+            await self.send(
+                {"id": rid, "result": {"configOptions": self.session_result(sid)["configOptions"]}}
+            )
+            return
         if (
             self.args.models != "config"
             or sid not in self.sessions
@@ -323,6 +393,24 @@ class FakeAgent:
         command = words[0] if words and words[0].startswith("/") else ""
         model = self.sessions[sid]["model"]
         prefix = f"[{model}] " if model != DEFAULT_MODEL else ""
+        history: list[str] = self.sessions[sid]["history"]
+        history.append(current)
+        if command == "/recall":
+            await self.chunk(sid, "recall: " + " | ".join(history[:-1]))
+            return "end_turn"
+        if command == "/mode":
+            await self.chunk(sid, f"mode: {self.sessions[sid].get('mode', 'auto')}")
+            return "end_turn"
+        if command == "/status":
+            await self.chunk(sid, "agent status: fine")
+            return "end_turn"
+        if command == "/child":
+            child = subprocess.Popen(["sleep", "600"])  # noqa: ASYNC220 - a test fixture
+            await self.chunk(sid, f"child {child.pid} ")
+            if "crash" in words[1:]:
+                os._exit(3)
+            await trio.sleep(3600)
+            return "end_turn"
         if command == "/slow":
             n = int(words[1]) if len(words) > 1 else 10
             delay = (int(words[2]) if len(words) > 2 else 100) / 1000
@@ -565,6 +653,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--models", choices=["config", "legacy", "none"], default="config")
     parser.add_argument("--protocol-version", type=int, default=1)
     parser.add_argument("--journal", default=None)
+    parser.add_argument("--sessions-file", default=None)
+    parser.add_argument("--no-close", action="store_true")
+    parser.add_argument("--auth-required", action="store_true")
     args = parser.parse_args(argv)
     print("fake-acp-agent: started", file=sys.stderr, flush=True)
     trio.run(FakeAgent(args).run)
