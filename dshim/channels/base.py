@@ -68,6 +68,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
@@ -94,6 +95,8 @@ __all__ = [
     "Inbound",
     "InteractionPrompt",
     "LoggedMessage",
+    "LoginContext",
+    "LoginFn",
     "Outbound",
     "OutboundEntry",
     "ProbeResult",
@@ -110,6 +113,8 @@ __all__ = [
     "WebSocket",
     "WebSocketClosed",
     "WebSocketHandler",
+    "data_dir_of",
+    "login_hook",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -488,6 +493,47 @@ class Channel(Protocol):
 RunFn = Callable[..., Awaitable[None]]
 
 
+# --- login (optional) -----------------------------------------------------------------------
+
+
+class LoginContext(Protocol):
+    """What a channel's optional ``login`` hook gets from ``dshim login BOT``: the bot, the
+    data directory (saved credentials live there, file 0600, directory 0700), and the
+    terminal (``say`` prints a line; ``ask`` reads one)."""
+
+    @property
+    def bot(self) -> BotConfig: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    def settings_as(self, kind: type[S]) -> S: ...
+
+    def register_secret(self, secret: str) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+    async def ask(self, prompt: str) -> str: ...
+
+
+#: ``login(ctx)``: an interactive login (QR scan ...); returns the exit code.
+LoginFn = Callable[[LoginContext], Awaitable[int]]
+
+
+def login_hook(channel: object) -> LoginFn | None:
+    """The channel's optional login step (``ChannelSpec.login_fn`` or a ``login``
+    method), or None: the channel has no login step."""
+    hook = getattr(channel, "login_fn", None) or getattr(channel, "login", None)
+    return hook if callable(hook) else None
+
+
+def data_dir_of(host: object) -> Path | None:
+    """The data directory of a :class:`BotHost` or :class:`ProbeRows` (optional member
+    ``data_dir``: where saved logins live), or None when the host has none."""
+    value = getattr(host, "data_dir", None)
+    return value if isinstance(value, Path) else None
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelSpec:
     """A :class:`Channel` made of a channel module's functions.
@@ -502,6 +548,8 @@ class ChannelSpec:
     run_fn: RunFn
     replay_fn: Callable[[ReplaySource], ReplayAdapter]
     probe_fn: Callable[[ProbeRows], Awaitable[None]]
+    #: Optional interactive login (``dshim login BOT``), see :func:`login_hook`.
+    login_fn: LoginFn | None = None
 
     async def run(
         self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
