@@ -153,7 +153,7 @@ class UpdateBatch:
 
 def decode_updates(body: bytes) -> UpdateBatch:
     """Split a ``getupdates`` answer; its messages are decoded one by one later."""
-    env = decode_envelope("getupdates", body, m.UPDATES_DECODER)
+    # The messages are cut out first: one bad message must not break the batch.
     span = kit_decode.member_span(body, "msgs")
     raws: list[bytes] = []
     if span is not None:
@@ -161,6 +161,8 @@ def decode_updates(body: bytes) -> UpdateBatch:
             raws = kit_decode.split_array(body[span[0] : span[1]])
         except ValueError as exc:
             raise RemoteProtocolError(f"getupdates: undecodable msgs ({exc})") from None
+        body = body[: span[0]] + b"[]" + body[span[1] :]
+    env = decode_envelope("getupdates", body, m.UPDATES_DECODER)
     window: float | None = None
     if env.longpolling_timeout_ms and env.longpolling_timeout_ms > 0:
         secs = env.longpolling_timeout_ms / 1000

@@ -40,7 +40,7 @@ from dshim.channels.kit.http import count_request
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.client import IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
-from dshim.errors import AuthError, ChannelError, RateLimited, TransportError
+from dshim.errors import AuthError, ChannelError, RateLimited, TransportError, single_error
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import split_text
 
@@ -114,12 +114,14 @@ class WeixinOutbound:
     @asynccontextmanager
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WeixinStream]:
         stream = WeixinStream(self, target.conversation_id)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stream.keep_typing)
-            try:
-                yield stream
-            finally:
-                stream.stop_typing()
+        # The typing task never raises: what the block raises comes out as itself.
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.keep_typing)
+                try:
+                    yield stream
+                finally:
+                    stream.stop_typing()
 
     # -- sending --------------------------------------------------------------------------
 
