@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import Any
 
 import trio
 
+from dshim.channels.base import Channel
 from dshim.channels.weixin.channel import CHANNEL
 from dshim.config import parse_config
 from dshim.harness.base import TurnContext
@@ -22,6 +23,7 @@ from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
+from tests.channel_contract import Answer
 from tests.helpers import Clock
 
 BOT = "wx"
@@ -146,3 +148,80 @@ async def polling(fake: FakeWeixin) -> None:
 
 def texts(fake: FakeWeixin, user: str = USER) -> list[str]:
     return [m.text for m in fake.sent_to(user)]
+
+
+# --- the contract rig ---------------------------------------------------------------------------
+
+#: Calls that only receive (long polls).
+RECEIVING = ("getupdates",)
+
+
+class WeixinRig:
+    """WeChat under the shared scenarios (see ``tests/channel_contract.py``).
+
+    iLink has no edit API (``edits = False``: an answer is shown once, complete) and no
+    group traffic for bots: a group message is never addressed, so the scenario's
+    "mention" — the only way to address the bot there — is a direct message.
+    """
+
+    channel: Channel = CHANNEL
+    secret = TEST_TOKEN
+    edits = False
+
+    def __init__(self) -> None:
+        self._fake: FakeWeixin | None = None
+
+    @property
+    def fake(self) -> FakeWeixin:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        return self.fake.bot_id, "contract"
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with open_fake_weixin(clock=Clock()) as fake:
+            self._fake = fake
+            yield
+
+    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
+        table = bot_table(self.fake)
+        del table["name"], table["channel"]
+        if not valid_credentials:
+            table["token"] = "a-token-ilink-does-not-know"
+        return table
+
+    async def receiving(self) -> None:
+        await polling(self.fake)
+
+    def source(self, kind: str) -> str:
+        return source(USER, kind)
+
+    async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
+        quote = self.fake.quote_of(reply_to) if reply_to is not None else None
+        return str(self.fake.user_message(text, quote=quote)["message_id"])
+
+    async def user_group(self, text: str, *, mention: bool) -> str:
+        if mention:
+            return str(self.fake.user_message(text)["message_id"])
+        return str(self.fake.user_message(text, group_id="1234@chatroom")["message_id"])
+
+    def dm_answers(self) -> list[Answer]:
+        return [Answer(str(b.server_id), b.text, (b.text,)) for b in self.fake.sent_to(USER)]
+
+    def calls_besides_receiving(self) -> list[str]:
+        return [c.op for c in self.fake.calls_except(*RECEIVING)]
+
+    def identity_calls(self) -> int:
+        return len(self.fake.calls_to("msg/notifystart"))
+
+    async def drop_connection(self) -> None:
+        self.fake.drop_polls()
+
+    def rate_limit_answers(self, count: int, retry_after: float) -> None:
+        self.fake.fail_next("sendmessage", count, status=429, retry_after=retry_after)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)

@@ -292,7 +292,10 @@ class FakeWeixin(FakePlatform[Call]):
                 return self._answer(call, {"ret": ret, "errmsg": fault.description or ""})
             call.status = fault.status
             self.changed()
-            return json_response({"ret": -1, "errmsg": "fault"}, status=fault.status)
+            resp = json_response({"ret": -1, "errmsg": "fault"}, status=fault.status)
+            if fault.retry_after is not None:
+                resp.headers.append(("retry-after", f"{fault.retry_after:g}"))
+            return resp
         if op in ("get_bot_qrcode", "get_qrcode_status"):
             return self._answer(call, self._login(op, call))
         if self.expired or request.header("authorization") != f"Bearer {self.token}":
