@@ -492,6 +492,8 @@ def map_message(
         msg = kit_decode.decode(m.MESSAGE_DECODER, raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Mapped(Skip(reason="malformed", detail=str(exc)[:200]))
+    # A quote is never newer than the message quoting it (replay decodes before "now").
+    now_ms = max(now_ms, msg.create_time_ms or 0)
     mid = dedup_id(msg)
     if mid is None:
         return Mapped(Skip(reason="malformed", detail="message without any id"))
