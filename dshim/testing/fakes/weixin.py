@@ -332,6 +332,9 @@ class FakeWeixin(FakePlatform[Call]):
                 "qrcode": f"qr-{self.qrcodes}-{os.urandom(4).hex()}",
                 "qrcode_img_content": f"https://liteapp.weixin.qq.com/q/fake{self.qrcodes}",
             }
+        code = call.query.get("verify_code")
+        if code is not None and code != self.verify_code:
+            return {"ret": 0, "status": "need_verifycode"}  # a wrong number: ask again
         step = self.login_script[0] if self.login_script else {"status": "wait"}
         if len(self.login_script) > 1:
             self.login_script.pop(0)
