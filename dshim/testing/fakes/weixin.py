@@ -108,6 +108,8 @@ class FakeWeixin(FakePlatform[Call]):
         self.redirect_server: HttpServer | None = None
         self.expired = False
         self.window_ms = DEFAULT_WINDOW_MS
+        #: At most this many messages per getupdates answer.
+        self.batch_max = 100
         self.return_message_id = True
         self.shell_svr_id = True
         #: Every message delivered through getupdates, in order (a redelivery repeats one).
@@ -365,11 +367,11 @@ class FakeWeixin(FakePlatform[Call]):
                     nursery.start_soon(stop_on, drop)
                 if drop.is_set():
                     raise DropConnection("getupdates")
-        msgs = self.log[start:]
+        msgs = self.log[start : start + self.batch_max]
         answer = {
             "ret": 0,
             "msgs": msgs,
-            "get_updates_buf": f"pos:{len(self.log)}" if msgs else buf,
+            "get_updates_buf": f"pos:{start + len(msgs)}" if msgs else buf,
             "longpolling_timeout_ms": self.window_ms,
         }
         return self._answer(call, answer)
