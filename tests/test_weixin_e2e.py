@@ -309,3 +309,26 @@ async def test_an_expired_session_stops_the_bot_and_names_the_login_command(
     fatal = [e for e in logs if e["event"] == "bot_stopped_fatal"]
     assert len(fatal) == 2 and all("dshim login wx" in repr(e) for e in fatal)
     assert not [e for e in logs if TEST_TOKEN in repr(e)]
+
+
+async def test_a_client_timeout_is_an_empty_batch_and_minus_2_backs_off(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), capture_logs() as logs:
+        async with weixin_world(tmp_path) as w, running_bot(w):
+            await polling(w.fake)
+            w.fake.window_ms = 120_000  # the server holds longer than the client waits
+            w.fake.drop_polls()
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("getupdates")) >= 4)
+            quiet = w.fake.calls_to("getupdates")
+            w.fake.window_ms = 35_000
+            w.fake.fail_next("getupdates", 1, ret=-2)
+            w.fake.drop_polls()
+            w.fake.user_message("after the quiet")
+            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+    # Polls 2 and 3 ended by the client's read timeout (45 s) and were asked again at once
+    # with the same cursor: a quiet chat, not a failure.
+    assert round(quiet[3].at - quiet[2].at) == 45
+    assert quiet[2].body["get_updates_buf"] == quiet[3].body["get_updates_buf"]
+    failed = [e["error"] for e in logs if e["event"] == "poll_failed"]
+    assert len(failed) == 3 and "ret -2" in failed[2]  # two dropped polls, then the -2

@@ -92,6 +92,10 @@ MAX_SAFE_INTEGER = 2**53 - 1
 #: Latest context tokens kept per bot (the seed's bound).
 CONTEXT_USERS_MAX = 1000
 
+#: ``voice_item.encode_type`` -> file extension (1 pcm, 2 adpcm, 3 feature, 4 speex, 5 amr,
+#: 6 silk, 7 mp3, 8 ogg-speex).
+VOICE_EXTENSIONS = {1: "pcm", 2: "adpcm", 4: "speex", 5: "amr", 6: "silk", 7: "mp3", 8: "ogg"}
+
 _HEX32 = re.compile(r"^[0-9a-fA-F]{32}$")
 
 
@@ -273,9 +277,8 @@ def item_media(item: m.MessageItem) -> list[MediaHandle]:
         out.append(_handle("image", img.media, key=key, name=None, size=img.mid_size))
     if item.voice_item is not None:
         v = item.voice_item
-        out.append(
-            _handle("audio", v.media, key=media_key(None, v.media), name="voice.silk", size=None)
-        )
+        name = f"voice.{VOICE_EXTENSIONS.get(v.encode_type or 0, 'silk')}"
+        out.append(_handle("audio", v.media, key=media_key(None, v.media), name=name, size=None))
     if item.file_item is not None:
         f = item.file_item
         out.append(
