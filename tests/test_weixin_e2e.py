@@ -17,10 +17,10 @@ from structlog.testing import capture_logs
 from dshim.channels.weixin.render import CUT_NOTICE
 from dshim.model import ImagePart
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, BotMessage
+from tests.channel_contract import RecordingHarness
 from tests.rig_weixin import (
     BOT,
     DEADLINE,
-    RecordingHarness,
     World,
     echo_of,
     polling,
@@ -79,7 +79,7 @@ async def test_quote_of_the_bots_answer_shell_is_recovered_from_the_index_by_id(
             "truncated": False,
         }
     )
-    assert harness.texts[1] == echo_of("why the second one?", reply_block=block)
+    assert harness.texts()[1] == echo_of("why the second one?", reply_block=block)
 
 
 async def test_a_shell_without_id_is_recovered_by_its_time(
@@ -105,8 +105,8 @@ async def test_a_shell_without_id_is_recovered_by_its_time(
             "truncated": False,
         }
     )
-    assert harness.texts[2] == echo_of("about the first", reply_block=block)
-    assert '"messageId"' not in harness.texts[2]  # the shell carried no id
+    assert harness.texts()[2] == echo_of("about the first", reply_block=block)
+    assert '"messageId"' not in harness.texts()[2]  # the shell carried no id
 
 
 async def test_an_id_only_quote_of_the_users_own_message_gives_its_text_and_author(
@@ -133,7 +133,7 @@ async def test_an_id_only_quote_of_the_users_own_message_gives_its_text_and_auth
         }
     )
     # The quoted /new is content: the only prompt is the question, with the block.
-    assert harness.texts == [echo_of("what did I mean?", reply_block=block)]
+    assert harness.texts() == [echo_of("what did I mean?", reply_block=block)]
 
 
 async def test_an_unrecoverable_shell_is_not_delivered(
@@ -148,10 +148,11 @@ async def test_an_unrecoverable_shell_is_not_delivered(
             await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
     assert (
         '"messageId":"1234","attachments":[],"unavailableReason":"not-delivered"'
-        in harness.texts[0]
+        in harness.texts()[0]
     )
     assert (
-        '"messageId":"1235","attachments":[],"unavailableReason":"unsupported"' in harness.texts[1]
+        '"messageId":"1235","attachments":[],"unavailableReason":"unsupported"'
+        in harness.texts()[1]
     )
 
 

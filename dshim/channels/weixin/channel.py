@@ -25,6 +25,7 @@ from pathlib import Path
 
 import structlog
 import trio
+from msgspec import UNSET
 
 from dshim.channels.base import (
     BotHost,
@@ -46,7 +47,7 @@ from dshim.channels.base import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.http import open_http
-from dshim.channels.kit.index import inbound_entry
+from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.weixin import creds, protocol
@@ -176,26 +177,23 @@ def quote_loader(
                 ]
             if len(matches) > 1:
                 log.info("reply_index_ambiguous", entries=len(matches))
-                return ReplyReference(unavailable_reason="not-delivered")
             if not matches:
-                return ReplyReference()
-            entry = matches[0]
-            if entry.state == "deleted":
-                return ReplyReference(content=None, attachments=[], unavailable_reason="deleted")
-            text = entry.text
-            if text and lookup.partial is not None:
-                text = protocol.resolve_partial(text, lookup.partial) or text
-            if entry.inbound:
-                author_id, author_name = entry.author_id, entry.author_name
-            else:
-                author_id, author_name = bot_id, bot_name
-            return ReplyReference(
-                author_id=author_id,
-                author_name=author_name,
-                content=text,
-                attachments=list(entry.attachments),
-                unavailable_reason=None,
+                return ReplyReference()  # the core's recovery goes on (history)
+            ref = reference_from(
+                matches, message_id=lookup.keys[0] if lookup.keys else "", bot_id=bot_id
             )
+            assert ref is not None
+            if not lookup.keys:
+                ref.message_id = UNSET  # the shell carried no id: say nothing about it
+            if ref.unavailable_reason is UNSET:  # found: it is the quoted message
+                ref.unavailable_reason = None
+                if not matches[0].inbound:
+                    ref.author_name = bot_name
+                if isinstance(ref.content, str) and lookup.partial is not None:
+                    ref.content = (
+                        protocol.resolve_partial(ref.content, lookup.partial) or ref.content
+                    )
+            return ref
 
         return load
 
