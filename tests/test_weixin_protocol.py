@@ -408,3 +408,18 @@ def test_newer_context_token_wins() -> None:
 def test_headers() -> None:
     assert p.client_version("2.4.6") == 132102
     assert base64.b64decode(p.uin_header(123456)).decode() == "123456"
+
+
+async def test_media_urls_stay_on_the_cdn() -> None:
+    import httpx
+
+    from dshim.channels.weixin.client import IlinkClient
+
+    async with httpx.AsyncClient() as http:
+        client = IlinkClient(http, "t", cdn_base="https://novac2c.cdn.weixin.qq.com/c2c")
+        on_cdn = p.MediaHandle("image", "a b", "https://novac2c.cdn.weixin.qq.com/c2c/x?y=1", None)
+        elsewhere = p.MediaHandle("image", "a b", "https://evil.example/x", None)
+        plain = p.MediaHandle("image", "a b", "http://novac2c.cdn.weixin.qq.com/c2c/x", None)
+        assert client.media_url(on_cdn) == on_cdn.full_url
+        expected = "https://novac2c.cdn.weixin.qq.com/c2c/download?encrypted_query_param=a%20b"
+        assert client.media_url(elsewhere) == client.media_url(plain) == expected

@@ -61,7 +61,9 @@ class IlinkClient:
         self._rng = rng or random.Random()
         self.cdn_base = cdn_base.rstrip("/")
         self._version = dshim.__version__
-        self._cdn_hosts = CDN_HOSTS | {(urllib.parse.urlsplit(self.cdn_base).hostname or "")}
+        cdn = urllib.parse.urlsplit(self.cdn_base)
+        self._cdn_hosts = CDN_HOSTS | {(cdn.hostname or "").lower()}
+        self._cdn_scheme = cdn.scheme
 
     def __repr__(self) -> str:
         return f"IlinkClient(base={str(self._http.base_url)!r})"
@@ -206,7 +208,8 @@ class IlinkClient:
         the CDN's download route with the signed parameter."""
         if handle.full_url:
             parts = urllib.parse.urlsplit(handle.full_url)
-            if (parts.hostname or "").lower() in self._cdn_hosts:
+            secure = parts.scheme == "https" or parts.scheme == self._cdn_scheme
+            if secure and (parts.hostname or "").lower() in self._cdn_hosts:
                 return handle.full_url
         if not handle.param:
             raise ChannelError("media: no download reference")

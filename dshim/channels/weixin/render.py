@@ -40,7 +40,14 @@ from dshim.channels.kit.http import count_request
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.client import IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
-from dshim.errors import AuthError, ChannelError, RateLimited, TransportError, single_error
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    DshimError,
+    RateLimited,
+    TransportError,
+    single_error,
+)
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import split_text
 
@@ -252,7 +259,7 @@ class WeixinOutbound:
                 ticket = await self._ticket(user)
                 if ticket is not None:
                     await self.client.send_typing(user, ticket, status)
-            except ChannelError as exc:
+            except DshimError as exc:  # the platform or the store: typing is best effort
                 log.debug("typing_failed", error=str(exc))
 
     async def _ticket(self, user: str) -> str | None:
