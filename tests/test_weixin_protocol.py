@@ -423,3 +423,20 @@ async def test_media_urls_stay_on_the_cdn() -> None:
         assert client.media_url(on_cdn) == on_cdn.full_url
         expected = "https://novac2c.cdn.weixin.qq.com/c2c/download?encrypted_query_param=a%20b"
         assert client.media_url(elsewhere) == client.media_url(plain) == expected
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"api_base": "ftp://x"}, "api_base: expected an http:// or https:// URL"),
+        ({"token": "two words"}, "token: empty or contains whitespace"),
+        ({"cdn": "https://x"}, "cdn"),
+        ({"token": 5}, "token"),
+    ],
+)
+def test_bad_settings_name_the_key(table: dict[str, Any], message: str) -> None:
+    from dshim.config import parse_config
+    from dshim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        parse_config({"bots": [{"name": "wx", "channel": "weixin", **table}]}, env={})
