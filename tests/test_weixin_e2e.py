@@ -242,6 +242,8 @@ async def test_minus_2_on_send_is_retried_once_after_3_s(
             sends = w.fake.calls_to("sendmessage")
             assert [c.ret for c in sends] == [-2, 0]
             assert sends[1].at - sends[0].at >= 3
+            ids = [c.body["msg"]["client_id"] for c in sends]
+            assert ids[0] != ids[1]  # every send has a fresh client_id
             with capture_logs() as logs:
                 w.fake.fail_next("sendmessage", 5, ret=-2)
                 w.fake.user_message("refused")

@@ -9,7 +9,7 @@ from ``getconfig`` (cached per user for a day, a failure backs off a minute) and
 ``sendtyping status=1`` every 5 s, ``status=2`` before the answer goes out; typing
 failures never fail a turn.
 
-Every message gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2``
+Every send gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2``
 (no valid context token, the reply cap, slow down) is retried once after 3 s; a 429
 waits as asked; a send that never left (cannot connect) is retried with a backoff; a
 send whose outcome is unknown (timeout after the request went out, 5xx) is repeated at
@@ -199,12 +199,14 @@ class WeixinOutbound:
                     raise
                 log.info("reply_refused_retrying", retry_in_s=REFUSED_RETRY_S)
                 await trio.sleep(REFUSED_RETRY_S)
+                client_id = body["client_id"] = self.new_client_id()  # nothing was created
             except RateLimited as exc:
                 if waited + exc.retry_after > RATE_LIMIT_BUDGET_S:
                     raise
                 waited += exc.retry_after
                 log.info("reply_rate_limited", retry_after=exc.retry_after)
                 await trio.sleep(exc.retry_after)
+                client_id = body["client_id"] = self.new_client_id()
             except TransportError as exc:
                 if exc.request_sent:
                     unsure += 1
