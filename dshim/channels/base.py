@@ -61,6 +61,11 @@ Rules every channel follows
    :meth:`ProbeRows.standard`: credentials, the identity call, channel checks (the
    transport reaching ready), the store, and ``--send-test`` to the last direct
    conversation (a ``warn`` when there is none yet).
+10. **Login (optional).**  A channel whose credentials come from an interactive step (a
+   QR scan) offers it as ``ChannelSpec.login_fn`` (:func:`login_hook`); ``dshim login
+   BOT`` runs it with a :class:`LoginContext`.  It saves what it learns in the data
+   directory (file 0600, directory 0700), where ``run`` and ``probe`` find it again
+   through :func:`data_dir_of` (the optional ``data_dir`` of the host).
 """
 
 from __future__ import annotations
