@@ -168,3 +168,44 @@ def test_login_verb_on_a_channel_without_login_exits_2(tmp_path: Path) -> None:
     assert "has no login step" in result.output
     result = CliRunner().invoke(app, ["--config", str(cfg), "login", "nobody"])
     assert result.exit_code == 2 and "no bot named 'nobody'" in result.output
+
+
+def test_the_login_verb_runs_the_qr_flow_in_the_terminal(tmp_path: Path) -> None:
+    """``dshim login wx`` end to end: the fake in a thread of its own, the code typed in."""
+    import threading
+
+    ready = threading.Event()
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+
+    def serve() -> None:
+        async def main() -> None:
+            async with open_fake_weixin() as fake:
+                fake.login_script = [{"status": "need_verifycode"}, {"status": "confirmed"}]
+                box["fake"] = fake
+                ready.set()
+                await trio.to_thread.run_sync(stop.wait)
+
+        trio.run(main)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(10)
+        fake = box["fake"]
+        cfg = tmp_path / "dshim.toml"
+        cfg.write_text(f'[[bots]]\nname = "wx"\nchannel = "weixin"\napi_base = "{fake.url}"\n')
+        result = CliRunner().invoke(
+            app,
+            ["--config", str(cfg), "--data-dir", str(tmp_path / "data"), "login", "wx"],
+            input=f"{fake.verify_code}\n",
+        )
+    finally:
+        stop.set()
+        thread.join(10)
+    assert result.exit_code == 0, result.output
+    assert "Enter the number shown on your phone" in result.output
+    assert "https://liteapp.weixin.qq.com/q/fake1" in result.output
+    assert TEST_TOKEN not in result.output
+    saved = creds.login_path(tmp_path / "data", "wx").read_text()
+    assert TEST_TOKEN in saved

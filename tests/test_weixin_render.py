@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 import trio
 from structlog.testing import capture_logs
@@ -18,7 +19,7 @@ from dshim.channels.weixin.client import USER_AGENT, IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.protocol import ContextToken, credential_hash, plain_text
 from dshim.channels.weixin.render import MAX_MESSAGES, ReplyNotPossible, WeixinOutbound, split
-from dshim.errors import TransportError
+from dshim.errors import ChannelError, TransportError
 from dshim.store import open_store
 from dshim.store.base import BoundStore
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
@@ -135,3 +136,53 @@ def test_split_keeps_at_most_8_messages_and_says_it_cut() -> None:
     assert len(chunks) == MAX_MESSAGES and all(len(c) <= 4000 for c in chunks)
     assert chunks[-1].endswith("answer cut: WeChat accepts only a few replies per message]")
     assert split("**done**") == ["done"] == [plain_text("**done**")]
+
+
+async def test_the_quote_loader_finds_by_id_then_time_and_applies_a_partial_quote(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    from dshim.channels.weixin.channel import quote_loader
+    from dshim.channels.weixin.models import PartialText
+    from dshim.channels.weixin.protocol import QuoteLookup
+
+    async with rig(tmp_path) as r:
+        now = r.clock()
+        mine = OutboundEntry(
+            message_ids=["111"],
+            text="alpha beta gamma",
+            sent_at=now - 60,
+            completed_at=now - 60,
+            inbound=True,
+            author_id=USER,
+        )
+        bots = OutboundEntry(
+            message_ids=["222"], text="the answer", sent_at=now - 30, completed_at=now - 29
+        )
+        for e in (mine, bots):
+            await r.store.record_outbound(USER, e, now=now)
+        factory = quote_loader(r.store, r.clock, bot_id="bot@im.bot", bot_name="wx")
+        partial = PartialText(start="beta", end="gamma")
+        by_id = await factory(QuoteLookup(USER, ("111",), (), partial))()
+        by_time = await factory(QuoteLookup(USER, ("999",), (now - 20,)))()
+        far = await factory(QuoteLookup(USER, ("999",), (now - 500,)))()
+    assert by_id is not None and (by_id.content, by_id.author_id) == ("beta gamma", USER)
+    assert by_time is not None
+    assert (by_time.content, by_time.author_id, by_time.author_name) == (
+        "the answer",
+        "bot@im.bot",
+        "wx",
+    )
+    assert far is not None and far.content is msgspec.UNSET  # nothing: history is next
+
+
+async def test_the_fake_refuses_an_eleventh_reply_to_one_message(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with rig(tmp_path) as r:
+        await written(r)
+        for i in range(10):
+            await r.out.deliver(USER, f"reply {i}")
+        with pytest.raises(ChannelError):
+            await r.out.deliver(USER, "one too many")
+        rets = [c.ret for c in r.fake.calls_to("sendmessage")]
+    assert rets == [0] * 10 + [-2, -2]  # refused, retried once after 3 s, refused again
