@@ -56,7 +56,7 @@ from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.login import run_login
 from dshim.channels.weixin.protocol import FetcherFactory, LoaderFactory, QuoteLookup
 from dshim.channels.weixin.render import WeixinOutbound, split
-from dshim.errors import AuthError, ChannelError
+from dshim.errors import AuthError, ChannelError, StoreError
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
 
 log = structlog.get_logger("dshim.weixin")
@@ -225,7 +225,10 @@ class IndexingInbound:
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         verdict = await self._inner.accept(item, raw)
         if verdict.accepted and isinstance(item, InboundMessage):
-            await record_inbound(self._store, item, self._clock())
+            try:
+                await record_inbound(self._store, item, self._clock())
+            except StoreError as exc:  # the message is taken; only a later quote of it suffers
+                log.warning("message_index_write_failed", error=str(exc))
         return verdict
 
 
