@@ -335,3 +335,15 @@ async def test_a_client_timeout_is_an_empty_batch_and_minus_2_backs_off(
     assert quiet[2].body["get_updates_buf"] == quiet[3].body["get_updates_buf"]
     failed = [e["error"] for e in logs if e["event"] == "poll_failed"]
     assert len(failed) == 3 and "ret -2" in failed[2]  # two dropped polls, then the -2
+
+
+async def test_a_server_without_notifystart_still_runs_the_bot(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with weixin_world(tmp_path) as w:
+            w.fake.fail_next("msg/notifystart", 1, status=404)
+            async with running_bot(w):
+                await polling(w.fake)
+                await _answered(w, "no notifystart here")
+    assert len(w.fake.calls_to("msg/notifystart")) == 1

@@ -440,3 +440,8 @@ def test_bad_settings_name_the_key(table: dict[str, Any], message: str) -> None:
 
     with pytest.raises(ConfigError, match=message):
         parse_config({"bots": [{"name": "wx", "channel": "weixin", **table}]}, env={})
+
+
+def test_null_msgs_is_an_empty_batch() -> None:
+    batch = p.decode_updates(b'{"ret":0,"msgs":null,"get_updates_buf":"c2"}')
+    assert batch.raws == [] and batch.cursor == "c2"

@@ -56,7 +56,14 @@ from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.login import run_login
 from dshim.channels.weixin.protocol import FetcherFactory, LoaderFactory, QuoteLookup
 from dshim.channels.weixin.render import WeixinOutbound, split
-from dshim.errors import AuthError, ChannelError, StoreError
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    PermissionDenied,
+    RateLimited,
+    StoreError,
+    TransportError,
+)
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
 
 log = structlog.get_logger("dshim.weixin")
@@ -301,7 +308,7 @@ async def run(
     async with open_http(found.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = IlinkClient(http, found.token, cdn_base=settings.cdn_base, rng=rng)
         try:
-            await until_ok("notifystart", client.notify_start)
+            await until_ok("notifystart", partial(announce, client))
         except protocol.SessionExpired as exc:
             raise AuthError(f"{exc}: {_login_hint(name)}", code=exc.code) from exc
         log.info("bot_authenticated", bot_id=found.bot_id, credentials=found.origin)
@@ -336,6 +343,18 @@ async def run(
                     await client.notify_stop()
                 except ChannelError as exc:
                     log.info("notify_stop_failed", error=str(exc))
+
+
+async def announce(client: IlinkClient) -> None:
+    """``msg/notifystart``: proves the token (``-14``, 401/403 are fatal) and waits out
+    transient failures; any other refusal (a server without the call) is only logged —
+    the first poll proves the token then."""
+    try:
+        await client.notify_start()
+    except (AuthError, TransportError, RateLimited, PermissionDenied):
+        raise
+    except ChannelError as exc:
+        log.warning("notify_start_failed", error=str(exc))
 
 
 async def _poll(

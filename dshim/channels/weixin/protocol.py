@@ -160,6 +160,8 @@ def decode_updates(body: bytes) -> UpdateBatch:
     # The messages are cut out first: one bad message must not break the batch.
     span = kit_decode.member_span(body, "msgs")
     raws: list[bytes] = []
+    if span is not None and body[span[0] : span[1]].strip() == b"null":
+        span = None  # "msgs": null is an empty batch
     if span is not None:
         try:
             raws = kit_decode.split_array(body[span[0] : span[1]])
