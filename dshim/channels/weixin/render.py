@@ -297,6 +297,7 @@ class WeixinStream:
         self._out = outbound
         self._user = user
         self._typing_done = trio.Event()
+        self._typing_shown = False
         self._hook: Callable[[], Awaitable[None]] | None = None
 
     def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
@@ -314,16 +315,16 @@ class WeixinStream:
 
     async def keep_typing(self) -> None:
         while not self._typing_done.is_set():
+            self._typing_shown = True
             await self._out.typing(self._user, 1)
             with trio.move_on_after(TYPING_INTERVAL_S):
                 await self._typing_done.wait()
 
     async def finish(self, text: str) -> list[Delivered]:
-        was_typing = not self._typing_done.is_set()
         self.stop_typing()
 
         async def first() -> None:
-            if was_typing:
+            if self._typing_shown:  # cancel the indicator this answer showed
                 await self._out.typing(self._user, 2)
             if self._hook is not None:
                 await self._hook()
