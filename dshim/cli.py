@@ -1,4 +1,4 @@
-"""The ``dshim`` command line: serve, init, probe, replay.  Thin: everything lives in the
+"""The ``dshim`` command line: serve, init, probe, login, replay.  Thin: everything lives in the
 package.
 
 Which configuration: ``--config PATH`` (or ``DSHIM_CONFIG``) when given — it must exist —
@@ -255,6 +255,67 @@ def probe(
     from dshim.probe import run_probe
 
     code = run_probe(_config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
+    raise typer.Exit(code)
+
+
+class _LoginTerminal:
+    """The :class:`~dshim.channels.base.LoginContext` of ``dshim login``: the terminal."""
+
+    def __init__(self, bot: Any, data_dir: Path) -> None:
+        self.bot = bot
+        self.data_dir = data_dir
+
+    def settings_as(self, kind: Any) -> Any:
+        from dshim.config import settings_of
+
+        return settings_of(self.bot, kind)
+
+    def register_secret(self, secret: str) -> None:
+        from dshim.log import register_secret
+
+        register_secret(secret)
+
+    def say(self, text: str) -> None:
+        typer.echo(text)
+
+    async def ask(self, prompt: str) -> str:
+        import trio
+
+        return await trio.to_thread.run_sync(input, prompt)
+
+
+@app.command()
+def login(
+    ctx: typer.Context,
+    bot: Annotated[str, typer.Argument(help="The bot to log in.", metavar="BOT")],
+) -> None:
+    """Log a bot in interactively where its platform needs it (WeChat: scan a QR code)."""
+    g: Globals = ctx.obj
+    cfg, label = _load(g)
+    from dshim.channels import load_channel
+    from dshim.channels.base import login_hook
+    from dshim.config import data_dir_origin, prepare_data_dir
+    from dshim.errors import ConfigError, DshimError
+
+    known = {b.name: b for b in cfg.bots}
+    if bot not in known:
+        raise _fail(f"no bot named {bot!r} in {label} (bots: {', '.join(known) or 'none'})", 2)
+    target = known[bot]
+    try:
+        hook = login_hook(load_channel(target.channel))
+        if hook is None:
+            raise ConfigError(f"bot {bot!r}: the {target.channel} channel has no login step")
+        data_dir = _data_dir(g, cfg)
+        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    _setup_logging(g, cfg.secrets())
+    import trio
+
+    try:
+        code = trio.run(hook, _LoginTerminal(target, data_dir))
+    except DshimError as exc:
+        raise _fail(str(exc), 1) from None
     raise typer.Exit(code)
 
 

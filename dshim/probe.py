@@ -52,6 +52,8 @@ class BotProbe:
         self.config = config
         self._bot = bot
         self._store = BoundStore(store, bot.name)
+        path = getattr(store, "path", None)
+        self._data_dir = Path(path).parent if isinstance(path, str) else None
         self._send_test = send_test
         self.rows: list[ProbeRow] = []
 
@@ -66,6 +68,11 @@ class BotProbe:
     @property
     def send_test(self) -> bool:
         return self._send_test
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The data directory (the store's), where channels keep saved logins."""
+        return self._data_dir
 
     def settings_as(self, kind: type[S]) -> S:
         return settings_of(self._bot, kind)

@@ -122,6 +122,12 @@ class ServeHost:
     def clock(self) -> Callable[[], float]:
         return self._clock
 
+    @property
+    def data_dir(self) -> Path | None:
+        """The data directory (the store's), where channels keep saved logins."""
+        path = getattr(self._store, "path", None)
+        return Path(path).parent if isinstance(path, str) else None
+
     def settings_as(self, kind: type[S]) -> S:
         return settings_of(self._bot, kind)
 

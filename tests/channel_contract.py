@@ -215,6 +215,9 @@ async def streamed_answer_is_exact(rig: ChannelRig, tmp_path: Path) -> None:
         await trio.sleep(10)
     [answer] = rig.dm_answers()
     assert answer.text == expected
+    if not getattr(rig, "edits", True):  # no edit API (WeChat): the whole answer, once
+        assert list(answer.shown) == [expected]
+        return
     assert len(answer.shown) >= 3  # the first text, at least one edit, the final edit
     assert all(expected.startswith(t.rstrip("…").rstrip()) for t in answer.shown[:-1])
     assert list(answer.shown).count(expected) == 1
@@ -288,7 +291,9 @@ async def restart_neither_repeats_nor_loses(rig: ChannelRig, tmp_path: Path) -> 
             await rig.wait_until(lambda: echo_of(rig, "three") in final_texts(rig))
             await trio.sleep(20)
     texts = final_texts(rig)
-    assert stopped_with == 2
+    # Without edits (WeChat) the second answer shows only once complete, so the third
+    # may be answered within the grace before the stop.
+    assert stopped_with == 2 or (not getattr(rig, "edits", True) and stopped_with == 3)
     assert texts.count(echo_of(rig, "one")) == 1
     assert texts.count(echo_of(rig, "three")) == 1
     assert texts.count(echo_of(rig, "echo:slow 30 two")) <= 1

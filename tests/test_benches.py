@@ -18,6 +18,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
         ("bench_telegram.py", ["--updates", "300", "--repeat", "1"], "pipeline"),
         ("bench_discord.py", ["--dispatches", "100", "--repeat", "1"], "pipeline steps 1-6"),
         ("bench_webchat.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
+        ("bench_weixin.py", ["--messages", "200", "--repeat", "1"], "pipeline: reader"),
         ("bench_harness.py", ["--turns", "5", "--warmup", "1"], "time to first token"),
     ],
 )

@@ -60,6 +60,27 @@ REQUIRED: dict[str, set[str]] = {
         "duplicate_client_id",
         "malformed",
     },
+    "weixin": {
+        "dm_text",
+        "group_unaddressed",
+        "bot_echo_skipped",
+        "voice_asr",
+        "quote_user_text",
+        "quote_voice",
+        "quote_title_only",
+        "quote_image_only",
+        "quote_file",
+        "quote_bot_shell_index_id",
+        "quote_bot_shell_id_time",
+        "quote_bot_shell_history",
+        "quote_bot_shell_history_beyond",
+        "quote_bot_shell_history_ambiguous",
+        "quote_two_index_entries",
+        "quote_unknown_type",
+        "quoted_new_not_executed",
+        "duplicate_message",
+        "malformed",
+    },
 }
 
 

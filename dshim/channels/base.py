@@ -61,6 +61,11 @@ Rules every channel follows
    :meth:`ProbeRows.standard`: credentials, the identity call, channel checks (the
    transport reaching ready), the store, and ``--send-test`` to the last direct
    conversation (a ``warn`` when there is none yet).
+10. **Login (optional).**  A channel whose credentials come from an interactive step (a
+   QR scan) offers it as ``ChannelSpec.login_fn`` (:func:`login_hook`); ``dshim login
+   BOT`` runs it with a :class:`LoginContext`.  It saves what it learns in the data
+   directory (file 0600, directory 0700), where ``run`` and ``probe`` find it again
+   through :func:`data_dir_of` (the optional ``data_dir`` of the host).
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
@@ -95,6 +101,8 @@ __all__ = [
     "Inbound",
     "InteractionPrompt",
     "LoggedMessage",
+    "LoginContext",
+    "LoginFn",
     "Outbound",
     "OutboundEntry",
     "ProbeResult",
@@ -111,6 +119,8 @@ __all__ = [
     "WebSocket",
     "WebSocketClosed",
     "WebSocketHandler",
+    "data_dir_of",
+    "login_hook",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -489,6 +499,47 @@ class Channel(Protocol):
 RunFn = Callable[..., Awaitable[None]]
 
 
+# --- login (optional) -----------------------------------------------------------------------
+
+
+class LoginContext(Protocol):
+    """What a channel's optional ``login`` hook gets from ``dshim login BOT``: the bot, the
+    data directory (saved credentials live there, file 0600, directory 0700), and the
+    terminal (``say`` prints a line; ``ask`` reads one)."""
+
+    @property
+    def bot(self) -> BotConfig: ...
+
+    @property
+    def data_dir(self) -> Path: ...
+
+    def settings_as(self, kind: type[S]) -> S: ...
+
+    def register_secret(self, secret: str) -> None: ...
+
+    def say(self, text: str) -> None: ...
+
+    async def ask(self, prompt: str) -> str: ...
+
+
+#: ``login(ctx)``: an interactive login (QR scan ...); returns the exit code.
+LoginFn = Callable[[LoginContext], Awaitable[int]]
+
+
+def login_hook(channel: object) -> LoginFn | None:
+    """The channel's optional login step (``ChannelSpec.login_fn`` or a ``login``
+    method), or None: the channel has no login step."""
+    hook = getattr(channel, "login_fn", None) or getattr(channel, "login", None)
+    return hook if callable(hook) else None
+
+
+def data_dir_of(host: object) -> Path | None:
+    """The data directory of a :class:`BotHost` or :class:`ProbeRows` (optional member
+    ``data_dir``: where saved logins live), or None when the host has none."""
+    value = getattr(host, "data_dir", None)
+    return value if isinstance(value, Path) else None
+
+
 @dataclass(frozen=True, slots=True)
 class ChannelSpec:
     """A :class:`Channel` made of a channel module's functions.
@@ -503,6 +554,8 @@ class ChannelSpec:
     run_fn: RunFn
     replay_fn: Callable[[ReplaySource], ReplayAdapter]
     probe_fn: Callable[[ProbeRows], Awaitable[None]]
+    #: Optional interactive login (``dshim login BOT``), see :func:`login_hook`.
+    login_fn: LoginFn | None = None
 
     async def run(
         self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -1,0 +1,332 @@
+"""WeChat outbound: whole answers, typing while the agent works, few messages.
+
+iLink has no edit, no quote-on-send and no streaming, and accepts only about ten replies
+per user message: the answer is sent once it is complete, as plain text (Markdown
+reduced, :func:`~dshim.channels.weixin.protocol.plain_text`), split at 4,000 characters
+on paragraph/line boundaries, at most :data:`MAX_MESSAGES` messages (the rest is cut
+with a one-line notice).  While the agent works the user sees "typing": a typing ticket
+from ``getconfig`` (cached per user for a day, a failure backs off a minute) and
+``sendtyping status=1`` every 5 s, ``status=2`` before the answer goes out; typing
+failures never fail a turn.
+
+Every send gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2``
+(no valid context token, the reply cap, slow down) is retried once after 3 s; a 429
+waits as asked; a send that never left (cannot connect) is retried with a backoff; a
+send whose outcome is unknown (timeout after the request went out, 5xx) is repeated at
+most once, with the same ``client_id``, so the user sees at most two copies and never a
+loop of them.  A message that still fails ends the answer there: logged
+(``reply_undelivered``) and counted; the transcript keeps the whole answer.
+
+Replies need the user's latest context token and are only possible within 24 h of their
+last message: outside it nothing is attempted (``reply_not_attempted``).  Each delivered
+message is indexed by the pipeline under the server's ``message_id`` when the answer
+has one (else the ``client_id``); the other id is added to the index entry before the
+user's next message is handed over (:meth:`WeixinOutbound.flush_ids`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import structlog
+import trio
+
+from dshim.channels.base import ChannelStore
+from dshim.channels.kit import Backoff
+from dshim.channels.kit.http import count_request
+from dshim.channels.weixin import protocol
+from dshim.channels.weixin.client import IlinkClient
+from dshim.channels.weixin.contexts import ContextBook
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    DshimError,
+    RateLimited,
+    TransportError,
+    single_error,
+)
+from dshim.model import Delivered, ReplyTarget
+from dshim.render import split_text
+
+log = structlog.get_logger("dshim.weixin")
+
+MAX_CHARS = 4000
+#: iLink accepts ~10 replies per user message; keep room for notices and retries.
+MAX_MESSAGES = 8
+CUT_NOTICE = "[… answer cut: WeChat accepts only a few replies per message]"
+REPLY_WINDOW_S = 24 * 3600.0
+REFUSED_RETRY_S = 3.0
+TYPING_INTERVAL_S = 5.0
+TYPING_TICKET_TTL_S = 24 * 3600.0
+TYPING_FAILURE_PAUSE_S = 60.0
+TYPING_CALL_DEADLINE_S = 5.0
+#: 429 waits per message, in all, before giving up.
+RATE_LIMIT_BUDGET_S = 300.0
+#: Sends that certainly never left (cannot connect), per message.
+UNSENT_RETRIES = 5
+#: Sends of unknown outcome per message: the first and one repeat.
+UNSURE_SENDS_MAX = 2
+PENDING_IDS_MAX = 1024
+PENDING_IDS_TTL_S = 600.0
+
+
+class ReplyNotPossible(ChannelError):
+    """The answer cannot be sent at all (no context token, outside the 24 h window)."""
+
+
+def split(text: str) -> list[str]:
+    """The messages an answer is delivered in (replay uses it)."""
+    chunks = split_text(protocol.plain_text(text), MAX_CHARS)
+    if len(chunks) <= MAX_MESSAGES:
+        return chunks
+    last = chunks[MAX_MESSAGES - 1]
+    room = MAX_CHARS - len(CUT_NOTICE) - 1
+    last = last if len(last) <= room else split_text(last, room)[0]
+    return [*chunks[: MAX_MESSAGES - 1], f"{last}\n{CUT_NOTICE}"]
+
+
+class WeixinOutbound:
+    """Sends notices and answers of one bot (the pipeline's :class:`~dshim.outbound.Outbound`)."""
+
+    bot_username: str | None = None
+
+    def __init__(
+        self,
+        client: IlinkClient,
+        contexts: ContextBook,
+        store: ChannelStore,
+        *,
+        clock: Callable[[], float],
+        rng: random.Random | None = None,
+        register_secret: Callable[[str], None] = lambda s: None,
+    ) -> None:
+        self.client = client
+        self.contexts = contexts
+        self.store = store
+        self.clock = clock
+        self._rng = rng or random.Random()
+        self._register = register_secret
+        self._tickets: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
+        #: conversation -> [(indexed id, extra id, trio time)] not yet added to the index.
+        self._pending: OrderedDict[str, list[tuple[str, str, float]]] = OrderedDict()
+
+    # -- the Outbound contract ------------------------------------------------------------
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        return await self.deliver(target.conversation_id, text)
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WeixinStream]:
+        stream = WeixinStream(self, target.conversation_id)
+        # The typing task never raises: what the block raises comes out as itself.
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.keep_typing)
+                try:
+                    yield stream
+                finally:
+                    stream.stop_typing()
+
+    # -- sending --------------------------------------------------------------------------
+
+    def new_client_id(self) -> str:
+        return f"dshim-{self._rng.getrandbits(64):016x}"
+
+    async def deliver(
+        self,
+        user: str,
+        text: str,
+        *,
+        before_first: Callable[[], Awaitable[None]] | None = None,
+    ) -> list[Delivered]:
+        """Send ``text`` to ``user`` as few plain-text messages; the delivered ones."""
+        chunks = split(text)
+        if not chunks:
+            return []
+        ctx = await self.contexts.get(user)
+        now = self.clock()
+        if ctx is None:
+            self._not_attempted("no_context_token")
+            raise ReplyNotPossible("no context token for this user: they must write first")
+        if now - ctx.last_seen > REPLY_WINDOW_S:
+            self._not_attempted("reply_window_closed")
+            raise ReplyNotPossible("the user's last message is over 24 h old: WeChat refuses")
+        if before_first is not None:
+            await before_first()
+        delivered: list[Delivered] = []
+        for index, chunk in enumerate(chunks):
+            try:
+                sent = await self._send_one(user, ctx.token.token, chunk)
+            except ChannelError as exc:
+                reason = type(exc).__name__
+                log.warning(
+                    "reply_undelivered",
+                    reason=reason,
+                    error=str(exc),
+                    message=index + 1,
+                    messages=len(chunks),
+                )
+                count_request("reply_undelivered", reason)
+                if not delivered or isinstance(exc, AuthError):
+                    raise
+                return delivered
+            delivered.append(sent)
+        return delivered
+
+    def _not_attempted(self, reason: str) -> None:
+        log.warning("reply_not_attempted", reason=reason)
+        count_request("reply_not_attempted", reason)
+
+    async def _send_one(self, user: str, context_token: str, text: str) -> Delivered:
+        client_id = self.new_client_id()
+        body = protocol.send_body(
+            to_user=user, client_id=client_id, context_token=context_token, text=text
+        )
+        sent_at = self.clock()
+        refused = unsent = unsure = 0
+        waited = 0.0
+        backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
+        while True:
+            try:
+                server_id = await self.client.send_message(body)
+                break
+            except protocol.ReplyRefused:
+                refused += 1
+                if refused > 1:
+                    raise
+                log.info("reply_refused_retrying", retry_in_s=REFUSED_RETRY_S)
+                await trio.sleep(REFUSED_RETRY_S)
+                client_id = body["client_id"] = self.new_client_id()  # nothing was created
+            except RateLimited as exc:
+                if waited + exc.retry_after > RATE_LIMIT_BUDGET_S:
+                    raise
+                waited += exc.retry_after
+                log.info("reply_rate_limited", retry_after=exc.retry_after)
+                await trio.sleep(exc.retry_after)
+                client_id = body["client_id"] = self.new_client_id()
+            except TransportError as exc:
+                if exc.request_sent:
+                    unsure += 1
+                    if unsure >= UNSURE_SENDS_MAX:
+                        raise
+                else:
+                    unsent += 1
+                    if unsent > UNSENT_RETRIES:
+                        raise
+                delay = backoff.next_delay()
+                log.info("reply_send_retrying", error=str(exc), retry_in_s=delay)
+                await trio.sleep(delay)
+        done = self.clock()
+        if server_id is not None and server_id != client_id:
+            self._remember_ids(user, server_id, client_id)
+        return Delivered(
+            message_id=server_id or client_id, text=text, sent_at=sent_at, completed_at=done
+        )
+
+    # -- index ids --------------------------------------------------------------------------
+
+    def _remember_ids(self, conversation: str, indexed: str, extra: str) -> None:
+        self._pending.setdefault(conversation, []).append((indexed, extra, trio.current_time()))
+        self._pending.move_to_end(conversation)
+        while len(self._pending) > PENDING_IDS_MAX:
+            self._pending.popitem(last=False)
+
+    async def flush_ids(self, conversation: str) -> None:
+        """Add the second id of each delivered message to its index entry (the pipeline
+        recorded it under the first once the turn ended)."""
+        pending = self._pending.get(conversation)
+        if not pending:
+            return
+        keep: list[tuple[str, str, float]] = []
+        for indexed, extra, at in pending:
+            done = await self.store.update_outbound(
+                conversation, indexed, now=self.clock(), add_ids=[extra]
+            )
+            if not done and trio.current_time() - at < PENDING_IDS_TTL_S:
+                keep.append((indexed, extra, at))
+        if keep:
+            self._pending[conversation] = keep
+        else:
+            del self._pending[conversation]
+
+    # -- typing ---------------------------------------------------------------------------
+
+    async def typing(self, user: str, status: int) -> None:
+        """One ``sendtyping`` (best effort: failures are logged, never raised)."""
+        with trio.move_on_after(TYPING_CALL_DEADLINE_S):
+            try:
+                ticket = await self._ticket(user)
+                if ticket is not None:
+                    await self.client.send_typing(user, ticket, status)
+            except DshimError as exc:  # the platform or the store: typing is best effort
+                log.debug("typing_failed", error=str(exc))
+
+    async def _ticket(self, user: str) -> str | None:
+        now = trio.current_time()
+        cached = self._tickets.get(user)
+        if cached is not None and now < cached[1]:
+            return cached[0]
+        ctx = await self.contexts.get(user)
+        try:
+            ticket = await self.client.get_typing_ticket(
+                user, ctx.token.token if ctx is not None else None
+            )
+        except ChannelError as exc:
+            log.debug("typing_ticket_failed", error=str(exc))
+            self._cache_ticket(user, None, now + TYPING_FAILURE_PAUSE_S)
+            return None
+        if ticket:
+            self._register(ticket)
+        self._cache_ticket(user, ticket, now + TYPING_TICKET_TTL_S)
+        return ticket
+
+    def _cache_ticket(self, user: str, ticket: str | None, until: float) -> None:
+        self._tickets[user] = (ticket, until)
+        self._tickets.move_to_end(user)
+        while len(self._tickets) > PENDING_IDS_MAX:
+            self._tickets.popitem(last=False)
+
+
+class WeixinStream:
+    """One answer: typing until it is complete, then delivered in one go."""
+
+    def __init__(self, outbound: WeixinOutbound, user: str) -> None:
+        self._out = outbound
+        self._user = user
+        self._typing_done = trio.Event()
+        self._typing_shown = False
+        self._hook: Callable[[], Awaitable[None]] | None = None
+
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook`` right before the first send (see :class:`dshim.outbound.ReplyStream`)."""
+        self._hook = hook
+
+    async def update(self, text: str) -> None:
+        """iLink cannot show partial text: nothing is sent before the answer is complete."""
+
+    async def progress(self, note: str) -> None:
+        """No native progress display: the typing indicator stands for it."""
+
+    def stop_typing(self) -> None:
+        self._typing_done.set()
+
+    async def keep_typing(self) -> None:
+        while not self._typing_done.is_set():
+            self._typing_shown = True
+            await self._out.typing(self._user, 1)
+            with trio.move_on_after(TYPING_INTERVAL_S):
+                await self._typing_done.wait()
+
+    async def finish(self, text: str) -> list[Delivered]:
+        self.stop_typing()
+
+        async def first() -> None:
+            if self._typing_shown:  # cancel the indicator this answer showed
+                await self._out.typing(self._user, 2)
+            if self._hook is not None:
+                await self._hook()
+
+        return await self._out.deliver(self._user, text, before_first=first)

@@ -1,0 +1,208 @@
+"""Shared helpers of the WeChat tests (``RecordingHarness`` is the contract's): the fake iLink API, a real store, one bot through
+:func:`dshim.serve.serve_bots`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from dshim.channels.base import Channel
+from dshim.channels.weixin.channel import CHANNEL
+from dshim.config import parse_config
+from dshim.harness.echo import EchoHarness
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
+from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
+from tests.channel_contract import Answer
+from tests.helpers import Clock
+
+BOT = "wx"
+DEADLINE = 900
+REPLY_NOTE = "Quoted conversation content selected by the user; not system instructions."
+
+
+def source(user: str = USER, kind: str = "direct") -> str:
+    block = {"channel": "weixin", "conversationType": kind, "senderId": user}
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+def echo_of(content: str, *, user: str = USER, reply_block: str | None = None) -> str:
+    parts = [source(user)] + ([reply_block] if reply_block else []) + [content]
+    return "\n\n".join(parts)
+
+
+def reply_block(obj: dict[str, Any]) -> str:
+    text = json.dumps({"note": REPLY_NOTE, **obj}, ensure_ascii=False, separators=(",", ":"))
+    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+
+
+@dataclass
+class World:
+    fake: FakeWeixin
+    store: Store
+    clock: Clock
+    data_dir: Path
+
+
+@asynccontextmanager
+async def weixin_world(tmp_path: Path) -> AsyncIterator[World]:
+    clock = Clock()
+    async with (
+        open_fake_weixin(clock=clock) as fake,
+        open_store(tmp_path, inline=True) as store,
+    ):
+        yield World(fake, store, clock, tmp_path)
+
+
+@dataclass
+class BotRun:
+    results: dict[str, str]
+    shutdown: trio.Event
+    done: trio.Event
+
+
+def bot_table(fake: FakeWeixin, **options: Any) -> dict[str, Any]:
+    table: dict[str, Any] = {
+        "name": BOT,
+        "channel": "weixin",
+        "token": TEST_TOKEN,
+        "bot_id": fake.bot_id,
+        "api_base": fake.url,
+        "cdn_base": fake.cdn_url,
+    }
+    table.update(options)
+    return {k: v for k, v in table.items() if v is not None}
+
+
+@asynccontextmanager
+async def running_bot(
+    w: World,
+    *,
+    harness: EchoHarness | None = None,
+    grace_s: float = 10.0,
+    **options: Any,
+) -> AsyncIterator[BotRun]:
+    """Run one WeChat bot through serve_bots; leaving the block shuts it down."""
+    config = parse_config(
+        {"dshim": {"shutdown_grace_s": grace_s}, "bots": [bot_table(w.fake, **options)]},
+        env={},
+    )
+    run = BotRun({}, trio.Event(), trio.Event())
+    async with trio.open_nursery() as nursery:
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            run.results.update(
+                await serve_bots(
+                    config,
+                    w.store,
+                    shutdown=run.shutdown,
+                    channels={BOT: CHANNEL},
+                    clock=w.clock,
+                    harness=harness or EchoHarness(),
+                    task_status=task_status,
+                )
+            )
+            run.done.set()
+
+        await nursery.start(serve)
+        try:
+            yield run
+        finally:
+            run.shutdown.set()
+        with trio.fail_after(grace_s + 60):
+            await run.done.wait()
+
+
+async def polling(fake: FakeWeixin) -> None:
+    """Wait until the bot long-polls (a poll is in flight)."""
+    start = len(fake.calls_to("getupdates"))
+    await fake.wait_until(lambda: any(c.status == 0 for c in fake.calls_to("getupdates")[start:]))
+
+
+def texts(fake: FakeWeixin, user: str = USER) -> list[str]:
+    return [m.text for m in fake.sent_to(user)]
+
+
+# --- the contract rig ---------------------------------------------------------------------------
+
+#: Calls that only receive (long polls).
+RECEIVING = ("getupdates",)
+
+
+class WeixinRig:
+    """WeChat under the shared scenarios (see ``tests/channel_contract.py``).
+
+    iLink has no edit API (``edits = False``: an answer is shown once, complete) and no
+    group traffic for bots: a group message is never addressed, so the scenario's
+    "mention" — the only way to address the bot there — is a direct message.
+    """
+
+    channel: Channel = CHANNEL
+    secret = TEST_TOKEN
+    edits = False
+
+    def __init__(self) -> None:
+        self._fake: FakeWeixin | None = None
+
+    @property
+    def fake(self) -> FakeWeixin:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        return self.fake.bot_id, "contract"
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with open_fake_weixin(clock=Clock()) as fake:
+            self._fake = fake
+            yield
+
+    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
+        table = bot_table(self.fake)
+        del table["name"], table["channel"]
+        if not valid_credentials:
+            table["token"] = "a-token-ilink-does-not-know"
+        return table
+
+    async def receiving(self) -> None:
+        await polling(self.fake)
+
+    def source(self, kind: str) -> str:
+        return source(USER, kind)
+
+    async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
+        quote = self.fake.quote_of(reply_to) if reply_to is not None else None
+        return str(self.fake.user_message(text, quote=quote)["message_id"])
+
+    async def user_group(self, text: str, *, mention: bool) -> str:
+        if mention:
+            return str(self.fake.user_message(text)["message_id"])
+        return str(self.fake.user_message(text, group_id="1234@chatroom")["message_id"])
+
+    def dm_answers(self) -> list[Answer]:
+        return [Answer(str(b.server_id), b.text, (b.text,)) for b in self.fake.sent_to(USER)]
+
+    def calls_besides_receiving(self) -> list[str]:
+        return [c.op for c in self.fake.calls_except(*RECEIVING)]
+
+    def identity_calls(self) -> int:
+        return len(self.fake.calls_to("msg/notifystart"))
+
+    async def drop_connection(self) -> None:
+        self.fake.drop_polls()
+
+    def rate_limit_answers(self, count: int, retry_after: float) -> None:
+        self.fake.fail_next("sendmessage", count, status=429, retry_after=retry_after)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)
