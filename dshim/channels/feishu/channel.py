@@ -45,6 +45,7 @@ from dshim.channels.feishu.client import (
     run_connection,
 )
 from dshim.channels.feishu.protocol import (
+    CARD_TOAST,
     MISSING_SCOPE,
     EventMapper,
     FeishuEvent,
@@ -188,13 +189,20 @@ async def run(
 
             async def deliver(event: FeishuEvent) -> Verdict | None:
                 item = mapper.decode(event.payload)
+                data: bytes | None = None
                 if isinstance(item, Recall):
                     outcome = await rt.retract(item.conversation_id, item.message_id)
                     log.info("message_recalled", message_id=item.message_id, outcome=outcome)
-                    return None
-                if isinstance(item, InboundMessage) and isinstance(item.route, str):
-                    outbound.clicked(item.route, item.content)  # a card button
-                return await rt.accept(item, event.payload)
+                    verdict = None
+                else:
+                    if isinstance(item, InboundMessage) and item.message_id.startswith("card:"):
+                        if isinstance(item.route, str):
+                            outbound.clicked(item.route, item.content)
+                        data = m.encode(CARD_TOAST)  # the card callback's answer
+                    verdict = await rt.accept(item, event.payload)
+                if verdict is None or verdict.confirm:
+                    session.acknowledge(event, trio.current_time(), data=data)
+                return verdict
 
             async def reader() -> None:
                 await run_connection(

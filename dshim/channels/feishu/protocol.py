@@ -13,7 +13,8 @@ and ``service_id`` -- and a ``ClientConfig`` (``PingInterval``, ``ReconnectInter
 length checked).  States of :class:`FeishuSession`::
 
     opened --ping--> waiting_pong --pong--> live --(every PingInterval) ping--> live
-       any state: no pong for 2 x PingInterval -> close 4000 (reconnect)
+       any state: no pong for 2 x PingInterval (since the last pong, or since the
+       connection opened) -> close 4000 (reconnect)
 
 - A CONTROL ``ping`` goes out at once and then every ``PingInterval``; a ``pong`` whose
   payload is non-empty is a ``ClientConfig`` that applies from then on.  The first pong
@@ -393,10 +394,13 @@ class Reassembler:
 
 @dataclass(frozen=True, slots=True)
 class FeishuEvent:
-    """One complete event for the channel: its JSON bytes and the frame's timing."""
+    """One complete event for the channel: its JSON bytes, the frame that completed it
+    (echoed in the ack), when it arrived, and which connection it came on."""
 
     payload: bytes
-    trace_id: str | None = None
+    frame: Frame
+    received_at: float
+    connection: int
 
 
 @dataclass(slots=True)
@@ -440,6 +444,9 @@ class FeishuSession:
         #: Connection attempts since the last one that became live (reconnect schedule).
         self.failures = 0
         self.reconnect_jitter_used = False
+        #: Counts connections, so that an ack never goes out on a later one.
+        self.connection = 0
+        self._acks: list[Send] = []
 
     # -- planning (called by the channel's ``next_url``) ----------------------------------
 
@@ -465,6 +472,8 @@ class FeishuSession:
     # -- WsSession ------------------------------------------------------------------------
 
     def connection_opened(self, now: float) -> Sequence[Action[FeishuEvent]]:
+        self.connection += 1
+        self._acks.clear()
         self.live = False
         self.pongs = 0
         self.reassembler.clear()
@@ -472,7 +481,7 @@ class FeishuSession:
 
     def _ping(self, now: float) -> list[Action[FeishuEvent]]:
         self._next_ping = now + self.settings.ping_interval
-        if self._pong_deadline is None:
+        if self._pong_deadline is None:  # the connection just opened
             self._pong_deadline = now + 2 * self.settings.ping_interval
         return [Send(ping_frame(self.service_id), kind="ping", logged=False)]
 
@@ -502,13 +511,23 @@ class FeishuSession:
             return [Ignored("malformed", str(exc)[:200])]
         if payload is None:
             return []  # more fragments to come
-        ack_data = m.encode(CARD_TOAST) if _is_card_action(payload) else None
-        ack = Send(ack_frame(frame, biz_rt_ms=0, data=ack_data), kind="ack", logged=False)
-        return [Deliver(FeishuEvent(payload, frame.header("trace_id")), ack=ack)]
+        # The ack goes out once the channel called acknowledge() (after accept), from tick().
+        return [Deliver(FeishuEvent(payload, frame, now, self.connection))]
+
+    def acknowledge(self, event: FeishuEvent, now: float, *, data: bytes | None = None) -> None:
+        """Queue the ack of ``event`` (sent by the next :meth:`tick`, at once): the frame
+        echoed with ``biz_rt`` = the time since it arrived, and ``data`` (a card callback's
+        JSON answer) base64-encoded in the payload.  An event of an earlier connection is
+        not acked (the platform re-pushes it; dedup drops the copy)."""
+        if event.connection != self.connection:
+            return
+        biz_rt = round((now - event.received_at) * 1000)
+        self._acks.append(
+            Send(ack_frame(event.frame, biz_rt_ms=biz_rt, data=data), kind="ack", logged=False)
+        )
 
     def _pong(self, frame: Frame, now: float) -> list[Action[FeishuEvent]]:
         self.pongs += 1
-        self._pong_deadline = None
         out: list[Action[FeishuEvent]] = []
         if frame.payload:
             try:
@@ -520,6 +539,8 @@ class FeishuSession:
                 self.settings.apply(cfg)
                 if self.settings.ping_interval != before and self._next_ping is not None:
                     self._next_ping = now + self.settings.ping_interval
+        # The watchdog: the next pong is due within 2 x PingInterval of this one.
+        self._pong_deadline = now + 2 * self.settings.ping_interval
         if not self.live:
             self.live = True
             self.failures = 0
@@ -528,16 +549,19 @@ class FeishuSession:
         return out
 
     def next_timer(self) -> float | None:
+        if self._acks:
+            return -math.inf  # acks are due at once
         timers = [t for t in (self._next_ping, self._pong_deadline) if t is not None]
         return min(timers) if timers else None
 
     def tick(self, now: float, *, reading: bool) -> Sequence[Action[FeishuEvent]]:
-        out: list[Action[FeishuEvent]] = []
+        out: list[Action[FeishuEvent]] = list(self._acks)
+        self._acks.clear()
         if self._pong_deadline is not None and now >= self._pong_deadline:
             if reading:
                 self._pong_deadline = None
                 self._next_ping = None
-                return [Close(WATCHDOG_CLOSE, "no pong within 2 x PingInterval")]
+                return [*out, Close(WATCHDOG_CLOSE, "no pong within 2 x PingInterval")]
             self._pong_deadline = now + 1.0  # a delivery is in hand: look again shortly
         if self._next_ping is not None and now >= self._next_ping:
             out.extend(self._ping(now))
@@ -546,6 +570,7 @@ class FeishuSession:
     def connection_lost(self, ended: WsEnded, now: float) -> None:
         self._next_ping = None
         self._pong_deadline = None
+        self._acks.clear()
         self.reassembler.clear()
         was_live = self.live
         self.live = False
@@ -556,10 +581,6 @@ class FeishuSession:
             self.reconnect_jitter_used = False
         else:
             self.failures += 1
-
-
-def _is_card_action(payload: bytes) -> bool:
-    return b"card.action.trigger" in payload[:2048]
 
 
 # --- errors ---------------------------------------------------------------------------------
@@ -737,7 +758,7 @@ def post_text(content: Any, names: MentionNames) -> Extracted:
                     parts.append("\n---\n")
                 elif tag == "md":
                     parts.append(_str(el.get("text")))
-            lines.append(names.replace("".join(parts)))
+            lines.append(names.replace("".join(parts)).strip(" "))
     return Extracted(_tidy_post("\n".join(lines)), media)
 
 
