@@ -232,6 +232,9 @@ class FakeFeishu(FakePlatform[RestCall]):
         self.ack_timeout_s = 3.0
         self.cardkit_enabled = True
         self.lookup_denied: set[str] = set()
+        #: Scopes the app lacks: ``im:message`` (no lookups), ``im:message.group_msg``
+        #: (no group-message reads), ``cardkit:card:write`` (like ``cardkit_enabled``).
+        self.missing_scopes: set[str] = set()
         self.endpoint_code = 0
         # state
         self.tokens: set[str] = set()
@@ -666,13 +669,25 @@ class FakeFeishu(FakePlatform[RestCall]):
     def _get_message(self, body: Any, request: Request, mid: str) -> Any:
         if mid in self.lookup_denied:
             raise _Fail(400, 99991672, "Access denied. scope required: [im:message.group_msg]")
+        if "im:message" in self.missing_scopes:
+            raise _Fail(400, 99991672, "Access denied. scope required: [im:message]")
         item = self._item(mid)
         if item is None:
             raise _Fail(400, 230001, "invalid message_id")
+        if item["chat_id"] == self.group_chat and "im:message.group_msg" in self.missing_scopes:
+            raise _Fail(400, 99991672, "Access denied. scope required: [im:message.group_msg]")
         return {"code": 0, "msg": "success", "data": {"items": [item]}}
 
     def _list(self, body: Any, request: Request) -> Any:
+        if request.query.get("container_id_type") == "chat" and (
+            "im:message.group_msg" in self.missing_scopes
+        ):
+            raise _Fail(400, 99991672, "Access denied. scope required: [im:message.group_msg]")
         return {"code": 0, "msg": "success", "data": {"items": [], "has_more": False}}
+
+    def _cardkit_ok(self) -> None:
+        if not self.cardkit_enabled or "cardkit:card:write" in self.missing_scopes:
+            raise _Fail(400, 99991672, CARD_SCOPE_MSG)
 
     def _item(self, mid: str) -> dict[str, Any] | None:
         if mid in self.bot_msgs:
@@ -810,8 +825,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         )
 
     def _card(self, body: Any, request: Request) -> Any:
-        if not self.cardkit_enabled:
-            raise _Fail(400, 99991672, CARD_SCOPE_MSG)
+        self._cardkit_ok()
         again = self._once(body, "card")
         if again is not None:
             return again
@@ -828,8 +842,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         card["sequence"] = seq
 
     def _card_content(self, body: Any, request: Request, cid: str, eid: str) -> Any:
-        if not self.cardkit_enabled:
-            raise _Fail(400, 99991672, CARD_SCOPE_MSG)
+        self._cardkit_ok()
         card = self.cards.get(cid)
         if card is None:
             raise _Fail(400, 200740, "card not found")
@@ -851,8 +864,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         return self._remember(body, f"content:{cid}", {"code": 0, "msg": "success", "data": {}})
 
     def _card_settings(self, body: Any, request: Request, cid: str) -> Any:
-        if not self.cardkit_enabled:
-            raise _Fail(400, 99991672, CARD_SCOPE_MSG)
+        self._cardkit_ok()
         card = self.cards.get(cid)
         if card is None:
             raise _Fail(400, 200740, "card not found")
