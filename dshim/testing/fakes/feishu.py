@@ -477,7 +477,7 @@ class FakeFeishu(FakePlatform[RestCall]):
             return
         self.tickets.discard(query["ticket"])
         ws = await request.accept()
-        send, recv = trio.open_memory_channel[tuple[str, Any]](10_000)
+        send, recv = trio.open_memory_channel[tuple[str, Any]](100_000)
         conn = Connection(len(self.connections), ws, trio.current_time(), send)
         self.connections.append(conn)
         self.changed()
