@@ -60,9 +60,10 @@ async def running_bot(
     tmp_path: Path,
     *,
     configure: Callable[[FakeFeishu], None] | None = None,
+    deadline: float = DEADLINE,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeFeishu]]:
-    with trio.fail_after(DEADLINE):
+    with trio.fail_after(deadline):
         async with open_fake_feishu() as fake:
             if configure is not None:
                 configure(fake)
@@ -413,3 +414,102 @@ async def test_approval_by_card_button(tmp_path: Path, autojump_clock: object) -
     body = json.loads(click_ack.payload or b"")
     assert body["code"] == 200 and "toast" in json.loads(base64.b64decode(body["data"]))
     assert fake.buttons(card.message_id) == []  # the decided card has no buttons any more
+
+
+# -- more ----------------------------------------------------------------------------------
+
+
+async def test_long_answer_continues_in_follow_up_messages(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    words = " ".join(f"word{i}" for i in range(5000))  # ~44,000 characters
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.dm_chat, words)
+        await fake.wait_until(lambda: "word4999" in "".join(texts(fake, fake.dm_chat)))
+        await trio.sleep(5)
+    parts = fake.bot_messages(fake.dm_chat)
+    assert len(parts) == 2 and all(len(p.text) <= 28_000 for p in parts)
+    assert parts[0].card_id is not None and parts[1].msg_type == "text"
+    assert " ".join(p.text for p in parts) == source(fake) + "\n\n" + words
+
+
+async def test_images_are_downloaded_inside_the_turn_only(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.group_chat, msg_type="image", content={"image_key": "img_x"})
+        await trio.sleep(10)  # unaddressed in the group: nothing is fetched
+        assert (
+            fake.calls_to("GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}") == []
+        )
+        sent = await fake.user_message(
+            fake.dm_chat, msg_type="image", content={"image_key": "img_y"}
+        )
+        await fake.wait_until(lambda: len(fake.bot_messages(fake.dm_chat)) == 1)
+    [download] = fake.calls_to("GET /open-apis/im/v1/messages/{message_id}/resources/{file_key}")
+    assert download.path.endswith(f"/{sent['message_id']}/resources/img_y")
+    assert download.query == {"type": "image"} and download.status == 200
+
+
+async def test_token_is_renewed_before_its_last_30_minutes(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, deadline=9000.0) as (bot, fake):
+        await fake.user_message(fake.dm_chat, "one")
+        await answered(fake, fake.dm_chat, source(fake) + "\n\none")
+        await trio.sleep(7200 - 1800 + 60)  # past the renewal point, before expiry
+        await fake.user_message(fake.dm_chat, "two")
+        await answered(fake, fake.dm_chat, source(fake) + "\n\ntwo")
+    assert fake.token_requests == 2
+    assert [c for c in fake.calls if c.code == 99991663] == []  # never used an old token
+
+
+async def test_in_a_group_only_the_starter_can_approve_by_button(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.group_chat, "echo:approval", mention_bot=True)
+        await fake.wait_until(
+            lambda: any(fake.buttons(b.message_id) for b in fake.bot_messages(fake.group_chat))
+        )
+        card = next(b for b in fake.bot_messages(fake.group_chat) if fake.buttons(b.message_id))
+        await fake.click(card.message_id, 0, user=fake.other_user)
+        await trio.sleep(5)
+        assert fake.buttons(card.message_id)  # still waiting: Bob did not start the turn
+        await fake.click(card.message_id, 2)
+        await fake.wait_until(lambda: not fake.buttons(card.message_id))
+        await fake.wait_until(lambda: len(fake.bot_messages(fake.group_chat)) >= 2)
+        await trio.sleep(5)
+    answer = [b for b in fake.bot_messages(fake.group_chat) if b.message_id != card.message_id]
+    assert any("reject" in b.text.lower() for b in answer)
+
+
+async def test_connection_secrets_never_reach_the_logs(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    with capture_logs() as logs:
+        async with running_bot(tmp_path) as (bot, fake):
+            await fake.user_message(fake.dm_chat, "hello")
+            await answered(fake, fake.dm_chat, source(fake) + "\n\nhello")
+            await fake.drop_connection()
+            await fake.wait_until(lambda: len(fake.connections) == 2 and fake.live is not None)
+    urls = [c for c in fake.calls if c.path == "/callback/ws/endpoint"]
+    assert len(urls) == 2
+    dumped = repr(logs)
+    assert "ticket=" not in dumped and "access_key" not in dumped
+    assert not any(t in dumped for t in fake.tokens)
+
+
+async def test_sequence_violation_is_retried_with_a_higher_sequence(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.fail_next(CARD_CONTENT, 2, status=400, code=300317)
+        await fake.user_message(fake.dm_chat, "echo:slow 4 ordered")
+        expected = source(fake) + "\n\necho:slow 4 ordered"
+        await answered(fake, fake.dm_chat, expected)
+        await trio.sleep(5)
+    [answer] = fake.bot_messages(fake.dm_chat)  # still one card, no second message
+    assert answer.text == expected
+    refused = [c for c in fake.calls_to(CARD_CONTENT) if c.code == 300317]
+    assert len(refused) == 2

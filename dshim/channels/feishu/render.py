@@ -298,7 +298,9 @@ class FeishuTransport:
                     uuid=uuid_for(card.card_id, "content", str(card.sequence)),
                 )
             except ChannelError as exc:
-                if exc.code in (200740, 300309, 200850, 300317):
+                if exc.code == 300317:  # sequence behind the card's: the next try uses a higher one
+                    raise TransportError(str(exc), code=exc.code, request_sent=False) from exc
+                if exc.code in (200740, 300309, 200850):  # card gone or closed: post anew
                     raise NotFound(f"card update refused: {exc}", code=exc.code) from exc
                 raise
             return
