@@ -513,3 +513,34 @@ async def test_sequence_violation_is_retried_with_a_higher_sequence(
     assert answer.text == expected
     refused = [c for c in fake.calls_to(CARD_CONTENT) if c.code == 300317]
     assert len(refused) == 2
+
+
+async def test_server_close_reconnects_and_too_many_connections_is_fatal(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    with capture_logs() as logs:
+        async with running_bot(tmp_path) as (bot, fake):
+            await fake.close_connection(1000, "server restart")
+            await fake.wait_until(lambda: len(fake.connections) == 2 and fake.live is not None)
+            await fake.user_message(fake.dm_chat, "after the close")
+            await answered(fake, fake.dm_chat, source(fake) + "\n\nafter the close")
+            fake.max_connections = 0
+            await fake.drop_connection()
+            await bot.ended.wait()
+            await trio.sleep(120)
+    assert bot.results == {"fs": "fatal"}
+    assert fake.rejected == 1  # one refusal, no retry loop
+    assert [e["event"] for e in logs].count("bot_stopped_fatal") == 1
+
+
+async def test_a_global_rate_limit_delays_but_delivers_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.global_rate_limit = 6
+        await fake.user_message(fake.dm_chat, "echo:slow 6 limited")
+        expected = source(fake) + "\n\necho:slow 6 limited"
+        await answered(fake, fake.dm_chat, expected)
+        await trio.sleep(10)
+    assert texts(fake, fake.dm_chat) == [expected]
+    assert len([c for c in fake.calls if c.status == 429]) == 6

@@ -617,3 +617,18 @@ def test_lookup_results() -> None:
 )
 def test_error_classification(status: int, code: int, kind: type[Exception]) -> None:
     assert type(classify_error(status, code, "x")) is kind
+
+
+def test_too_many_connections_is_fatal_other_514s_are_not() -> None:
+    s = open_session()
+    s.connection_lost(
+        WsEnded(None, rejected=514, rejected_headers=(("handshake-autherrcode", "1000040351"),)),
+        1.0,
+    )
+    with pytest.raises(FatalChannelError):
+        s.connection_lost(
+            WsEnded(
+                None, rejected=514, rejected_headers=(("handshake-autherrcode", "1000040350"),)
+            ),
+            2.0,
+        )

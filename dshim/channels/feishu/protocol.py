@@ -36,8 +36,9 @@ length checked).  States of :class:`FeishuSession`::
 - Reconnects: after a connection ends the next one waits ``random() x ReconnectNonce``
   once, then ``ReconnectInterval`` between failed attempts (the SDKs' schedule), on top
   of the kit runner's backoff for connections that never became stable.  Bad
-  credentials (an endpoint ``code`` other than 0 / 1 / 1000040343) and a refused upgrade
-  with 403 are fatal.
+  credentials (an endpoint ``code`` other than 0 / 1 / 1000040343), a refused upgrade with
+  403, and one with 514 and ``Handshake-Autherrcode: 1000040350`` (too many connections)
+  are fatal; other 514 refusals are server errors and retried.
 
 Receiving (§4): ``im.message.receive_v1`` maps to :class:`~dshim.model.InboundMessage`
 (``p2p`` -> direct, else group; ``chat_id`` the conversation; ``thread_id`` the topic;
@@ -426,6 +427,8 @@ class ConnectionSettings:
 #: A card click is answered in its ack with this toast (the card itself is updated by API).
 CARD_TOAST = {"toast": {"type": "info", "content": "Received"}}
 WATCHDOG_CLOSE = 4000
+#: ``Handshake-Autherrcode`` of a 514 refusal: the app has too many connections (client error).
+TOO_MANY_CONNECTIONS = 1000040350
 
 
 class FeishuSession:
@@ -576,6 +579,13 @@ class FeishuSession:
         self.live = False
         if ended.rejected == 403:
             raise FatalChannelError("Feishu refused the long connection (HTTP 403): stopping")
+        if ended.rejected == 514 and ended.rejected_header("handshake-autherrcode") == str(
+            TOO_MANY_CONNECTIONS
+        ):
+            raise FatalChannelError(
+                "Feishu refused the long connection: too many connections for this app "
+                "(at most 50; is another dshim running with it?)"
+            )
         if was_live:
             self.failures = 1
             self.reconnect_jitter_used = False

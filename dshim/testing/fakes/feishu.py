@@ -28,7 +28,9 @@ server) carrying ``pong_config`` when set; events go out as DATA ``type=event`` 
 ``fragments = k`` splits each into k frames; an event not acked within ``ack_timeout_s``
 (3 s) is pushed again with a new ``event_id`` (``redeliver``), like the platform;
 :meth:`redeliver_with_new_id` does it on demand; :meth:`drop_connection` cuts the TCP
-connection; ``drop_after(k)`` after k more events.  Injection: :meth:`user_message`
+connection, :meth:`close_connection` closes it cleanly; ``drop_after(k)`` after k more
+events; ``max_connections`` refuses more with 514 / ``Handshake-Autherrcode: 1000040350``;
+``global_rate_limit = n`` answers the next n Open API calls (any route) with 429.  Injection: :meth:`user_message`
 (text, post, image, file...; mentions, replies, topics), :meth:`recall`,
 :meth:`click` (a card button: ``card.action.trigger``), :meth:`push_event` (any event),
 :meth:`push_frame` (raw bytes).
@@ -236,11 +238,16 @@ class FakeFeishu(FakePlatform[RestCall]):
         #: (no group-message reads), ``cardkit:card:write`` (like ``cardkit_enabled``).
         self.missing_scopes: set[str] = set()
         self.endpoint_code = 0
+        #: More live connections than this are refused with 514 / 1000040350 (None: no limit).
+        self.max_connections: int | None = None
+        #: The next this many Open API calls (any route) answer 429 (a global rate limit).
+        self.global_rate_limit = 0
         # state
         self.tokens: set[str] = set()
         self.token_requests = 0
         self.tickets: set[str] = set()
         self.connections: list[Connection] = []
+        self.rejected = 0
         self.pushed: dict[str, Pushed] = {}
         self.acks: list[Frame] = []
         self.pings: list[float] = []
@@ -274,6 +281,14 @@ class FakeFeishu(FakePlatform[RestCall]):
 
     def drop_after(self, k: int) -> None:
         self._drop_after = k
+
+    async def close_connection(self, code: int = 1000, reason: str = "") -> None:
+        """Close the live connection cleanly from the server side (a server-initiated
+        disconnect: the bot reconnects with a fresh URL)."""
+        conn = self.live
+        if conn is not None:
+            conn.push("close", (code, reason))
+            await self.wait_until(lambda: conn.closed_by is not None)
 
     async def drop_connection(self) -> None:
         conn = self.live
@@ -476,6 +491,19 @@ class FakeFeishu(FakePlatform[RestCall]):
             await request.reject(403, extra_headers=[(b"Handshake-Status", b"403")])
             return
         self.tickets.discard(query["ticket"])
+        live = [c for c in self.connections if c.closed_by is None]
+        if self.max_connections is not None and len(live) >= self.max_connections:
+            await request.reject(
+                514,
+                extra_headers=[
+                    (b"Handshake-Status", b"514"),
+                    (b"Handshake-Msg", b"connection limit exceeded"),
+                    (b"Handshake-Autherrcode", b"1000040350"),
+                ],
+            )
+            self.rejected += 1
+            self.changed()
+            return
         ws = await request.accept()
         send, recv = trio.open_memory_channel[tuple[str, Any]](100_000)
         conn = Connection(len(self.connections), ws, trio.current_time(), send)
@@ -505,6 +533,12 @@ class FakeFeishu(FakePlatform[RestCall]):
             async for kind, value in recv:
                 if kind == "bytes":
                     await conn.ws.send_message(value)
+                elif kind == "close":
+                    conn.closed_by = "server"
+                    self.changed()
+                    with trio.move_on_after(2):
+                        await conn.ws.aclose(*value)
+                    return
                 elif kind == "drop":
                     conn.closed_by = "drop"
                     self.changed()
@@ -572,6 +606,11 @@ class FakeFeishu(FakePlatform[RestCall]):
             if match is None or method != request.method:
                 continue
             op = f"{method} {template}"
+            if self.global_rate_limit > 0 and handler not in ("_token", "_endpoint"):
+                self.global_rate_limit -= 1
+                response, code = _fault_response(Fault("status", 1, 429, 1.0))
+                self._record(request, op, body, 429, code)
+                return response
             try:
                 fault = await self.faults_for(op)
             except DropConnection:
