@@ -47,7 +47,14 @@ import trio
 from dshim.channels.base import ChannelStore, InteractionPrompt, OutboundEntry
 from dshim.channels.feishu.client import RestClient
 from dshim.channels.feishu.protocol import CARD_PERMISSION_CODES
-from dshim.errors import ChannelError, NotFound, PermissionDenied, RateLimited, TransportError
+from dshim.errors import (
+    ChannelError,
+    NotFound,
+    PermissionDenied,
+    RateLimited,
+    StoreError,
+    TransportError,
+)
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import EditOutbound, EditStream, Limits, deliver_text, open_edit_stream
 
@@ -395,8 +402,8 @@ class FeishuOutbound(EditOutbound):
                 OutboundEntry(message_ids=[message_id], text=text, sent_at=now, completed_at=now),
                 now=now,
             )
-        except Exception as exc:  # noqa: BLE001 - the message is sent; only the index is late
-            log.warning("outbound_record_failed", error=type(exc).__name__)
+        except StoreError as exc:  # the message is sent; only the index entry is missing
+            log.warning("outbound_record_failed", error=str(exc)[:200])
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
         return await deliver_text(
