@@ -632,3 +632,11 @@ def test_too_many_connections_is_fatal_other_514s_are_not() -> None:
             ),
             2.0,
         )
+
+
+def test_text_keeps_its_indentation_and_at_all_is_named() -> None:
+    code = "@_user_1 fix this:\n    if x:\n        y()"
+    msg = mapped(message_event({"text": code}, mentions=[mention("@_user_1", BOT, "dshim")]))
+    assert msg.content == "fix this:\n    if x:\n        y()"
+    everyone = mapped(message_event({"text": "@_all meeting now"}, chat_type="group"))
+    assert everyone.content == "@all meeting now" and not everyone.addressed

@@ -690,19 +690,17 @@ class MentionNames:
                 self.names[mention.key] = "" if is_bot else f"@{mention.name or 'user'}"
 
     def replace(self, text: str) -> str:
-        if not self.names:
+        """The text with every placeholder replaced; the bot's own goes with one space
+        next to it (the rest of the text, indentation included, is kept as typed)."""
+        if "@_" not in text:
             return text
         for key in sorted(self.names, key=len, reverse=True):  # @_user_10 before @_user_1
-            text = text.replace(key, self.names[key])
-        return text
-
-
-def _tidy(text: str) -> str:
-    lines = [" ".join(line.split(" ")).strip() for line in text.split("\n")]
-    text = "\n".join(lines)
-    text = re.sub(r"[ \t]{2,}", " ", text)
-    text = re.sub(r"\n{3,}", "\n\n", text)
-    return text.strip()
+            name = self.names[key]
+            if name:
+                text = text.replace(key, name)
+            else:
+                text = re.sub(re.escape(key) + r" ?| ?" + re.escape(key), "", text)
+        return text.replace("@_all", "@all")
 
 
 def _str(value: Any) -> str:
@@ -795,7 +793,7 @@ def content_of(
     if not isinstance(content, dict):
         content = {}
     if msg_type == "text":
-        return Extracted(_tidy(names.replace(_str(content.get("text")))), [])
+        return Extracted(names.replace(_str(content.get("text"))).strip(), [])
     if msg_type == "post":
         return post_text(content, names)
     if msg_type == "image":
