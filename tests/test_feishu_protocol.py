@@ -205,7 +205,7 @@ def test_ping_at_once_then_every_interval_and_first_pong_is_live() -> None:
     assert decode_frame(ping.data).header("type") == "ping"  # type: ignore[arg-type]
     assert decode_frame(ping.data).service == 7  # type: ignore[arg-type]
     assert isinstance(s.receive(pong(), 0.1)[0], Connected)
-    assert s.next_timer() == 10.0
+    assert s.tick(9.9, reading=True) == []
     [again] = s.tick(10.0, reading=True)
     assert isinstance(again, Send) and again.kind == "ping"
 
@@ -216,7 +216,8 @@ def test_pong_client_config_applies() -> None:
     s.receive(pong({"PingInterval": 3, "ReconnectInterval": 9, "ReconnectNonce": 2}), 1.0)
     assert s.settings.ping_interval == 3
     assert s.settings.reconnect_interval == 9
-    assert s.next_timer() == 4.0
+    assert s.tick(3.9, reading=True) == []
+    assert [a.kind for a in s.tick(4.0, reading=True) if isinstance(a, Send)] == ["ping"]
 
 
 def test_watchdog_closes_without_pong_but_not_while_delivering() -> None:
@@ -640,3 +641,18 @@ def test_text_keeps_its_indentation_and_at_all_is_named() -> None:
     assert msg.content == "fix this:\n    if x:\n        y()"
     everyone = mapped(message_event({"text": "@_all meeting now"}, chat_type="group"))
     assert everyone.content == "@all meeting now" and not everyone.addressed
+
+
+def test_slow_acceptance_is_acked_early_and_only_once() -> None:
+    s = open_session()
+    s.connection_opened(0.0)
+    s.receive(pong(), 0.0)
+    [deliver] = s.receive(data_frame(b"{}"), 1.0)
+    assert isinstance(deliver, Deliver)
+    assert s.next_timer() == 0.5  # the guard polls while connected
+    assert s.tick(1.5, reading=False) == []  # 0.5 s into accepting: nothing yet
+    [early] = s.tick(3.0, reading=False)  # 2 s: acked before Feishu's 3 s run out
+    assert isinstance(early, Send) and early.kind == "ack"
+    assert decode_frame(early.data).header("biz_rt") == "2000"  # type: ignore[arg-type]
+    s.acknowledge(deliver.event, 4.0)  # accept returned: no second ack
+    assert [a for a in s.tick(4.0, reading=True) if isinstance(a, Send) and a.kind == "ack"] == []

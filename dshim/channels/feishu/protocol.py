@@ -29,7 +29,9 @@ length checked).  States of :class:`FeishuSession`::
   SQLite) takes milliseconds, so each event is acked *after* ``accept`` returned a
   confirming verdict (a ``shutdown`` verdict stays unacked and comes back after the
   restart); a redelivery -- Feishu re-pushes with a new ``event_id`` -- is dropped by
-  the persisted dedup on ``message.message_id``.  The ack is the frame that completed
+  the persisted dedup on ``message.message_id``.  Should an acceptance take longer than
+  :data:`EARLY_ACK_S` (a busy store), the event is acked anyway before the 3 s pass and
+  the dedup drops a redelivery.  The ack is the frame that completed
   the event, every header echoed (``instance_id`` routes it), plus ``biz_rt``, payload
   ``{"code":200}``; for ``card.action.trigger`` the payload also carries ``data`` =
   base64 of the card callback's JSON answer (a toast).
@@ -427,6 +429,10 @@ class ConnectionSettings:
 #: A card click is answered in its ack with this toast (the card itself is updated by API).
 CARD_TOAST = {"toast": {"type": "info", "content": "Received"}}
 WATCHDOG_CLOSE = 4000
+#: An event whose acceptance takes this long is acked before ``accept`` returns ...
+EARLY_ACK_S = 2.0
+#: ... checked this often while connected (so the ack goes out before the 3 s deadline).
+ACK_POLL_S = 0.5
 #: ``Handshake-Autherrcode`` of a 514 refusal: the app has too many connections (client error).
 TOO_MANY_CONNECTIONS = 1000040350
 
@@ -450,6 +456,11 @@ class FeishuSession:
         #: Counts connections, so that an ack never goes out on a later one.
         self.connection = 0
         self._acks: list[Send] = []
+        #: The event the channel is accepting now, and whether its ack went out early.
+        self._in_flight: FeishuEvent | None = None
+        self._early_acked = False
+        #: While connected, tick() runs at least this often (the early-ack guard).
+        self._poll_at: float | None = None
 
     # -- planning (called by the channel's ``next_url``) ----------------------------------
 
@@ -468,15 +479,13 @@ class FeishuSession:
             return self.random() * self.settings.reconnect_nonce
         return self.settings.reconnect_interval
 
-    def attempts_exhausted(self) -> bool:
-        count = self.settings.reconnect_count
-        return count >= 0 and self.failures > count
-
     # -- WsSession ------------------------------------------------------------------------
 
     def connection_opened(self, now: float) -> Sequence[Action[FeishuEvent]]:
         self.connection += 1
         self._acks.clear()
+        self._in_flight = None
+        self._poll_at = now + ACK_POLL_S
         self.live = False
         self.pongs = 0
         self.reassembler.clear()
@@ -514,16 +523,26 @@ class FeishuSession:
             return [Ignored("malformed", str(exc)[:200])]
         if payload is None:
             return []  # more fragments to come
-        # The ack goes out once the channel called acknowledge() (after accept), from tick().
-        return [Deliver(FeishuEvent(payload, frame, now, self.connection))]
+        # The ack goes out once the channel called acknowledge() (after accept), from tick();
+        # should accepting take longer than EARLY_ACK_S, tick() acks it anyway.
+        event = FeishuEvent(payload, frame, now, self.connection)
+        self._in_flight, self._early_acked = event, False
+        return [Deliver(event)]
 
     def acknowledge(self, event: FeishuEvent, now: float, *, data: bytes | None = None) -> None:
         """Queue the ack of ``event`` (sent by the next :meth:`tick`, at once): the frame
         echoed with ``biz_rt`` = the time since it arrived, and ``data`` (a card callback's
         JSON answer) base64-encoded in the payload.  An event of an earlier connection is
-        not acked (the platform re-pushes it; dedup drops the copy)."""
+        not acked (the platform re-pushes it; dedup drops the copy), nor one acked early."""
         if event.connection != self.connection:
             return
+        if self._in_flight is event:
+            self._in_flight = None
+            if self._early_acked:
+                return
+        self._queue_ack(event, now, data)
+
+    def _queue_ack(self, event: FeishuEvent, now: float, data: bytes | None) -> None:
         biz_rt = round((now - event.received_at) * 1000)
         self._acks.append(
             Send(ack_frame(event.frame, biz_rt_ms=biz_rt, data=data), kind="ack", logged=False)
@@ -554,10 +573,18 @@ class FeishuSession:
     def next_timer(self) -> float | None:
         if self._acks:
             return -math.inf  # acks are due at once
-        timers = [t for t in (self._next_ping, self._pong_deadline) if t is not None]
+        timers = [t for t in (self._next_ping, self._pong_deadline, self._poll_at) if t is not None]
         return min(timers) if timers else None
 
     def tick(self, now: float, *, reading: bool) -> Sequence[Action[FeishuEvent]]:
+        event = self._in_flight
+        if event is not None and not self._early_acked and now - event.received_at >= EARLY_ACK_S:
+            # Accepting is slow (a busy store): ack before Feishu's 3 s run out; should the
+            # event come again anyway, the persisted dedup drops it.
+            self._early_acked = True
+            self._queue_ack(event, now, None)
+        if self._poll_at is not None:
+            self._poll_at = now + ACK_POLL_S
         out: list[Action[FeishuEvent]] = list(self._acks)
         self._acks.clear()
         if self._pong_deadline is not None and now >= self._pong_deadline:
@@ -574,6 +601,8 @@ class FeishuSession:
         self._next_ping = None
         self._pong_deadline = None
         self._acks.clear()
+        self._in_flight = None
+        self._poll_at = None
         self.reassembler.clear()
         was_live = self.live
         self.live = False
