@@ -656,3 +656,32 @@ def test_slow_acceptance_is_acked_early_and_only_once() -> None:
     assert decode_frame(early.data).header("biz_rt") == "2000"  # type: ignore[arg-type]
     s.acknowledge(deliver.event, 4.0)  # accept returned: no second ack
     assert [a for a in s.tick(4.0, reading=True) if isinstance(a, Send) and a.kind == "ack"] == []
+
+
+def test_data_frame_from_hand_written_bytes() -> None:
+    # Built byte by byte from the pbbp2 field table: 1 SeqID, 2 LogID, 3 service, 4 method,
+    # 5 headers {1 key, 2 value}, 6 payload_encoding, 7 payload_type, 8 payload, 9 LogIDNew.
+    header = b"\x0a\x04type\x12\x05event"
+    data = (
+        b"\x08\x96\x01"  # SeqID 150
+        b"\x10\x02"  # LogID 2
+        b"\x18\x07"  # service 7
+        b"\x20\x01"  # method 1 (DATA)
+        + b"\x2a"
+        + bytes([len(header)])
+        + header
+        + b"\x32\x04gzip"
+        + b"\x3a\x04json"
+        + b"\x42\x02{}"
+        + b"\x4a\x03abc"
+    )
+    frame = decode_frame(data)
+    assert (frame.seq_id, frame.log_id, frame.service, frame.method) == (150, 2, 7, 1)
+    assert frame.headers == [("type", "event")]
+    assert (frame.payload_encoding, frame.payload_type, frame.payload, frame.log_id_new) == (
+        "gzip",
+        "json",
+        b"{}",
+        "abc",
+    )
+    assert encode_frame(frame) == data
