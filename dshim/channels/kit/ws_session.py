@@ -91,8 +91,8 @@ class WsEnded:
 
     ``code`` is the close code (ours when we closed, else the peer's; None when the
     network failed or the connection never opened), ``rejected`` the HTTP status of a
-    refused upgrade (``rejected_headers`` its headers), ``connected_for`` how long the session was live (None: it never got
-    :class:`Connected`).
+    refused upgrade (``rejected_headers`` its headers), ``connected_for`` how long the
+    session was live (None: it never got :class:`Connected`).
     """
 
     code: int | None
