@@ -544,3 +544,19 @@ async def test_a_global_rate_limit_delays_but_delivers_once(
         await trio.sleep(10)
     assert texts(fake, fake.dm_chat) == [expected]
     assert len([c for c in fake.calls if c.status == 429]) == 6
+
+
+async def test_sends_whose_answer_is_lost_are_never_duplicated(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.lose_response_next("POST /open-apis/cardkit/v1/cards")
+        fake.lose_response_next(REPLY)
+        fake.lose_response_next(CARD_CONTENT, 2)
+        await fake.user_message(fake.dm_chat, "echo:slow 6 lost answers")
+        expected = source(fake) + "\n\necho:slow 6 lost answers"
+        await answered(fake, fake.dm_chat, expected)
+        await trio.sleep(10)
+    assert texts(fake, fake.dm_chat) == [expected]  # one card, though a reply was repeated
+    assert len({c.json["uuid"] for c in fake.calls_to(REPLY)}) == 1  # repeats, one uuid
+    assert len(fake.calls_to(REPLY)) >= 2 and len(fake.cards) == 1

@@ -241,9 +241,22 @@ class FeishuTransport:
         self.edits: dict[str, int] = {}
         self.finishing = False
         self._slot = 0
+        #: The text of the first attempt of each slot (what a repeat with its uuid gets).
+        self._first_text: dict[int, str] = {}
 
     async def send(self, text: str, *, reply: bool) -> str:
         slot = self._slot
+        # A repeat of a send with the same uuid gets back what the first attempt created,
+        # with the first attempt's text: bring it to this text before it counts as sent.
+        first = self._first_text.setdefault(slot, text)
+        mid = await self._send(text if first == text else first, slot, reply=reply)
+        if first != text:
+            await self.edit(mid, text)
+        self._slot += 1
+        await self.outbound.remember(self.target, mid, text)
+        return mid
+
+    async def _send(self, text: str, slot: int, *, reply: bool) -> str:
         cardkit = self.outbound.cardkit
         if reply and self.stream and cardkit.enabled:
             try:
@@ -257,14 +270,9 @@ class FeishuTransport:
             else:
                 content = json.dumps({"type": "card", "data": {"card_id": card_id}})
                 mid = await self._post("interactive", content, slot, reply=True)
-                self.cards[mid] = _Card(card_id)
-                self._slot += 1
-                await self.outbound.remember(self.target, mid, text)
+                self.cards.setdefault(mid, _Card(card_id))  # a repeat keeps the sequence
                 return mid
-        mid = await self._post("text", text_content(text), slot, reply=reply)
-        self._slot += 1
-        await self.outbound.remember(self.target, mid, text)
-        return mid
+        return await self._post("text", text_content(text), slot, reply=reply)
 
     async def _post(self, msg_type: str, content: str, slot: int, *, reply: bool) -> str:
         uuid = uuid_for(self.key, "send", str(slot))

@@ -30,7 +30,8 @@ server) carrying ``pong_config`` when set; events go out as DATA ``type=event`` 
 :meth:`redeliver_with_new_id` does it on demand; :meth:`drop_connection` cuts the TCP
 connection, :meth:`close_connection` closes it cleanly; ``drop_after(k)`` after k more
 events; ``max_connections`` refuses more with 514 / ``Handshake-Autherrcode: 1000040350``;
-``global_rate_limit = n`` answers the next n Open API calls (any route) with 429.  Injection: :meth:`user_message`
+``global_rate_limit = n`` answers the next n Open API calls (any route) with 429;
+:meth:`lose_response_next` carries a call out and then drops its answer.  Injection: :meth:`user_message`
 (text, post, image, file...; mentions, replies, topics), :meth:`recall`,
 :meth:`click` (a card button: ``card.action.trigger``), :meth:`push_event` (any event),
 :meth:`push_frame` (raw bytes).
@@ -258,6 +259,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         self._uuids: dict[str, Any] = {}
         self._backlog: list[dict[str, Any]] = []
         self._drop_after: int | None = None
+        self._lost: dict[str, int] = {}
 
     # -- reading ------------------------------------------------------------------------
 
@@ -278,6 +280,11 @@ class FakeFeishu(FakePlatform[RestCall]):
 
     def expire_tokens(self) -> None:
         self.tokens.clear()
+
+    def lose_response_next(self, op: str, count: int = 1) -> None:
+        """The next ``count`` calls of ``op`` are carried out, then the connection closes
+        before the answer (a send whose outcome the bot cannot know)."""
+        self._lost[op.lower()] = self._lost.get(op.lower(), 0) + count
 
     def drop_after(self, k: int) -> None:
         self._drop_after = k
@@ -636,6 +643,9 @@ class FakeFeishu(FakePlatform[RestCall]):
                 self._record(request, op, body, data.status, 0)
                 return data
             self._record(request, op, body, 200, 0)
+            if self._lost.get(op.lower(), 0):
+                self._lost[op.lower()] -= 1
+                raise DropConnection(op)  # done, but the answer never reaches the bot
             return json_response(data)
         self._record(request, request.path, body, 404, 404)
         return json_response({"code": 404, "msg": "404 page not found"}, status=404)
