@@ -560,3 +560,24 @@ async def test_sends_whose_answer_is_lost_are_never_duplicated(
     assert texts(fake, fake.dm_chat) == [expected]  # one card, though a reply was repeated
     assert len({c.json["uuid"] for c in fake.calls_to(REPLY)}) == 1  # repeats, one uuid
     assert len(fake.calls_to(REPLY)) >= 2 and len(fake.cards) == 1
+
+
+async def test_approval_card_whose_answer_is_lost_is_shown_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.dm_chat, "warm up")
+        await answered(fake, fake.dm_chat, source(fake) + "\n\nwarm up")
+        fake.lose_response_next(REPLY)
+        await fake.user_message(fake.dm_chat, "echo:approval")
+        await fake.wait_until(
+            lambda: any(fake.buttons(b.message_id) for b in fake.bot_messages(fake.dm_chat))
+        )
+        card = next(b for b in fake.bot_messages(fake.dm_chat) if fake.buttons(b.message_id))
+        await fake.wait_until(lambda: len(fake.calls_to(REPLY)) >= 3)  # the repeat came back
+        await fake.click(card.message_id, 0)
+        await fake.wait_until(lambda: not fake.buttons(card.message_id))
+        await trio.sleep(5)
+    cards = [b for b in fake.bot_messages(fake.dm_chat) if b.msg_type == "interactive"]
+    assert sum("Answered" in b.text for b in cards) == 1  # one approval card, no text copy
+    assert not any("1." in b.text and "allow" in b.text.lower() for b in cards if b is not card)

@@ -74,6 +74,8 @@ LIMITS = Limits(
     typing_interval_s=None,
 )
 CLEANUP_TIMEOUT_S = 5.0
+#: Tries to show an approval card before the pipeline falls back to text.
+INTERACTION_ATTEMPTS = 3
 
 
 def split(text: str) -> list[str]:
@@ -471,7 +473,18 @@ class FeishuOutbound(EditOutbound):
         """Show a request as a card with buttons until the block ends."""
         sent_at = self.epoch()
         transport = self.transport(target)
-        mid = await transport._post("interactive", interaction_card(prompt, target), 0, reply=True)
+        card = interaction_card(prompt, target)
+        mid = ""
+        for attempt in range(1, INTERACTION_ATTEMPTS + 1):
+            try:
+                mid = await transport._post("interactive", card, 0, reply=True)
+                break
+            except (TransportError, RateLimited) as exc:
+                # The same uuid each time: a repeat never shows the card twice.
+                if attempt == INTERACTION_ATTEMPTS:
+                    raise
+                wait = exc.retry_after if isinstance(exc, RateLimited) else float(attempt)
+                await trio.sleep(min(wait, 10.0))
         pending = _Pending(mid, prompt, target)
         self._interactions[mid] = pending
         try:
