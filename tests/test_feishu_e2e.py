@@ -581,3 +581,15 @@ async def test_approval_card_whose_answer_is_lost_is_shown_once(
     cards = [b for b in fake.bot_messages(fake.dm_chat) if b.msg_type == "interactive"]
     assert sum("Answered" in b.text for b in cards) == 1  # one approval card, no text copy
     assert not any("1." in b.text and "allow" in b.text.lower() for b in cards if b is not card)
+
+
+async def test_a_slow_reaction_does_not_hold_up_the_answer(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.slow_next("POST /open-apis/im/v1/messages/{message_id}/reactions", 60.0)
+        t0 = trio.current_time()
+        await fake.user_message(fake.dm_chat, "quick")
+        await answered(fake, fake.dm_chat, source(fake) + "\n\nquick")
+        took = trio.current_time() - t0
+    assert took < 5.0

@@ -74,6 +74,8 @@ LIMITS = Limits(
     typing_interval_s=None,
 )
 CLEANUP_TIMEOUT_S = 5.0
+#: A reaction (the "working" marker) that takes longer is given up.
+REACTION_TIMEOUT_S = 3.0
 #: Tries to show an approval card before the pipeline falls back to text.
 INTERACTION_ATTEMPTS = 3
 
@@ -443,20 +445,22 @@ class FeishuOutbound(EditOutbound):
         mid = reply_target_id(target)
         if mid is None:
             return None
-        try:
-            return await self.rest.add_reaction(mid, emoji) or None
-        except ChannelError as exc:
-            log.info("reaction_failed", emoji=emoji, error=str(exc)[:200])
-            return None
+        with trio.move_on_after(REACTION_TIMEOUT_S):  # a marker: never hold up the answer
+            try:
+                return await self.rest.add_reaction(mid, emoji) or None
+            except ChannelError as exc:
+                log.info("reaction_failed", emoji=emoji, error=str(exc)[:200])
+        return None
 
     async def _unreact(self, target: ReplyTarget, reaction: str | None) -> None:
         mid = reply_target_id(target)
         if mid is None or reaction is None:
             return
-        try:
-            await self.rest.delete_reaction(mid, reaction)
-        except ChannelError as exc:
-            log.info("reaction_failed", emoji="OnIt", error=str(exc)[:200])
+        with trio.move_on_after(REACTION_TIMEOUT_S):
+            try:
+                await self.rest.delete_reaction(mid, reaction)
+            except ChannelError as exc:
+                log.info("reaction_failed", emoji="OnIt", error=str(exc)[:200])
 
     # -- approvals and questions --------------------------------------------------------
 
