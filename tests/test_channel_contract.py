@@ -10,12 +10,14 @@ import trio
 
 from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_discord import DiscordRig
+from tests.rig_feishu import FeishuRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 from tests.rig_weixin import WeixinRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
+    "feishu": FeishuRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
     "weixin": WeixinRig,

@@ -70,11 +70,11 @@ Rules every channel follows
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 import trio
@@ -111,6 +111,7 @@ __all__ = [
     "ReplayAdapter",
     "ReplaySource",
     "ReplyStream",
+    "RetractOutcome",
     "Secret",
     "Verdict",
     "HttpHandler",
@@ -128,6 +129,8 @@ S = TypeVar("S", bound=msgspec.Struct)
 #: Decodes an event's raw bytes as stored in the durable inbox (after a restart).
 RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
 ProbeResult = Literal["ok", "warn", "fail"]
+#: What :meth:`Inbound.retract` did with a withdrawn message.
+RetractOutcome = Literal["dropped", "stopped", "none"]
 
 
 class FixtureError(Exception):
@@ -210,6 +213,12 @@ class Inbound(Protocol):
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
+        ...
+
+    async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
+        """The platform withdrew a message (Feishu recall): drop it if it is still queued
+        (``"dropped"``), stop its turn like ``/stop`` if it is running (``"stopped"``; the
+        user is told once, by the stopped answer), else ``"none"``.  Never a new turn."""
         ...
 
 
@@ -364,6 +373,9 @@ class ReplaySource:
     api_base: str
     store: ChannelStore | None = None
     clock: Callable[[], float] | None = None
+    #: The fixture's whole ``bot`` table, for channels whose identity has more than an id
+    #: and a username (Feishu: ``open_id``, ``app_id``, ``name``).
+    bot_info: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ReplayAdapter(Protocol):

@@ -133,6 +133,14 @@ class LaneSet:
             return False
         return True
 
+    def running_with(self, inbox_key: tuple[str, str]) -> Lane | None:
+        """The lane whose running item covers this (conversation, message id), if any."""
+        for lane in self._lanes.values():
+            item = lane.running
+            if item is not None and inbox_key in getattr(item, "inbox_keys", ()):
+                return lane
+        return None
+
     def running_count(self) -> int:
         return self._running
 

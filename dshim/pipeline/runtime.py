@@ -44,7 +44,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import structlog
@@ -69,6 +69,9 @@ from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, chat_allowed
 from dshim.pipeline.turn import TurnDeps, run_turn
 from dshim.store.base import InboxEntry, Store
+
+#: What :meth:`BotRuntime.retract` did (``dshim.channels.base.RetractOutcome``).
+RetractOutcome = Literal["dropped", "stopped", "none"]
 
 __all__ = [
     "BUSY_TEXT",
@@ -168,6 +171,9 @@ class BotRuntime:
             substitute=self.substitute,
         )
         self._closing = False
+        #: Inbox keys of turns waiting in a lane, and those withdrawn meanwhile (retract).
+        self._queued: set[tuple[str, str]] = set()
+        self._retracted: set[tuple[str, str]] = set()
         #: The shutdown grace is over: no lane item starts any more.
         self._cutting = False
         self.backlog_max_age_s = backlog_max_age(config, bot)
@@ -318,9 +324,26 @@ class BotRuntime:
             LaneItem(kind="turn", msg=msg, inbox_keys=[(msg.conversation_id, msg.message_id)])
         )
 
+    async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
+        """The platform withdrew a message: drop it while queued, stop it while running
+        (like ``/stop``: the stopped answer tells the user once), else nothing."""
+        key = (conversation_id, message_id)
+        if key in self._queued:
+            self._retracted.add(key)
+            log.info("turn_retracted", conversation=conversation_id, message_id=message_id)
+            return "dropped"
+        lane = self.lanes.running_with(key)
+        if lane is not None and lane.stop():
+            log.info("turn_stop_requested", conversation=conversation_id, cause="retracted")
+            return "stopped"
+        return "none"
+
     async def _enqueue(self, item: LaneItem) -> None:
         self.activity.busy()
+        if item.kind == "turn":
+            self._queued.update(item.inbox_keys)
         if not self.lanes.enqueue(item.msg.lane_key, item):
+            self._queued.difference_update(item.inbox_keys)
             self.activity.done()
             if item.kind == "turn":
                 self.metrics.turn("busy")
@@ -553,9 +576,16 @@ class BotRuntime:
     # -- step 7 and lane items ---------------------------------------------------------
 
     async def _run_item(self, item: LaneItem, lane: Lane) -> None:
+        self._queued.difference_update(item.inbox_keys)
+        retracted = [k for k in item.inbox_keys if k in self._retracted]
+        self._retracted.difference_update(retracted)
         try:
             if self._cutting:
                 return  # shutting down: its inbox entry brings it back after the restart
+            if item.kind == "turn" and retracted and len(retracted) == len(item.inbox_keys):
+                for conv, mid in item.inbox_keys:  # withdrawn while it waited: no turn
+                    await self.store.inbox_done(self.bot.name, conv, mid)
+                return
             if item.kind == "new":
                 old = await self.store.get_binding(self.bot.name, *item.msg.lane_key)
                 existed = await self.store.clear_binding(self.bot.name, *item.msg.lane_key)

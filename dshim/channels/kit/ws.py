@@ -355,6 +355,7 @@ async def connect_once(
     conn: _Connection[E] | None = None
     code: int | None = None
     rejected: int | None = None
+    rejected_headers: tuple[tuple[str, str], ...] = ()
     try:
         async with open_client_websocket(url, options) as (ws, _):
             conn = _Connection(
@@ -371,12 +372,21 @@ async def connect_once(
         code = _close_code(exc)
         if isinstance(exc, ConnectionRejected):
             rejected = exc.status_code
+            rejected_headers = tuple(
+                (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in exc.headers
+            )
         log.warning("ws_connection_failed", error=type(exc).__name__, code=code, status=rejected)
     connected_for = None
     if conn is not None and conn.connected_at is not None:
         connected_for = max(0.0, clock() - conn.connected_at)
     by_us = conn is not None and conn.own_close is not None
-    return WsEnded(code, by_us=by_us, rejected=rejected, connected_for=connected_for)
+    return WsEnded(
+        code,
+        by_us=by_us,
+        rejected=rejected,
+        connected_for=connected_for,
+        rejected_headers=rejected_headers,
+    )
 
 
 async def run_ws(

@@ -91,8 +91,8 @@ class WsEnded:
 
     ``code`` is the close code (ours when we closed, else the peer's; None when the
     network failed or the connection never opened), ``rejected`` the HTTP status of a
-    refused upgrade, ``connected_for`` how long the session was live (None: it never got
-    :class:`Connected`).
+    refused upgrade (``rejected_headers`` its headers), ``connected_for`` how long the
+    session was live (None: it never got :class:`Connected`).
     """
 
     code: int | None
@@ -100,6 +100,13 @@ class WsEnded:
     by_us: bool = False
     rejected: int | None = None
     connected_for: float | None = None
+    #: The headers of a refused upgrade (lower-case names), for platforms that say why
+    #: there (Feishu's ``Handshake-Autherrcode``).
+    rejected_headers: tuple[tuple[str, str], ...] = ()
+
+    def rejected_header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.rejected_headers if k == name), None)
 
     @property
     def connected(self) -> bool:

@@ -41,6 +41,7 @@ from dshim.channels.base import (
     ProbeResult,
     ProbeRows,
     ReplaySource,
+    RetractOutcome,
     Secret,
     Verdict,
     data_dir_of,
@@ -237,6 +238,9 @@ class IndexingInbound:
             except StoreError as exc:  # the message is taken; only a later quote of it suffers
                 log.warning("message_index_write_failed", error=str(exc))
         return verdict
+
+    async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
+        return await self._inner.retract(conversation_id, message_id)
 
 
 async def record_inbound(store: ChannelStore, msg: InboundMessage, now: float) -> None:

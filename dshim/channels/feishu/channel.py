@@ -1,0 +1,368 @@
+"""The Feishu / Lark channel: a bot's run loop, the replay adapter and the probe checks.
+
+``run`` mints a tenant_access_token and reads the bot's identity (``bot/v3/info``: its
+open_id, which mentions are compared with) -- transient failures retried with the kit's
+backoff, rejected credentials fatal -- opens the pipeline, counts as started, then keeps
+the long connection (see :mod:`.protocol`).  Each complete event is decoded by
+:class:`~.protocol.EventMapper`: messages and card clicks go to ``accept`` with the event
+JSON as received (the inbox decodes it again after a restart) and are acked once
+accepted; a recall goes to ``retract`` (never a turn).  Only AuthError,
+FatalChannelError and ConfigError escape ``run``.
+"""
+
+from __future__ import annotations
+
+import random as _random
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import structlog
+import trio
+
+from dshim.channels.base import (
+    BotHost,
+    ChannelSettings,
+    ChannelSpec,
+    ChannelStore,
+    Check,
+    FixtureError,
+    Identity,
+    ProbeResult,
+    ProbeRows,
+    ReplaySource,
+    Secret,
+    Verdict,
+)
+from dshim.channels.feishu import models as m
+from dshim.channels.feishu.client import (
+    DOMAINS,
+    HTTP_TIMEOUT,
+    USER_AGENT,
+    RestClient,
+    next_ws_url,
+    run_connection,
+)
+from dshim.channels.feishu.protocol import (
+    CARD_TOAST,
+    MISSING_SCOPE,
+    EventMapper,
+    FeishuEvent,
+    FeishuSession,
+    LookupFactory,
+    Media,
+    MediaFactory,
+    Recall,
+    fetched_reference,
+    lookup_failure,
+)
+from dshim.channels.feishu.render import FeishuOutbound, split, text_content, uuid_for
+from dshim.channels.kit import Backoff
+from dshim.channels.kit.http import open_http
+from dshim.channels.kit.retry import until_ok
+from dshim.channels.kit.ws import Connected, connect_once
+from dshim.errors import ChannelError
+from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
+
+log = structlog.get_logger("dshim.feishu")
+
+PROBE_READY_TIMEOUT_S = 15.0
+TEST_TEXT = "✅ dshim connection test: the Feishu bot {name} can send messages here."
+#: A syntactically valid message id that exists nowhere (the probe's scope check).
+PROBE_MESSAGE_ID = "om_dshimprobe00000000000000000000"
+
+
+class FeishuSettings(ChannelSettings):
+    """The ``[[bots]]`` keys of a Feishu / Lark bot."""
+
+    #: The app's App ID (``cli_...``), from the developer console's credentials page.
+    app_id: str
+    #: The App Secret (write ``"${FEISHU_APP_SECRET}"``).
+    app_secret: Secret
+    #: ``feishu`` (open.feishu.cn) or ``lark`` (open.larksuite.com).
+    domain: Literal["feishu", "lark"] = "feishu"
+    #: Overrides the domain's API base URL (the fake in tests).
+    api_base: str | None = None
+    #: ``mentions``: groups reach the bot when it is @-mentioned; ``all`` needs the
+    #: ``im:message.group_msg`` scope (every group message arrives; only mentions address).
+    group_messages: Literal["mentions", "all"] = "mentions"
+
+    def __post_init__(self) -> None:
+        self.app_id = self.app_id.strip()
+        if not self.app_id or any(c.isspace() for c in self.app_id):
+            raise ValueError("app_id: not a Feishu App ID (empty or contains spaces)")
+        secret = self.app_secret.get().strip()
+        if not secret or any(c.isspace() for c in secret):
+            raise ValueError("app_secret: not a Feishu App Secret (empty or contains spaces)")
+        self.app_secret = Secret(secret)
+        if self.api_base is not None:
+            if not self.api_base.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"api_base: expected an http:// or https:// URL, got {self.api_base!r}"
+                )
+            self.api_base = self.api_base.rstrip("/")
+
+    @property
+    def base(self) -> str:
+        return self.api_base or DOMAINS[self.domain]
+
+
+def lookup_factory(
+    rest: RestClient,
+    store: ChannelStore | None,
+    clock: Callable[[], float],
+    bot: m.BotInfo,
+) -> LookupFactory:
+    """Loaders for quotes: the outbound index first (the bot's own answers, including
+    streaming cards), else one ``GET messages/{id}`` checked against the current chat."""
+
+    def make(chat_id: str, message_id: str) -> Loader:
+        async def load() -> ReplyReference | None:
+            if store is not None:
+                entries = await store.outbound(chat_id, now=clock())
+                hits = [e for e in entries if message_id in e.message_ids]
+                if hits:
+                    best = max(hits, key=lambda e: e.completed_at)
+                    return ReplyReference(
+                        message_id=message_id,
+                        author_id=bot.open_id,
+                        author_name=bot.app_name or None,
+                        content=best.text,
+                    )
+            try:
+                answer = await rest.get_message(message_id)
+            except ChannelError as exc:
+                log.info("reply_lookup_failed", message_id=message_id, error=str(exc)[:200])
+                return lookup_failure(exc)
+            return fetched_reference(
+                answer,
+                chat_id=chat_id,
+                message_id=message_id,
+                app_id=rest.app_id,
+                bot_open_id=bot.open_id,
+                bot_name=bot.app_name,
+            )
+
+        return load
+
+    return make
+
+
+def media_factory(rest: RestClient) -> MediaFactory:
+    """Download handles for the current message's resources (run inside the turn)."""
+
+    def make(message_id: str, media: Media) -> Fetcher | None:
+        async def fetch(max_bytes: int) -> bytes:
+            return await rest.download(message_id, media.key, media.kind, max_bytes)
+
+        return fetch
+
+    return make
+
+
+async def run(
+    host: BotHost,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    rng: _random.Random | None = None,
+) -> None:
+    """Run one Feishu bot until cancelled, or until a fatal error (raised)."""
+    settings = host.settings_as(FeishuSettings)
+    rng = rng or _random.Random()
+    async with _open_rest(settings, host.register_secret) as rest:
+        info = await until_ok("GET bot/v3/info", rest.bot_info, backoff=Backoff(rng=rng))
+        log.info("bot_authenticated", bot_user=info.app_name, bot_id=info.open_id)
+        outbound = FeishuOutbound(rest, host.store, host.clock)
+        mapper = EventMapper(
+            bot_open_id=info.open_id,
+            app_id=settings.app_id,
+            lookup=lookup_factory(rest, host.store, host.clock, info),
+            media=media_factory(rest),
+        )
+        session = FeishuSession(random=rng.random)
+
+        async with host.open_runtime(
+            outbound=outbound, bot_id=info.open_id, decode_raw=mapper.decode_raw
+        ) as rt:
+            task_status.started()
+
+            async def deliver(event: FeishuEvent) -> Verdict | None:
+                item = mapper.decode(event.payload)
+                data: bytes | None = None
+                if isinstance(item, Recall):
+                    outcome = await rt.retract(item.conversation_id, item.message_id)
+                    log.info("message_recalled", message_id=item.message_id, outcome=outcome)
+                    verdict = None
+                else:
+                    if isinstance(item, InboundMessage) and item.message_id.startswith("card:"):
+                        if isinstance(item.route, str):
+                            outbound.clicked(item.route, item.content)
+                        data = m.encode(CARD_TOAST)  # the card callback's answer
+                    verdict = await rt.accept(item, event.payload)
+                if verdict is None or verdict.confirm:
+                    session.acknowledge(event, trio.current_time(), data=data)
+                return verdict
+
+            async def reader() -> None:
+                await run_connection(
+                    session,
+                    rest,
+                    deliver,
+                    backoff=Backoff(rng=rng),
+                    register_secret=host.register_secret,
+                )
+
+            await host.serve(rt, reader)
+
+
+@asynccontextmanager
+async def _open_rest(
+    settings: FeishuSettings, register: Callable[[str], None]
+) -> AsyncIterator[RestClient]:
+    """The bot's HTTP client and its RestClient (minted tokens registered as secrets)."""
+    async with open_http(settings.base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
+        yield RestClient(
+            http,
+            app_id=settings.app_id,
+            app_secret=settings.app_secret.get(),
+            api_base=settings.base,
+            on_new_token=register,
+        )
+
+
+class FeishuReplayAdapter:
+    """Decodes fixture events with the real mapping; lookups go through ``fx.http``."""
+
+    def __init__(self, fx: ReplaySource) -> None:
+        bot = fx.bot_info
+        open_id = str(bot.get("open_id") or fx.bot_id or "")
+        if not open_id:
+            raise FixtureError("feishu fixtures need bot.open_id (the bot's ou_... id)")
+        app_id = str(bot.get("app_id") or "cli_replay")
+        self.bot_id = open_id
+        self.bot_username = None
+        info = m.BotInfo(open_id=open_id, app_name=str(bot.get("name") or ""))
+        rest = RestClient(
+            fx.http,
+            app_id=app_id,
+            app_secret="replay",
+            api_base=fx.api_base,
+            fixed_token="t-replay",
+        )
+        clock = fx.clock or time.time
+        self._mapper = EventMapper(
+            bot_open_id=open_id,
+            app_id=app_id,
+            lookup=lookup_factory(rest, fx.store, clock, info),
+        )
+
+    def decode(self, raw: bytes) -> InboundMessage | Skip:
+        return self._mapper.decode_raw(raw)
+
+    #: The chunks an answer is delivered in (the renderer's own split).
+    split = staticmethod(split)
+
+
+# --- probe -----------------------------------------------------------------------------------
+
+
+async def probe(rows: ProbeRows) -> None:
+    """Token, bot info, the long connection up to its first pong, scopes, store, send test."""
+    settings = rows.settings_as(FeishuSettings)
+    async with _open_rest(settings, rows.register_secret) as rest:
+        found: list[m.BotInfo] = []
+
+        async def identity() -> Identity:
+            await rest.token.get()
+            info = await rest.bot_info()
+            found.append(info)
+            return Identity(name=info.app_name or "?", id=info.open_id)
+
+        async def connection() -> tuple[ProbeResult, str]:
+            session = FeishuSession(random=_random.random)
+            t0 = time.perf_counter()
+            url = await next_ws_url(
+                session, rest, backoff=Backoff(), register_secret=rows.register_secret
+            )
+            reached: list[Connected] = []
+
+            async def ignore(event: FeishuEvent) -> None:
+                return None
+
+            ended = await connect_once(
+                url, session, ignore, on_connected=reached.append, stop_when_connected=True
+            )
+            if not reached:
+                return "fail", f"no pong from the long connection (close code {ended.code})"
+            ms = (time.perf_counter() - t0) * 1000
+            return "ok", f"endpoint, connect and first pong in {ms:.0f} ms, closed cleanly"
+
+        async def lookup_scope() -> tuple[ProbeResult, str]:
+            try:
+                await rest.get_message(PROBE_MESSAGE_ID)
+            except ChannelError as exc:
+                if exc.code == MISSING_SCOPE:
+                    return "warn", (
+                        "message lookups are not permitted: enable im:message or "
+                        "im:message:readonly (quotes degrade to permission-denied)"
+                    )
+                return "ok", f"message lookups permitted (unknown id: code {exc.code})"
+            return "ok", "message lookups permitted"
+
+        async def cardkit_scope() -> tuple[ProbeResult, str]:
+            try:
+                await rest.card_settings(
+                    "probe_card_that_does_not_exist", "{}", sequence=1, uuid=uuid_for("probe")
+                )
+            except ChannelError as exc:
+                if exc.code == MISSING_SCOPE:
+                    return "warn", "cardkit:card:write missing: answers fall back to text"
+                return "ok", "cardkit:card:write granted (streaming cards)"
+            return "ok", "cardkit:card:write granted (streaming cards)"
+
+        async def group_scope() -> tuple[ProbeResult, str]:
+            # The group-message scope has no side-effect-free check of its own: a lookup
+            # of a group message without it answers 99991672 as well.
+            try:
+                await rest.call(
+                    "GET",
+                    "/open-apis/im/v1/messages",
+                    params={"container_id_type": "chat", "container_id": "oc_dshimprobe"},
+                    what="GET im/v1/messages",
+                )
+            except ChannelError as exc:
+                if exc.code == MISSING_SCOPE:
+                    return "warn", (
+                        "im:message.group_msg missing: quotes in groups degrade to "
+                        "permission-denied"
+                    )
+            return "ok", "im:message.group_msg granted (group quotes can be looked up)"
+
+        async def send_test(conversation_id: str) -> str:
+            name = found[0].app_name if found else rows.bot.name
+            return await rest.create(
+                conversation_id,
+                "text",
+                text_content(TEST_TEXT.format(name=name)),
+                uuid=uuid_for("probe", conversation_id, str(time.time())),
+            )
+
+        await rows.standard(
+            credentials=f"app_id {settings.app_id}, app_secret present",
+            identity=identity,
+            checks=[
+                Check("long connection", connection, timeout_s=PROBE_READY_TIMEOUT_S),
+                Check("message lookup", lookup_scope),
+                Check("cardkit scope", cardkit_scope),
+                Check("group messages scope", group_scope),
+            ],
+            send_test=send_test,
+        )
+
+
+#: key, settings, run, replay adapter, probe (see ChannelSpec).
+CHANNEL = ChannelSpec("feishu", FeishuSettings, run, FeishuReplayAdapter, probe)
+"""Tests bind jitter: ``replace(CHANNEL, run_fn=partial(run, rng=...))``."""
+
+__all__ = ["CHANNEL", "FeishuSettings"]

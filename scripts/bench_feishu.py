@@ -1,0 +1,342 @@
+"""Feishu long-connection throughput: events/s and CPU per event, side by side with a floor.
+
+    python scripts/bench_feishu.py [--events 5000] [--repeat 3]
+
+The fake Feishu (``dshim.testing.fakes.feishu``) runs in its own process and, on every new
+long connection, pushes ``--events`` ``im.message.receive_v1`` events (direct text
+messages, ~1 KB each, one pbbp2 DATA frame each) as fast as it can.  In this process, one
+after the other:
+
+- floor         the least a long-connection client must do, written plainly: the endpoint
+                call, trio-websocket (same 64 KiB receive buffer), a minimal protobuf walk
+                to the payload, ``json.loads`` of the event and of its content, a dict
+                mapping, and the ack (the frame echoed with ``biz_rt`` and ``{"code":200}``
+                appended);
+- dshim reader  dshim's client (``FeishuSession`` on the kit's websocket runner via
+                ``run_connection``: the pbbp2 codec, pings, reassembly) and the event
+                mapping to ``InboundMessage``, each event acked;
+- floor+dedup   the floor plus one SQLite ``INSERT OR IGNORE`` (dedup key + raw event) per
+                event on a worker thread, WAL, synchronous=NORMAL;
+- dshim 1-6     dshim's reader and mapping plus pipeline steps 1-6 (``BotRuntime.accept``:
+                gates, persisted dedup + durable inbox on SQLite, access, commands,
+                lanes) with the lane handler doing nothing, each event acked after accept.
+
+CPU is this process's time (the fake's is not counted), from the first event to the last
+one handled; each run is repeated and the median printed with the spread and the ratio to
+its floor.  Compare within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+import trio_websocket
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
+from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
+from dshim.channels.kit import Backoff  # noqa: E402
+from dshim.channels.kit.http import open_http  # noqa: E402
+from dshim.config import parse_config  # noqa: E402
+from dshim.harness.echo import EchoHarness  # noqa: E402
+from dshim.log import configure_logging  # noqa: E402
+from dshim.model import InboundMessage  # noqa: E402
+from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
+from dshim.store import open_store  # noqa: E402
+from dshim.testing.outbound import RecordingOutbound  # noqa: E402
+
+
+class Run:
+    def __init__(self, name: str, n: int) -> None:
+        self.name = name
+        self.n = n
+        self.walls: list[float] = []
+        self.cpus: list[float] = []
+
+    def add(self, wall: float, cpu: float) -> None:
+        self.walls.append(wall)
+        self.cpus.append(cpu)
+
+    @property
+    def rate(self) -> float:
+        return self.n / statistics.median(self.walls)
+
+    @property
+    def cpu_ms(self) -> float:
+        return statistics.median(self.cpus) * 1000 / self.n
+
+    def spread(self) -> str:
+        per = [c * 1000 / self.n for c in self.cpus]
+        return f"{min(per):.3f}-{max(per):.3f}"
+
+
+class Meter:
+    """Wall and CPU from the first event to the n-th handled one."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.count = 0
+        self.done = trio.Event()
+        self.w0 = self.c0 = 0.0
+        self.wall = self.cpu = 0.0
+
+    def start(self) -> None:
+        if not self.w0:
+            self.w0, self.c0 = time.perf_counter(), time.process_time()
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count == self.n:
+            self.wall = time.perf_counter() - self.w0
+            self.cpu = time.process_time() - self.c0
+            self.done.set()
+
+
+# -- floor ----------------------------------------------------------------------------------
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+def payload_of(data: bytes) -> tuple[bytes, bool]:
+    """(payload, is an event frame) by walking the top-level protobuf fields."""
+    pos, payload, event = 0, b"", False
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        if key & 7 == 0:
+            _, pos = _varint(data, pos)
+            continue
+        length, pos = _varint(data, pos)
+        value = data[pos : pos + length]
+        pos += length
+        if key >> 3 == 8:
+            payload = value
+        elif key >> 3 == 5 and b"type" in value and b"event" in value:
+            event = True
+    return payload, event
+
+
+def _field(tag: int, value: bytes) -> bytes:
+    out, n = bytearray([tag]), len(value)
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out) + value
+
+
+ACK_TAIL = _field(0x2A, _field(0x0A, b"biz_rt") + _field(0x12, b"0")) + _field(
+    0x42, b'{"code":200}'
+)
+PING = bytes.fromhex("0800100018072000") + _field(
+    0x2A, _field(0x0A, b"type") + _field(0x12, b"ping")
+)
+
+
+async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
+    meter = Meter(n)
+    conn: sqlite3.Connection | None = None
+    limiter = trio.CapacityLimiter(1)
+    if db is not None:
+        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
+
+    def insert(conv: str, mid: str, raw: bytes) -> int:
+        assert conn is not None
+        return conn.execute(
+            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
+        ).rowcount
+
+    async with httpx.AsyncClient() as http:
+        body = {"AppID": env["app_id"], "AppSecret": env["app_secret"]}
+        url = (await http.post(env["api_base"] + "/callback/ws/endpoint", json=body)).json()[
+            "data"
+        ]["URL"]
+    async with trio_websocket.open_websocket_url(
+        url,
+        message_queue_size=WS_OPTIONS.message_queue_size,
+        max_message_size=WS_OPTIONS.max_message_size,
+        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
+    ) as ws:
+        await ws.send_message(PING)
+        while not meter.done.is_set():
+            data = await ws.get_message()
+            assert isinstance(data, bytes)
+            payload, event = payload_of(data)
+            if not event:
+                continue
+            meter.start()
+            ev = json.loads(payload)["event"]
+            msg = ev["message"]
+            mapped = {
+                "id": msg["message_id"],
+                "conversation": msg["chat_id"],
+                "direct": msg["chat_type"] == "p2p",
+                "sender": ev["sender"]["sender_id"]["open_id"],
+                "content": json.loads(msg["content"]).get("text", ""),
+            }
+            if conn is not None:
+                await trio.to_thread.run_sync(
+                    insert, mapped["conversation"], mapped["id"], payload, limiter=limiter
+                )
+            await ws.send_message(data + ACK_TAIL)
+            meter.tick()
+    if conn is not None:
+        conn.close()
+    return meter.wall, meter.cpu
+
+
+# -- dshim ----------------------------------------------------------------------------------
+
+
+async def dshim_reader(
+    env: dict[str, Any], n: int, handle: Callable[[FeishuEvent, EventMapper], Awaitable[None]]
+) -> tuple[float, float]:
+    meter = Meter(n)
+    async with open_http(env["api_base"], user_agent=USER_AGENT) as http:
+        rest = RestClient(
+            http, app_id=env["app_id"], app_secret=env["app_secret"], api_base=env["api_base"]
+        )
+        info = await rest.bot_info()
+        mapper = EventMapper(bot_open_id=info.open_id, app_id=env["app_id"])
+        session = FeishuSession(random=random.random)
+
+        async def deliver(event: FeishuEvent) -> None:
+            meter.start()
+            await handle(event, mapper)
+            session.acknowledge(event, trio.current_time())
+            meter.tick()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(
+                    run_connection,
+                    session,
+                    rest,
+                    deliver,
+                    backoff=Backoff(),
+                    register_secret=lambda s: None,
+                )
+            )
+            await meter.done.wait()
+            nursery.cancel_scope.cancel()
+    return meter.wall, meter.cpu
+
+
+async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
+    async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
+        item = mapper.decode(event.payload)
+        assert isinstance(item, InboundMessage), item
+
+    return await dshim_reader(env, n, handle)
+
+
+async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": "feishu", "lanes": {"max_queue": n + 10}}]},
+        env={},
+        channel_settings=False,
+    )
+    async with open_store(tmp) as store:
+        async with open_bot_runtime(
+            config=config,
+            bot=config.bots[0],
+            bot_id="ou_bench",
+            store=store,
+            outbound=RecordingOutbound(clock=time.time),
+            harness=EchoHarness(),
+        ) as rt:
+
+            async def nothing(item: Any, lane: Any) -> None:
+                rt._done()
+
+            rt.lanes._handler = nothing
+
+            async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
+                item = mapper.decode(event.payload)
+                assert isinstance(item, InboundMessage), item
+                verdict = await rt.accept(item, event.payload)
+                assert verdict.accepted, verdict
+
+            result = await dshim_reader(env, n, handle)
+            await rt.wait_idle()
+    return result
+
+
+async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
+    configure_logging("error", "json")
+    n = args.events
+    runs = [
+        Run("floor (websocket + protobuf walk + json.loads + ack)", n),
+        Run("dshim long-connection reader + mapping", n),
+        Run("floor + durable dedup (one SQLite INSERT/event)", n),
+        Run("dshim reader + mapping + pipeline steps 1-6", n),
+    ]
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+        for rep in range(args.repeat):
+            with trio.fail_after(600):
+                runs[0].add(*await floor(env, n))
+                runs[1].add(*await reader_only(env, n))
+                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
+                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
+    return runs
+
+
+def main(args: argparse.Namespace) -> None:
+    fake = [sys.executable, "-m", "dshim.testing.fakes.feishu", "--flood", str(args.events)]
+    fake += ["--lifetime", "900"]
+    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        env = json.loads(proc.stdout.readline())
+        runs = trio.run(measure, args, env)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    print(
+        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
+        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, httpx {httpx.__version__}, "
+        f"nproc {os.cpu_count()}; {args.events} events x {args.repeat} runs, median (min-max)"
+    )
+    print(f"{'run':52} {'events/s':>10} {'CPU ms/event':>13} {'(min-max)':>13} {'vs floor':>9}")
+    for r in runs:
+        base = runs[2] if r is runs[3] else runs[0]
+        ratio = r.cpu_ms / base.cpu_ms
+        print(f"{r.name:52} {r.rate:10.0f} {r.cpu_ms:13.3f} {r.spread():>13} {ratio:8.2f}x")
+    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=3)
+    main(parser.parse_args())
