@@ -1,0 +1,232 @@
+"""End to end: the real Slack channel, run by ``dshim.serve.serve_bots``, against the fake.
+
+Testing manifesto: everything runs on 127.0.0.1 with kernel-chosen ports (the fake Slack
+from ``dshim.testing.fakes.slack``: Web API + Socket Mode websocket) in the same trio
+run as the bot, on trio's autojump clock: Slack's timings (3 s redelivery, 10 s refresh
+grace, 350 ms appends, 1 s edits) take no real time and are exact.  The store is a real
+SQLite file in ``tmp_path`` (``inline``); the echo harness answers with the exact prompt,
+so the final text of every answer is known.  Assertions are about what a Slack user or
+operator would see: the bot's messages and their final text, acknowledgements, lookups.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from dshim.channels.slack import channel as slack_channel
+from dshim.config import parse_config
+from dshim.harness.echo import EchoHarness
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.testing.fakes.slack import FakeSlack, open_fake_slack
+from tests.helpers import Events
+
+DEADLINE = 900.0
+SEEDED = dataclasses.replace(
+    slack_channel.CHANNEL, run_fn=functools.partial(slack_channel.run, rng=random.Random(5))
+)
+
+
+class Bot:
+    def __init__(self, fake: FakeSlack, events: Events) -> None:
+        self.fake = fake
+        self.events = events
+        self.results: dict[str, str] | None = None
+        self.ended = trio.Event()
+        self.shutdown = trio.Event()
+
+    def drop_reasons(self) -> list[str]:
+        return [r for _, r in self.events.drops]
+
+
+def source(fake: FakeSlack, kind: str, *, user: str | None = None, name: str | None = None) -> str:
+    block: dict[str, Any] = {
+        "channel": "slack",
+        "conversationType": kind,
+        "senderId": user or fake.user,
+    }
+    sender_name = fake.user_name if name is None and user in (None, fake.user) else name
+    if sender_name:
+        block["senderName"] = sender_name
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+@asynccontextmanager
+async def running_bot(
+    tmp_path: Path,
+    *,
+    configure: Callable[[FakeSlack], None] | None = None,
+    wait_ready: bool = True,
+    **options: Any,
+) -> AsyncIterator[tuple[Bot, FakeSlack]]:
+    """The bot (``serve_bots``, a real store) against a fresh fake, within ``DEADLINE``."""
+    with trio.fail_after(DEADLINE):
+        async with open_fake_slack() as fake:
+            if configure is not None:
+                configure(fake)
+            table = {
+                "name": "slacky",
+                "channel": "slack",
+                "bot_token": fake.bot_token,
+                "app_token": fake.app_token,
+                "api_base": fake.api_base,
+                **options,
+            }
+            config = parse_config({"bots": [table]}, env={})
+            bot = Bot(fake, Events())
+            async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
+
+                async def serve() -> None:
+                    bot.results = await serve_bots(
+                        config,
+                        store,
+                        shutdown=bot.shutdown,
+                        channels={"slacky": SEEDED},
+                        observer=bot.events,
+                        harness=EchoHarness(slow_interval_s=0.4),
+                    )
+                    bot.ended.set()
+
+                nursery.start_soon(serve)
+                try:
+                    if wait_ready:
+                        await fake.wait_until(lambda: fake.live is not None)
+                    yield bot, fake
+                finally:
+                    bot.shutdown.set()
+                    with trio.move_on_after(30):
+                        await bot.ended.wait()
+                    nursery.cancel_scope.cancel()
+
+
+async def answered(fake: FakeSlack, channel: str, text: str) -> None:
+    await fake.wait_until(
+        lambda: any(m.text == text and not m.streaming for m in fake.bot_messages(channel))
+    )
+
+
+def esc(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+# -- receiving and streaming ----------------------------------------------------------------
+
+
+async def test_dm_is_streamed_natively_in_the_thread_with_the_exact_final_text(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        ev = await fake.user_message(fake.dm, "echo:slow 6 tell me a story")
+        final = source(fake, "direct") + "\n\necho:slow 6 tell me a story"
+        await answered(fake, fake.dm, esc(final))
+        await trio.sleep(5)
+    [answer] = fake.bot_messages(fake.dm)
+    assert answer.text == esc(final)  # escaped: the model cannot write <!channel>
+    assert answer.thread_ts == ev["ts"]  # under the user's message
+    [start] = fake.calls_to("chat.startStream")
+    assert start.args["thread_ts"] == ev["ts"]
+    assert start.args["recipient_user_id"] == fake.user
+    assert start.args["recipient_team_id"] == fake.team_id
+    appends = fake.calls_to("chat.appendStream")
+    assert len(appends) >= 2  # shown while written
+    times = [start.at] + [a.at for a in appends]
+    assert all(b - a >= 0.35 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+    assert len(fake.calls_to("chat.stopStream")) == 1
+    assert not fake.calls_to("chat.postMessage") and not fake.calls_to("chat.update")
+    # every envelope was acknowledged, and the prompt came once
+    assert len(bot.events.prompts) == 1
+    assert not fake.pending
+
+
+async def test_mention_twins_become_one_prompt_and_unaddressed_messages_no_call(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.general, "just chatting")
+        await trio.sleep(5)
+        calls_before = [c.method for c in fake.calls]
+        ev = await fake.user_message(fake.general, "what is up?", mention=True)
+        final = source(fake, "group") + "\n\nwhat is up?"
+        await answered(fake, fake.general, esc(final))
+        await trio.sleep(5)
+    assert "unaddressed" in bot.drop_reasons()
+    assert "duplicate" in bot.drop_reasons()  # the app_mention twin
+    assert len(bot.events.prompts) == 1
+    assert calls_before == ["auth.test", "bots.info", "apps.connections.open"]
+    [answer] = fake.bot_messages(fake.general)
+    assert answer.thread_ts == ev["ts"]
+
+
+async def test_redelivered_envelope_is_acked_and_not_answered_twice(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        ev = fake.event(fake.dm, "once please")
+        env = fake.envelope(ev)
+        await fake.send_envelope(env)
+        await fake.wait_until(lambda: bool(fake.texts(fake.dm)))
+        retry = dict(env, retry_attempt=1, retry_reason="timeout")
+        await fake.send_envelope(retry)
+        await trio.sleep(10)
+    assert len(fake.bot_messages(fake.dm)) == 1
+    assert [e for _, e in fake.acks].count(env["envelope_id"]) == 2
+    assert "duplicate" in bot.drop_reasons()
+
+
+async def test_refresh_requested_hands_over_without_losing_an_event(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        old = await fake.disconnect("refresh_requested")
+        assert old is not None
+        # The next connection is opened before the old one closes.
+        await fake.wait_until(lambda: len(fake.open_connections()) == 2)
+        new = fake.live
+        assert new is not None and new is not old
+        await fake.user_message(fake.dm, "during the handover")
+        await fake.wait_until(lambda: not old.open)
+        assert old.closed_by == "client"  # we closed it; Slack did not have to
+        await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\nduring the handover"))
+    assert len(fake.connections) == 2
+    assert len(bot.events.prompts) == 1
+
+
+async def test_connection_dropped_mid_turn_answers_once_and_gap_events_arrive(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.drop_after(1)
+        await fake.user_message(fake.dm, "echo:slow 6 first")
+        await fake.wait_until(lambda: len(fake.connections) >= 2 and fake.live is not None)
+        await fake.user_message(fake.dm, "second")
+        await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\necho:slow 6 first"))
+        await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\nsecond"))
+        await trio.sleep(20)
+    assert sorted(fake.texts(fake.dm)) == sorted(
+        [
+            esc(source(fake, "direct") + "\n\necho:slow 6 first"),
+            esc(source(fake, "direct") + "\n\nsecond"),
+        ]
+    )
+    assert len(bot.events.prompts) == 2
+
+
+async def test_invalid_bot_token_is_fatal_without_a_retry_loop(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, configure=lambda f: f.revoke(), wait_ready=False) as (
+        bot,
+        fake,
+    ):
+        await bot.ended.wait()
+    assert len(fake.calls_to("auth.test")) == 1
+    assert bot.results == {"slacky": "fatal"}
