@@ -221,14 +221,17 @@ class NativeStream:
                 self._changed = trio.Event()
                 if self._finishing:
                     return
-                if not self._text.strip():
+                # Stripped like the final text (dshim.pipeline.turn.compose_final), so that
+                # whitespace held back is never a divergence.
+                text = self._text.strip()
+                if not text:
                     continue
                 wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
                 if wait > 0:
                     await trio.sleep(wait)
                     self._changed.set()  # plan again with the newest text
                     continue
-                if not await self._step(self._text):
+                if not await self._step(text):
                     await self._switch_to_fallback(self._text)
                     return
         finally:
