@@ -785,6 +785,8 @@ class EventMapper:
             author = parent_user
         ours = parent_user is not None and parent_user == self.me.user_id
         ref = ReplyReference(message_id=parent_ts, author_id=author)
+        if ours and self.me.name:
+            ref.author_name = self.me.name
         if ours:
             # The bot's own message: the core can recover it when the lookup cannot.
             ref.recover = True

@@ -151,6 +151,8 @@ class Msg:
     streaming: bool = False
     edits: list[str] = field(default_factory=list)
     subtype: str | None = None
+    #: Every text the message showed: the first, then after each edit or append.
+    shown: list[str] = field(default_factory=list)
 
     def as_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "message", "ts": self.ts, "text": self.text}
@@ -747,6 +749,7 @@ class FakeSlack(FakePlatform[ApiCall]):
             text=text,
             bot_id=self.bot_id,
             thread_ts=thread_ts,
+            shown=[text] if text else [],
         )
         self.messages[(channel, msg.ts)] = msg
         return msg
@@ -779,6 +782,7 @@ class FakeSlack(FakePlatform[ApiCall]):
         text = self._text(args, 4000)
         msg.text = text
         msg.edits.append(text)
+        msg.shown.append(text)
         msg.blocks = list(args["blocks"]) if args.get("blocks") else None
         return {"ok": True, "channel": msg.channel, "ts": msg.ts, "text": text}
 
@@ -815,6 +819,7 @@ class FakeSlack(FakePlatform[ApiCall]):
         piece = self._text(args, 12_000)
         msg.text += piece
         msg.edits.append(msg.text)
+        msg.shown.append(msg.text)
         return {"ok": True, "channel": msg.channel, "ts": msg.ts}
 
     def _m_chat_stopStream(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -824,6 +829,7 @@ class FakeSlack(FakePlatform[ApiCall]):
         msg.streaming = False
         if piece:
             msg.edits.append(msg.text)
+            msg.shown.append(msg.text)
         return {"ok": True, "channel": msg.channel, "ts": msg.ts, "message": msg.as_api()}
 
     def _m_assistant_threads_setStatus(self, args: dict[str, Any]) -> dict[str, Any]:
