@@ -385,3 +385,55 @@ async def test_approval_buttons_round_trip(tmp_path: Path, autojump_clock: objec
     assert updated.blocks is not None and not [b for b in updated.blocks if b["type"] == "actions"]
     assert f"→ {labels[0]}" in updated.text
     assert not fake.pending  # every envelope, button presses too, was acknowledged
+
+
+# -- liveness and server decisions -----------------------------------------------------------
+
+
+def relayed(fake: FakeSlack) -> None:
+    fake.relay = True
+
+
+async def test_half_open_socket_is_detected_by_the_watchdog_and_replaced(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, configure=relayed) as (bot, fake):
+        first = fake.live
+        await trio.sleep(30)  # pings answered: nothing happens
+        assert fake.live is first and len(fake.connections) == 1
+        t0 = trio.current_time()
+        fake.freeze()
+        await fake.wait_until(lambda: len(fake.connections) == 2 and fake.live is not first)
+        waited = trio.current_time() - t0
+        # next ping within 10 s, then 20 s without a pong: not 5 s (false alarms)
+        assert 20.0 <= waited <= 35.0
+        await fake.user_message(fake.dm, "still there?")
+        await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\nstill there?"))
+
+
+async def test_too_many_websockets_backs_off_and_link_disabled_is_fatal(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.disconnect("too_many_websockets")
+        await fake.wait_until(lambda: len(fake.connections) == 2)
+        opens = fake.calls_to("apps.connections.open")
+        assert opens[1].at - opens[0].at >= 30.0
+        await fake.wait_until(lambda: fake.live is not None)
+        await fake.disconnect("link_disabled")
+        await bot.ended.wait()
+    assert bot.results == {"slacky": "fatal"}
+    assert len(fake.connections) == 2  # no reconnect loop
+
+
+async def test_files_are_downloaded_with_the_bot_token_inside_the_turn(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        image = fake.file("cat.png", b"\x89PNG\r\n\x1a\n" + b"0" * 64, "image/png")
+        await fake.user_message(fake.dm, "what is this?", files=[image])
+        await fake.wait_until(lambda: len(bot.events.prompts) == 1)
+        await fake.wait_until(lambda: bool(fake.texts(fake.dm)))
+    [download] = fake.calls_to("files.download")
+    assert download.token == "bot" and download.status == 200
+    assert fake.statuses and fake.statuses[0]["status"] == "is thinking…"

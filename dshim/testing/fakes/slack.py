@@ -217,6 +217,11 @@ class FakeSlack(FakePlatform[ApiCall]):
         self.server_ping_interval_s: float | None = None
         self.subscribe_message_events = True
         self.revoked = False
+        #: Hand out Socket Mode URLs through a TCP relay that :meth:`freeze` can stall
+        #: (a half-open socket: nothing passes, nothing closes).  Set before the bot starts.
+        self.relay = False
+        self.relay_url = ""
+        self._frozen = trio.Event()
         self._stop_by_user = 0
         self._drop_after: int | None = None
         # state
@@ -275,6 +280,32 @@ class FakeSlack(FakePlatform[ApiCall]):
         conn = self.live
         if conn is not None:
             conn.push("drop")
+
+    def freeze(self) -> None:
+        """Every relayed connection stops passing bytes, both ways, without closing (a
+        NAT that dropped the flow): only the client's own watchdog can notice.  New
+        connections pass again."""
+        self._frozen.set()
+        self._frozen = trio.Event()
+
+    async def _relay(self, client: trio.SocketStream) -> None:
+        frozen = self._frozen
+        port = int(self.ws_url.rsplit(":", 1)[1])
+        async with client, await trio.open_tcp_stream("127.0.0.1", port) as server:
+
+            async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+                try:
+                    while data := await src.receive_some(65536):
+                        if frozen.is_set():
+                            await trio.sleep_forever()
+                        await dst.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                nursery.cancel_scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump, client, server)
+                nursery.start_soon(pump, server, client)
 
     def revoke(self) -> None:
         """The bot token stops working (``invalid_auth``)."""
@@ -694,7 +725,8 @@ class FakeSlack(FakePlatform[ApiCall]):
                 raise _ApiError("invalid_auth" if kind != "bot" else "not_allowed_token_type")
             ticket = secrets.token_hex(12)
             self.tickets.add(ticket)
-            return {"ok": True, "url": f"{self.ws_url}/link/?ticket={ticket}&app_id={self.app_id}"}
+            base = self.relay_url if self.relay else self.ws_url
+            return {"ok": True, "url": f"{base}/link/?ticket={ticket}&app_id={self.app_id}"}
         if kind == "none":
             raise _ApiError("not_authed")
         if kind != "bot" or self.revoked:
@@ -933,10 +965,22 @@ async def open_fake_slack() -> AsyncIterator[FakeSlack]:
             task_status.started(nursery)
             await trio.sleep_forever()
 
-    async with open_servers(http, socket, background) as (http_server, ws_server, nursery):
+    async def relay(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, fake._relay, listeners)
+            task_status.started(listeners[0].socket.getsockname()[1])
+
+    async with open_servers(http, socket, background, relay) as (
+        http_server,
+        ws_server,
+        nursery,
+        relay_port,
+    ):
         fake.http_url = http_server.url
         fake.api_base = http_server.url + API_PREFIX
         fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.relay_url = f"ws://127.0.0.1:{relay_port}"
         fake._nursery = nursery
         yield fake
 
