@@ -376,10 +376,12 @@ async def test_approval_buttons_round_trip(tmp_path: Path, autojump_clock: objec
         await fake.press_button(req, 0, user=fake.other_user)
         await trio.sleep(3)
         assert not any("Approval decision" in t for t in fake.texts(fake.general))
+        t0 = trio.current_time()
         await fake.press_button(req, 0)
         await fake.wait_until(
-            lambda: any("Approval decision: " in t for t in fake.texts(fake.general))
+            lambda: any("Approval decision: allow_once" in t for t in fake.texts(fake.general))
         )
+        assert trio.current_time() - t0 < 60  # decided by the press, not by the timeout
         await fake.wait_until(lambda: request() is None or "→" in request().text)
     updated = fake.messages[(fake.general, req.ts)]
     assert updated.blocks is not None and not [b for b in updated.blocks if b["type"] == "actions"]

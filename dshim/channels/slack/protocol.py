@@ -893,9 +893,12 @@ class EventMapper:
             return Skip(reason="malformed", detail="button without a value")
         kind = channel_kind(channel, None)
         team = (p.user.team_id if p.user else None) or (p.team.id if p.team else None)
-        # A thread reply's thread_id is its thread; a press under a top-level request
-        # answers in the request's own conversation.
-        thread_id = thread if thread is not None and thread != message_ts else None
+        # The answer belongs to the turn that asked: its thread_id travels in the
+        # buttons' block_id (a top-level mention's turn has none, although the request
+        # is posted in the mention's thread).
+        thread_id = lane_thread(action.block_id)
+        if thread_id is UNSET:
+            thread_id = thread if thread is not None and thread != message_ts else None
         return InboundMessage(
             channel=CHANNEL,
             bot_id=self.me.user_id,
@@ -914,6 +917,22 @@ class EventMapper:
 
 #: Every dshim button's ``action_id`` starts with this (``dshim_opt_<n>``).
 ACTION_PREFIX = "dshim_opt_"
+BLOCK_PREFIX = "dshim|"
+
+
+def actions_block_id(thread_id: str | None, token: str) -> str:
+    """The ``block_id`` of a request's buttons: the asking turn's ``thread_id``."""
+    return f"{BLOCK_PREFIX}{thread_id or '-'}|{token}"
+
+
+def lane_thread(block_id: str | None) -> str | None | UnsetType:
+    """The ``thread_id`` a press answers in (UNSET: not one of our block ids)."""
+    if not block_id or not block_id.startswith(BLOCK_PREFIX):
+        return UNSET
+    value = block_id[len(BLOCK_PREFIX) :].partition("|")[0]
+    if value == "-":
+        return None
+    return value if _TS.fullmatch(value) else UNSET
 
 
 # --- streaming ----------------------------------------------------------------------------

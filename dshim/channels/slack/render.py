@@ -52,6 +52,7 @@ from dshim.channels.slack.protocol import (
     ACTION_PREFIX,
     STREAM_UNAVAILABLE,
     Route,
+    actions_block_id,
     escape,
     pieces,
     stream_suffix,
@@ -504,7 +505,8 @@ class SlackOutbound(EditOutbound):
             for i, o in enumerate(prompt.options[:25])
         ]
         if buttons:
-            blocks.append({"type": "actions", "block_id": f"dshim_{token}", "elements": buttons})
+            block_id = actions_block_id(target.thread_id, token)
+            blocks.append({"type": "actions", "block_id": block_id, "elements": buttons})
         await self.post_turn(channel)
         sent_at = self.clock()
         posted = await self.web.post_message(

@@ -473,6 +473,11 @@ class FakeSlack(FakePlatform[ApiCall]):
             for el in block.get("elements", [])
         ]
         button = buttons[index]
+        block_id = next(
+            block.get("block_id", "b")
+            for block in bot_msg.blocks
+            if block.get("type") == "actions" and button in block.get("elements", [])
+        )
         uid = user or self.user
         action_ts = new_ts()
         payload = {
@@ -497,7 +502,7 @@ class FakeSlack(FakePlatform[ApiCall]):
             "actions": [
                 {
                     "action_id": button["action_id"],
-                    "block_id": "b",
+                    "block_id": block_id,
                     "value": button.get("value"),
                     "type": "button",
                     "action_ts": action_ts,
