@@ -216,6 +216,8 @@ class FakeSlack(FakePlatform[ApiCall]):
         self.refresh_close_after_s = 10.0
         self.server_ping_interval_s: float | None = None
         self.subscribe_message_events = True
+        #: Send this many direct-message envelopes right after every hello (benchmarks).
+        self.flood_on_hello = 0
         self.revoked = False
         #: Hand out Socket Mode URLs through a TCP relay that :meth:`freeze` can stall
         #: (a half-open socket: nothing passes, nothing closes).  Set before the bot starts.
@@ -612,6 +614,11 @@ class FakeSlack(FakePlatform[ApiCall]):
                 p.attempts += 1
                 p.envelope = dict(env, retry_attempt=p.attempts, retry_reason="timeout")
                 self._send(eid)
+            for i in range(self.flood_on_hello):
+                text = f"flood {i} " + "lorem ipsum dolor sit amet " * 20
+                env = self.envelope(self.event(self.dm, text))
+                self.pending[env["envelope_id"]] = Pending(env)
+                conn.push("frame", env)
             self.changed()
             try:
                 while True:
@@ -992,15 +999,17 @@ async def open_fake_slack() -> AsyncIterator[FakeSlack]:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the fake as a process (benchmarks): prints one JSON line with its settings,
-    then serves until ``--lifetime`` is over."""
+    then serves until ``--lifetime`` is over; ``--flood n`` sends n DMs after every hello."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
+    parser.add_argument("--flood", type=int, default=0, help="DMs after each hello")
     args = parser.parse_args(argv)
 
     async def serve() -> None:
         with trio.move_on_after(args.lifetime):
             async with open_fake_slack() as fake:
                 fake.redeliver_after_s = 3600.0
+                fake.flood_on_hello = args.flood
                 print(
                     json.dumps(
                         {
@@ -1008,6 +1017,7 @@ def main(argv: list[str] | None = None) -> None:
                             "bot_token": fake.bot_token,
                             "app_token": fake.app_token,
                             "dm": fake.dm,
+                            "bot_user": fake.bot_user,
                         }
                     ),
                     flush=True,
