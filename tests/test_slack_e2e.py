@@ -439,3 +439,21 @@ async def test_files_are_downloaded_with_the_bot_token_inside_the_turn(
     [download] = fake.calls_to("files.download")
     assert download.token == "bot" and download.status == 200
     assert fake.statuses and fake.statuses[0]["status"] == "is thinking…"
+
+
+async def test_question_buttons_answer_with_the_pressed_option(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.dm, "echo:question")
+
+        def request() -> Any:
+            return next((m for m in fake.bot_messages(fake.dm) if m.blocks), None)
+
+        await fake.wait_until(lambda: request() is not None)
+        req = request()
+        [actions] = [b for b in req.blocks if b["type"] == "actions"]
+        labels = [e["text"]["text"] for e in actions["elements"]]
+        await fake.press_button(req, 1)
+        await fake.wait_until(lambda: any(f"Answer: {labels[1]}" in t for t in fake.texts(fake.dm)))
+    assert not [b for b in fake.messages[(fake.dm, req.ts)].blocks or [] if b["type"] == "actions"]

@@ -267,6 +267,7 @@ class NativeStream:
         hook, self._delivery_hook = self._delivery_hook, None
         if hook is not None:
             await hook()
+        await self.outbound.post_turn(self.channel)  # a new message: ~1 per second here
         self._sent_at = self.outbound.clock()
         self._last_call = trio.current_time()
         try:
