@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+import httpx
 import msgspec
 import structlog
 import trio
@@ -104,6 +105,19 @@ class SlackSettings(ChannelSettings):
                 f"api_base: expected an http:// or https:// URL, got {self.api_base!r}"
             )
         self.api_base = self.api_base.rstrip("/")
+
+
+def web_client(
+    http: httpx.AsyncClient, settings: SlackSettings, *, max_wait_s: float = 60.0
+) -> WebClient:
+    """The bot's Web API client with both tokens."""
+    return WebClient(
+        http,
+        bot_token=settings.bot_token.get(),
+        app_token=settings.app_token.get(),
+        api_base=settings.api_base,
+        max_wait_s=max_wait_s,
+    )
 
 
 def lookup_factory(web: WebClient, mapper: Callable[[], EventMapper]) -> LookupFactory:
@@ -196,12 +210,7 @@ async def run(
     settings = host.settings_as(SlackSettings)
     rng = rng or _random.Random()
     async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
-        web = WebClient(
-            http,
-            bot_token=settings.bot_token.get(),
-            app_token=settings.app_token.get(),
-            api_base=settings.api_base,
-        )
+        web = web_client(http, settings)
 
         async def who() -> BotIdentity:
             return await identify(web)
@@ -338,13 +347,7 @@ async def probe(rows: ProbeRows) -> None:
     """Tokens, ``auth.test``, scopes, Socket Mode hello within 15 s, store, ``--send-test``."""
     settings = rows.settings_as(SlackSettings)
     async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
-        web = WebClient(
-            http,
-            bot_token=settings.bot_token.get(),
-            app_token=settings.app_token.get(),
-            api_base=settings.api_base,
-            max_wait_s=10.0,
-        )
+        web = web_client(http, settings, max_wait_s=10.0)
 
         async def identity() -> Identity:
             auth = await web.auth_test()

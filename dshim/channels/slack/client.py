@@ -212,13 +212,7 @@ class WebClient:
         body: dict[str, Any] = {"channel": channel, "unfurl_links": False, "unfurl_media": False}
         if thread_ts is not None:
             body["thread_ts"] = thread_ts
-        if markdown is not None:
-            body["markdown_text"] = markdown
-        else:
-            body["text"] = text or ""
-            body["link_names"] = False
-        if blocks is not None:
-            body["blocks"] = blocks
+        body.update(_content(markdown, text, blocks))
         return await self.call("chat.postMessage", m.posted_decoder, body=body, retries=retries)
 
     async def update(
@@ -233,14 +227,7 @@ class WebClient:
     ) -> m.Posted:
         """``chat.update``; ``parse``/``link_names`` are sent (else Slack resets them)."""
         body: dict[str, Any] = {"channel": channel, "ts": ts}
-        if markdown is not None:
-            body["markdown_text"] = markdown
-        else:
-            body["text"] = text or ""
-            body["parse"] = "none"
-            body["link_names"] = False
-        if blocks is not None:
-            body["blocks"] = blocks
+        body.update(_content(markdown, text, blocks))
         return await self.call("chat.update", m.posted_decoder, body=body, retries=retries)
 
     async def start_stream(
@@ -326,6 +313,18 @@ class WebClient:
             headers={"Authorization": f"Bearer {self._bot}", "User-Agent": USER_AGENT},
             what="file download",
         )
+
+
+def _content(markdown: str | None, text: str | None, blocks: list[Any] | None) -> dict[str, Any]:
+    """A message's content arguments: ``markdown_text`` (which takes no ``blocks``), or
+    mrkdwn ``text`` with ``parse: none`` and ``link_names: false`` (``chat.update`` resets
+    both when they are omitted) and the ``blocks``."""
+    if markdown is not None:
+        return {"markdown_text": markdown}
+    body: dict[str, Any] = {"text": text or "", "parse": "none", "link_names": False}
+    if blocks is not None:
+        body["blocks"] = blocks
+    return body
 
 
 # --- Socket Mode -----------------------------------------------------------------------------
@@ -570,8 +569,7 @@ class SocketRunner:
                 continue
             for action in session.tick(self.clock(), reading=not conn.delivering):
                 if await self._perform(ws, conn, action, nursery):
-                    await ws.aclose(RECONNECT_CODE, "closing")
-                    return
+                    return  # closed: the reader sees it and ends
 
     async def _closer(self, ws: WebSocketConnection, conn: _Conn) -> None:
         """Close this connection when the runner replaced it (handover)."""

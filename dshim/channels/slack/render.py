@@ -425,7 +425,7 @@ class SlackOutbound(EditOutbound):
 
     def mark_native_unavailable(self, channel_type: str | None, why: str) -> None:
         if channel_type not in self._native_off:
-            log.info("stream_unavailable", channel_type=channel_type, error=why)
+            log.info("stream_disabled", channel_type=channel_type, error=why)
         self._native_off[channel_type] = why
 
     async def post_turn(self, channel: str) -> None:
@@ -455,7 +455,7 @@ class SlackOutbound(EditOutbound):
             return
         except ChannelError as exc:
             self._status_off = str(exc.code)
-            log.info("status_unavailable", error=str(exc)[:200])
+            log.info("status_disabled", error=str(exc)[:200])
 
     def note_press(self, channel: str, message_ts: str, user: str, value: str) -> None:
         """A button of an interaction message was pressed (the channel saw it)."""
