@@ -161,7 +161,7 @@ async def test_mention_twins_become_one_prompt_and_unaddressed_messages_no_call(
     assert "unaddressed" in bot.drop_reasons()
     assert "duplicate" in bot.drop_reasons()  # the app_mention twin
     assert len(bot.events.prompts) == 1
-    assert calls_before == ["auth.test", "bots.info", "apps.connections.open"]
+    assert calls_before == ["auth.test", "apps.connections.open"]
     [answer] = fake.bot_messages(fake.general)
     assert answer.thread_ts == ev["ts"]
 
@@ -457,3 +457,17 @@ async def test_question_buttons_answer_with_the_pressed_option(
         await fake.press_button(req, 1)
         await fake.wait_until(lambda: any(f"Answer: {labels[1]}" in t for t in fake.texts(fake.dm)))
     assert not [b for b in fake.messages[(fake.dm, req.ts)].blocks or [] if b["type"] == "actions"]
+
+
+async def test_envelopes_for_another_app_are_dropped_once_hello_named_ours(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        env = fake.envelope(fake.event(fake.dm, "for another app"))
+        env["payload"]["api_app_id"] = "A0OTHER99"
+        await fake.send_envelope(env)
+        await fake.user_message(fake.dm, "for us")
+        await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\nfor us"))
+        await trio.sleep(5)
+    assert bot.events.prompts == [source(fake, "direct") + "\n\nfor us"]
+    assert not fake.pending  # acknowledged all the same

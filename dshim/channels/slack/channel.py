@@ -2,7 +2,8 @@
 
 ``run`` checks the bot token with ``auth.test`` (network failures, 5xx and 429 are
 retried with the kit's backoff; ``invalid_auth`` / ``account_inactive`` are fatal),
-learns the app id (``bots.info``) and the granted scopes (``x-oauth-scopes``), opens the
+learns the granted scopes (``x-oauth-scopes``) -- the app id comes with the first
+``hello`` (``connection_info.app_id``) -- opens the
 bot's pipeline, counts as started and then keeps Socket Mode connected
 (:class:`~.client.SocketRunner`).  Each envelope is acknowledged at once and handed, in
 the order read, to the pipeline with the frame exactly as received (the durable inbox
@@ -17,6 +18,7 @@ The threads the bot posted into are kept in the store (cursor ``threads``, the n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random as _random
 import time
@@ -60,6 +62,7 @@ from dshim.channels.slack.protocol import (
     EventMapper,
     Incoming,
     LookupFactory,
+    SocketSession,
     SocketTuning,
     parse_scopes,
     workspace_host,
@@ -153,15 +156,13 @@ def media_factory(web: WebClient) -> Callable[[m.File], Fetcher | None]:
 
 
 async def identify(web: WebClient) -> BotIdentity:
-    """``auth.test`` (+ ``bots.info`` for the app id) as the bot's identity."""
+    """``auth.test`` as the bot's identity (the app id is learned from ``hello``)."""
     auth = await web.auth_test()
     if not auth.user_id:
         raise RemoteProtocolError("auth.test: no user_id (not a bot token?)")
-    app_id = await web.bot_app_id(auth.bot_id) if auth.bot_id else None
     return BotIdentity(
         user_id=auth.user_id,
         bot_id=auth.bot_id,
-        app_id=app_id,
         team_id=auth.team_id,
         name=auth.user,
         workspace_host=workspace_host(auth.url),
@@ -248,8 +249,17 @@ async def run(
                 raise AuthError("Slack rejected the bot token (invalid_auth): stopping the bot")
 
             async def reader() -> None:
+                def connected(session: SocketSession) -> None:
+                    if mapper.me.app_id is None and session.app_id:
+                        mapper.me = dataclasses.replace(mapper.me, app_id=session.app_id)
+
                 runner = SocketRunner(
-                    web, deliver, app_id=me.app_id, tuning=tuning, backoff=Backoff(rng=rng)
+                    web,
+                    deliver,
+                    app_id=me.app_id,
+                    tuning=tuning,
+                    backoff=Backoff(rng=rng),
+                    on_connected=connected,
                 )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watch_auth)

@@ -179,16 +179,6 @@ class WebClient:
         """``auth.test``: team, bot user, bot id; keeps the ``x-oauth-scopes`` header."""
         return await self.call("auth.test", m.auth_test_decoder, body={})
 
-    async def bot_app_id(self, bot_id: str) -> str | None:
-        """``bots.info``: the app id behind the bot (None when Slack will not say)."""
-        try:
-            info = await self.call(
-                "bots.info", m.bots_info_decoder, query={"bot": bot_id}, retries=0
-            )
-        except ChannelError:
-            return None
-        return info.bot.app_id if info.bot is not None else None
-
     async def connections_open(self) -> str:
         """``apps.connections.open`` (app token): a fresh Socket Mode URL."""
         got = await self.call(
@@ -521,6 +511,8 @@ class SocketRunner:
                 await ws.aclose(action.code, action.reason)
             return True
         if isinstance(action, Connected):
+            if self.app_id is None:  # hello's connection_info.app_id: who we are
+                self.app_id = conn.session.app_id
             conn.connected_at = self.clock()
             conn.ready.set()
             log.info("ws_connected", session=action.session)

@@ -193,14 +193,6 @@ class History(Answer):
     messages: list[Event] = msgspec.field(default_factory=list)
 
 
-class BotInfo(_View):
-    app_id: str | None = None
-
-
-class BotsInfo(Answer):
-    bot: BotInfo | None = None
-
-
 envelope_decoder = msgspec.json.Decoder(Envelope)
 envelope_id_decoder = msgspec.json.Decoder(EnvelopeId)
 callback_decoder = msgspec.json.Decoder(EventCallback)
@@ -211,7 +203,6 @@ auth_test_decoder = msgspec.json.Decoder(AuthTest)
 connections_open_decoder = msgspec.json.Decoder(ConnectionsOpen)
 posted_decoder = msgspec.json.Decoder(Posted)
 history_decoder = msgspec.json.Decoder(History)
-bots_info_decoder = msgspec.json.Decoder(BotsInfo)
 
 _encoder = msgspec.json.Encoder()
 
