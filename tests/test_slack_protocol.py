@@ -499,3 +499,40 @@ def test_button_press_becomes_a_message_from_the_presser() -> None:
     assert isinstance(item, InboundMessage)
     assert (item.content, item.sender_id, item.thread_id) == ("2", "U0ADA0001", "1700000000.000100")
     assert item.addressed and item.reply_to is None
+
+
+def test_the_stored_frame_drops_the_verification_token_and_response_url() -> None:
+    mapper = EventMapper(ME)
+    raw = json.loads(envelope(ev("keep me")))
+    raw["payload"]["token"] = "legacy-verification-secret"
+    frame = json.dumps(raw).encode()
+    env = m.envelope_decoder.decode(frame)
+    stored = mapper.stored_frame(env)
+    assert stored is not None and b"legacy-verification-secret" not in stored
+    again = mapper.decode_envelope(stored)
+    first = mapper.decode_envelope(frame)
+    assert isinstance(again, InboundMessage) and isinstance(first, InboundMessage)
+    assert (again.message_id, again.content, again.conversation_id) == (
+        first.message_id,
+        first.content,
+        first.conversation_id,
+    )
+    press = {
+        "envelope_id": "e5",
+        "type": "interactive",
+        "payload": {
+            "type": "block_actions",
+            "token": "legacy-verification-secret",
+            "response_url": "https://hooks.slack.com/actions/T0/1/SECRETSECRET",
+            "user": {"id": "U0ADA0001"},
+            "channel": {"id": "C0GEN0001"},
+            "container": {"message_ts": "1700000020.000100"},
+            "actions": [
+                {"action_id": "dshim_opt_1", "value": "1", "action_ts": "1700000021.000200"}
+            ],
+        },
+    }
+    stored = mapper.stored_frame(m.envelope_decoder.decode(json.dumps(press).encode()))
+    assert stored is not None
+    assert b"SECRET" not in stored and b"legacy-verification" not in stored
+    assert isinstance(mapper.decode_envelope(stored), InboundMessage)

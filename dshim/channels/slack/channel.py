@@ -242,7 +242,7 @@ async def run(
                     outbound.note_press(
                         item.conversation_id, message_ts, item.sender_id, item.content
                     )
-                return await rt.accept(item, incoming.raw)
+                return await rt.accept(item, mapper.stored_frame(incoming.envelope))
 
             async def watch_auth() -> None:
                 await web.auth_failed.wait()

@@ -673,6 +673,34 @@ class EventMapper:
             return Skip(reason="malformed", detail=_short(exc))
         return Skip(reason="ignored", detail=f"envelope type {env.type[:40]!r}")
 
+    def stored_frame(self, env: m.Envelope) -> bytes | None:
+        """The envelope as the durable inbox keeps it: only the fields the mapping reads.
+
+        Slack's payloads carry the legacy verification ``token`` and, on interactions, a
+        ``response_url`` that can post into the conversation: neither may reach the
+        store.  The decoded view structs name only what dshim reads, so re-encoding them
+        drops both (the event itself stays the raw bytes Slack sent).  None when the
+        payload does not decode (the event is dropped anyway).
+        """
+        payload: msgspec.Struct
+        try:
+            if env.type == "events_api":
+                payload = m.callback_decoder.decode(env.payload)
+            elif env.type == "interactive":
+                payload = m.block_actions_decoder.decode(env.payload)
+            else:
+                return None
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        return m.encode(
+            {
+                "envelope_id": env.envelope_id,
+                "type": env.type,
+                "retry_attempt": env.retry_attempt,
+                "payload": payload,
+            }
+        )
+
     def map_callback(self, cb: m.EventCallback) -> InboundMessage | Skip:
         if cb.type != "event_callback" or m.absent(cb.event):
             return Skip(reason="ignored", detail=f"payload type {cb.type[:40]!r}")
