@@ -474,20 +474,14 @@ async def test_envelopes_for_another_app_are_dropped_once_hello_named_ours(
 
 
 async def test_no_token_reaches_the_store(tmp_path: Path, autojump_clock: object) -> None:
+    def stored() -> bytes:
+        return b"".join(p.read_bytes() for p in tmp_path.glob("dshim.sqlite3*"))
+
     async with running_bot(tmp_path) as (bot, fake):
-        await fake.user_message(fake.dm, "echo:slow 3 remember nothing secret")
-        await answered(
-            fake, fake.dm, esc(source(fake, "direct") + "\n\necho:slow 3 remember nothing secret")
-        )
-        req = await fake.user_message(fake.general, "echo:approval", mention=True)
-        await fake.wait_until(lambda: any(m.blocks for m in fake.bot_messages(fake.general)))
-        [msg] = [m for m in fake.bot_messages(fake.general) if m.blocks]
-        await fake.press_button(msg, 2)
-        await fake.wait_until(
-            lambda: any("Approval decision" in t for t in fake.texts(fake.general))
-        )
-        assert req["ts"]
-    stored = b"".join(p.read_bytes() for p in tmp_path.glob("dshim.sqlite3*"))
-    assert b"remember nothing secret" in stored  # the inbox and transcript are there
-    for secret in (fake.bot_token, fake.app_token, "legacy-verification-token", "/respond/"):
-        assert secret.encode() not in stored, secret
+        await fake.user_message(fake.dm, "echo:slow 30 remember nothing secret")
+        await fake.wait_until(lambda: bool(fake.calls_to("chat.appendStream")))
+        mid_turn = stored()  # the inbox entry of the running turn is there now
+    assert b"remember nothing secret" in mid_turn
+    for data in (mid_turn, stored()):
+        for secret in (fake.bot_token, fake.app_token, "legacy-verification-token"):
+            assert secret.encode() not in data, secret
