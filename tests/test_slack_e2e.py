@@ -20,6 +20,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from dshim.channels.slack import channel as slack_channel
@@ -182,11 +183,12 @@ async def test_redelivered_envelope_is_acked_and_not_answered_twice(
     assert "duplicate" in bot.drop_reasons()
 
 
+@pytest.mark.parametrize("reason", ["refresh_requested", "warning"])
 async def test_refresh_requested_hands_over_without_losing_an_event(
-    tmp_path: Path, autojump_clock: object
+    tmp_path: Path, autojump_clock: object, reason: str
 ) -> None:
     async with running_bot(tmp_path) as (bot, fake):
-        old = await fake.disconnect("refresh_requested")
+        old = await fake.disconnect(reason)
         assert old is not None
         # The next connection is opened before the old one closes.
         await fake.wait_until(lambda: len(fake.open_connections()) == 2)

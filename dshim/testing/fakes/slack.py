@@ -214,7 +214,7 @@ class FakeSlack(FakePlatform[ApiCall]):
         self.max_retries = 3
         self.new_envelope_id_on_retry = False
         self.refresh_close_after_s = 10.0
-        self.server_ping_interval_s: float | None = None
+        self.server_ping_interval_s: float | None = 30.0
         self.subscribe_message_events = True
         #: Send this many direct-message envelopes right after every hello (benchmarks).
         self.flood_on_hello = 0
