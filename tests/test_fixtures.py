@@ -60,6 +60,7 @@ REQUIRED: dict[str, set[str]] = {
         "bot_message_dropped",
         "text_decoding",
         "scope_known_missing_no_request",
+        "lookup_thread_not_found",
     },  # noqa: E501
     "discord": {
         "dm",
