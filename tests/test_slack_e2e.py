@@ -16,7 +16,7 @@ import functools
 import json
 import random
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +67,14 @@ async def running_bot(
     *,
     configure: Callable[[FakeSlack], None] | None = None,
     wait_ready: bool = True,
+    reuse: FakeSlack | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeSlack]]:
-    """The bot (``serve_bots``, a real store) against a fresh fake, within ``DEADLINE``."""
+    """The bot (``serve_bots``, a real store) against a fresh fake (or ``reuse``: one that
+    outlives a bot, for restarts), within ``DEADLINE``."""
     with trio.fail_after(DEADLINE):
-        async with open_fake_slack() as fake:
+        async with AsyncExitStack() as stack:
+            fake = reuse or await stack.enter_async_context(open_fake_slack())
             if configure is not None:
                 configure(fake)
             table = {
@@ -487,3 +490,19 @@ async def test_no_token_reaches_the_store(tmp_path: Path, autojump_clock: object
     for data in (mid_turn, stored()):
         for secret in (fake.bot_token, fake.app_token, "legacy-verification-token"):
             assert secret.encode() not in data, secret
+
+
+async def test_after_a_restart_a_reply_in_the_bots_thread_is_still_conversation(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with open_fake_slack() as fake:
+        async with running_bot(tmp_path, reuse=fake) as (bot, _):
+            ev = await fake.user_message(fake.general, "start a thread", mention=True)
+            await fake.wait_until(lambda: len(fake.texts(fake.general)) == 1)
+        async with running_bot(tmp_path, reuse=fake) as (bot, _):
+            await fake.user_message(
+                fake.general, "a follow-up without a mention", thread_ts=ev["ts"]
+            )
+            await fake.wait_until(lambda: len(fake.texts(fake.general)) == 2)
+        assert bot.events.prompts == [source(fake, "group") + "\n\na follow-up without a mention"]
+        assert not fake.calls_to("conversations.history")  # no quote, no lookup
