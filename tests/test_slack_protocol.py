@@ -165,6 +165,22 @@ def test_watchdog_does_not_judge_while_a_delivery_blocks_the_reader() -> None:
     s.tick(10.0)
     assert s.tick(31.0, reading=False) == []
     assert s.tick(31.5) == []
+    # a long delivery: pings still go out, and no deadline is left in the past
+    t = SocketSession()
+    t.connection_opened(0.0)
+    t.receive(frame({"type": "hello"}), 0.0)
+    now = 10.0
+    pings = 0
+    for _ in range(50):
+        timer = t.next_timer()
+        assert timer is not None and timer > now - 1e-9
+        now = timer
+        actions = t.tick(now, reading=False)
+        assert not [a for a in actions if isinstance(a, Close)]
+        pings += len(actions)
+        if actions:
+            t.pong(now + 0.1)
+    assert pings >= 10
 
 
 def test_no_hello_in_time_closes() -> None:

@@ -337,6 +337,14 @@ class _Conn:
     connected_at: float | None = None
     delivering: bool = False
     rearm: trio.Event = field(default_factory=trio.Event)
+    #: The time the timer task sleeps until (None: no timer).
+    armed: float | None = None
+
+    def reschedule(self) -> None:
+        """Wake the timer task when the session's next timer moved earlier."""
+        timer = self.session.next_timer()
+        if timer is not None and (self.armed is None or timer < self.armed):
+            self.rearm.set()
 
 
 async def _first(*events: trio.Event) -> None:
@@ -482,7 +490,7 @@ class SocketRunner:
             for action in session.receive(data, self.clock()):
                 if await self._perform(ws, conn, action, nursery):
                     return RECONNECT_CODE, True
-            conn.rearm.set()
+            conn.reschedule()  # frames only move the watchdog later, except the hello
 
     async def _perform(
         self,
@@ -546,19 +554,21 @@ class SocketRunner:
         except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
             return
         conn.session.pong(self.clock())
-        conn.rearm.set()
+        conn.reschedule()
 
     async def _timers(self, ws: WebSocketConnection, conn: _Conn, nursery: trio.Nursery) -> None:
         session = conn.session
         while True:
-            timer = session.next_timer()
+            conn.armed = timer = session.next_timer()
             conn.rearm = trio.Event()
             if timer is None:
                 await conn.rearm.wait()
                 continue
             with trio.move_on_at(timer):
                 await conn.rearm.wait()
-                continue
+                continue  # an earlier timer: sleep again
+            if session.next_timer() != timer:
+                continue  # the timer moved later meanwhile (frames, pongs)
             for action in session.tick(self.clock(), reading=not conn.delivering):
                 if await self._perform(ws, conn, action, nursery):
                     return  # closed: the reader sees it and ends

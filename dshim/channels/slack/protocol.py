@@ -289,14 +289,14 @@ class SocketSession:
                 return [self._close("no hello")]
             return []
         if not reading:
-            # Blocked in a delivery: a pong may be waiting unread.  Judge afterwards.
+            # Blocked in a delivery: a pong may be waiting unread.  Judge afterwards
+            # (every deadline moves past now, so the timer does not spin).
             self.last_seen = max(self.last_seen, now - t.silence_s / 2)
             if self.ping_sent_at is not None:
                 self.ping_sent_at = max(self.ping_sent_at, now - t.pong_timeout_s / 2)
-            return []
-        if self.ping_sent_at is not None and now >= self.ping_sent_at + t.pong_timeout_s:
+        elif self.ping_sent_at is not None and now >= self.ping_sent_at + t.pong_timeout_s:
             return [self._close("no pong")]
-        if now >= self.last_seen + t.silence_s:
+        elif now >= self.last_seen + t.silence_s:
             return [self._close("silent")]
         if self.ping_sent_at is None and self.ping_due is not None and now >= self.ping_due:
             self.ping_sent_at = now
