@@ -475,21 +475,30 @@ def _token_text(body: str, bot_user: str, names: Callable[[str], str | None]) ->
     return url
 
 
+_SPACES = re.compile(r"[ \t]{2,}")
+
+
 def decode_text(
     text: str, bot_user: str, names: Callable[[str], str | None] = lambda _: None
 ) -> str:
     """Slack mrkdwn as the agent reads it: mentions as ``@name`` (the bot's removed),
     ``#channel``, ``label (url)``, entities decoded; trimmed."""
+    if "<" not in text:  # no tokens (the common case): only the entities
+        return unescape(text).strip()
     out: list[str] = []
     pos = 0
+    removed = False
     for match in _TOKEN.finditer(text):
         out.append(unescape(text[pos : match.start()]))
-        out.append(_token_text(match.group(1), bot_user, names))
+        piece = _token_text(match.group(1), bot_user, names)
+        removed = removed or not piece
+        out.append(piece)
         pos = match.end()
     out.append(unescape(text[pos:]))
     joined = "".join(out)
-    # A removed mention leaves double spaces behind.
-    return re.sub(r"[ \t]{2,}", " ", joined).strip()
+    if removed:  # a removed mention leaves double spaces behind
+        joined = _SPACES.sub(" ", joined)
+    return joined.strip()
 
 
 def mentions_user(text: str, user_id: str) -> bool:
