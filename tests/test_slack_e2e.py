@@ -506,3 +506,25 @@ async def test_after_a_restart_a_reply_in_the_bots_thread_is_still_conversation(
             await fake.wait_until(lambda: len(fake.texts(fake.general)) == 2)
         assert bot.events.prompts == [source(fake, "group") + "\n\na follow-up without a mention"]
         assert not fake.calls_to("conversations.history")  # no quote, no lookup
+
+
+async def test_typed_answer_still_decides_a_dm_approval(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        await fake.user_message(fake.dm, "echo:approval")
+        await fake.wait_until(lambda: any(m.blocks for m in fake.bot_messages(fake.dm)))
+        [req] = [m for m in fake.bot_messages(fake.dm) if m.blocks]
+        await fake.user_message(fake.dm, "yes")
+        await fake.wait_until(
+            lambda: any("Approval decision: allow_once" in t for t in fake.texts(fake.dm))
+        )
+        await fake.wait_until(
+            lambda: (
+                not [
+                    b
+                    for b in fake.messages[(fake.dm, req.ts)].blocks or []
+                    if b["type"] == "actions"
+                ]
+            )
+        )

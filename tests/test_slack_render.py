@@ -147,3 +147,16 @@ async def test_notice_text_is_escaped_and_posted_in_the_thread(autojump_clock: o
         [msg] = fake.bot_messages(fake.general)
         assert msg.ts == d.message_id and msg.thread_ts == to.reply_to_message_id
         assert msg.text == esc("Ping <!everyone> & <@U0BOB0002>")
+
+
+async def test_a_post_whose_connection_dropped_is_repeated_once(autojump_clock: object) -> None:
+    async with outbound(stream=False) as (fake, ob):
+        fake.drop_next("chat.postMessage")
+        to = target(fake)
+        async with ob.open_stream(to) as stream:
+            await stream.update("short answer")
+            await trio.sleep(3)
+            await stream.finish("short answer, final")
+        assert fake.texts(fake.dm) == ["short answer, final"]
+        # the dropped request never reached the fake's log; the one repeat did
+        assert len(fake.calls_to("chat.postMessage")) == 1

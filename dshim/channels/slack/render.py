@@ -175,7 +175,6 @@ class NativeStream:
         self._delivery_hook: Callable[[], Awaitable[None]] | None = None
         self._stop_hook: Callable[[], object] | None = None
         self.stopped_by_user = False
-        self._status_done = False
 
     # -- hooks the pipeline sets ---------------------------------------------------------
 
