@@ -68,7 +68,7 @@ from dshim.channels.slack.protocol import (
     workspace_host,
 )
 from dshim.channels.slack.render import SlackOutbound, split
-from dshim.errors import AuthError, RemoteProtocolError
+from dshim.errors import AuthError, RemoteProtocolError, StoreError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip, Verdict
 
 log = structlog.get_logger("dshim.slack")
@@ -197,7 +197,10 @@ class ThreadMemory:
         self._saved[key] = None
         while len(self._saved) > MAX_PERSISTED_THREADS:
             self._saved.popitem(last=False)
-        await self.store.set_cursor(THREADS_CURSOR, json.dumps(list(self._saved)))
+        try:
+            await self.store.set_cursor(THREADS_CURSOR, json.dumps(list(self._saved)))
+        except StoreError as exc:  # costs only the memory across a restart, not the answer
+            log.warning("threads_save_failed", error=str(exc)[:200])
 
 
 async def run(
