@@ -180,7 +180,11 @@ class ThreadMemory:
 
     @staticmethod
     async def load(store: ChannelStore) -> list[str]:
-        raw = await store.get_cursor(THREADS_CURSOR)
+        try:
+            raw = await store.get_cursor(THREADS_CURSOR)
+        except StoreError as exc:
+            log.warning("threads_load_failed", error=str(exc)[:200])
+            return []
         if not raw:
             return []
         try:
