@@ -528,3 +528,25 @@ async def test_typed_answer_still_decides_a_dm_approval(
                 ]
             )
         )
+
+
+async def test_socket_url_failures_back_off_and_a_rejected_app_token_is_fatal(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.fail_next("apps.connections.open", 3, status=500)
+        await fake.drop_connection()
+        await fake.wait_until(lambda: len(fake.connections) == 2 and fake.live is not None)
+        opens = [c.at for c in fake.calls_to("apps.connections.open")]
+        assert len(opens) == 5  # the first, 3 x 500, the one that worked
+        gaps = [b - a for a, b in zip(opens[1:], opens[2:], strict=False)]
+        assert all(g >= 0.5 for g in gaps) and gaps == sorted(gaps)  # growing backoff
+        fake.fail_next("apps.connections.open", 1, status=429, retry_after=20)
+        await fake.drop_connection()
+        await fake.wait_until(lambda: len(fake.connections) == 3 and fake.live is not None)
+        opens = [c.at for c in fake.calls_to("apps.connections.open")]
+        assert opens[-1] - opens[-2] >= 20.0 - 1e-6  # Retry-After honoured
+        fake.app_token = "xapp-1-rotated-elsewhere"
+        await fake.drop_connection()
+        await bot.ended.wait()
+    assert bot.results == {"slacky": "fatal"}
