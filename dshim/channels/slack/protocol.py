@@ -12,6 +12,11 @@ One :class:`SocketSession` drives one websocket::
          +--timeout/close----+--close / dead socket--> CLOSED      once it said hello this
                                                                    one is closed)
 
+What Slack guarantees: at-least-once delivery -- an envelope not acknowledged within 3 s
+is sent again, up to 3 times (roughly at once, +1 min, +5 min), to any open connection
+of the app; no ordering across connections (an app may hold up to 10); events from a
+time without any socket arrive only as such retries, if at all.
+
 - The connection is ready only after ``hello`` (``connection_info.app_id`` is ours).
 - Every envelope is acknowledged **at once** with ``{"envelope_id": ...}``, before the
   pipeline sees it: Slack redelivers an envelope not acknowledged within 3 s, which is
