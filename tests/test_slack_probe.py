@@ -149,3 +149,22 @@ async def test_badly_shaped_tokens_are_a_config_error(
             },
             env={},
         )
+
+
+async def test_send_test_posts_to_the_last_direct_conversation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # real clock: the probe's store runs on a worker thread
+    from tests.test_slack_e2e import answered, esc, running_bot, source
+
+    async with open_fake_slack() as fake:
+        async with running_bot(tmp_path, reuse=fake):
+            await fake.user_message(fake.dm, "hello")
+            await answered(fake, fake.dm, esc(source(fake, "direct") + "\n\nhello"))
+        monkeypatch.setenv("SLACK_BOT_TOKEN", fake.bot_token)
+        monkeypatch.setenv("SLACK_APP_TOKEN", fake.app_token)
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path, None, True)
+        sent = row(rows, "slacky: send test")
+        assert code == 0 and sent.result == "ok", format_table(rows)
+        [post] = [c for c in fake.calls_to("chat.postMessage") if "test" in str(c.args)]
+        assert post.args["channel"] == fake.dm and "connection test" in post.args["text"]
+        assert "thread_ts" not in post.args

@@ -160,3 +160,18 @@ async def test_a_post_whose_connection_dropped_is_repeated_once(autojump_clock: 
         assert fake.texts(fake.dm) == ["short answer, final"]
         # the dropped request never reached the fake's log; the one repeat did
         assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_an_answer_that_comes_whole_is_still_streamed_natively(
+    autojump_clock: object,
+) -> None:
+    async with outbound() as (fake, ob):
+        to = target(fake)
+        async with ob.open_stream(to) as stream:
+            [d] = await stream.finish("all at once")
+        [msg] = fake.bot_messages(fake.dm)
+        assert msg.text == "all at once" and msg.ts == d.message_id and not msg.streaming
+        assert [c.method for c in fake.calls if c.method.startswith("chat.")] == [
+            "chat.startStream",
+            "chat.stopStream",
+        ]

@@ -204,6 +204,11 @@ class NativeStream:
         self._finishing = True
         self._changed.set()
         await self._pump_done.wait()
+        final = text.strip()
+        if self._fallback is None and self.ts is None and not self.stopped_by_user and final:
+            # The answer came whole before the stream started: stream it all the same
+            # (False: not available here, the fallback posts it).
+            await self._start(final)
         if self._fallback is None and self.ts is not None and not self.stopped_by_user:
             done = await self._finish_native(text)
             if done is not None:
