@@ -74,6 +74,17 @@ def watch_delivery(stream: ReplyStream, hook: DeliveryHook) -> bool:
     return True
 
 
+def watch_stop(stream: ReplyStream, stop: Callable[[], object]) -> bool:
+    """Ask ``stream`` to call ``stop()`` when the user stopped the answer on the platform
+    itself (Slack's stop button on a native stream: ``stopped_by_user``); the turn then
+    ends like ``/stop``.  False when the stream has no such button (no ``watch_stop``)."""
+    watch = getattr(stream, "watch_stop", None)
+    if watch is None:
+        return False
+    watch(stop)
+    return True
+
+
 class InteractionPrompt(msgspec.Struct, frozen=True, kw_only=True):
     """An approval or question, for a channel that shows it with buttons.
 

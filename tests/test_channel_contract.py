@@ -11,6 +11,7 @@ import trio
 from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_discord import DiscordRig
 from tests.rig_feishu import FeishuRig
+from tests.rig_slack import SlackRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 from tests.rig_weixin import WeixinRig
@@ -18,6 +19,7 @@ from tests.rig_weixin import WeixinRig
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
     "feishu": FeishuRig,
+    "slack": SlackRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
     "weixin": WeixinRig,

@@ -374,7 +374,8 @@ class ReplaySource:
     store: ChannelStore | None = None
     clock: Callable[[], float] | None = None
     #: The fixture's whole ``bot`` table, for channels whose identity has more than an id
-    #: and a username (Feishu: ``open_id``, ``app_id``, ``name``).
+    #: and a username (Feishu: ``open_id``, ``app_id``, ``name``; Slack: ``user_id``,
+    #: ``bot_id``, ``app_id``, ``team_id``).
     bot_info: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -54,7 +54,7 @@ from dshim.model import (
     ToolProgress,
     TurnEnd,
 )
-from dshim.outbound import Outbound, ReplyStream, watch_delivery
+from dshim.outbound import Outbound, ReplyStream, watch_delivery, watch_stop
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
 from dshim.pipeline.notices import Notifier
@@ -279,6 +279,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
             async with deps.outbound.open_stream(turn.target) as stream:
                 # A stream that cannot report its first send: what it is handed counts as shown.
                 delivery.due = not watch_delivery(stream, delivery.mark)
+                watch_stop(stream, lane.stop)  # a platform stop button ends it like /stop
                 with stop_scope:
                     parts = await _prepare(deps, turn)
                     if await _ensure_session(deps, turn):

@@ -1,0 +1,1 @@
+"""Slack: Socket Mode in, Web API out (native streaming, Block Kit buttons)."""

@@ -1,0 +1,403 @@
+"""The Slack channel: a bot's nursery, the replay adapter and the probe checks.
+
+``run`` checks the bot token with ``auth.test`` (network failures, 5xx and 429 are
+retried with the kit's backoff; ``invalid_auth`` / ``account_inactive`` are fatal),
+learns the granted scopes (``x-oauth-scopes``) -- the app id comes with the first
+``hello`` (``connection_info.app_id``) -- opens the
+bot's pipeline, counts as started and then keeps Socket Mode connected
+(:class:`~.client.SocketRunner`).  Each envelope is acknowledged at once and handed, in
+the order read, to the pipeline with the frame exactly as received (the durable inbox
+keeps it and decodes it again after a restart).  A rejected bot token later on, a
+rejected app token or ``link_disabled`` stop the bot without a reconnect loop; other
+failures reconnect inside ``run``.  Only AuthError, FatalChannelError and ConfigError
+escape it.
+
+The threads the bot posted into are kept in the store (cursor ``threads``, the newest
+1,000), so after a restart a reply in such a thread is still conversation, not a quote.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random as _random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import httpx
+import msgspec
+import structlog
+import trio
+
+from dshim.channels.base import (
+    BotHost,
+    ChannelSettings,
+    ChannelSpec,
+    ChannelStore,
+    Check,
+    FixtureError,
+    Identity,
+    ProbeResult,
+    ProbeRows,
+    ReplaySource,
+    Secret,
+)
+from dshim.channels.kit import Backoff
+from dshim.channels.kit.decode import decode
+from dshim.channels.kit.http import open_http
+from dshim.channels.kit.retry import until_ok
+from dshim.channels.kit.ws import open_client_websocket
+from dshim.channels.slack import models as m
+from dshim.channels.slack.client import (
+    DEFAULT_API_BASE,
+    HTTP_TIMEOUT,
+    USER_AGENT,
+    WS_OPTIONS,
+    SocketRunner,
+    WebClient,
+)
+from dshim.channels.slack.protocol import (
+    BotIdentity,
+    EventMapper,
+    Incoming,
+    LookupFactory,
+    SocketSession,
+    SocketTuning,
+    parse_scopes,
+    workspace_host,
+)
+from dshim.channels.slack.render import SlackOutbound, split
+from dshim.errors import AuthError, RemoteProtocolError, StoreError
+from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip, Verdict
+
+log = structlog.get_logger("dshim.slack")
+
+PROBE_READY_TIMEOUT_S = 15.0
+THREADS_CURSOR = "threads"
+MAX_PERSISTED_THREADS = 1000
+TEST_TEXT = "✅ dshim connection test: the Slack bot {name} can send messages here."
+#: Scopes without which the bot cannot work, and those whose lack only degrades quotes.
+REQUIRED_SCOPES = ("app_mentions:read", "chat:write", "im:history")
+QUOTE_SCOPES = ("channels:history", "groups:history", "mpim:history")
+
+
+class SlackSettings(ChannelSettings):
+    """The ``[[bots]]`` keys of a Slack bot."""
+
+    #: The Bot User OAuth Token (``xoxb-…``; write ``"${SLACK_BOT_TOKEN}"``).
+    bot_token: Secret
+    #: The app-level token with ``connections:write`` (``xapp-…``) for Socket Mode.
+    app_token: Secret
+    #: Web API base URL (the fake in tests).
+    api_base: str = DEFAULT_API_BASE
+    #: Native streaming (``chat.startStream``); false forces postMessage + chat.update.
+    stream: bool = True
+
+    def __post_init__(self) -> None:
+        bot = self.bot_token.get().strip()
+        app = self.app_token.get().strip()
+        if not bot.startswith("xoxb-") or any(c.isspace() for c in bot):
+            raise ValueError("bot_token: not a Slack bot token (expected xoxb-…)")
+        if not app.startswith("xapp-") or any(c.isspace() for c in app):
+            raise ValueError("app_token: not a Slack app-level token (expected xapp-…)")
+        self.bot_token = Secret(bot)
+        self.app_token = Secret(app)
+        if not self.api_base.startswith(("http://", "https://")):
+            raise ValueError(
+                f"api_base: expected an http:// or https:// URL, got {self.api_base!r}"
+            )
+        self.api_base = self.api_base.rstrip("/")
+
+
+def web_client(
+    http: httpx.AsyncClient, settings: SlackSettings, *, max_wait_s: float = 60.0
+) -> WebClient:
+    """The bot's Web API client with both tokens."""
+    return WebClient(
+        http,
+        bot_token=settings.bot_token.get(),
+        app_token=settings.app_token.get(),
+        api_base=settings.api_base,
+        max_wait_s=max_wait_s,
+    )
+
+
+def lookup_factory(web: WebClient, mapper: Callable[[], EventMapper]) -> LookupFactory:
+    """Loaders that fetch one quoted message of the current channel (one request each)."""
+
+    def make(channel: str, ts: str, thread_ts: str | None) -> Loader:
+        async def load() -> ReplyReference | None:
+            if thread_ts is None:
+                found = await web.history_message(channel, ts)
+            else:
+                found = await web.thread_message(channel, thread_ts, ts)
+            return mapper().fetched_reference(found, ts)
+
+        return load
+
+    return make
+
+
+def media_factory(web: WebClient) -> Callable[[m.File], Fetcher | None]:
+    """Download handles for the current message's files (bot token, inside the turn)."""
+
+    def make(file: m.File) -> Fetcher | None:
+        url = file.url_private_download or file.url_private
+        if not url:
+            return None
+
+        async def fetch(max_bytes: int) -> bytes:
+            return await web.download(url, max_bytes)
+
+        return fetch
+
+    return make
+
+
+async def identify(web: WebClient) -> BotIdentity:
+    """``auth.test`` as the bot's identity (the app id is learned from ``hello``)."""
+    auth = await web.auth_test()
+    if not auth.user_id:
+        raise RemoteProtocolError("auth.test: no user_id (not a bot token?)")
+    return BotIdentity(
+        user_id=auth.user_id,
+        bot_id=auth.bot_id,
+        team_id=auth.team_id,
+        name=auth.user,
+        workspace_host=workspace_host(auth.url),
+        scopes=parse_scopes(web.scopes_header),
+    )
+
+
+class ThreadMemory:
+    """The threads the bot posted into, persisted in a store cursor (bounded)."""
+
+    def __init__(self, store: ChannelStore, mapper: EventMapper, threads: list[str]) -> None:
+        self.store = store
+        self.mapper = mapper
+        self._saved: OrderedDict[str, None] = OrderedDict((t, None) for t in threads)
+
+    @staticmethod
+    async def load(store: ChannelStore) -> list[str]:
+        try:
+            raw = await store.get_cursor(THREADS_CURSOR)
+        except StoreError as exc:
+            log.warning("threads_load_failed", error=str(exc)[:200])
+            return []
+        if not raw:
+            return []
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return []
+        return [t for t in value if isinstance(t, str)][-MAX_PERSISTED_THREADS:]
+
+    async def posted(self, channel: str, thread_ts: str) -> None:
+        self.mapper.note_thread(channel, thread_ts)
+        key = f"{channel}:{thread_ts}"
+        if key in self._saved:
+            return
+        self._saved[key] = None
+        while len(self._saved) > MAX_PERSISTED_THREADS:
+            self._saved.popitem(last=False)
+        try:
+            await self.store.set_cursor(THREADS_CURSOR, json.dumps(list(self._saved)))
+        except StoreError as exc:  # costs only the memory across a restart, not the answer
+            log.warning("threads_save_failed", error=str(exc)[:200])
+
+
+async def run(
+    host: BotHost,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    tuning: SocketTuning | None = None,
+    rng: _random.Random | None = None,
+) -> None:
+    """Run one Slack bot until cancelled, or until a fatal error (raised)."""
+    settings = host.settings_as(SlackSettings)
+    rng = rng or _random.Random()
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
+        web = web_client(http, settings)
+
+        async def who() -> BotIdentity:
+            return await identify(web)
+
+        me = await until_ok("auth.test", who, backoff=Backoff(rng=rng))
+        log.info("bot_authenticated", bot_user=me.name, bot_id=me.user_id, team=me.team_id)
+        threads = await ThreadMemory.load(host.store)
+        mapper = EventMapper(me, threads=threads)
+        mapper.lookup = lookup_factory(web, lambda: mapper)
+        mapper.media = media_factory(web)
+        memory = ThreadMemory(host.store, mapper, threads)
+        outbound = SlackOutbound(
+            web,
+            clock=host.clock,
+            bot_username=me.name,
+            stream=settings.stream,
+            on_thread=memory.posted,
+        )
+        async with host.open_runtime(
+            outbound=outbound, bot_id=me.user_id, decode_raw=mapper.decode_envelope
+        ) as rt:
+            task_status.started()
+
+            async def deliver(incoming: Incoming) -> Verdict:
+                item = mapper.map_envelope(incoming.envelope)
+                if incoming.envelope.type == "interactive" and isinstance(item, InboundMessage):
+                    message_ts = item.message_id.partition("-")[0]
+                    outbound.note_press(
+                        item.conversation_id, message_ts, item.sender_id, item.content
+                    )
+                return await rt.accept(item, mapper.stored_frame(incoming.envelope))
+
+            async def watch_auth() -> None:
+                await web.auth_failed.wait()
+                raise AuthError("Slack rejected the bot token (invalid_auth): stopping the bot")
+
+            async def reader() -> None:
+                def connected(session: SocketSession) -> None:
+                    if mapper.me.app_id is None and session.app_id:
+                        mapper.me = dataclasses.replace(mapper.me, app_id=session.app_id)
+
+                runner = SocketRunner(
+                    web,
+                    deliver,
+                    app_id=me.app_id,
+                    tuning=tuning,
+                    backoff=Backoff(rng=rng),
+                    on_connected=connected,
+                )
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch_auth)
+                    await runner.run()
+
+            await host.serve(rt, reader)
+
+
+class SlackReplayAdapter:
+    """Decodes fixture envelopes with the real mapping; lookups go through ``fx.http``.
+
+    The fixture's ``bot`` holds ``user_id``, ``bot_id``, ``app_id``, ``team_id`` (and
+    optionally ``name``, ``url`` = the workspace URL, ``scopes``).
+    """
+
+    def __init__(self, fx: ReplaySource) -> None:
+        info = fx.bot_info
+
+        def text(key: str) -> str | None:
+            value = info.get(key)
+            return str(value) if isinstance(value, (str, int)) and str(value) else None
+
+        user_id = text("user_id") or fx.bot_id
+        if not user_id:
+            raise FixtureError("a Slack fixture's bot needs user_id (and bot_id, app_id)")
+        scopes = info.get("scopes")
+        me = BotIdentity(
+            user_id=user_id,
+            bot_id=text("bot_id"),
+            app_id=text("app_id"),
+            team_id=text("team_id"),
+            name=text("name") or fx.bot_username,
+            workspace_host=workspace_host(text("url")),
+            scopes=parse_scopes(scopes) if isinstance(scopes, str) else None,
+        )
+        self.bot_id = user_id
+        self.bot_username = me.name
+        web = WebClient(fx.http, bot_token="xoxb-replay", api_base=fx.api_base)
+        self._mapper = EventMapper(me)
+        self._mapper.lookup = lookup_factory(web, lambda: self._mapper)
+
+    def decode(self, raw: bytes) -> InboundMessage | Skip:
+        return self._mapper.decode_envelope(raw)
+
+    #: The chunks an answer is delivered in (the fallback's split).
+    split = staticmethod(split)
+
+
+def replay_adapter(fx: ReplaySource) -> SlackReplayAdapter:
+    """The adapter for ``fixtures/slack``: ``bot`` holds user_id, bot_id, app_id, team_id."""
+    return SlackReplayAdapter(fx)
+
+
+# --- probe -----------------------------------------------------------------------------------
+
+
+def scope_check(scopes: frozenset[str] | None) -> tuple[ProbeResult, str]:
+    """The probe's scope row from the granted scopes."""
+    if scopes is None:
+        return "warn", "Slack sent no x-oauth-scopes header: scopes unknown"
+    missing = [s for s in REQUIRED_SCOPES if s not in scopes]
+    if missing:
+        return "fail", f"missing {', '.join(missing)}: add them under OAuth & Permissions"
+    degraded = [s for s in QUOTE_SCOPES if s not in scopes]
+    if degraded:
+        return (
+            "warn",
+            f"missing {', '.join(degraded)}: quotes in those conversations degrade to "
+            "permission-denied",
+        )
+    return "ok", ", ".join(sorted(scopes))
+
+
+async def socket_hello(web: WebClient) -> tuple[ProbeResult, str]:
+    """``apps.connections.open``, then the websocket until ``hello``, then close."""
+    url = await web.connections_open()
+    t0 = time.perf_counter()
+    async with open_client_websocket(url, WS_OPTIONS) as (ws, _):
+        while True:
+            data = await ws.get_message()
+            raw = data.encode() if isinstance(data, str) else data
+            try:
+                env = decode(m.envelope_decoder, raw)
+            except msgspec.MsgspecError:
+                continue
+            if env.type == "hello":
+                ms = (time.perf_counter() - t0) * 1000
+                await ws.aclose(1000, "probe done")
+                return "ok", f"hello in {ms:.0f} ms (connections {env.num_connections}), closed"
+            if env.type == "disconnect":
+                return "fail", f"Slack sent disconnect ({env.reason}) before hello"
+
+
+async def probe(rows: ProbeRows) -> None:
+    """Tokens, ``auth.test``, scopes, Socket Mode hello within 15 s, store, ``--send-test``."""
+    settings = rows.settings_as(SlackSettings)
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
+        web = web_client(http, settings, max_wait_s=10.0)
+
+        async def identity() -> Identity:
+            auth = await web.auth_test()
+            return Identity(
+                name=f"{auth.user or '?'} (team {auth.team or auth.team_id or '?'})",
+                id=auth.user_id or "?",
+            )
+
+        async def scopes() -> tuple[ProbeResult, str]:
+            return scope_check(parse_scopes(web.scopes_header))
+
+        async def socket() -> tuple[ProbeResult, str]:
+            return await socket_hello(web)
+
+        async def send_test(conversation_id: str) -> str:
+            posted = await web.post_message(
+                conversation_id, thread_ts=None, text=TEST_TEXT.format(name=rows.bot.name)
+            )
+            return posted.ts or "?"
+
+        await rows.standard(
+            credentials="bot token (xoxb-) and app token (xapp-) present",
+            identity=identity,
+            checks=[
+                Check("scopes", scopes),
+                Check("socket mode", socket, timeout_s=PROBE_READY_TIMEOUT_S),
+            ],
+            send_test=send_test,
+        )
+
+
+#: key, settings, run, replay adapter, probe (see ChannelSpec).
+CHANNEL = ChannelSpec("slack", SlackSettings, run, replay_adapter, probe)
+"""Tests bind timings and jitter: ``replace(CHANNEL, run_fn=partial(run, rng=...))``."""
+
+__all__ = ["CHANNEL", "SlackSettings"]

@@ -1,0 +1,559 @@
+"""Slack outbound: native streaming answers, the chat.update fallback, notices, buttons.
+
+Every answer goes into the thread of the user's message (``Route.thread_ts``: the
+message's thread, or its own ``ts``).  Agent text is always sent escaped (``&``, ``<``,
+``>``), so model output cannot write ``<!channel>``, ``<@U…>`` or links; it goes as
+``markdown_text`` (standard Markdown) where the method takes it.
+
+Native streaming (:class:`NativeStream`, ``stream = true``): the first text opens
+``chat.startStream`` in the thread with the sender as ``recipient_user_id`` /
+``recipient_team_id``; then ``chat.appendStream`` sends only the new suffix, at most
+every :data:`APPEND_INTERVAL_S`, in pieces of at most :data:`APPEND_MAX` characters;
+``finish`` appends the rest and calls ``chat.stopStream``.  When streaming is not
+available (``channel_type_not_supported``, ``method_not_supported_for_channel_type``,
+``deprecated_endpoint``, ``messages_tab_disabled`` ...; remembered per channel type) or
+the text diverged from what was appended (the agent rewrote earlier text), the stream
+is stopped and the answer continues on the fallback: the streamed message is edited by
+``chat.update`` with the full text (:mod:`dshim.render`'s engine, which paces, splits and
+delivers the final text exactly once).  ``stopped_by_user`` (the person pressed stop in
+Slack) ends the turn like ``/stop`` through the stream's ``watch_stop`` hook.
+
+Fallback (:class:`SlackTransport`): ``chat.postMessage`` then ``chat.update`` at most
+once per second per message, 4,000 characters per message (``chat.update``'s limit),
+overflow as further thread posts.  ``chat.update`` is Tier 3, a budget shared by the
+whole workspace: every edit takes a slot of one :class:`~dshim.render.ChatPacer` (50 a
+minute).  Posts into one channel are at least :data:`POST_SPACING_S` apart (Slack's
+~1 message/s per channel).  A 429 pauses only the method it hit (the client).  Slack has
+no idempotency key for posts: a post of unknown outcome is repeated at most once.
+
+Status: ``assistant.threads.setStatus`` "is thinking…" until the first text (a workspace
+or conversation that refuses it is not asked again).
+
+Approvals and questions (:meth:`SlackOutbound.open_interaction`): a thread message with
+the request text and a Block Kit ``actions`` block, one button per option (value = the
+option's number); a press arrives as an ``interactive`` envelope and is judged like the
+typed answer.  When the pipeline stops waiting, the message is updated: the buttons go,
+the decision is shown.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import structlog
+import trio
+
+from dshim.channels.base import InteractionPrompt
+from dshim.channels.slack.client import WebClient
+from dshim.channels.slack.protocol import (
+    ACTION_PREFIX,
+    STREAM_UNAVAILABLE,
+    Route,
+    actions_block_id,
+    escape,
+    pieces,
+    stream_suffix,
+)
+from dshim.errors import ChannelError, RateLimited, TransportError
+from dshim.model import Delivered, ReplyTarget
+from dshim.render import ChatPacer, EditOutbound, EditStream, Limits, open_edit_stream
+
+log = structlog.get_logger("dshim.slack")
+
+#: ``chat.update``'s documented limit; fallback messages are split at it.
+MAX_MESSAGE_LEN = 4000
+#: Text per ``chat.appendStream`` call.
+APPEND_MAX = 11_000
+#: At most one append this often.
+APPEND_INTERVAL_S = 0.35
+#: A streamed message longer than this continues on the fallback (split at 4,000).
+STREAM_MAX = 38_000
+#: Posts into one channel at least this far apart.
+POST_SPACING_S = 1.0
+#: ``chat.update`` budget for the workspace (Tier 3).
+UPDATES_PER_MINUTE = 50
+STATUS_TEXT = "is thinking…"
+
+
+def _measure(text: str) -> int:
+    return len(escape(text))
+
+
+#: 4,000 characters after escaping; edits at most once a second; status every 100 s
+#: (Slack clears it after two minutes).
+LIMITS = Limits(max_len=MAX_MESSAGE_LEN, measure=_measure, typing_interval_s=100.0)
+
+
+def split(text: str) -> list[str]:
+    """The messages a complete text is delivered in (4,000 escaped characters each)."""
+    return LIMITS.split(text)
+
+
+def thread_of(target: ReplyTarget) -> str | None:
+    """The thread an answer to ``target`` goes into."""
+    route = target.route
+    if isinstance(route, Route):
+        return route.thread_ts
+    return target.thread_id or target.reply_to_message_id
+
+
+@dataclass(frozen=True, slots=True)
+class Adopted:
+    """A message that already exists (a stopped native stream): the fallback's first
+    "send" edits it instead of posting."""
+
+    ts: str
+    sent_at: float
+
+
+class SlackTransport:
+    """One answer's messages on the fallback path (:class:`dshim.render.StreamTransport`)."""
+
+    idempotent_sends = False
+
+    def __init__(self, outbound: SlackOutbound, target: ReplyTarget) -> None:
+        self.outbound = outbound
+        self.web = outbound.web
+        self.channel = target.conversation_id
+        self.thread_ts = thread_of(target)
+        self.adopted: Adopted | None = None
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        if self.adopted is not None and reply:
+            adopted, self.adopted = self.adopted, None
+            await self.edit(adopted.ts, text)
+            return adopted.ts
+        await self.outbound.post_turn(self.channel)
+        posted = await self.web.post_message(
+            self.channel, thread_ts=self.thread_ts, markdown=escape(text), retries=2
+        )
+        if posted.ts is None:
+            raise ChannelError("chat.postMessage: no ts in the answer")
+        await self.outbound.posted(self.channel, self.thread_ts)
+        return posted.ts
+
+    async def edit(self, message_id: str, text: str) -> None:
+        await self.outbound.updates.acquire()
+        await self.web.update(self.channel, message_id, markdown=escape(text), retries=2)
+
+    async def typing(self) -> None:
+        await self.outbound.status(self.channel, self.thread_ts)
+
+
+class NativeStream:
+    """One answer streamed with ``chat.startStream`` / ``appendStream`` / ``stopStream``.
+
+    Implements :class:`dshim.outbound.ReplyStream` with ``watch_delivery`` and
+    ``watch_stop``; see the module docstring.
+    """
+
+    def __init__(self, outbound: SlackOutbound, target: ReplyTarget) -> None:
+        self.outbound = outbound
+        self.web = outbound.web
+        self.target = target
+        self.channel = target.conversation_id
+        self.thread_ts = thread_of(target)
+        route = target.route if isinstance(target.route, Route) else None
+        self.user = route.user if route else None
+        self.team = route.team if route else None
+        self.channel_type = route.channel_type if route else None
+        self._text = ""
+        self._shown = ""
+        self.ts: str | None = None
+        self._sent_at = 0.0
+        self._last_call = -1e9
+        self._changed = trio.Event()
+        self._finishing = False
+        self._pump_done = trio.Event()
+        self._fallback: EditStream | None = None
+        self._fallback_transport: SlackTransport | None = None
+        self._want_fallback = trio.Event()
+        self._fallback_ready = trio.Event()
+        self._delivery_hook: Callable[[], Awaitable[None]] | None = None
+        self._stop_hook: Callable[[], object] | None = None
+        self.stopped_by_user = False
+
+    # -- hooks the pipeline sets ---------------------------------------------------------
+
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook()`` once, right before the first call that can show text."""
+        self._delivery_hook = hook
+
+    def watch_stop(self, stop: Callable[[], object]) -> None:
+        """Call ``stop()`` when the person stopped the answer in Slack (``stopped_by_user``)."""
+        self._stop_hook = stop
+
+    # -- ReplyStream ----------------------------------------------------------------------
+
+    async def update(self, text: str) -> None:
+        if self._fallback is not None:
+            await self._fallback.update(text)
+            return
+        if text != self._text:
+            self._text = text
+            self._changed.set()
+
+    async def progress(self, note: str) -> None:
+        if self._fallback is not None:
+            await self._fallback.progress(note)
+
+    async def finish(self, text: str) -> list[Delivered]:
+        self._finishing = True
+        self._changed.set()
+        await self._pump_done.wait()
+        final = text.strip()
+        if self._fallback is None and self.ts is None and not self.stopped_by_user and final:
+            # The answer came whole before the stream started: stream it all the same
+            # (False: not available here, the fallback posts it).
+            await self._start(final)
+        if self._fallback is None and self.ts is not None and not self.stopped_by_user:
+            done = await self._finish_native(text)
+            if done is not None:
+                return done
+        fallback = await self._ensure_fallback()
+        return await fallback.finish(text)
+
+    # -- the native path --------------------------------------------------------------------
+
+    async def pump(self) -> None:
+        """Stream the text so far (ends at finish, at a fallback or a user stop)."""
+        try:
+            while not self._finishing and self._fallback is None and not self.stopped_by_user:
+                await self._changed.wait()
+                self._changed = trio.Event()
+                if self._finishing:
+                    return
+                # Stripped like the final text (dshim.pipeline.turn.compose_final), so that
+                # whitespace held back is never a divergence.
+                text = self._text.strip()
+                if not text:
+                    continue
+                wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
+                if wait > 0:
+                    await trio.sleep(wait)
+                    self._changed.set()  # plan again with the newest text
+                    continue
+                if not await self._step(text):
+                    await self._switch_to_fallback(self._text)
+                    return
+        finally:
+            self._pump_done.set()
+
+    async def _step(self, text: str) -> bool:
+        """One native call towards ``text``; False when the fallback must take over."""
+        try:
+            if self.ts is None:
+                return await self._start(text)
+            suffix = stream_suffix(self._shown, text)
+            if suffix is None or len(text) > STREAM_MAX:
+                log.info("stream_diverged", shown=len(self._shown), text=len(text))
+                return False
+            if suffix:
+                piece = pieces(suffix, APPEND_MAX)[0]
+                self._last_call = trio.current_time()
+                await self.web.append_stream(self.channel, self.ts, escape(piece))
+                self._shown += piece
+                if len(piece) < len(suffix):
+                    self._changed.set()
+            return True
+        except ChannelError as exc:
+            return self._native_failed(exc)
+
+    async def _start(self, text: str) -> bool:
+        if self.outbound.native_unavailable(self.channel_type) or self.thread_ts is None:
+            return False
+        first = pieces(text, APPEND_MAX)[0] if len(text) <= STREAM_MAX else ""
+        if not first:
+            return False
+        hook, self._delivery_hook = self._delivery_hook, None
+        if hook is not None:
+            await hook()
+        await self.outbound.post_turn(self.channel)  # a new message: ~1 per second here
+        self._sent_at = self.outbound.clock()
+        self._last_call = trio.current_time()
+        try:
+            started = await self.web.start_stream(
+                self.channel,
+                self.thread_ts,
+                user=self.user,
+                team=self.team,
+                markdown=escape(first),
+            )
+        except ChannelError as exc:
+            if str(exc.code) in STREAM_UNAVAILABLE:
+                self.outbound.mark_native_unavailable(self.channel_type, str(exc.code))
+            log.info("stream_start_failed", error=str(exc)[:200])
+            return False
+        if started.ts is None:
+            return False
+        self.ts = started.ts
+        self._shown = first
+        await self.outbound.posted(self.channel, self.thread_ts)
+        if len(first) < len(text):
+            self._changed.set()
+        return True
+
+    def _native_failed(self, exc: ChannelError) -> bool:
+        code = str(exc.code)
+        if code == "stopped_by_user":
+            log.info("stream_stopped_by_user")
+            self.stopped_by_user = True
+            if self._stop_hook is not None:
+                self._stop_hook()
+            return True
+        if code in STREAM_UNAVAILABLE:
+            self.outbound.mark_native_unavailable(self.channel_type, code)
+        if isinstance(exc, RateLimited):
+            # The client already waited what it could; try again after the pause.
+            self._last_call = trio.current_time() + exc.retry_after
+            self._changed.set()
+            return True
+        log.info("stream_append_failed", error=str(exc)[:200], code=code)
+        return False
+
+    async def _finish_native(self, text: str) -> list[Delivered] | None:
+        """Append the rest and stop; None when the fallback must finish instead."""
+        assert self.ts is not None
+        final = text.strip()
+        suffix = stream_suffix(self._shown, final)
+        if suffix is None or len(final) > STREAM_MAX or not final:
+            return None
+        try:
+            for piece in pieces(suffix, APPEND_MAX):
+                wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
+                if wait > 0:
+                    await trio.sleep(wait)
+                self._last_call = trio.current_time()
+                await self.web.append_stream(self.channel, self.ts, escape(piece))
+                self._shown += piece
+            await self.web.stop_stream(self.channel, self.ts)
+        except ChannelError as exc:
+            if str(exc.code) == "stopped_by_user":
+                self.stopped_by_user = True
+            log.info("stream_finish_failed", error=str(exc)[:200])
+            return None
+        now = self.outbound.clock()
+        return [Delivered(message_id=self.ts, text=final, sent_at=self._sent_at, completed_at=now)]
+
+    # -- the fallback ------------------------------------------------------------------------
+
+    async def _switch_to_fallback(self, text: str) -> None:
+        fallback = await self._ensure_fallback()
+        if text:
+            await fallback.update(text)
+
+    async def _ensure_fallback(self) -> EditStream:
+        """Switch to the chat.update engine (once), adopting the streamed message."""
+        if self._fallback is not None:
+            return self._fallback
+        if not self._want_fallback.is_set():
+            transport = SlackTransport(self.outbound, self.target)
+            if self.ts is not None:
+                if not self.stopped_by_user:
+                    try:
+                        await self.web.stop_stream(self.channel, self.ts)
+                    except ChannelError as exc:  # stopped already, or gone: update anyway
+                        log.info("stream_stop_failed", error=str(exc)[:200])
+                transport.adopted = Adopted(self.ts, self._sent_at)
+            self._fallback_transport = transport
+            self._want_fallback.set()
+        await self._fallback_ready.wait()
+        assert self._fallback is not None
+        return self._fallback
+
+    async def run_fallback(self) -> None:
+        """Host the fallback engine once it is wanted (its tasks live in this task)."""
+        await self._want_fallback.wait()
+        transport = self._fallback_transport
+        assert transport is not None
+        async with open_edit_stream(
+            transport,
+            self.outbound.limits,
+            clock=self.outbound.clock,
+            pacer=self.outbound.pacer(self.target),
+        ) as stream:
+            if transport.adopted is None:
+                hook, self._delivery_hook = self._delivery_hook, None
+                if hook is not None:
+                    stream.watch_delivery(hook)
+            self._fallback = stream
+            self._fallback_ready.set()
+            await trio.sleep_forever()
+
+    async def status(self) -> None:
+        """The "is thinking…" status, once, until the first text."""
+        await self.outbound.status(self.channel, self.thread_ts)
+
+
+@dataclass
+class _Press:
+    user: str
+    value: str
+
+
+class SlackOutbound(EditOutbound):
+    """The channel's :class:`dshim.outbound.Outbound` (see the module docstring)."""
+
+    def __init__(
+        self,
+        web: WebClient,
+        *,
+        clock: Callable[[], float],
+        bot_username: str | None = None,
+        stream: bool = True,
+        on_thread: Callable[[str, str], Awaitable[None]] | None = None,
+        limits: Limits = LIMITS,
+    ) -> None:
+        super().__init__(limits=limits, clock=clock, bot_username=bot_username)
+        self.web = web
+        self.native = stream
+        self._on_thread = on_thread
+        self._native_off: dict[str | None, str] = {}
+        self._status_off: str | None = None
+        self._last_post: dict[str, float] = {}
+        self._post_locks: dict[str, trio.Lock] = {}
+        self.updates = ChatPacer(UPDATES_PER_MINUTE, 60.0)
+        #: (channel, message ts) -> the last button press on it.
+        self._presses: dict[tuple[str, str], _Press] = {}
+
+    def transport(self, target: ReplyTarget) -> SlackTransport:
+        return SlackTransport(self, target)
+
+    # -- shared state ------------------------------------------------------------------------
+
+    def native_unavailable(self, channel_type: str | None) -> bool:
+        return not self.native or channel_type in self._native_off
+
+    def mark_native_unavailable(self, channel_type: str | None, why: str) -> None:
+        if channel_type not in self._native_off:
+            log.info("stream_disabled", channel_type=channel_type, error=why)
+        self._native_off[channel_type] = why
+
+    async def post_turn(self, channel: str) -> None:
+        """Wait for this channel's turn to post (at least 1 s after the previous post)."""
+        lock = self._post_locks.setdefault(channel, trio.Lock())
+        async with lock:
+            wait = self._last_post.get(channel, -1e9) + POST_SPACING_S - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+            self._last_post[channel] = trio.current_time()
+            if len(self._last_post) > 4096:
+                self._last_post.pop(next(iter(self._last_post)))
+                self._post_locks.pop(next(iter(self._post_locks)), None)
+
+    async def posted(self, channel: str, thread_ts: str | None) -> None:
+        """The bot posted into a thread: it is a bot conversation from now on."""
+        if thread_ts is not None and self._on_thread is not None:
+            await self._on_thread(channel, thread_ts)
+
+    async def status(self, channel: str, thread_ts: str | None) -> None:
+        """``assistant.threads.setStatus`` (best effort; a refusal turns it off)."""
+        if thread_ts is None or self._status_off is not None:
+            return
+        try:
+            await self.web.set_status(channel, thread_ts, STATUS_TEXT)
+        except TransportError:
+            return
+        except ChannelError as exc:
+            self._status_off = str(exc.code)
+            log.info("status_disabled", error=str(exc)[:200])
+
+    def note_press(self, channel: str, message_ts: str, user: str, value: str) -> None:
+        """A button of an interaction message was pressed (the channel saw it)."""
+        if len(self._presses) > 1024:
+            self._presses.pop(next(iter(self._presses)))
+        self._presses[(channel, message_ts)] = _Press(user, value)
+
+    # -- Outbound -------------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def open_stream(  # type: ignore[override]  # a native stream, or the engine's
+        self, target: ReplyTarget
+    ) -> AsyncIterator[NativeStream | EditStream]:
+        """A native stream where possible, else the chat.update engine."""
+        route = target.route if isinstance(target.route, Route) else None
+        if self.native_unavailable(route.channel_type if route else None):
+            async with super().open_stream(target) as edit_stream:
+                yield edit_stream
+            return
+        stream = NativeStream(self, target)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.pump)
+            nursery.start_soon(stream.status)
+            nursery.start_soon(stream.run_fallback)
+            try:
+                yield stream
+            finally:
+                nursery.cancel_scope.cancel()
+
+    @asynccontextmanager
+    async def open_interaction(
+        self, target: ReplyTarget, prompt: InteractionPrompt
+    ) -> AsyncIterator[list[Delivered]]:
+        """Show a request with buttons until the block ends (see the module docstring)."""
+        channel = target.conversation_id
+        thread_ts = thread_of(target)
+        token = secrets.token_hex(4)
+        blocks: list[dict[str, object]] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": escape(prompt.prompt)[:3000]}}
+        ]
+        buttons = [
+            {
+                "type": "button",
+                "action_id": f"{ACTION_PREFIX}{i + 1}",
+                "text": {"type": "plain_text", "text": (o.label or str(i + 1))[:75]},
+                "value": str(i + 1),
+            }
+            for i, o in enumerate(prompt.options[:25])
+        ]
+        if buttons:
+            block_id = actions_block_id(target.thread_id, token)
+            blocks.append({"type": "actions", "block_id": block_id, "elements": buttons})
+        await self.post_turn(channel)
+        sent_at = self.clock()
+        posted = await self.web.post_message(
+            channel, thread_ts=thread_ts, text=escape(prompt.text)[:3900], blocks=blocks, retries=2
+        )
+        if posted.ts is None:
+            raise ChannelError("chat.postMessage: no ts in the answer")
+        ts = posted.ts
+        await self.posted(channel, thread_ts)
+        shown = Delivered(message_id=ts, text=prompt.text, sent_at=sent_at, completed_at=sent_at)
+        starter = target.route.user if isinstance(target.route, Route) else None
+        try:
+            yield [shown]
+        finally:
+            press = self._presses.pop((channel, ts), None)
+            if press is not None and (starter is None or press.user == starter):
+                label = _label(prompt, press.value)
+                note = f"→ {label}"
+            else:
+                note = "(closed)"
+            with trio.CancelScope(shield=True), trio.move_on_after(10):
+                try:
+                    await self.web.update(
+                        channel,
+                        ts,
+                        text=escape(f"{prompt.prompt}\n\n{note}")[:3900],
+                        blocks=[
+                            {
+                                "type": "section",
+                                "text": {
+                                    "type": "mrkdwn",
+                                    "text": escape(f"{prompt.prompt}\n\n{note}")[:3000],
+                                },
+                            }
+                        ],
+                        retries=2,
+                    )
+                except ChannelError as exc:
+                    log.info("interaction_update_failed", error=str(exc)[:200])
+
+
+def _label(prompt: InteractionPrompt, value: str) -> str:
+    if value.isdigit() and 1 <= int(value) <= len(prompt.options):
+        return prompt.options[int(value) - 1].label
+    return value
