@@ -65,10 +65,10 @@ Rules every channel follows
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
 import trio
@@ -316,11 +316,16 @@ class BotHost(Protocol):
         """Never log this value (a token minted at runtime)."""
         ...
 
-    def mount(self, path: str, handler: HttpHandler) -> None:
+    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
         """Serve HTTP requests at ``/hooks/<bot>/<path>`` on the local HTTP endpoint
         (platform webhooks; the web chat's page).  ``path`` is relative ("" for the bot's
         root); a later mount of the same path replaces the earlier one (a restarted bot).
         Raises ConfigError when the endpoint is disabled (``[http] enabled = false``).
+
+        ``public=True``: the route is served without the endpoint's ``[http] token`` (a
+        platform webhook that cannot send it and authenticates every request by its own
+        signature, which the handler checks); its bodies are capped lower
+        (``dshim.http.app.PUBLIC_MOUNT_MAX_BODY``, 413 above it).
         """
         ...
 
@@ -353,6 +358,8 @@ class ReplaySource:
     api_base: str
     store: ChannelStore | None = None
     clock: Callable[[], float] | None = None
+    #: The fixture's whole ``bot`` table (channels whose identity is more than an id).
+    bot: Mapping[str, Any] = field(default_factory=dict)
 
 
 class ReplayAdapter(Protocol):
@@ -361,6 +368,8 @@ class ReplayAdapter(Protocol):
     Optional member (looked up with ``getattr``): ``async def received(item, raw)`` is
     awaited right before each event is handed to the pipeline, for a channel that does
     something of its own with every event it receives (the web chat logs it).
+    ``def expand(raw) -> list[bytes]`` cuts one fixture event into the events it carries
+    (a webhook body with several messages), each then decoded on its own.
     """
 
     @property
