@@ -69,6 +69,16 @@ async def open_endpoint(token: str | None = ENDPOINT_TOKEN) -> AsyncIterator[tup
             stop.set()
 
 
+async def mounted(fake: FakeWhatsApp) -> None:
+    """Wait until the bot's webhook route answers the verification GET (it is mounted)."""
+    assert fake.http is not None
+    query = f"hub.mode=subscribe&hub.verify_token={TEST_VERIFY_TOKEN}&hub.challenge=up"
+    while True:
+        if (await fake.http.get(f"{fake.webhook_url}?{query}")).status_code == 200:
+            return
+        await trio.sleep(0.5)
+
+
 class WhatsAppRig:
     """WhatsApp under the shared scenarios (see ``tests/channel_contract.py``)."""
 
@@ -122,13 +132,7 @@ class WhatsAppRig:
 
     async def receiving(self) -> None:
         # Webhooks need no connection: the bot receives once its route is mounted.
-        probe = f"hub.mode=subscribe&hub.verify_token={TEST_VERIFY_TOKEN}&hub.challenge=ready"
-        assert self.fake.http is not None
-        while True:
-            resp = await self.fake.http.get(f"{self.fake.webhook_url}?{probe}")
-            if resp.status_code == 200:
-                return
-            await trio.sleep(0.5)
+        await mounted(self.fake)
 
     def source(self, kind: str) -> str:
         assert self.ada is not None
