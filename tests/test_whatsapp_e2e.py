@@ -540,3 +540,73 @@ async def test_quotes_are_answered_from_the_message_index(
     # A forwarded "/new" is content, not a command: it is a prompt, and not a quote.
     assert len(bot.harness.prompts) == 7
     assert "<dsh_im_reply_to>" not in bot.harness.texts[6]
+
+
+# --- approvals and questions ----------------------------------------------------------------
+
+
+async def test_an_approval_is_shown_with_reply_buttons_and_a_press_answers_it(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running(tmp_path) as bot:
+        fake = bot.fake
+        ada = fake.user("16505551234", "Ada Lovelace")
+        ask = fake.user_message(ada, "echo:approval")
+        await fake.send_messages(ask)
+        await fake.wait_until(lambda: any(s.type == "interactive" for s in fake.sent))
+        [request] = [s for s in fake.sent if s.type == "interactive"]
+        assert request.reply_to == ask["id"]
+        assert request.interactive is not None and request.interactive["type"] == "button"
+        buttons = request.interactive["action"]["buttons"]
+        assert [b["reply"]["title"] for b in buttons] == ["Allow once", "Allow always", "Reject"]
+        assert "The agent asks for permission" in request.text
+        press = fake.user_message(
+            ada,
+            type="interactive",
+            context={"from": fake.display_phone_number, "id": request.id},
+            interactive={
+                "type": "button_reply",
+                "button_reply": {"id": buttons[1]["reply"]["id"], "title": "Allow always"},
+            },
+        )
+        await fake.send_messages(press)
+        await fake.wait_until(
+            lambda: any("Approval decision: allow_always" in t for t in bot.texts_to(ada))
+        )
+    assert any(t.startswith("✅ Approved: Allow always") for t in bot.texts_to(ada))
+
+
+async def test_a_question_answered_by_typing_works_like_everywhere(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running(tmp_path) as bot:
+        fake = bot.fake
+        ada = fake.user("16505551234", "Ada Lovelace")
+        await fake.send_messages(fake.user_message(ada, "echo:question"))
+        await fake.wait_until(lambda: any(s.type == "interactive" for s in fake.sent))
+        await fake.send_messages(fake.user_message(ada, "1"))
+        await fake.wait_until(lambda: len(bot.texts_to(ada)) >= 3)
+        await trio.sleep(20)
+    texts = bot.texts_to(ada)
+    assert [s.type for s in fake.sent] == ["interactive", "text", "text"]
+    assert texts[0].startswith("❓ echo: which colour?")
+    assert texts[1:] == ["Answer sent: Red.", "Answer: Red"]
+
+
+async def test_typing_is_refreshed_every_20_s_until_the_answer_is_sent(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running(tmp_path) as bot:
+        fake = bot.fake
+        ada = fake.user("16505551234", "Ada Lovelace")
+        msg = fake.user_message(ada, "echo:slow 100 think long")
+        await fake.send_messages(msg)
+        await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
+        await trio.sleep(60)
+    [send] = fake.calls_to("send")
+    typing = [c.at for c in fake.calls_to("typing")]
+    assert all(c.body["message_id"] == msg["id"] for c in fake.calls_to("typing"))
+    assert all(t <= send.at for t in typing)  # never after the answer
+    gaps = [b - a for a, b in zip(typing, typing[1:], strict=False)]
+    assert len(typing) >= 3 and all(g == pytest.approx(20.0, abs=0.5) for g in gaps), gaps
+    assert send.at - typing[-1] <= 20.5

@@ -536,3 +536,16 @@ def test_interactive_payloads_are_buttons_up_to_three_then_a_list_then_none() ->
         protocol.interactive_payload("1", "Pick", [str(i) for i in range(11)], reply_to=None)
         is None
     )
+
+
+def test_a_button_press_is_not_a_quote_of_the_message_with_the_buttons() -> None:
+    press = message(
+        "interactive",
+        context={"from": "15550783881", "id": "wamid.BUTTONS"},
+        interactive={
+            "type": "button_reply",
+            "button_reply": {"id": "dshim.opt.1", "title": "Allow"},
+        },
+    )
+    item = mapped(press)
+    assert isinstance(item, InboundMessage) and item.reply_to is None and item.content == "1"

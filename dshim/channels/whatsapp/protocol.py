@@ -416,7 +416,9 @@ def map_message(
     forwarded = False
     if ctx is not None:
         forwarded = ctx.forwarded or ctx.frequently_forwarded
-        if ctx.id:
+        if ctx.id and msg.type not in ("interactive", "button"):
+            # A button press carries the id of the message with the buttons: that is
+            # the press's origin, not a quote (a quote would never count as an answer).
             # Only ids: what was quoted comes from dshim's own message index, in the turn.
             from_bot = me.is_me(ctx.from_)
             reply_to = ReplyReference(

@@ -178,18 +178,20 @@ class WhatsAppOutbound(EditOutbound):
         self, target: ReplyTarget, prompt: InteractionPrompt
     ) -> AsyncIterator[list[Delivered]]:
         """An approval or question as reply buttons (up to 3 options) or a list message
-        (up to 10); more options, or a failed send, raise ChannelError on entry (the
-        pipeline sends the text instead).  WhatsApp cannot take buttons away afterwards:
+        (up to 10) under the user's message, the request above them; more options, a
+        request over 1,024 characters or a failed send raise ChannelError on entry (the
+        pipeline sends the numbered text instead).  WhatsApp cannot take buttons away afterwards:
         a late press is judged like typed text (no pending request -> a normal message)."""
         labels = [o.label for o in prompt.options]
+        body = protocol.to_whatsapp(prompt.prompt)
         payload = protocol.interactive_payload(
             target.conversation_id,
-            protocol.to_whatsapp(prompt.text),
+            body,
             labels,
             reply_to=target.reply_to_message_id,
             group=_group(target),
         )
-        if payload is None or len(prompt.text) > protocol.MAX_INTERACTIVE_BODY:
+        if payload is None or len(body) > protocol.MAX_INTERACTIVE_BODY:
             raise ChannelError("the request does not fit an interactive message")
         await self.pacer(target).acquire()
         sent_at = self.clock()
