@@ -67,6 +67,10 @@ class BotProbe:
     def send_test(self) -> bool:
         return self._send_test
 
+    @property
+    def http_listen(self) -> str | None:
+        return self.config.http.listen if self.config.http.enabled else None
+
     def settings_as(self, kind: type[S]) -> S:
         return settings_of(self._bot, kind)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -48,7 +49,7 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.http import open_http
+from dshim.channels.kit.http import map_httpx_errors, open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.whatsapp import models as m
@@ -56,7 +57,7 @@ from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_AGENT, GraphClient
 from dshim.channels.whatsapp.protocol import BodyError, BotIdentity, Decoded, Part
 from dshim.channels.whatsapp.render import WhatsAppOutbound, split
-from dshim.errors import AuthError, ChannelError, single_error
+from dshim.errors import AuthError, ChannelError, TransportError, single_error
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
 
 log = structlog.get_logger("dshim.whatsapp")
@@ -426,41 +427,118 @@ class ReplayAdapter:
 # --- probe ----------------------------------------------------------------------------------
 
 
+def local_base(listen: str) -> str:
+    """The URL of the local endpoint at ``[http] listen`` (a wildcard host is loopback)."""
+    host, _, port = listen.strip().rpartition(":")
+    host = host.strip("[]")
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+#: A notification with no change: accepted by a working route, changes nothing.
+SELF_TEST_BODY = b'{"object":"whatsapp_business_account","entry":[]}'
+
+
 async def probe(rows: ProbeRows) -> None:
-    """``dshim probe`` rows: the number, the webhook route, the signature, store, send test."""
+    """``dshim probe`` rows: the number, the webhook route of the running ``dshim serve``
+    (verification and a signed self-test POST), the store, the send test."""
     settings = rows.settings_as(WhatsAppSettings)
+    name = rows.bot.name
+    listen = rows.http_listen
+    secret = settings.app_secret.get().encode()
     async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = GraphClient(http, settings.access_token.get(), settings.phone_number_id)
 
         async def identity() -> Identity:
             info = await client.phone_number()
-            name = info.verified_name or info.display_phone_number or settings.phone_number_id
+            label = info.verified_name or info.display_phone_number or settings.phone_number_id
             quality = f", quality {info.quality_rating}" if info.quality_rating else ""
             return Identity(
-                name=f"{name} ({info.display_phone_number or 'no display number'}{quality})",
+                name=f"{label} ({info.display_phone_number or 'no display number'}{quality})",
                 id=settings.phone_number_id,
             )
 
-        async def signature() -> tuple[ProbeResult, str]:
-            secret = settings.app_secret.get().encode()
-            body = b'{"object":"whatsapp_business_account","entry":[]}'
-            good = protocol.signature_ok(secret, body, protocol.sign(secret, body))
-            bad = protocol.signature_ok(secret, body, None) or protocol.signature_ok(
-                secret, body + b" ", protocol.sign(secret, body)
-            )
-            if good and not bad:
-                return "ok", "a signed body is accepted, an unsigned or altered one refused"
-            return "fail", "the signature check does not work"
-
         async def route() -> tuple[ProbeResult, str]:
-            name = rows.bot.name
-            return "ok", (
-                f"the webhook is served at /hooks/{name} on the [http] listen address: "
-                f"register https://<your public host>/hooks/{name} in the Meta app "
-                "(through a reverse proxy or tunnel), subscribed to the messages field"
+            register = (
+                f"register https://<your public host>/hooks/{name} as the callback URL in "
+                "the Meta app (a reverse proxy or tunnel in front of dshim), subscribed to "
+                "the messages field"
+            )
+            if listen is None:
+                return "fail", "[http] enabled = false: WhatsApp webhooks need the endpoint"
+            url = f"{local_base(listen)}/hooks/{name}"
+            challenge = f"dshim-probe-{int(time.time())}"
+            params = {
+                "hub.mode": "subscribe",
+                "hub.verify_token": settings.verify_token.get(),
+                "hub.challenge": challenge,
+            }
+            try:
+                with map_httpx_errors("webhook route"):
+                    resp = await http.get(url, params=params)
+            except TransportError:
+                return (
+                    "warn",
+                    f"nothing listens on {local_base(listen)}: start `dshim serve`; {register}",
+                )
+            if resp.status_code == 200 and resp.text == challenge:
+                return "ok", f"/hooks/{name} answers the verification on {listen}; {register}"
+            if resp.status_code == 403:
+                return (
+                    "fail",
+                    f"/hooks/{name} refused the verify token: another dshim listens there",
+                )
+            return "fail", f"/hooks/{name} is not mounted on {listen} (HTTP {resp.status_code})"
+
+        async def signature() -> tuple[ProbeResult, str]:
+            good = protocol.signature_ok(
+                secret, SELF_TEST_BODY, protocol.sign(secret, SELF_TEST_BODY)
+            )
+            bad = protocol.signature_ok(secret, SELF_TEST_BODY, None)
+            if not good or bad:
+                return "fail", "the signature check does not work"
+            if listen is None:
+                return "ok", "a signed body is accepted, an unsigned one refused (in-process)"
+            url = f"{local_base(listen)}/hooks/{name}"
+            try:
+                with map_httpx_errors("signature self-test"):
+                    signed = await http.post(
+                        url,
+                        content=SELF_TEST_BODY,
+                        headers={
+                            protocol.SIGNATURE_HEADER: protocol.sign(secret, SELF_TEST_BODY),
+                            "content-type": "application/json",
+                        },
+                    )
+                    unsigned = await http.post(
+                        url, content=SELF_TEST_BODY, headers={"content-type": "application/json"}
+                    )
+            except TransportError:
+                return "ok", (
+                    "a signed body is accepted, an unsigned one refused (in-process: "
+                    "dshim serve is not running)"
+                )
+            if signed.status_code == 200 and unsigned.status_code == 401:
+                return "ok", "the running route accepts a signed POST and refuses an unsigned one"
+            return "fail", (
+                f"the running route answered {signed.status_code} to a signed POST and "
+                f"{unsigned.status_code} to an unsigned one (expected 200 and 401): "
+                "is app_secret the one dshim serve uses?"
             )
 
         async def send_test(conversation_id: str) -> str:
+            entries = await rows.store.outbound(conversation_id, now=time.time())
+            last = max((e.sent_at for e in entries if e.inbound), default=None)
+            if last is None or time.time() - last > WINDOW_S:
+                rows.add(
+                    "24-hour window",
+                    "warn",
+                    "the user's last message is older than 24 hours (or unknown): WhatsApp "
+                    "accepts only template messages until they write again",
+                )
             payload = protocol.text_payload(conversation_id, TEST_MESSAGE, reply_to=None)
             try:
                 return await client.send(payload)
