@@ -156,6 +156,8 @@ class FakeWhatsApp(FakePlatform[Call]):
         self.users: dict[str, User] = {}
         self.sent: list[Sent] = []
         self.media: dict[str, tuple[bytes, str]] = {}
+        #: The sha256 media info reports for a media id (default: the bytes' real hash).
+        self.media_sha256: dict[str, str] = {}
         #: Where :meth:`deliver` POSTs (dshim's ``/hooks/<bot>`` URL).
         self.webhook_url = ""
         #: Every webhook POST: (status answered, body).
@@ -430,7 +432,7 @@ class FakeWhatsApp(FakePlatform[Call]):
                 "messaging_product": "whatsapp",
                 "url": f"{self.url}/media/{media_id}",
                 "mime_type": mime,
-                "sha256": hashlib.sha256(data).hexdigest(),
+                "sha256": self.media_sha256.get(media_id, hashlib.sha256(data).hexdigest()),
                 "file_size": len(data),
                 "id": media_id,
             }
