@@ -57,6 +57,7 @@ from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_AGENT, GraphClient
 from dshim.channels.whatsapp.protocol import BodyError, BotIdentity, Decoded, Part
 from dshim.channels.whatsapp.render import WhatsAppOutbound, split
+from dshim.channels.whatsapp.util import close_jobs
 from dshim.errors import AuthError, ChannelError, TransportError, single_error
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
 
@@ -322,13 +323,7 @@ class Webhook:
     def close(self) -> None:
         """No more jobs: queued ones are answered 503 (Meta delivers them again)."""
         self.closed = True
-        self._jobs_in.close()
-        while True:
-            try:
-                job = self._jobs_out.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            job.done.set()
+        close_jobs(self._jobs_in, self._jobs_out, lambda job: job.done.set())
 
 
 async def run(
