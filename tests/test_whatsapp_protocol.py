@@ -549,3 +549,11 @@ def test_a_button_press_is_not_a_quote_of_the_message_with_the_buttons() -> None
     )
     item = mapped(press)
     assert isinstance(item, InboundMessage) and item.reply_to is None and item.content == "1"
+
+
+def test_a_username_user_without_a_profile_name_is_named_by_the_username() -> None:
+    msg = message(from_user_id="BR.1502576394655843")
+    del msg["from"]
+    contact = {"profile": {"username": "@bia"}, "user_id": "BR.1502576394655843"}
+    item = mapped(msg, contacts=[contact])
+    assert isinstance(item, InboundMessage) and item.sender_name == "@bia"

@@ -304,7 +304,7 @@ class Webhook:
     async def _watch_fatal(self) -> None:
         await self.outbound.fatal.wait()
         error = self.outbound.fatal_error or AuthError("WhatsApp rejected the access token")
-        log.error("bot_stopping", reason="the access token was rejected (code 190)")
+        log.error("token_rejected", code=190, detail="the access token expired or was revoked")
         raise error
 
     async def _take(self, rt: Inbound, job: Job) -> bool:

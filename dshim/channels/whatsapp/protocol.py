@@ -410,7 +410,9 @@ def map_message(
         # Cloud API groups are business-created: answer only when the number is mentioned.
         conversation_type, conversation = "group", msg.group_id
         addressed, content = _mention(content, me)
-    name = contact.profile.name if contact is not None and contact.profile is not None else None
+    profile = contact.profile if contact is not None else None
+    # The profile name, else the username a username user chose (2026).
+    name = (profile.name or profile.username) if profile is not None else None
     ctx = msg.context
     reply_to: ReplyReference | None = None
     forwarded = False
