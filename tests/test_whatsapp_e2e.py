@@ -659,3 +659,22 @@ async def test_media_whose_sha256_does_not_match_is_not_given_to_the_agent(
         for p in parts
         if isinstance(p, TextPart)
     )
+
+
+async def test_a_signed_body_that_does_not_decode_is_a_malformed_drop_answered_200(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with capture_logs() as logs:
+        async with running(tmp_path) as bot:
+            fake = bot.fake
+            ada = fake.user("16505551234", "Ada Lovelace")
+            for junk in (b"not json at all", b'{"object":"page","entry":[]}', b"[" * 5000):
+                assert await fake.post(junk) == 200  # a retry would not fix it
+            bad_message = fake.body([fake.user_message(ada, "x") | {"text": {"body": 5}}])
+            assert await fake.post(bad_message) == 200
+            await fake.send_messages(fake.user_message(ada, "still here?"))
+            await fake.wait_until(lambda: echo_of(ada, "still here?") in bot.texts_to(ada))
+    drops = [e for e in logs if e["event"] == "event_dropped" and e.get("reason") == "malformed"]
+    assert len(drops) == 4
+    assert bot.results == {BOT: "shutdown"}
+    assert not [e for e in logs if e["event"] == "bot_failed_restarting"]  # never stopped

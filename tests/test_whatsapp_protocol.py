@@ -557,3 +557,10 @@ def test_a_username_user_without_a_profile_name_is_named_by_the_username() -> No
     contact = {"profile": {"username": "@bia"}, "user_id": "BR.1502576394655843"}
     item = mapped(msg, contacts=[contact])
     assert isinstance(item, InboundMessage) and item.sender_name == "@bia"
+
+
+def test_a_bare_429_is_throttling_and_another_object_is_not_a_notification() -> None:
+    assert type(protocol.graph_error("send", 429, b"")) is Throttled
+    raw = body(message()).replace(b"whatsapp_business_account", b"page")
+    item = protocol.decode_event(raw, ME).item
+    assert isinstance(item, Skip) and item.reason == "malformed"

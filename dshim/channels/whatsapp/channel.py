@@ -268,9 +268,9 @@ class Webhook:
         try:
             parts = protocol.split_body(request.body)
         except BodyError as exc:
-            # Signed by Meta but unreadable: a retry carries the same bytes.
-            log.warning("webhook_dropped", reason="malformed", detail=str(exc)[:300])
-            return _text(200, "ok")
+            # Signed by Meta but unreadable: a retry would carry the same bytes, so it is
+            # the pipeline's malformed drop (logged, counted), answered 200.
+            parts = [Part("malformed", b"", detail=str(exc)[:300])]
         if not parts:
             return _text(200, "ok")
         if self.closed:
@@ -311,6 +311,9 @@ class Webhook:
         for part in job.parts:
             if part.kind == "status":
                 await self.indexer.status(part.status)
+                continue
+            if part.kind == "malformed":
+                await rt.accept(Skip(reason="malformed", detail=part.detail))
                 continue
             decoded = self.decode(part.raw)
             await self.indexer.before(decoded)

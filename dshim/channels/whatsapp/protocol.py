@@ -178,10 +178,12 @@ def challenge_answer(query: str, verify_token: str) -> str | None:
 class Part:
     """One message or status of a webhook body, as a one-item body of its own."""
 
-    kind: str  # "message" | "status"
+    kind: str  # "message" | "status" | "malformed" (a body that is no notification)
     raw: bytes
     #: The status, decoded (statuses are handled by the channel, never the pipeline).
     status: m.Status | None = None
+    #: Why a ``malformed`` body is one.
+    detail: str = ""
 
 
 class BodyError(ValueError):
@@ -474,6 +476,8 @@ def decode_event(
     """
     try:
         env = kit_decode.decode(m.BODY_DECODER, raw)
+        if env.object != "whatsapp_business_account":
+            return Decoded(Skip(reason="malformed", detail="not a WhatsApp notification"))
         for entry in env.entry:
             for change in entry.changes:
                 if change.field != "messages":
@@ -624,7 +628,7 @@ def graph_error(what: str, status: int, body: bytes) -> ChannelError:
         return AuthError(
             text + ": the access token is invalid or expired", status=status, code=code
         )
-    if code in THROTTLE_CODES:
+    if code in THROTTLE_CODES or (status == 429 and code is None):
         return Throttled(text, status=status, code=code)
     if code == WINDOW_CLOSED:
         return WindowClosed(text, status=status, code=code)
@@ -632,7 +636,7 @@ def graph_error(what: str, status: int, body: bytes) -> ChannelError:
         return NotFound(text, status=status, code=code)
     if code is not None and (code == 10 or 200 <= code <= 299) or status == 403:
         return PermissionDenied(text, status=status, code=code)
-    if code in TRANSIENT_CODES or status >= 500 or status == 429:
+    if code in TRANSIENT_CODES or status >= 500:
         return TransportError(text, status=status, code=code, request_sent=True)
     return ChannelError(text, status=status, code=code)
 
