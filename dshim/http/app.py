@@ -19,7 +19,9 @@ outside:
 Before anything else runs, a request is checked against ``[http] token``
 (:mod:`dshim.http.auth`): every route but ``/healthz`` and the login form needs the bearer
 token or the session cookie — an unknown path too, so that nothing is revealed without
-it.  A browser navigating without it is sent to the login form (303); any other client
+it.  A mount its channel made public (``mount(..., public=True)``: a platform webhook that
+cannot send the token and checks its own signature) is served without it, its bodies
+capped at :data:`PUBLIC_MOUNT_MAX_BODY`.  A browser navigating without it is sent to the login form (303); any other client
 gets 401.  A websocket upgrade is also checked for ``Origin``, then for the token, then for
 a handler, and refused with a JSON answer (403, 401, 404) before it is accepted.
 
