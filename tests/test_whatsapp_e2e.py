@@ -678,3 +678,17 @@ async def test_a_signed_body_that_does_not_decode_is_a_malformed_drop_answered_2
     assert len(drops) == 4
     assert bot.results == {BOT: "shutdown"}
     assert not [e for e in logs if e["event"] == "bot_failed_restarting"]  # never stopped
+
+
+async def test_a_user_with_bsuid_and_phone_is_keyed_by_bsuid_and_answered_at_the_phone(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running(tmp_path) as bot:
+        fake = bot.fake
+        ada = fake.user("16505551234", "Ada Lovelace", bsuid="US.13491208655302741918")
+        await fake.send_messages(fake.user_message(ada, "hi"))
+        expected = echo_of(ada, "hi")
+        await fake.wait_until(lambda: bot.texts_to(ada) == [expected])
+    assert '"senderId":"US.13491208655302741918"' in expected
+    [send] = fake.calls_to("send")
+    assert send.body["to"] == "16505551234" and "recipient" not in send.body

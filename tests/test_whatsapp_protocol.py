@@ -564,3 +564,12 @@ def test_a_bare_429_is_throttling_and_another_object_is_not_a_notification() -> 
     raw = body(message()).replace(b"whatsapp_business_account", b"page")
     item = protocol.decode_event(raw, ME).item
     assert isinstance(item, Skip) and item.reason == "malformed"
+
+
+def test_the_phone_rides_along_as_the_route_when_the_key_is_the_bsuid() -> None:
+    item = mapped(message())
+    assert isinstance(item, InboundMessage) and item.route == "16505551234"
+    plain = mapped(message(), contacts=[{"profile": {"name": "Ada"}, "wa_id": "16505551234"}])
+    assert isinstance(plain, InboundMessage) and plain.route is None
+    payload = protocol.text_payload("US.1349120865530", "x", reply_to=None, phone="16505551234")
+    assert payload["to"] == "16505551234" and "recipient" not in payload

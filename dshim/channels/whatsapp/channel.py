@@ -170,8 +170,6 @@ class Indexer:
         code = first.code if first is not None else None
         key = code if code is not None else 0
         self.failed_statuses[key] = self.failed_statuses.get(key, 0) + 1
-        if self.outbound is not None:
-            self.outbound.count_failure(code)
         marked = False
         for conversation in dict.fromkeys(
             c for c in (status.recipient_user_id, status.recipient_id) if c

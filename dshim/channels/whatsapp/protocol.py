@@ -405,6 +405,7 @@ def map_message(
     if at is None:
         return Skip(reason="malformed", detail="timestamp: not epoch seconds", message_id=mid)
     content, images, files = _content(msg, fetcher)
+    phone = msg.from_ or (contact.wa_id if contact is not None else None)
     conversation_type: ConversationType = "direct"
     conversation = key
     addressed = True
@@ -449,6 +450,9 @@ def map_message(
         reply_to=reply_to,
         received_at=at,
         forwarded=forwarded,
+        # The phone number, when the payload has it and the key is the BSUID: answers go
+        # to the number (every account can send there), the BSUID only without one.
+        route=phone if phone and phone != key else None,
     )
 
 
@@ -509,28 +513,37 @@ def status_conversation(status: m.Status) -> str | None:
 # --- sending --------------------------------------------------------------------------------
 
 
-def recipient(conversation: str) -> dict[str, str]:
-    """Who a message goes to: ``recipient`` for a BSUID, ``to`` for a phone number."""
+def recipient(conversation: str, phone: str | None = None) -> dict[str, str]:
+    """Who a message goes to: the phone number (``to``) when it is known — the
+    conversation's own key or the ``route`` of the message answered — else the BSUID
+    (``recipient``) of a user who hides their number."""
+    if phone:
+        return {"to": phone}
     if is_bsuid(conversation):
         return {"recipient": conversation}
     return {"to": conversation}
 
 
-def _addressed_to(conversation: str, group: bool) -> dict[str, Any]:
+def _addressed_to(conversation: str, group: bool, phone: str | None = None) -> dict[str, Any]:
     if group:  # a Cloud API group (business-created): recipient_type "group"
         return {"messaging_product": "whatsapp", "recipient_type": "group", "to": conversation}
     return {
         "messaging_product": "whatsapp",
         "recipient_type": "individual",
-        **recipient(conversation),
+        **recipient(conversation, phone),
     }
 
 
 def text_payload(
-    conversation: str, text: str, *, reply_to: str | None, group: bool = False
+    conversation: str,
+    text: str,
+    *,
+    reply_to: str | None,
+    group: bool = False,
+    phone: str | None = None,
 ) -> dict[str, Any]:
     """A text message (a contextual reply when ``reply_to`` is set), no link preview."""
-    body = _addressed_to(conversation, group)
+    body = _addressed_to(conversation, group, phone)
     if reply_to:
         body["context"] = {"message_id": reply_to}
     body["type"] = "text"
@@ -553,7 +566,13 @@ def _cut(text: str, n: int) -> str:
 
 
 def interactive_payload(
-    conversation: str, body: str, labels: list[str], *, reply_to: str | None, group: bool = False
+    conversation: str,
+    body: str,
+    labels: list[str],
+    *,
+    reply_to: str | None,
+    group: bool = False,
+    phone: str | None = None,
 ) -> dict[str, Any] | None:
     """Reply buttons for up to 3 options, a list message for up to 10; None beyond
     (the caller sends text).  Ids are ``dshim.opt.<n>`` (1-based)."""
@@ -594,7 +613,7 @@ def interactive_payload(
                 ],
             },
         }
-    out = _addressed_to(conversation, group)
+    out = _addressed_to(conversation, group, phone)
     if reply_to:
         out["context"] = {"message_id": reply_to}
     out["type"] = "interactive"

@@ -62,6 +62,11 @@ def _group(target: ReplyTarget) -> bool:
     return target.conversation_type == "group"
 
 
+def _phone(target: ReplyTarget) -> str | None:
+    """The user's phone number the channel put in the message's ``route`` (or None)."""
+    return target.route if isinstance(target.route, str) else None
+
+
 class WhatsAppTransport:
     """The engine's transport for one answer: sends and the typing indicator, no edits."""
 
@@ -73,7 +78,11 @@ class WhatsAppTransport:
         target = self._target
         reply_to = target.reply_to_message_id if reply else None
         payload = protocol.text_payload(
-            target.conversation_id, text, reply_to=reply_to, group=_group(target)
+            target.conversation_id,
+            text,
+            reply_to=reply_to,
+            group=_group(target),
+            phone=_phone(target),
         )
         return await self._outbound.deliver(target.conversation_id, payload)
 
@@ -190,6 +199,7 @@ class WhatsAppOutbound(EditOutbound):
             labels,
             reply_to=target.reply_to_message_id,
             group=_group(target),
+            phone=_phone(target),
         )
         if payload is None or len(body) > protocol.MAX_INTERACTIVE_BODY:
             raise ChannelError("the request does not fit an interactive message")
