@@ -692,3 +692,32 @@ async def test_a_user_with_bsuid_and_phone_is_keyed_by_bsuid_and_answered_at_the
     assert '"senderId":"US.13491208655302741918"' in expected
     [send] = fake.calls_to("send")
     assert send.body["to"] == "16505551234" and "recipient" not in send.body
+
+
+async def test_without_the_http_endpoint_the_bot_stops_once_saying_why(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    from dshim.channels.whatsapp.channel import CHANNEL
+
+    async with (
+        open_fake_whatsapp(clock=Clock()) as fake,
+        open_store(tmp_path, inline=True) as store,
+    ):
+        table = {
+            "name": BOT,
+            "channel": "whatsapp",
+            "phone_number_id": fake.phone_number_id,
+            "access_token": TEST_TOKEN,
+            "app_secret": TEST_APP_SECRET,
+            "verify_token": TEST_VERIFY_TOKEN,
+            "api_base": fake.url,
+        }
+        config = parse_config({"bots": [table]}, env={})
+        with capture_logs() as logs, trio.fail_after(300):
+            results = await serve_bots(
+                config, store, shutdown=trio.Event(), channels={BOT: CHANNEL}, clock=Clock()
+            )
+    assert results == {BOT: "fatal"}
+    [stopped] = [e for e in logs if e["event"] == "bot_stopped_fatal"]
+    assert "HTTP endpoint" in str(stopped)
+    assert len(fake.calls_to("phone")) == 1
