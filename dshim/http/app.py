@@ -327,7 +327,9 @@ class Endpoint:
             return False
         bot = path[len(HOOKS) :]
         accept = next((v for k, v in headers if k == "accept"), "")
-        return bool(bot) and "/" not in bot and bot in self._bots and "text/html" in accept
+        mounts = self._bots.get(bot) if bot and "/" not in bot else None
+        # A public root mount is a webhook, not a page: its GET is answered where it is.
+        return mounts is not None and "/" not in mounts.public and "text/html" in accept
 
     def _public_mount(self, path: str) -> bool:
         """``path`` is a mount its channel made public (a signed webhook)."""
