@@ -74,6 +74,10 @@ class BotProbe:
         """The data directory (the store's), where channels keep saved logins."""
         return self._data_dir
 
+    @property
+    def http_listen(self) -> str | None:
+        return self.config.http.listen if self.config.http.enabled else None
+
     def settings_as(self, kind: type[S]) -> S:
         return settings_of(self._bot, kind)
 

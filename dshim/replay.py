@@ -291,6 +291,10 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
             )
             adapter = channel.replay_adapter(source)
         raws = [bytes(ev) for ev in fx.events]
+        # A channel whose events carry several messages (a webhook body) cuts them apart.
+        expand = getattr(adapter, "expand", None)
+        if expand is not None:
+            raws = [part for raw in raws for part in expand(raw)]
         items = [adapter.decode(raw) for raw in raws]
         if fx.now is not None:
             now0 = _ts(fx.now)

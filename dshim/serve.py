@@ -134,8 +134,8 @@ class ServeHost:
     def register_secret(self, secret: str) -> None:
         register_secret(secret)
 
-    def mount(self, path: str, handler: HttpHandler) -> None:
-        self._need_endpoint().mount(self._bot.name, path, handler)
+    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
+        self._need_endpoint().mount(self._bot.name, path, handler, public=public)
 
     def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
         self._need_endpoint().mount_websocket(self._bot.name, path, handler)

@@ -15,6 +15,7 @@ from tests.rig_slack import SlackRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 from tests.rig_weixin import WeixinRig
+from tests.rig_whatsapp import WhatsAppRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
@@ -23,6 +24,7 @@ RIGS: dict[str, Callable[[], ChannelRig]] = {
     "telegram": TelegramRig,
     "webchat": WebchatRig,
     "weixin": WeixinRig,
+    "whatsapp": WhatsAppRig,
 }
 
 

@@ -88,7 +88,7 @@ def tg(**kw: object) -> dict[str, object]:
         ),
         (
             bots({"name": "w", "channel": "whatsapp"}),
-            "dshim.toml: bots[0].channel: channel 'whatsapp' is not available",
+            "dshim.toml: bots[0].phone_number_id: required key is missing",
         ),
     ],
 )

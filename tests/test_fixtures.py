@@ -133,6 +133,25 @@ REQUIRED: dict[str, set[str]] = {
         "duplicate_message",
         "malformed",
     },
+    "whatsapp": {
+        "dm_text",
+        "group_mention",
+        "group_unaddressed",
+        "two_messages_and_a_status",
+        "quote_user_message",
+        "quote_bot_answer",
+        "quote_unknown_wamid",
+        "quote_revoked",
+        "quote_image_only",
+        "quote_file_message",
+        "image_with_caption",
+        "document_with_filename",
+        "bsuid_only_user",
+        "reaction_and_edit_not_prompted",
+        "duplicate_wamid",
+        "quoted_new_not_executed",
+        "malformed_events",
+    },
 }
 
 

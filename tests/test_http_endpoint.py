@@ -190,6 +190,52 @@ async def test_with_a_token_every_route_but_healthz_needs_it() -> None:
         ).status_code == 200
 
 
+async def test_a_public_mount_is_reachable_without_the_token_and_others_are_not() -> None:
+    # A platform webhook (WhatsApp) cannot send the token: it checks a signature itself.
+    endpoint = Endpoint(token=TOKEN)
+    endpoint.mount("wa", "", hook, public=True)
+    endpoint.mount("wa", "status", hook)
+    endpoint.mount("other", "", hook)
+    raw = b'{"entry":[{"id":"1"}]}  \r\n'  # not re-serialized
+    async with serving(endpoint) as base, httpx.AsyncClient(base_url=base) as http:
+        for path in ("/hooks/wa", "/hooks/wa/"):  # no trailing path reaches the "" mount
+            resp = await http.post(path, content=raw)
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["path"] == "/"
+        html = {"accept": "text/html,*/*"}  # a webhook is not a page: never redirected
+        got = await http.get("/hooks/wa?hub.mode=subscribe&hub.challenge=42", headers=html)
+        assert (
+            got.status_code == 200 and got.json()["query"] == "hub.mode=subscribe&hub.challenge=42"
+        )
+        for path in ("/hooks/wa/status", "/hooks/other", "/hooks/nobody"):
+            assert_json_error(await http.post(path, content=raw), 401, "unauthorized")
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        assert (await http.post("/hooks/wa/status", headers=auth)).status_code == 200
+        # Over the public mounts' 1 MiB: refused from the declared length, before reading.
+        status, _, body = await raw_request(
+            base, b"POST /hooks/wa HTTP/1.1\r\nHost: x\r\nContent-Length: 1048577\r\n\r\n"
+        )
+        assert status == 413 and json.loads(body)["error"] == "too_large"
+        # The same route mounted again without public=True needs the token again.
+        endpoint.mount("wa", "", hook)
+        assert_json_error(await http.post("/hooks/wa", content=raw), 401, "unauthorized")
+
+
+async def test_a_public_mount_gets_the_raw_body_bytes_unchanged() -> None:
+    seen: list[bytes] = []
+
+    async def keep(request: HttpRequest) -> HttpResponse:
+        seen.append(request.body)
+        return HttpResponse(200, b"ok", "text/plain")
+
+    endpoint = Endpoint(token=TOKEN)
+    endpoint.mount("wa", "", keep, public=True)
+    raw = b'{ "b" : 1,\n  "a":"\\u00e9" }\xfe'
+    async with serving(endpoint) as base, httpx.AsyncClient(base_url=base) as http:
+        assert (await http.post("/hooks/wa", content=raw)).status_code == 200
+    assert seen == [raw]
+
+
 async def test_the_login_form_sets_a_cookie_that_works_like_the_header() -> None:
     endpoint = endpoint_with_mounts(token=TOKEN)
     with capture_logs() as logs:

@@ -336,11 +336,16 @@ class BotHost(Protocol):
         """Never log this value (a token minted at runtime)."""
         ...
 
-    def mount(self, path: str, handler: HttpHandler) -> None:
+    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
         """Serve HTTP requests at ``/hooks/<bot>/<path>`` on the local HTTP endpoint
         (platform webhooks; the web chat's page).  ``path`` is relative ("" for the bot's
         root); a later mount of the same path replaces the earlier one (a restarted bot).
         Raises ConfigError when the endpoint is disabled (``[http] enabled = false``).
+
+        ``public=True``: the route is served without the endpoint's ``[http] token`` (a
+        platform webhook that cannot send it and authenticates every request by its own
+        signature, which the handler checks); its bodies are capped lower
+        (``dshim.http.app.PUBLIC_MOUNT_MAX_BODY``, 413 above it).
         """
         ...
 
@@ -375,7 +380,8 @@ class ReplaySource:
     clock: Callable[[], float] | None = None
     #: The fixture's whole ``bot`` table, for channels whose identity has more than an id
     #: and a username (Feishu: ``open_id``, ``app_id``, ``name``; Slack: ``user_id``,
-    #: ``bot_id``, ``app_id``, ``team_id``).
+    #: ``bot_id``, ``app_id``, ``team_id``; WhatsApp: ``phone_number_id``,
+    #: ``display_phone_number``).
     bot_info: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -385,6 +391,8 @@ class ReplayAdapter(Protocol):
     Optional member (looked up with ``getattr``): ``async def received(item, raw)`` is
     awaited right before each event is handed to the pipeline, for a channel that does
     something of its own with every event it receives (the web chat logs it).
+    ``def expand(raw) -> list[bytes]`` cuts one fixture event into the events it carries
+    (a webhook body with several messages), each then decoded on its own.
     """
 
     @property
@@ -437,6 +445,12 @@ class ProbeRows(Protocol):
     @property
     def store(self) -> ChannelStore:
         """The bot's store (read cursors; a probe must not move them)."""
+        ...
+
+    @property
+    def http_listen(self) -> str | None:
+        """The local HTTP endpoint's ``[http] listen`` address (None: ``enabled = false``),
+        for channels whose webhooks a running ``dshim serve`` receives there."""
         ...
 
     def settings_as(self, kind: type[S]) -> S: ...

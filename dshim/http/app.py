@@ -19,7 +19,9 @@ outside:
 Before anything else runs, a request is checked against ``[http] token``
 (:mod:`dshim.http.auth`): every route but ``/healthz`` and the login form needs the bearer
 token or the session cookie — an unknown path too, so that nothing is revealed without
-it.  A browser navigating without it is sent to the login form (303); any other client
+it.  A mount its channel made public (``mount(..., public=True)``: a platform webhook that
+cannot send the token and checks its own signature) is served without it, its bodies
+capped at :data:`PUBLIC_MOUNT_MAX_BODY`.  A browser navigating without it is sent to the login form (303); any other client
 gets 401.  A websocket upgrade is also checked for ``Origin``, then for the token, then for
 a handler, and refused with a JSON answer (403, 401, 404) before it is accepted.
 
@@ -38,7 +40,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -70,6 +72,8 @@ LOGIN = "/login"
 PUBLIC = frozenset({"/healthz"})
 #: The body limit of the routes open without the token (the login form is tiny).
 PUBLIC_MAX_BODY = 16 * 1024
+#: The body limit of public mounts (platform webhooks that authenticate by signature).
+PUBLIC_MOUNT_MAX_BODY = 1024 * 1024
 
 
 def json_error(status: int, code: str, message: str) -> HttpResponse:
@@ -82,6 +86,8 @@ def json_error(status: int, code: str, message: str) -> HttpResponse:
 class _Mounts:
     http: dict[str, HttpHandler]
     websocket: dict[str, WebSocketHandler]
+    #: Mount paths served without the token (they check a signature themselves).
+    public: set[str] = field(default_factory=set)
 
 
 class AsgiWebSocket:
@@ -188,9 +194,18 @@ class Endpoint:
         """Serve ``method path`` (exact match) with ``handler``."""
         self._routes.setdefault(path, {})[method.upper()] = handler
 
-    def mount(self, bot: str, path: str, handler: HttpHandler) -> None:
-        """Serve ``/hooks/<bot>/<path>`` (and the root, for the root bot) with ``handler``."""
-        self._mounts(bot).http[_norm(path)] = handler
+    def mount(self, bot: str, path: str, handler: HttpHandler, *, public: bool = False) -> None:
+        """Serve ``/hooks/<bot>/<path>`` (and the root, for the root bot) with ``handler``.
+
+        ``public``: served without the token (the handler authenticates by signature),
+        with bodies up to :data:`PUBLIC_MOUNT_MAX_BODY`.
+        """
+        mounts = self._mounts(bot)
+        mounts.http[_norm(path)] = handler
+        if public:
+            mounts.public.add(_norm(path))
+        else:
+            mounts.public.discard(_norm(path))
 
     def mount_websocket(self, bot: str, path: str, handler: WebSocketHandler) -> None:
         """Serve websockets at ``/hooks/<bot>/<path>`` (and the root, for the root bot)."""
@@ -240,10 +255,15 @@ class Endpoint:
         head = method == "HEAD"
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
         public = self._public(path)
-        if not public and not self.auth.allows(headers):
+        public_mount = not public and self._public_mount(path)
+        if not public and not public_mount and not self.auth.allows(headers):
             await _respond(send, _unauthorized(method, path, query, headers), head=head)
             return
-        limit = min(self.max_body, PUBLIC_MAX_BODY) if public else self.max_body
+        limit = self.max_body
+        if public:
+            limit = min(self.max_body, PUBLIC_MAX_BODY)
+        elif public_mount:
+            limit = min(self.max_body, PUBLIC_MOUNT_MAX_BODY)
         declared = next((v for k, v in headers if k == "content-length"), "")
         if declared.strip().isdigit() and int(declared) > limit:
             await _respond(send, _too_large(limit), head=head)
@@ -307,7 +327,17 @@ class Endpoint:
             return False
         bot = path[len(HOOKS) :]
         accept = next((v for k, v in headers if k == "accept"), "")
-        return bool(bot) and "/" not in bot and bot in self._bots and "text/html" in accept
+        mounts = self._bots.get(bot) if bot and "/" not in bot else None
+        # A public root mount is a webhook, not a page: its GET is answered where it is.
+        return mounts is not None and "/" not in mounts.public and "text/html" in accept
+
+    def _public_mount(self, path: str) -> bool:
+        """``path`` is a mount its channel made public (a signed webhook)."""
+        if not path.startswith(HOOKS):
+            return False
+        target = self._resolve(path)
+        mounts = self._bots.get(target[0]) if target is not None else None
+        return target is not None and mounts is not None and _norm(target[1]) in mounts.public
 
     def _public(self, path: str) -> bool:
         return path in PUBLIC or (path == LOGIN and self.auth.required)

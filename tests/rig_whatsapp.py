@@ -1,0 +1,180 @@
+"""The WhatsApp :class:`~tests.channel_contract.ChannelRig`: the fake Cloud API on 127.0.0.1,
+and dshim's own HTTP endpoint (with a bearer token the webhook does not need) receiving
+the fake's signed webhook POSTs.
+
+What the scenarios' platform words mean here: "receiving" is the webhook route being
+mounted (there is no connection); "the connection drops" is a POST whose answer was lost
+after dshim accepted it, so Meta delivers the same body again; "429s" are Graph's
+throughput error 130429 on sends (Cloud API messages cannot be edited: the answer is one
+final message after the typing indicator).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from dshim.channels.base import BotHost, Channel, HttpHandler
+from dshim.channels.whatsapp import channel as wa_channel
+from dshim.http.app import Endpoint
+from dshim.http.server import serve_endpoint
+from dshim.testing.fakes.whatsapp import (
+    TEST_APP_SECRET,
+    TEST_TOKEN,
+    TEST_VERIFY_TOKEN,
+    FakeWhatsApp,
+    User,
+    open_fake_whatsapp,
+)
+from tests.channel_contract import BOT, Answer
+from tests.helpers import Clock
+
+ENDPOINT_TOKEN = "endpoint-bearer-5c2e9a7d41f3b8"
+GROUP_ID = "120363025246125486"
+
+
+class EndpointHost:
+    """The serve host of a bot, mounting on a test's own endpoint (``serve_bots`` in the
+    shared scenarios runs without one)."""
+
+    def __init__(self, host: BotHost, endpoint: Endpoint) -> None:
+        self._host = host
+        self._endpoint = endpoint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
+        self._endpoint.mount(self._host.bot.name, path, handler, public=public)
+
+
+@asynccontextmanager
+async def open_endpoint(token: str | None = ENDPOINT_TOKEN) -> AsyncIterator[tuple[Endpoint, str]]:
+    """dshim's HTTP endpoint on 127.0.0.1:0: (endpoint, its base URL)."""
+    endpoint = Endpoint(token=token)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(serve_endpoint, endpoint, "127.0.0.1:0", shutdown=stop)
+        )
+        try:
+            yield endpoint, binds[0]
+        finally:
+            stop.set()
+
+
+async def mounted(fake: FakeWhatsApp) -> None:
+    """Wait until the bot's webhook route answers the verification GET (it is mounted)."""
+    assert fake.http is not None
+    query = f"hub.mode=subscribe&hub.verify_token={TEST_VERIFY_TOKEN}&hub.challenge=up"
+    while True:
+        if (await fake.http.get(f"{fake.webhook_url}?{query}")).status_code == 200:
+            return
+        await trio.sleep(0.5)
+
+
+class WhatsAppRig:
+    """WhatsApp under the shared scenarios (see ``tests/channel_contract.py``)."""
+
+    secret = TEST_TOKEN
+    #: Cloud API messages cannot be edited: one final message, no intermediate text.
+    streams_by_edits = False
+
+    def __init__(self) -> None:
+        self._fake: FakeWhatsApp | None = None
+        self.endpoint: Endpoint | None = None
+        self.ada: User | None = None
+        self._last_body = b""
+        self._channel = dataclasses.replace(wa_channel.CHANNEL, run_fn=self._run)
+
+    async def _run(
+        self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        assert self.endpoint is not None
+        await wa_channel.run(EndpointHost(host, self.endpoint), task_status=task_status)
+
+    @property
+    def channel(self) -> Channel:
+        return self._channel
+
+    @property
+    def fake(self) -> FakeWhatsApp:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        return self.fake.phone_number_id, self.fake.verified_name
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with open_fake_whatsapp(clock=Clock()) as fake, open_endpoint() as (endpoint, url):
+            self._fake = fake
+            self.endpoint = endpoint
+            fake.webhook_url = f"{url}/hooks/{BOT}"
+            self.ada = fake.user("16505551234", "Ada Lovelace")
+            yield
+
+    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
+        return {
+            "phone_number_id": self.fake.phone_number_id,
+            "access_token": TEST_TOKEN if valid_credentials else "EAAG-not-a-token-meta-knows",
+            "app_secret": TEST_APP_SECRET,
+            "verify_token": TEST_VERIFY_TOKEN,
+            "api_base": self.fake.url,
+        }
+
+    async def receiving(self) -> None:
+        # Webhooks need no connection: the bot receives once its route is mounted.
+        await mounted(self.fake)
+
+    def source(self, kind: str) -> str:
+        assert self.ada is not None
+        block = {
+            "channel": "whatsapp",
+            "conversationType": kind,
+            "senderId": self.ada.key,
+            "senderName": self.ada.name,
+        }
+        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+    async def _send(self, msg: dict[str, Any]) -> str:
+        self._last_body = self.fake.body([msg])
+        await self.fake.deliver(self._last_body)
+        return str(msg["id"])
+
+    async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
+        assert self.ada is not None
+        return await self._send(self.fake.user_message(self.ada, text, reply_to=reply_to))
+
+    async def user_group(self, text: str, *, mention: bool) -> str:
+        assert self.ada is not None
+        body = f"@{self.fake.display_phone_number} {text}" if mention else text
+        return await self._send(self.fake.user_message(self.ada, body, group_id=GROUP_ID))
+
+    def dm_answers(self) -> list[Answer]:
+        assert self.ada is not None
+        return [Answer(s.id, s.text, (s.text,)) for s in self.fake.to_user(self.ada.key)]
+
+    def calls_besides_receiving(self) -> list[str]:
+        return [c.op for c in self.fake.calls]
+
+    def identity_calls(self) -> int:
+        return len(self.fake.calls_to("phone"))
+
+    async def drop_connection(self) -> None:
+        # The answer to the last POST was lost: Meta delivers the same body again.
+        if self._last_body:
+            await self.fake.deliver(self._last_body)
+
+    def rate_limit_answers(self, count: int, retry_after: float) -> None:
+        self.fake.fail_next("send", count, status=400, code=130429)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)
