@@ -127,6 +127,12 @@ class WsOptions:
     shutdown_close_code: int = 1000
     #: A connection that was live this long was healthy: reconnect at once, reset backoff.
     stable_after_s: float = 5.0
+    #: A websocket ping (protocol level, not a platform frame) every this many seconds;
+    #: no pong within ``pong_timeout_s`` cuts the connection (ends with ``ping_timeout_code``
+    #: as our own close).  None: no pings (platforms with an application heartbeat).
+    ping_interval_s: float | None = None
+    pong_timeout_s: float = 10.0
+    ping_timeout_code: int = 4000
 
 
 DEFAULT_OPTIONS = WsOptions()
@@ -158,6 +164,8 @@ class _Connection(Generic[E]):
     connected_at: float | None = None
     _armed: float | None = None
     _rearm: trio.Event = field(default_factory=trio.Event)
+    #: The transport under ``ws`` (cut the hard way when pongs stop).
+    stream: Stream | None = None
 
     async def drive(self) -> int | None:
         """Run until the connection ends; returns the close code (None: network)."""
@@ -166,6 +174,8 @@ class _Connection(Generic[E]):
                 return self.own_close
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._timers)
+            if self.options.ping_interval_s is not None:
+                nursery.start_soon(self._pinger, self.options.ping_interval_s)
             code = await self._read()
             nursery.cancel_scope.cancel()
         return self.own_close if self.own_close is not None else code
@@ -218,6 +228,22 @@ class _Connection(Generic[E]):
                     raise AssertionError("a session delivered from tick()")
                 if await self._perform(action):
                     return
+
+    async def _pinger(self, interval: float) -> None:
+        """Ping every ``interval``; a pong that does not come cuts the connection."""
+        while True:
+            await trio.sleep(interval)
+            with trio.move_on_after(self.options.pong_timeout_s) as waited:
+                try:
+                    await self.ws.ping()
+                except ConnectionClosed:
+                    return  # the reader sees the close and ends
+            if waited.cancelled_caught:
+                log.warning("ws_pong_timed_out", timeout_s=self.options.pong_timeout_s)
+                self.own_close = self.options.ping_timeout_code
+                if self.stream is not None:
+                    await self.stream.aclose()  # the reader's get_message ends at once
+                return
 
     async def _send(self, action: Send) -> None:
         try:
@@ -356,10 +382,11 @@ async def connect_once(
     code: int | None = None
     rejected: int | None = None
     try:
-        async with open_client_websocket(url, options) as (ws, _):
+        async with open_client_websocket(url, options) as (ws, stream):
             conn = _Connection(
                 ws, session, deliver, clock, options, stop_when_connected, on_connected
             )
+            conn.stream = stream
             code = await conn.drive()
     except (
         ConnectionClosed,
