@@ -310,3 +310,110 @@ async def test_rejected_credentials_stop_the_bot_once(
     assert fake.token_requests() == 1
     assert not fake.registrations
     assert not [e for e in logs if fake.client_secret in repr(e)]
+
+
+# -- fallbacks and rate limits -----------------------------------------------------------------
+
+
+async def test_cards_not_permitted_fall_back_to_the_session_webhook_logged_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    with capture_logs() as logs:
+        async with running_bot(
+            tmp_path, configure=lambda f: setattr(f, "cards_permitted", False)
+        ) as (bot, fake):
+            fake.user_message(fake.dm_conversation, "one")
+            await answered(fake, fake.dm_conversation, echo(fake, "one"))
+            fake.user_message(fake.dm_conversation, "two")
+            await answered(fake, fake.dm_conversation, echo(fake, "two"))
+    assert [m.via for m in fake.bot_messages(fake.dm_conversation)] == ["webhook", "webhook"]
+    fell_back = [e for e in logs if e["event"] == "card_answers_fell_back"]
+    assert len(fell_back) == 1 and fell_back[0]["reason"] == "card_not_permitted"
+    # not permitted: the bot stops trying cards for a while
+    assert len(fake.calls_to("POST", "/v1.0/card/instances")) == 1
+
+
+async def test_card_quota_on_create_falls_back_and_the_final_text_arrives_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.fail_next(
+            "POST /v1.0/card/instances",
+            1,
+            status=403,
+            code="Forbidden.AccessDenied.QpsLimitForAppkeyAndApi",
+        )
+        fake.user_message(fake.dm_conversation, "echo:slow 4 quota")
+        final = echo(fake, "echo:slow 4 quota")
+        await answered(fake, fake.dm_conversation, final)
+        await trio.sleep(10)
+        assert texts(fake, fake.dm_conversation) == [final]
+        # the quota is not a permanent refusal: the next answer is a card again
+        fake.user_message(fake.dm_conversation, "next")
+        card = await answered(fake, fake.dm_conversation, echo(fake, "next"))
+    assert card.kind == "card"
+
+
+async def test_a_429_storm_on_card_streaming_still_finishes_the_card_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.user_message(fake.dm_conversation, "echo:slow 20 storm")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.dm_conversation)))
+        fake.fail_next("PUT /v1.0/card/streaming", 8, status=429, retry_after=2.0)
+        final = echo(fake, "echo:slow 20 storm")
+        card = await answered(fake, fake.dm_conversation, final)
+        await fake.wait_until(lambda: card.flow_status == "3")
+        await trio.sleep(10)
+    assert texts(fake, fake.dm_conversation) == [final]
+    assert card.finalized and card.shown.count(final) == 1
+
+
+async def test_an_expired_session_webhook_answers_through_the_openapi(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, answer="markdown") as (bot, fake):
+        fake.webhook_lifetime_s = 20.0
+        fake.user_message(fake.dm_conversation, "echo:slow 60 a long turn")
+        final = echo(fake, "echo:slow 60 a long turn")
+        msg = await answered(fake, fake.dm_conversation, final)
+    assert msg.via == "openapi" and msg.process_query_key
+    [send] = fake.calls_to("POST", "/v1.0/robot/oToMessages/batchSend")
+    assert send.json["userIds"] == [fake.user["staff_id"]]
+    assert json.loads(send.json["msgParam"])["text"] == final
+    assert not fake.calls_to("POST", "/robot/sendBySession")
+
+
+async def test_a_webhook_send_of_unknown_outcome_is_not_repeated(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, answer="markdown") as (bot, fake):
+        fake.drop_response_next("POST /robot/sendBySession")
+        fake.user_message(fake.dm_conversation, "once")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.dm_conversation)))
+        await trio.sleep(60)
+    assert texts(fake, fake.dm_conversation) == [echo(fake, "once")]
+    assert len(fake.calls_to("POST", "/robot/sendBySession")) == 1
+    assert not fake.calls_to("POST", "/v1.0/robot/oToMessages/batchSend")
+
+
+async def test_long_markdown_answers_are_split_at_4000_characters(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    words = " ".join(f"word{i}" for i in range(900))  # ~7,000 characters
+    async with running_bot(tmp_path, answer="markdown") as (bot, fake):
+        fake.user_message(fake.dm_conversation, words)
+        await fake.wait_until(lambda: "word899" in "".join(texts(fake, fake.dm_conversation)))
+    parts = texts(fake, fake.dm_conversation)
+    assert len(parts) == 2 and all(len(p) <= 4000 for p in parts)
+    assert " ".join(parts) == echo(fake, words)
+
+
+async def test_an_expired_token_is_refreshed_once_and_the_answer_still_arrives(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.expire_tokens()
+        fake.user_message(fake.dm_conversation, "after expiry")
+        await answered(fake, fake.dm_conversation, echo(fake, "after expiry"))
+    assert fake.token_requests() == 2
