@@ -9,11 +9,13 @@ import pytest
 import trio
 
 from tests.channel_contract import SCENARIOS, ChannelRig
+from tests.rig_dingtalk import DingTalkRig
 from tests.rig_discord import DiscordRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
+    "dingtalk": DingTalkRig,
     "discord": DiscordRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,

@@ -638,8 +638,9 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         card["content"] = content if body.get("isFull") else card["content"] + content
         msg: BotMessage | None = card["message"]
         if msg is not None:
+            if not msg.shown or msg.shown[-1] != card["content"]:  # what the user saw
+                msg.shown.append(card["content"])
             msg.text = card["content"]
-            msg.shown.append(card["content"])
             msg.finalized = msg.finalized or bool(body.get("isFinalize"))
             msg.error = msg.error or bool(body.get("isError"))
         self.changed()
