@@ -253,6 +253,7 @@ async def probe(rows: ProbeRows) -> None:
                 nursery.start_soon(connect)
                 with trio.move_on_after(PROBE_PING_WAIT_S):
                     await pinged.wait()
+                    await trio.sleep(0.2)  # the ack leaves right after the ping is read
                 nursery.cancel_scope.cancel()
             ms = (time.perf_counter() - t0) * 1000
             if not reached:

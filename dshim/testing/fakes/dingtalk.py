@@ -165,6 +165,8 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         self.cards_permitted = True
         self.card_qps: int | None = None
         self.credentials_valid = True
+        #: Send a SYSTEM ping right after every connect (probes).
+        self.ping_on_connect = False
         # state
         self.tokens: dict[str, float] = {}
         self.tickets: dict[str, bool] = {}  # ticket -> used
@@ -401,6 +403,8 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         self.changed()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._writer, conn, recv, nursery)
+            if self.ping_on_connect:
+                self.send_ping(conn)
             queued, self._queue = self._queue, []
             for frame_id in queued:
                 self._send_callback(conn, frame_id)
