@@ -54,7 +54,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import trio
-import trio.lowlevel
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
@@ -63,7 +62,7 @@ from dshim.testing.fakes.http import DropConnection, Request, Response, json_res
 __all__ = ["ApiCall", "BotMessage", "FakeDingTalk", "StreamConn", "open_fake_dingtalk"]
 
 ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
-OUTBOX = 10_000
+OUTBOX = 100_000
 _ids = itertools.count(1)
 
 
@@ -167,6 +166,8 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         self.credentials_valid = True
         #: Send a SYSTEM ping right after every connect (probes).
         self.ping_on_connect = False
+        #: Push this many direct messages right after every connect (benchmarks).
+        self.flood_on_connect = 0
         # state
         self.tokens: dict[str, float] = {}
         self.tickets: dict[str, bool] = {}  # ticket -> used
@@ -384,7 +385,8 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         data = json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
         conn.push("frame", _frame("CALLBACK", ROBOT_TOPIC, frame_id, data))
         self.delivered.append((trio.current_time(), conn.id, msg.get("msgId", "")))
-        conn.push("watch_ack", frame_id)
+        if self.redeliver_after_s is not None:
+            conn.push("watch_ack", frame_id)
         self.changed()
 
     # -- the stream ----------------------------------------------------------------------
@@ -405,6 +407,12 @@ class FakeDingTalk(FakePlatform[ApiCall]):
             nursery.start_soon(self._writer, conn, recv, nursery)
             if self.ping_on_connect:
                 self.send_ping(conn)
+            for i in range(self.flood_on_connect):
+                self.push_message(
+                    self.user_message(
+                        self.dm_conversation, f"flood {i} " + "lorem ipsum " * 20, push=False
+                    )
+                )
             queued, self._queue = self._queue, []
             for frame_id in queued:
                 self._send_callback(conn, frame_id)
@@ -804,7 +812,7 @@ async def open_fake_dingtalk(**kwargs: Any) -> AsyncIterator[FakeDingTalk]:
 def main(argv: list[str] | None = None) -> None:
     """Run the fake as a process (benchmarks): prints one JSON line with its URLs."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="robot messages after a connect")
+    parser.add_argument("--flood", type=int, default=0, help="robot messages after every connect")
     parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
     args = parser.parse_args(argv)
 
@@ -812,6 +820,7 @@ def main(argv: list[str] | None = None) -> None:
         with trio.move_on_after(args.lifetime):
             async with open_fake_dingtalk() as fake:
                 fake.redeliver_after_s = None
+                fake.flood_on_connect = args.flood
                 print(
                     json.dumps(
                         {
@@ -822,12 +831,6 @@ def main(argv: list[str] | None = None) -> None:
                     ),
                     flush=True,
                 )
-                if args.flood:
-                    await fake.wait_until(lambda: fake.live is not None)
-                    for i in range(args.flood):
-                        fake.user_message(fake.dm_conversation, f"message {i}")
-                        if i % 100 == 99:
-                            await trio.lowlevel.checkpoint()
                 await trio.sleep_forever()
 
     trio.run(serve)
