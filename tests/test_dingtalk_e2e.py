@@ -417,3 +417,54 @@ async def test_an_expired_token_is_refreshed_once_and_the_answer_still_arrives(
         fake.user_message(fake.dm_conversation, "after expiry")
         await answered(fake, fake.dm_conversation, echo(fake, "after expiry"))
     assert fake.token_requests() == 2
+
+
+# -- media, approvals, drops --------------------------------------------------------------------
+
+
+async def test_pictures_are_downloaded_inside_the_turn_only(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.files["pic-9"] = b"\x89PNG\r\n\x1a\nfake-image"
+        fake.user_message(
+            fake.dm_conversation, msgtype="picture", content={"downloadCode": "pic-9"}
+        )
+        await fake.wait_until(lambda: bool(bot.events.prompt_msgs))
+        await answered(fake, fake.dm_conversation, echo(fake, "").rstrip())
+    [download] = fake.calls_to("POST", "/v1.0/robot/messageFiles/download")
+    assert download.json == {"downloadCode": "pic-9", "robotCode": fake.robot_code}
+    [get] = fake.calls_to("GET", "/files/")
+    assert get.status == 200
+    [msg] = bot.events.prompt_msgs
+    assert [i.kind for i in msg.images] == ["image"]
+
+
+async def test_an_approval_is_markdown_with_numbered_options_and_a_typed_number_answers(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.user_message(fake.dm_conversation, "echo:approval")
+        await fake.wait_until(
+            lambda: any("1." in t or "1)" in t for t in texts(fake, fake.dm_conversation))
+        )
+        [prompt] = fake.bot_messages(fake.dm_conversation)
+        assert prompt.kind == "markdown" and prompt.via == "webhook"
+        fake.user_message(fake.dm_conversation, "1")
+        await fake.wait_until(lambda: len(fake.bot_messages(fake.dm_conversation)) >= 2)
+        await trio.sleep(5)
+    answer = fake.bot_messages(fake.dm_conversation)[-1]
+    assert answer.kind == "card" and "allow" in answer.text.lower()
+
+
+async def test_a_connection_cut_after_an_event_loses_nothing_and_answers_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.redeliver_after_s = 60.0
+        fake.drop_after(1)
+        fake.user_message(fake.dm_conversation, "cut right after me")
+        await fake.wait_until(lambda: len(fake.connections) == 2 and fake.live is not None)
+        await answered(fake, fake.dm_conversation, echo(fake, "cut right after me"))
+        await trio.sleep(90)  # an unacked push would come back by now
+    assert texts(fake, fake.dm_conversation) == [echo(fake, "cut right after me")]

@@ -91,6 +91,7 @@ class DingTalkApi:
         robot_code: str,
         api_base: str = DEFAULT_API_BASE,
         oapi_base: str = DEFAULT_OAPI_BASE,
+        #: Called with every token and ticket before it is used (the log redactor).
         on_new_token: Callable[[str], None] | None = None,
         clock: Callable[[], float] = trio.current_time,
     ) -> None:
@@ -102,6 +103,7 @@ class DingTalkApi:
         self.oapi_base = oapi_base.rstrip("/")
         self._oapi_host = (urllib.parse.urlsplit(self.oapi_base).hostname or "").lower()
         self._api_host = (urllib.parse.urlsplit(self.api_base).hostname or "").lower()
+        self._on_secret = on_new_token
         self.token = AccessToken(
             self._fetch_token, margin_s=TOKEN_MARGIN_S, on_new_token=on_new_token, clock=clock
         )
@@ -160,7 +162,10 @@ class DingTalkApi:
             raise classify_error(
                 resp.status_code, err, what, retry_after=parse_retry_after(resp.headers)
             )
-        return self._decoded(m.connection_decoder, resp.content, what)
+        conn = self._decoded(m.connection_decoder, resp.content, what)
+        if self._on_secret is not None:
+            self._on_secret(conn.ticket)  # a credential for 90 s: never logged
+        return conn
 
     # -- the request loop ---------------------------------------------------------------
 

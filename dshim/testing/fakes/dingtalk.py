@@ -27,7 +27,8 @@ are in :attr:`pings_answered`), :meth:`send_disconnect` SYSTEM disconnect (the c
 gets no more deliveries at once and is closed ``disconnect_close_s`` later),
 :meth:`drop_connection` cuts the TCP connection without a close frame.
 
-Knobs: ``cards_permitted`` (False: card APIs answer 403 missing scope), ``card_qps``
+Knobs: :meth:`drop_after` (cut the connection after k more robot messages),
+``cards_permitted`` (False: card APIs answer 403 missing scope), ``card_qps``
 (card calls beyond this many per second answer 403 QPS), the shared fault queue keyed by
 ``"METHOD /path"`` (``fail_next(op, n, status=..., code=...)``, ``slow_next``,
 ``drop_next``), :meth:`drop_response_next` (process, then cut the connection unanswered),
@@ -187,6 +188,7 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         self._card_calls: list[float] = []
         self._lost_responses: dict[str, int] = {}
         self._queue: list[str] = []  # frame ids waiting for a connection
+        self._drop_after: int | None = None
         self.api_base = ""
         self.ws_url = ""
 
@@ -222,6 +224,10 @@ class FakeDingTalk(FakePlatform[ApiCall]):
     def expire_tokens(self) -> None:
         """Every token issued so far is rejected from now on (401)."""
         self.tokens.clear()
+
+    def drop_after(self, k: int) -> None:
+        """Cut the live connection (no close frame) right after k more robot messages."""
+        self._drop_after = k
 
     async def drop_connection(self) -> None:
         conn = self.live
@@ -385,6 +391,11 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         data = json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
         conn.push("frame", _frame("CALLBACK", ROBOT_TOPIC, frame_id, data))
         self.delivered.append((trio.current_time(), conn.id, msg.get("msgId", "")))
+        if self._drop_after is not None:
+            self._drop_after -= 1
+            if self._drop_after <= 0:
+                self._drop_after = None
+                conn.push("drop")
         if self.redeliver_after_s is not None:
             conn.push("watch_ack", frame_id)
         self.changed()
