@@ -272,12 +272,15 @@ async def test_disconnect_hands_over_to_a_new_socket_without_losing_an_event(
     async with running_bot(tmp_path) as (bot, fake):
         old = fake.send_disconnect()
         assert old is not None
+        # pushed at once: DingTalk no longer delivers on the old socket
+        fake.user_message(fake.dm_conversation, "during the handover")
         await fake.wait_until(lambda: len(fake.connections) == 2)
         new = fake.connections[1]
         assert old.open  # the new socket is up before the old one closes
         assert len(fake.registrations) == 2  # a fresh ticket
         fake.user_message(fake.dm_conversation, "right after the handover")
         await answered(fake, fake.dm_conversation, echo(fake, "right after the handover"))
+        await answered(fake, fake.dm_conversation, echo(fake, "during the handover"))
         await fake.wait_until(lambda: not old.open)
         assert new.open and len(fake.connections) == 2
     assert old.closed_at is not None and old.closed_at - old.opened_at < 15

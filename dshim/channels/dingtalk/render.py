@@ -62,6 +62,8 @@ MAX_ATTEMPTS = 6
 #: How long cards are not tried again after DingTalk said they are not permitted.
 CARD_DENIED_RETRY_S = 600.0
 REACTION_TIMEOUT_S = 5.0
+#: How long closing an abandoned card may take (it runs shielded, at shutdown).
+ABANDON_TIMEOUT_S = 5.0
 TITLE_MAX = 30
 
 AnswerMode = Literal["card", "markdown"]
@@ -142,8 +144,9 @@ class DingTalkOutbound:
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
-            if reacted:
-                with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True):
+                await stream.abandon()
+                if reacted:
                     await self._react(route, add=False)
 
     # -- helpers the stream uses ----------------------------------------------------------
@@ -405,6 +408,19 @@ class CardStream:
             return []
         hook, self._hook = self._hook, None
         return await self._out.deliver_markdown(self._target, text, hook=hook)
+
+    async def abandon(self) -> None:
+        """Left without :meth:`finish` (stopped by shutdown, a failure): a card that is up
+        is closed in its failed state, so it does not stay "writing" forever."""
+        if self._finished or self.track_id is None:
+            return
+        self._finished = True
+        with trio.move_on_after(ABANDON_TIMEOUT_S):
+            try:
+                await self._stream(self._shown or self._text, finalize=True, error=True)
+            except ChannelError as exc:
+                log.info("card_status_failed", error=str(exc)[:200])
+            await self._mark(error=True)
 
     async def _final_card(self, text: str) -> bool:
         """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3; False when
