@@ -471,3 +471,17 @@ async def test_a_connection_cut_after_an_event_loses_nothing_and_answers_once(
         await answered(fake, fake.dm_conversation, echo(fake, "cut right after me"))
         await trio.sleep(90)  # an unacked push would come back by now
     assert texts(fake, fake.dm_conversation) == [echo(fake, "cut right after me")]
+
+
+async def test_a_card_delivery_of_unknown_outcome_keeps_the_card_and_sends_no_copy(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.drop_response_next("POST /v1.0/card/instances/deliver")
+        fake.user_message(fake.dm_conversation, "echo:slow 4 unsure")
+        final = echo(fake, "echo:slow 4 unsure")
+        card = await answered(fake, fake.dm_conversation, final)
+        await fake.wait_until(lambda: card.flow_status == "3")
+        await trio.sleep(30)
+    assert texts(fake, fake.dm_conversation) == [final]  # the card, and no markdown copy
+    assert len(fake.calls_to("POST", "/v1.0/card/instances/deliver")) == 1
