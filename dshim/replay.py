@@ -273,6 +273,7 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
                 api_base=api_base,
                 store=BoundStore(store, REPLAY_BOT),
                 clock=clock,
+                bot=fx.bot,
             )
             adapter = channel.replay_adapter(source)
         raws = [bytes(ev) for ev in fx.events]

@@ -425,3 +425,19 @@ def test_errors_are_mapped_once(status: int, body: dict[str, Any], kind: type) -
 )
 def test_card_markdown_makes_single_line_breaks_visible(text: str, card: str) -> None:
     assert card_markdown(text) == card
+
+
+def test_the_bot_user_falls_back_to_the_configured_one_when_an_event_omits_it() -> None:
+    mapper = MessageMapper(bot_id="robot", robot_code="robot", chatbot_user_id=BOT)
+    event = robot(chatbotUserId=None)
+    event["text"] = {
+        "content": "and?",
+        "isReplyMsg": True,
+        "repliedMsg": {"msgId": "q", "msgType": "interactiveCard", "senderId": BOT},
+    }
+    item = mapper.decode_raw(json.dumps(event).encode())
+    assert isinstance(item, InboundMessage) and item.reply_to is not None
+    assert item.reply_to.author_id == BOT and item.reply_to.recover
+    assert isinstance(
+        mapper.decode_raw(json.dumps(robot(chatbotUserId=None, senderId=BOT)).encode()), Skip
+    )

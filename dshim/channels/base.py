@@ -65,9 +65,9 @@ Rules every channel follows
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
 
 import msgspec
@@ -353,6 +353,8 @@ class ReplaySource:
     api_base: str
     store: ChannelStore | None = None
     clock: Callable[[], float] | None = None
+    #: The fixture's whole ``bot`` table (platform identity keys beyond ``id``/``username``).
+    bot: Mapping[str, object] = field(default_factory=dict)
 
 
 class ReplayAdapter(Protocol):

@@ -191,9 +191,16 @@ class DingTalkReplayAdapter:
     mapping; accepted messages go to the replay store's message index like in ``run``."""
 
     def __init__(self, fx: ReplaySource) -> None:
-        self.bot_id = fx.bot_id if fx.bot_id is not None else "dingtalk-robot"
+        robot = fx.bot.get("robot_code")
+        user = fx.bot.get("chatbot_user_id")
+        robot_code = str(robot) if robot else None
+        self.bot_id = robot_code or (fx.bot_id if fx.bot_id is not None else "dingtalk-robot")
         self.bot_username = fx.bot_username
-        self._mapper = MessageMapper(bot_id=self.bot_id, robot_code=self.bot_id)
+        self._mapper = MessageMapper(
+            bot_id=self.bot_id,
+            robot_code=self.bot_id,
+            chatbot_user_id=str(user) if user else None,
+        )
         self._store = fx.store
         self._clock = fx.clock
         self._seen: set[str] = set()

@@ -266,10 +266,20 @@ def _str(value: object) -> str | None:
 class MessageMapper:
     """Robot messages -> :class:`InboundMessage` (pure; ``media`` makes download handles)."""
 
-    def __init__(self, *, bot_id: str, robot_code: str, media: MediaFactory | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        bot_id: str,
+        robot_code: str,
+        media: MediaFactory | None = None,
+        chatbot_user_id: str | None = None,
+    ) -> None:
         self.bot_id = bot_id
         self.robot_code = robot_code
         self._media = media
+        #: The bot's user id when an event does not say (``chatbotUserId`` is in every
+        #: real callback; replay fixtures may give it in their ``bot`` table).
+        self.chatbot_user_id = chatbot_user_id
 
     def decode_raw(self, raw: bytes) -> InboundMessage | Skip:
         """One robot message (the callback's decoded ``data``); never raises."""
@@ -290,7 +300,7 @@ class MessageMapper:
         direct = ctype == "1"
         if not msg.msgId or not msg.conversationId:
             return Skip(reason="malformed", detail="no msgId or conversationId")
-        bot_user = msg.chatbotUserId
+        bot_user = msg.chatbotUserId or self.chatbot_user_id
         if bot_user and msg.senderId == bot_user:
             return Skip(reason="echo", message_id=msg.msgId)
         sender = msg.senderStaffId or msg.senderId
