@@ -441,3 +441,16 @@ def test_the_bot_user_falls_back_to_the_configured_one_when_an_event_omits_it() 
     assert isinstance(
         mapper.decode_raw(json.dumps(robot(chatbotUserId=None, senderId=BOT)).encode()), Skip
     )
+
+
+def test_a_placeholder_card_of_another_sender_is_not_recovered_by_time() -> None:
+    ref = quoted(
+        {
+            "msgId": "q",
+            "msgType": "interactiveCard",
+            "senderId": "$:LWCP_v1:$otherbot",
+            "createdAt": 1796032000000,
+            "content": "[Interactive Card Message]",
+        }
+    )
+    assert ref.recover and ref.recover_at is None and ref.author_id == "$:LWCP_v1:$otherbot"

@@ -563,7 +563,9 @@ def quote_reference(
         text = _str(c.get("content")) or _str(c.get("text")) or bare
         unsupported = text is None
     is_bot = bool(bot_user) and sender == bot_user
-    own_card = kind == "interactiveCard" and text is None
+    # A card quote without visible text is the bot's own card -- unless DingTalk names
+    # another sender (another robot's card: only the index may know it, never by time).
+    own_card = kind == "interactiveCard" and text is None and (sender is None or sender == bot_user)
     ref = ReplyReference(message_id=qid if qid is not None else UNSET)
     if is_bot or own_card:
         ref.author_id = bot_user if bot_user else (sender if sender else UNSET)
