@@ -485,3 +485,26 @@ async def test_a_card_delivery_of_unknown_outcome_keeps_the_card_and_sends_no_co
         await trio.sleep(30)
     assert texts(fake, fake.dm_conversation) == [final]  # the card, and no markdown copy
     assert len(fake.calls_to("POST", "/v1.0/card/instances/deliver")) == 1
+
+
+async def test_a_quote_of_a_users_file_names_the_file(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.files["f-1"] = b"%PDF-1.7 fake"
+        doc = fake.user_message(
+            fake.dm_conversation,
+            msgtype="file",
+            content=json.dumps({"downloadCode": "f-1", "fileName": "plan.pdf"}),  # as a string
+        )
+        await fake.wait_until(lambda: len(bot.events.prompts) == 1)
+        fake.user_message(fake.dm_conversation, "summarise it", reply_to=doc["msgId"])
+        await fake.wait_until(lambda: len(bot.events.prompts) == 2)
+    block = reply_block(
+        messageId=doc["msgId"],
+        authorId=fake.user["sender_id"],
+        authorName=fake.user["nick"],
+        attachments=[{"kind": "file", "name": "plan.pdf"}],
+    )
+    assert bot.events.prompts[1] == echo(fake, "summarise it", reply=block)
+    assert "f-1" not in bot.events.prompts[1]

@@ -357,18 +357,12 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         }
         if user["msgtype"] == "text":
             quoted["content"] = {"content": user["text"]["content"].strip()}
-        elif isinstance(user.get("content"), dict):
-            quoted["content"] = {k: v for k, v in user["content"].items() if k != "richText"} | (
-                {
-                    "richText": [
-                        {"msgType": "text", "content": s.get("text", "")}
-                        for s in user["content"]["richText"]
-                        if isinstance(s, dict) and s.get("type", "text") == "text"
-                    ]
-                }
-                if "richText" in user["content"]
-                else {}
-            )
+        else:
+            content = user.get("content")
+            if isinstance(content, str):  # the push carried it as a JSON string
+                content = json.loads(content)
+            if isinstance(content, dict):
+                quoted["content"] = _quoted_content(content)
         return quoted, None
 
     def push_message(self, msg: dict[str, Any], *, frame_id: str | None = None) -> str:
@@ -770,6 +764,20 @@ _ROUTES: dict[tuple[str, str], str] = {
     ("POST", "/v1.0/robot/emotion/reply"): "_emotion_reply",
     ("POST", "/v1.0/robot/emotion/recall"): "_emotion_recall",
 }
+
+
+def _quoted_content(content: dict[str, Any]) -> dict[str, Any]:
+    """A media or rich-text message's content as DingTalk quotes it (segments in the
+    quote shape ``{msgType, content}`` / ``{msgType: "picture", downloadCode}``)."""
+    if "richText" in content:
+        segments = []
+        for seg in content["richText"]:
+            if seg.get("type") == "picture":
+                segments.append({"msgType": "picture", "downloadCode": seg.get("downloadCode")})
+            elif "text" in seg:
+                segments.append({"msgType": "text", "content": seg["text"]})
+        return {"richText": segments}
+    return {k: content[k] for k in ("downloadCode", "fileName", "recognition") if k in content}
 
 
 def _frame(kind: str, topic: str, message_id: str, data: str) -> dict[str, Any]:
