@@ -11,6 +11,7 @@ that nothing leaks (sockets) or escapes (network errors).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -334,3 +335,43 @@ async def test_the_url_is_logged_without_its_query(autojump_clock: object) -> No
     assert events[0] == "ws_connecting" and logs[0]["url"].endswith("/gw")
     assert "frame_dropped" in events and "ws_closing" in events
     assert {"event": "frame_sent", "kind": "hello", "log_level": "info"} in logs
+
+
+async def test_pings_without_a_pong_cut_the_connection(autojump_clock: object) -> None:
+    """``WsOptions.ping_interval_s``: a peer that completed the handshake and then hears
+    nothing (no pong) is cut after ``pong_timeout_s``; a peer that answers is kept."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        conn = WSConnection(ConnectionType.SERVER)
+        while True:
+            conn.receive_data(await stream.receive_some(65536))
+            if any(isinstance(e, Request) for e in conn.events()):
+                break
+        await stream.send_all(conn.send(AcceptConnection()))
+        await trio.sleep_forever()  # never reads again: pings go unanswered
+
+    options = WsOptions(ping_interval_s=30.0, pong_timeout_s=5.0)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), deaf, 0
+        )
+        port = listeners[0].socket.getsockname()[1]
+        t0 = trio.current_time()
+
+        async def nothing(event: object) -> None:
+            return None
+
+        ended = await connect_once(f"ws://127.0.0.1:{port}/", Toy(), nothing, options=options)
+        assert trio.current_time() - t0 == pytest.approx(35.0, abs=0.5)
+        assert (ended.code, ended.by_us) == (options.ping_timeout_code, True)
+
+        async def answering(server: Server, ws: WebSocketConnection) -> None:
+            await server.pump(ws)  # trio-websocket answers pings by itself
+
+        async with serving(answering) as server:
+            with trio.move_on_after(200):
+                await connect_once(server.url, Toy(), nothing, options=options)
+                raise AssertionError("a connection whose pongs come was cut")
+        nursery.cancel_scope.cancel()
