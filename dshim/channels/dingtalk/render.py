@@ -152,13 +152,13 @@ class DingTalkOutbound:
     # -- helpers the stream uses ----------------------------------------------------------
 
     def fell_back(self, reason: str, exc: BaseException | None = None) -> None:
-        """Log once per bot (and reason) that answers use markdown instead of cards."""
+        """Log once per bot that answers use markdown instead of cards, and why (later
+        fallbacks only at debug level)."""
         if isinstance(exc, PermissionDenied) and not isinstance(exc, RateLimited):
             self._cards_denied_until = trio.current_time() + CARD_DENIED_RETRY_S
-        if reason in self._fallback_logged:
-            return
+        first = not self._fallback_logged
         self._fallback_logged.add(reason)
-        log.warning(
+        (log.warning if first else log.debug)(
             "card_answers_fell_back",
             reason=reason,
             error=str(exc)[:200] if exc is not None else None,
