@@ -508,3 +508,20 @@ async def test_a_quote_of_a_users_file_names_the_file(
     )
     assert bot.events.prompts[1] == echo(fake, "summarise it", reply=block)
     assert "f-1" not in bot.events.prompts[1]
+
+
+def stored_bytes(root: Path) -> bytes:
+    """Every byte the store wrote under ``root`` (database, WAL)."""
+    return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
+
+
+async def test_the_session_webhook_never_reaches_the_store(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        msg = fake.user_message(fake.dm_conversation, "hello")
+        await answered(fake, fake.dm_conversation, echo(fake, "hello"))
+        session = msg["sessionWebhook"].rsplit("=", 1)[1]
+        stored = stored_bytes(tmp_path)
+        assert session.encode() not in stored
+        assert msg["msgId"].encode() in stored  # the store was written and read here

@@ -454,3 +454,18 @@ def test_a_placeholder_card_of_another_sender_is_not_recovered_by_time() -> None
         }
     )
     assert ref.recover and ref.recover_at is None and ref.author_id == "$:LWCP_v1:$otherbot"
+
+
+def test_the_inbox_copy_has_no_session_webhook_and_still_maps() -> None:
+    from dshim.channels.dingtalk.protocol import without_webhook
+
+    raw = json.dumps(robot()).encode()
+    kept = without_webhook(raw)
+    assert b"sendBySession" not in kept
+    assert json.loads(kept)["sessionWebhook"] == ""
+    item = MAPPER.decode_raw(kept)
+    assert isinstance(item, InboundMessage) and item.content == "hello"
+    assert isinstance(item.route, Route) and not item.route.session_webhook
+    assert "sendBySession" not in repr(mapped().route)
+    no_hook = json.dumps({k: v for k, v in robot().items() if k != "sessionWebhook"}).encode()
+    assert without_webhook(no_hook) == no_hook

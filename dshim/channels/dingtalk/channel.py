@@ -44,7 +44,13 @@ from dshim.channels.dingtalk.client import (
     next_connection_url,
     run_stream,
 )
-from dshim.channels.dingtalk.protocol import MessageMapper, RobotCallback, Route, StreamSession
+from dshim.channels.dingtalk.protocol import (
+    MessageMapper,
+    RobotCallback,
+    Route,
+    StreamSession,
+    without_webhook,
+)
 from dshim.channels.dingtalk.render import (
     DEFAULT_CARD_TEMPLATE,
     DingTalkOutbound,
@@ -167,7 +173,8 @@ async def run(
 
             async def deliver(callback: RobotCallback) -> Verdict | None:
                 item = mapper.decode_raw(callback.data)
-                verdict = await rt.accept(item, callback.data)
+                # The inbox keeps the message without its session webhook (a signed URL).
+                verdict = await rt.accept(item, without_webhook(callback.data))
                 if verdict.accepted and isinstance(item, InboundMessage):
                     await record_inbound(host.store, item, host.clock())
                 return verdict

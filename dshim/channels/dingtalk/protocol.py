@@ -52,7 +52,7 @@ import msgspec
 from msgspec import UNSET
 
 from dshim.channels.dingtalk import models as m
-from dshim.channels.kit.decode import decode
+from dshim.channels.kit.decode import decode, member_span
 from dshim.channels.kit.ws_session import (
     Action,
     Close,
@@ -238,6 +238,18 @@ class Route(msgspec.Struct, kw_only=True, frozen=True):
     session_webhook: str | None = None
     #: Epoch seconds after which ``session_webhook`` stops working (None: unknown).
     webhook_expires_at: float | None = None
+
+    def __repr__(self) -> str:  # the webhook is a signed URL: never in a log
+        return f"Route(msg_id={self.msg_id!r}, conversation_id={self.conversation_id!r})"
+
+
+def without_webhook(raw: bytes) -> bytes:
+    """The robot message with its ``sessionWebhook`` (a signed URL) blanked: what the
+    durable inbox keeps.  An answer after a restart then goes through the OpenAPI."""
+    span = member_span(raw, "sessionWebhook")
+    if span is None:
+        return raw
+    return raw[: span[0]] + b'""' + raw[span[1] :]
 
 
 # --- mapping -----------------------------------------------------------------------------------
