@@ -342,15 +342,16 @@ async def test_card_quota_on_create_falls_back_and_the_final_text_arrives_once(
     async with running_bot(tmp_path) as (bot, fake):
         fake.fail_next(
             "POST /v1.0/card/instances",
-            1,
+            2,  # refused, and refused again after the wait
             status=403,
             code="Forbidden.AccessDenied.QpsLimitForAppkeyAndApi",
         )
         fake.user_message(fake.dm_conversation, "echo:slow 4 quota")
         final = echo(fake, "echo:slow 4 quota")
-        await answered(fake, fake.dm_conversation, final)
+        first = await answered(fake, fake.dm_conversation, final)
         await trio.sleep(10)
         assert texts(fake, fake.dm_conversation) == [final]
+        assert (first.kind, first.via) == ("markdown", "webhook")
         # the quota is not a permanent refusal: the next answer is a card again
         fake.user_message(fake.dm_conversation, "next")
         card = await answered(fake, fake.dm_conversation, echo(fake, "next"))
@@ -525,3 +526,18 @@ async def test_the_session_webhook_never_reaches_the_store(
         stored = stored_bytes(tmp_path)
         assert session.encode() not in stored
         assert msg["msgId"].encode() in stored  # the store was written and read here
+
+
+async def test_the_card_qps_limit_slows_updates_and_the_final_text_arrives_once(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, configure=lambda f: setattr(f, "card_qps", 2)) as (bot, fake):
+        fake.user_message(fake.dm_conversation, "echo:slow 12 under quota")
+        final = echo(fake, "echo:slow 12 under quota")
+        card = await answered(fake, fake.dm_conversation, final)
+        await fake.wait_until(lambda: card.flow_status == "3")
+        await trio.sleep(10)
+    assert texts(fake, fake.dm_conversation) == [final] and card.kind == "card"
+    refused = [c for c in fake.calls if c.path.startswith("/v1.0/card/") and c.status == 403]
+    assert refused  # the quota was hit, and the answer still finished in the card
+    assert card.shown.count(final) == 1

@@ -15,7 +15,8 @@ the exact answer; the card path therefore reports no :class:`Delivered` of its o
 pipeline would index the same card twice).
 
 Fallback: when creating or delivering the card is refused (not permitted, over the card
-quota: 403 QPS or 429, any failure), or the final text cannot be streamed, the answer is
+quota: 403 QPS or 429 again after one short wait, any failure), or the final text cannot
+be streamed, the answer is
 sent as markdown: through the message's ``sessionWebhook`` while it is valid, else the
 robot OpenAPI (``oToMessages/batchSend`` / ``groupMessages/send``, whose
 ``processQueryKey`` is the delivered id).  The reason is logged once per bot.  A send
@@ -62,6 +63,8 @@ MAX_ATTEMPTS = 6
 #: How long cards are not tried again after DingTalk said they are not permitted.
 CARD_DENIED_RETRY_S = 600.0
 REACTION_TIMEOUT_S = 5.0
+#: A card call refused for QPS is tried again once after the wait, if it is this short.
+QPS_RETRY_MAX_S = 5.0
 #: How long closing an abandoned card may take (it runs shielded, at shutdown).
 ABANDON_TIMEOUT_S = 5.0
 TITLE_MAX = 30
@@ -345,7 +348,9 @@ class CardStream:
         track_id = self._out.new_id()
         route = self._route
         try:
-            await self._api.create_card(track_id, self._out.card_template_id)
+            await _retry_limited(
+                lambda: self._api.create_card(track_id, self._out.card_template_id)
+            )
         except ChannelError as exc:
             self.card = False
             self._out.fell_back(_reason(exc), exc)
@@ -355,12 +360,16 @@ class CardStream:
             await hook()
         now = self._out.clock()
         try:
-            await self._api.deliver_card(
-                track_id,
-                direct=route.direct,
-                staff_id=route.staff_id,
-                conversation_id=route.conversation_id,
-                at=None if route.direct else {route.staff_id: route.sender_nick or route.staff_id},
+            await _retry_limited(
+                lambda: self._api.deliver_card(
+                    track_id,
+                    direct=route.direct,
+                    staff_id=route.staff_id,
+                    conversation_id=route.conversation_id,
+                    at=None
+                    if route.direct
+                    else {route.staff_id: route.sender_nick or route.staff_id},
+                )
             )
         except TransportError as exc:
             if not exc.request_sent:
@@ -458,10 +467,26 @@ class CardStream:
     async def _mark(self, *, error: bool) -> None:
         assert self.track_id is not None
         try:
-            with trio.fail_after(10):
-                await self._api.update_card(self.track_id, {"flowStatus": "5" if error else "3"})
+            with trio.fail_after(30):
+                track_id = self.track_id
+                status = {"flowStatus": "5" if error else "3"}
+                await _retry_limited(lambda: self._api.update_card(track_id, status), times=4)
         except (ChannelError, trio.TooSlowError) as exc:
             log.info("card_status_failed", error=str(exc)[:200])
+
+
+async def _retry_limited(call: Callable[[], Awaitable[None]], *, times: int = 1) -> None:
+    """``call()``, repeated up to ``times`` more times after a short 429 / QPS refusal
+    (a refused call did nothing, so repeating it cannot duplicate anything)."""
+    for attempt in range(times + 1):
+        try:
+            await call()
+            return
+        except RateLimited as exc:
+            if attempt >= times or exc.retry_after > QPS_RETRY_MAX_S:
+                raise
+            log.info("card_rate_limited", retry_after=exc.retry_after)
+            await trio.sleep(exc.retry_after)
 
 
 def _reason(exc: ChannelError) -> str:
