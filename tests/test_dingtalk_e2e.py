@@ -541,3 +541,19 @@ async def test_the_card_qps_limit_slows_updates_and_the_final_text_arrives_once(
     refused = [c for c in fake.calls if c.path.startswith("/v1.0/card/") and c.status == 403]
     assert refused  # the quota was hit, and the answer still finished in the card
     assert card.shown.count(final) == 1
+
+
+async def test_a_failed_turn_ends_the_card_in_its_error_state(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.user_message(fake.dm_conversation, "echo:fail")
+        await fake.wait_until(
+            lambda: any(m.flow_status for m in fake.bot_messages(fake.dm_conversation))
+        )
+        ok = fake.user_message(fake.dm_conversation, "fine now")
+        done = await answered(fake, fake.dm_conversation, echo(fake, "fine now"))
+        await fake.wait_until(lambda: done.flow_status == "3")
+    failed = fake.bot_messages(fake.dm_conversation)[0]
+    assert "failed" in failed.text and failed.error and failed.flow_status == "5"
+    assert not done.error and ok["msgId"]

@@ -7,7 +7,7 @@ and ``/deliver`` into the direct chat (``IM_ROBOT.<staffId>``) or the group
 (``IM_GROUP.<conversationId>``, the asker @-ed) once the first text is there, then the
 whole text so far with ``PUT /v1.0/card/streaming`` (``isFull``, a new ``guid`` each call)
 at most every 500 ms, finally ``isFinalize`` and ``flowStatus`` 3 (``isError`` and 5 when
-the final text cannot be streamed).  Streaming calls are idempotent (the whole text
+the agent failed, or the final text cannot be streamed).  Streaming calls are idempotent (the whole text
 each time), so they are retried through 429s and QPS 403s within a budget.  The card is
 recorded in the message index under its ``outTrackId`` when it is delivered and gets its
 final text when it is finished, so a quote of it (``originalProcessQueryKey``) recovers
@@ -63,6 +63,8 @@ MAX_ATTEMPTS = 6
 #: How long cards are not tried again after DingTalk said they are not permitted.
 CARD_DENIED_RETRY_S = 600.0
 REACTION_TIMEOUT_S = 5.0
+#: How the pipeline's final text says the agent failed (the card then ends as failed).
+AGENT_FAILED_NOTE = "⚠️ The agent failed:"
 #: A card call refused for QPS is tried again once after the wait, if it is this short.
 QPS_RETRY_MAX_S = 5.0
 #: How long closing an abandoned card may take (it runs shielded, at shutdown).
@@ -432,8 +434,11 @@ class CardStream:
             await self._mark(error=True)
 
     async def _final_card(self, text: str) -> bool:
-        """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3; False when
-        the card could not take it (then it is marked failed, best effort)."""
+        """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3 (``isError``
+        and 5 when the text ends with the agent's failure note); False when the card could
+        not take it (then it is marked failed, best effort)."""
+        # The agent's failure note ends the text: the card shows its error state.
+        failed = text.rstrip().rsplit("\n\n", 1)[-1].startswith(AGENT_FAILED_NOTE)
         backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
         waited = 0.0
         while True:
@@ -441,7 +446,7 @@ class CardStream:
                 max(self._last_call + self._out.card_interval_s, self._paused_until)
             )
             try:
-                await self._stream(text, finalize=True)
+                await self._stream(text, finalize=True, error=failed)
                 break
             except RateLimited as exc:
                 waited += exc.retry_after
@@ -461,7 +466,7 @@ class CardStream:
             self._out.fell_back("card_finish_failed", error)
             await self._mark(error=True)
             return False
-        await self._mark(error=False)
+        await self._mark(error=failed)
         return True
 
     async def _mark(self, *, error: bool) -> None:
