@@ -7,21 +7,21 @@ and ``/deliver`` into the direct chat (``IM_ROBOT.<staffId>``) or the group
 (``IM_GROUP.<conversationId>``, the asker @-ed) once the first text is there, then the
 whole text so far with ``PUT /v1.0/card/streaming`` (``isFull``, a new ``guid`` each call)
 at most every 500 ms, finally ``isFinalize`` and ``flowStatus`` 3 (``isError`` and 5 when
-the agent failed, or the final text cannot be streamed).  Streaming calls are idempotent (the whole text
-each time), so they are retried through 429s and QPS 403s within a budget.  The card is
-recorded in the message index under its ``outTrackId`` when it is delivered and gets its
-final text when it is finished, so a quote of it (``originalProcessQueryKey``) recovers
-the exact answer; the card path therefore reports no :class:`Delivered` of its own (the
-pipeline would index the same card twice).
+the agent failed or the final text cannot be streamed).  Streaming calls are idempotent
+(the whole text each time), so they are retried through 429s and QPS 403s within a
+budget.  The card is recorded in the message index under its ``outTrackId`` when it is
+delivered and gets its final text when it is finished, so a quote of it
+(``originalProcessQueryKey``) recovers the exact answer; the card path therefore reports
+no :class:`Delivered` of its own (the pipeline would index the same card twice).
 
 Fallback: when creating or delivering the card is refused (not permitted, over the card
 quota: 403 QPS or 429 again after one short wait, any failure), or the final text cannot
-be streamed, the answer is
-sent as markdown: through the message's ``sessionWebhook`` while it is valid, else the
-robot OpenAPI (``oToMessages/batchSend`` / ``groupMessages/send``, whose
-``processQueryKey`` is the delivered id).  The reason is logged once per bot.  A send
-whose outcome is unknown (the request went out, no answer) is never repeated, so the
-text is never shown twice; text paths split beyond 4,000 characters.
+be streamed, the answer is sent as markdown: through the message's ``sessionWebhook``
+while it is valid, else the robot OpenAPI (``oToMessages/batchSend`` /
+``groupMessages/send``, whose ``processQueryKey`` is the delivered id).  That answers
+fell back, and why, is logged once per bot.  A send whose outcome is unknown (the
+request went out, no answer) is never repeated, so the text is never shown twice; text
+paths split beyond 4,000 characters.
 
 A reaction ("thinking") is put on the user's message while the answer is being written
 and taken back at the end; DingTalk has no typing indicator.  Approvals and questions
