@@ -34,7 +34,10 @@ two tasks over it.  Session methods never await, so each call is atomic:
 - the **timer** sleeps until ``session.next_timer()`` and calls ``session.tick(now,
   reading=...)``: heartbeats, application-level pings, Hello and pong watchdogs.
   ``reading`` is False while ``deliver`` runs: an acknowledgement may be waiting unread,
-  so the session must not declare the connection dead then.
+  so the session must not declare the connection dead then;
+- the **pinger** (only with ``WsOptions.ping_interval_s``, for platforms whose dead
+  sockets only a websocket ping finds, e.g. DingTalk Stream): a ping every interval, and
+  no pong within ``pong_timeout_s`` cuts the connection (our close, ``ping_timeout_code``).
 
 Nothing cancels a delivery in hand: when the session closes the connection (a
 :class:`Close` action, e.g. a zombie verdict or a server-sent disconnect), the reader
