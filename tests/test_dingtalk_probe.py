@@ -7,6 +7,8 @@ through the same path as the command line; each has a hard deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -36,6 +38,26 @@ def write_config(path: Path, fake: FakeDingTalk, *, answer: str = "card") -> Pat
     return config
 
 
+@asynccontextmanager
+async def probing(
+    monkeypatch: pytest.MonkeyPatch, *, secret: str | None = None
+) -> AsyncIterator[FakeDingTalk]:
+    """A fake that pings at once, the secret in the environment, the suite's deadline."""
+    with trio.fail_after(DEADLINE):
+        async with open_fake_dingtalk() as fake:
+            fake.ping_on_connect = True
+            monkeypatch.setenv("DINGTALK_CLIENT_SECRET", secret or fake.client_secret)
+            yield fake
+
+
+async def probe(
+    path: Path, fake: FakeDingTalk, *, send_test: bool = False
+) -> tuple[list[ProbeRow], int]:
+    return await _probe(
+        write_config(path, fake), path / "data", "ding" if send_test else None, send_test
+    )
+
+
 def row(rows: list[ProbeRow], check: str) -> ProbeRow:
     [found] = [r for r in rows if r.check == check]
     return found
@@ -44,12 +66,9 @@ def row(rows: list[ProbeRow], check: str) -> ProbeRow:
 async def test_probe_checks_token_stream_ping_cards_and_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_dingtalk() as fake:
-            fake.ping_on_connect = True
-            monkeypatch.setenv("DINGTALK_CLIENT_SECRET", fake.client_secret)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
-            await fake.wait_until(lambda: bool(fake.connections) and not fake.connections[0].open)
+    async with probing(monkeypatch) as fake:
+        rows, code = await probe(tmp_path, fake)
+        await fake.wait_until(lambda: bool(fake.connections) and not fake.connections[0].open)
     table = format_table(rows)
     assert code == 0, table
     assert row(rows, "ding: identity").detail == f"ding (id {fake.robot_code})"
@@ -66,12 +85,9 @@ async def test_probe_checks_token_stream_ping_cards_and_store(
 async def test_probe_warns_when_cards_are_not_permitted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_dingtalk() as fake:
-            fake.ping_on_connect = True
-            fake.cards_permitted = False
-            monkeypatch.setenv("DINGTALK_CLIENT_SECRET", fake.client_secret)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    async with probing(monkeypatch) as fake:
+        fake.cards_permitted = False
+        rows, code = await probe(tmp_path, fake)
     cards = row(rows, "ding: card permission")
     assert code == 0
     assert cards.result == "warn" and "answers fall back to markdown" in cards.detail
@@ -80,10 +96,8 @@ async def test_probe_warns_when_cards_are_not_permitted(
 async def test_probe_fails_on_rejected_credentials(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_dingtalk() as fake:
-            monkeypatch.setenv("DINGTALK_CLIENT_SECRET", "not-the-secret")
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    async with probing(monkeypatch, secret="not-the-secret") as fake:
+        rows, code = await probe(tmp_path, fake)
     assert code == 1
     assert row(rows, "ding: identity").result == "fail"
     assert not fake.registrations
@@ -92,24 +106,20 @@ async def test_probe_fails_on_rejected_credentials(
 async def test_send_test_reaches_the_last_direct_user(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_dingtalk() as fake:
-            fake.ping_on_connect = True
-            monkeypatch.setenv("DINGTALK_CLIENT_SECRET", fake.client_secret)
-            async with open_store(tmp_path / "data") as store:
-                now = time.time()
-                await store.set_last_direct("ding", fake.dm_conversation, now=now)
-                entry = OutboundEntry(
-                    message_ids=["msg1"],
-                    text="hi",
-                    sent_at=now,
-                    completed_at=now,
-                    inbound=True,
-                    author_id=fake.user["staff_id"],
-                )
-                await store.add_outbound("ding", fake.dm_conversation, entry, now=now)
-            config = write_config(tmp_path, fake)
-            rows, code = await _probe(config, tmp_path / "data", "ding", True)
+    async with probing(monkeypatch) as fake:
+        async with open_store(tmp_path / "data") as store:
+            now = time.time()
+            await store.set_last_direct("ding", fake.dm_conversation, now=now)
+            entry = OutboundEntry(
+                message_ids=["msg1"],
+                text="hi",
+                sent_at=now,
+                completed_at=now,
+                inbound=True,
+                author_id=fake.user["staff_id"],
+            )
+            await store.add_outbound("ding", fake.dm_conversation, entry, now=now)
+        rows, code = await probe(tmp_path, fake, send_test=True)
     assert code == 0, format_table(rows)
     sent = row(rows, "ding: send test")
     assert sent.result == "ok"
