@@ -415,12 +415,17 @@ def test_errors_are_mapped_once(status: int, body: dict[str, Any], kind: type) -
 @pytest.mark.parametrize(
     ("text", "card"),
     [
-        ("one\ntwo", "one<br>\ntwo"),
+        ("one\ntwo", "one<br>two"),
+        ("one\r\ntwo\nthree", "one<br>two<br>three"),
         ("para\n\nnext", "para\n\nnext"),
         ("- a\n- b", "- a\n- b"),
-        ("```\ncode\nmore\n```", "```\ncode\nmore\n```"),
+        ("```\ncode\nmore\n```\nafter", "```\ncode\nmore\n```\nafter"),
         ("intro\n- item", "intro\n- item"),
+        ("intro\n1. item", "intro\n1. item"),
         ("# Title\nbody", "# Title\nbody"),
+        ("text\n> quote", "text\n> quote"),
+        ("text\n| a | b |", "text\n| a | b |"),
+        ("第一行\n第二行\n```\ncode\n```\n结尾", "第一行<br>第二行\n```\ncode\n```\n结尾"),
     ],
 )
 def test_card_markdown_makes_single_line_breaks_visible(text: str, card: str) -> None:

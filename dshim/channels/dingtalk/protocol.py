@@ -659,41 +659,42 @@ def is_auth_rejection(status: int, body: m.ErrorBody) -> bool:
 
 # --- rendering helpers -------------------------------------------------------------------------
 
-_FENCE = re.compile(r"^\s*(`{3,}|~{3,})")
-_BLOCK_START = re.compile(r"^\s*([-*+]\s|\d+[.)]\s|#|>|\|)")
+_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
+#: A line that starts a block of its own: the line break before it stays a line break.
+_BLOCK_START = re.compile(r"^\s{0,3}(?:[-*+] |\d+[.)] |#{1,6} |\||> )")
+_HEADING = re.compile(r"^\s{0,3}#{1,6} ")
 
 
 def card_markdown(text: str) -> str:
-    """Markdown as the AI card renders it: a single line break shows only as ``<br>``
-    (outside code blocks, lists, headings, quotes and tables; blank lines stay)."""
-    lines = text.replace("\r\n", "\n").split("\n")
+    """Markdown as the AI card renders it: the card shows a single line break only as
+    ``<br>``, so one between two lines of text becomes ``<br>``; blank lines, code blocks
+    and the breaks before list items, headings, quotes, tables and code fences (and after
+    a heading) stay as they are."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     out: list[str] = []
-    fence: str | None = None
+    in_code = False
+    last = len(lines) - 1
     for i, line in enumerate(lines):
-        match = _FENCE.match(line)
-        if match:
-            marker = match.group(1)
-            if fence is None:
-                fence = marker[0]
-            elif marker[0] == fence:
-                fence = None
+        fence = _FENCE.match(line) is not None
+        was_in_code = in_code
+        if fence:
+            in_code = not in_code
+        if i == last:
             out.append(line)
             continue
-        nxt = lines[i + 1] if i + 1 < len(lines) else None
-        if (
-            fence is None
-            and nxt is not None
-            and line.strip()
-            and nxt.strip()
-            and not _BLOCK_START.match(line)
-            and not _BLOCK_START.match(nxt)
-            and not _FENCE.match(nxt)
-            and not line.endswith(("  ", "<br>"))
-        ):
-            out.append(line + "<br>")
-        else:
-            out.append(line)
-    return "\n".join(out)
+        nxt = lines[i + 1]
+        keep = (
+            was_in_code
+            or in_code
+            or fence
+            or not line
+            or not nxt
+            or _BLOCK_START.match(nxt) is not None
+            or _FENCE.match(nxt) is not None
+            or _HEADING.match(line) is not None
+        )
+        out.append(line + ("\n" if keep else "<br>"))
+    return "".join(out)
 
 
 def new_track_id(rand: Callable[[], uuid.UUID] = uuid.uuid4) -> str:

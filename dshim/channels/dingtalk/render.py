@@ -431,7 +431,7 @@ class CardStream:
                 await self._stream(self._shown or self._text, finalize=True, error=True)
             except ChannelError as exc:
                 log.info("card_status_failed", error=str(exc)[:200])
-            await self._mark(error=True)
+            await self._mark(self._shown or self._text, error=True)
 
     async def _final_card(self, text: str) -> bool:
         """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3 (``isError``
@@ -464,18 +464,19 @@ class CardStream:
             except ChannelError as exc:
                 error = exc
             self._out.fell_back("card_finish_failed", error)
-            await self._mark(error=True)
+            await self._mark(self._shown or text, error=True)
             return False
-        await self._mark(error=failed)
+        await self._mark(text, error=failed)
         return True
 
-    async def _mark(self, *, error: bool) -> None:
+    async def _mark(self, text: str, *, error: bool) -> None:
+        """The card's final state: ``flowStatus`` 3 (5 on error) and its text, best effort."""
         assert self.track_id is not None
+        track_id = self.track_id
+        params = {"flowStatus": "5" if error else "3", "msgContent": card_markdown(text)}
         try:
             with trio.fail_after(30):
-                track_id = self.track_id
-                status = {"flowStatus": "5" if error else "3"}
-                await _retry_limited(lambda: self._api.update_card(track_id, status), times=4)
+                await _retry_limited(lambda: self._api.update_card(track_id, params), times=4)
         except (ChannelError, trio.TooSlowError) as exc:
             log.info("card_status_failed", error=str(exc)[:200])
 

@@ -671,6 +671,12 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         msg: BotMessage | None = card["message"]
         if msg is not None and "flowStatus" in params:
             msg.flow_status = str(params["flowStatus"])
+        if "msgContent" in params:  # the card variable the streaming key writes too
+            card["content"] = str(params["msgContent"])
+            if msg is not None:
+                if not msg.shown or msg.shown[-1] != card["content"]:
+                    msg.shown.append(card["content"])
+                msg.text = card["content"]
         self.changed()
         return json_response({"success": True})
 
