@@ -8,6 +8,7 @@ frame's ``data`` string).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import msgspec
@@ -474,3 +475,44 @@ def test_the_inbox_copy_has_no_session_webhook_and_still_maps() -> None:
     assert "sendBySession" not in repr(mapped().route)
     no_hook = json.dumps({k: v for k, v in robot().items() if k != "sessionWebhook"}).encode()
     assert without_webhook(no_hook) == no_hook
+
+
+@pytest.mark.parametrize(
+    ("keys", "error"),
+    [
+        ({"client_secret": None}, "bots[0].client_secret: required key is missing"),
+        ({"answer": "cards"}, 'bots[0].answer: expected "card" or "markdown"'),
+        ({"api_base": "ftp://x"}, "bots[0].api_base: expected an http:// or https:// URL"),
+        ({"client_id": "a b"}, "bots[0].client_id: not a DingTalk Client ID"),
+        ({"webhook": "x"}, "bots[0].webhook: unknown key"),
+    ],
+)
+def test_bad_settings_name_the_key(keys: dict[str, Any], error: str) -> None:
+    from dshim.config import parse_config
+    from dshim.errors import ConfigError
+
+    table = {"name": "d", "channel": "dingtalk", "client_id": "dingx", "client_secret": "s3cret"}
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        bot = {k: v for k, v in {**table, **keys}.items() if v is not None}
+        parse_config({"bots": [bot]}, env={})
+
+
+def test_settings_defaults() -> None:
+    from dshim.channels.dingtalk.channel import DingTalkSettings
+    from dshim.config import parse_config
+
+    config = parse_config(
+        {
+            "bots": [
+                {"name": "d", "channel": "dingtalk", "client_id": "dingx", "client_secret": "s"}
+            ]
+        },
+        env={},
+    )
+    settings = config.bots[0].settings
+    assert isinstance(settings, DingTalkSettings)
+    assert (settings.robot, settings.answer, settings.api_base) == (
+        "dingx",
+        "card",
+        "https://api.dingtalk.com",
+    )
