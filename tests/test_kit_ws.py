@@ -375,3 +375,59 @@ async def test_pings_without_a_pong_cut_the_connection(autojump_clock: object) -
                 await connect_once(server.url, Toy(), nothing, options=options)
                 raise AssertionError("a connection whose pongs come was cut")
         nursery.cancel_scope.cancel()
+
+
+async def test_a_handover_opens_the_next_connection_before_the_old_one_ends(
+    autojump_clock: object,
+) -> None:
+    """``run_ws_handover``: a session's Handover starts the next connection (with a new
+    session) at once; the old one keeps delivering until it closes; deliveries of both
+    reach ``deliver`` one at a time."""
+    from dshim.channels.kit.ws import Handover, run_ws_handover
+
+    class Moving(Toy):
+        def receive(self, data: str | bytes, now: float) -> list[Action[str | bytes]]:
+            if data == "moving":
+                return [Handover("moving")]
+            return super().receive(data, now)
+
+    first_closed = trio.Event()
+    opened_while_old_open: list[bool] = []
+
+    async def script(server: Server, ws: WebSocketConnection) -> None:
+        if len(server.connections) == 1:
+            await ws.send_message("event:a")
+            await ws.send_message("moving")
+            await server.wait_until(lambda: len(server.connections) == 2)
+            await ws.send_message("event:late")  # the old socket still delivers
+            await trio.sleep(5)
+            await ws.aclose(1000, "moved")
+            first_closed.set()
+        else:
+            opened_while_old_open.append(not first_closed.is_set())
+            await ws.send_message("event:b")
+            await server.pump(ws)
+
+    delivered: list[tuple[str | bytes, float]] = []
+    sessions: list[Moving] = []
+
+    def new_session() -> Moving:
+        sessions.append(Moving())
+        return sessions[-1]
+
+    async def deliver(event: str | bytes) -> None:
+        delivered.append((event, trio.current_time()))
+        await trio.sleep(1)  # one at a time: the next starts after this one ends
+
+    async with serving(script) as server:
+
+        async def next_url() -> str:
+            return server.url
+
+        with trio.move_on_after(60):
+            await run_ws_handover(new_session, next_url, deliver, backoff=Backoff(rng=None))
+    assert opened_while_old_open == [True] and len(sessions) == 2
+    assert {e for e, _ in delivered} == {"a", "b", "late"} and delivered[0][0] == "a"
+    times = sorted(t for _, t in delivered)
+    assert all(b - a >= 1.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+    assert sessions[0].ended and sessions[0].ended[0].code == 1000

@@ -15,12 +15,12 @@ host (it comes from a payload) and never gets the token.
 Stream
 ------
 :func:`run_stream` keeps the app's Stream connection: register (a new single-use ticket
-every time), connect, and run :class:`.protocol.StreamSession` on the kit's websocket
-connection (:func:`dshim.channels.kit.ws.connect_once`, with websocket pings and a pong
-timeout).  It differs from the kit's ``run_ws`` in one way: a ``disconnect`` frame
-starts the next connection at once, while the old one is still open (it closes itself
-a few seconds later): DingTalk may stop delivering on a socket as soon as it announced
-its end.  Deliveries of both sockets are serialized by the channel.
+every time), connect, and run one :class:`.protocol.StreamSession` per connection on the
+kit's runner (:func:`dshim.channels.kit.ws.run_ws_handover`, with websocket pings and a
+pong timeout).  A ``disconnect`` frame starts the next connection at once while the old
+one is still open (it closes itself a few seconds later): DingTalk may stop delivering
+on a socket as soon as it announced its end.  The runner hands the deliveries of both
+sockets over one at a time.
 """
 
 from __future__ import annotations
@@ -37,9 +37,7 @@ import trio
 from dshim import __version__
 from dshim.channels.dingtalk import models as m
 from dshim.channels.dingtalk.protocol import (
-    Handover,
     RobotCallback,
-    StreamEvent,
     StreamSession,
     classify_error,
     error_body,
@@ -54,7 +52,7 @@ from dshim.channels.kit.http import (
     download_capped,
     parse_retry_after,
 )
-from dshim.channels.kit.ws import Connected, WsEnded, WsOptions, connect_once
+from dshim.channels.kit.ws import Connected, WsOptions, run_ws_handover
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -405,64 +403,13 @@ async def run_stream(
     once after a connection that was live ``stable_after_s``, else after the backoff.
     """
     backoff = backoff or Backoff()
-    lock = trio.Lock()  # deliveries of an old and a new socket, one at a time
 
-    async with trio.open_nursery() as nursery:
-        while True:
-            url = await next_connection_url(api, backoff=backoff)
-            attempt = _Attempt(StreamSession(handover_close_s=handover_close_s))
+    async def next_url() -> str:
+        return await next_connection_url(api, backoff=backoff)
 
-            async def deliver_one(event: RobotCallback) -> Verdict | None:
-                async with lock:
-                    return await deliver(event)
+    def new_session() -> StreamSession:
+        return StreamSession(handover_close_s=handover_close_s)
 
-            nursery.start_soon(attempt.run, url, deliver_one, options, on_connected)
-            await attempt.wake.wait()
-            if attempt.handed_over:
-                backoff.reset()
-                continue  # the old socket stays open until it closes itself
-            ended = attempt.ended
-            assert ended is not None
-            if ended.connected_for is not None and ended.connected_for >= options.stable_after_s:
-                backoff.reset()
-                continue
-            delay = backoff.next_delay()
-            log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
-            await trio.sleep(delay)
-
-
-class _Attempt:
-    """One connection of :func:`run_stream`: wakes the loop on a handover or at its end."""
-
-    def __init__(self, session: StreamSession) -> None:
-        self.session = session
-        self.wake = trio.Event()
-        self.handed_over = False
-        self.ended: WsEnded | None = None
-
-    async def run(
-        self,
-        url: str,
-        deliver: StreamDeliverer,
-        options: WsOptions,
-        on_connected: Callable[[Connected], None] | None,
-    ) -> None:
-        async def on_event(event: StreamEvent) -> Verdict | None:
-            if isinstance(event, Handover):
-                log.info("stream_disconnect_received", reason=event.reason)
-                self.handed_over = True
-                self.wake.set()
-                return None
-            return await deliver(event)
-
-        ended = await connect_once(
-            url, self.session, on_event, options=options, on_connected=on_connected
-        )
-        log.info(
-            "ws_disconnected",
-            code=ended.code,
-            by_us=ended.by_us,
-            connected_s=None if ended.connected_for is None else round(ended.connected_for, 3),
-        )
-        self.ended = ended
-        self.wake.set()
+    await run_ws_handover(
+        new_session, next_url, deliver, backoff=backoff, options=options, on_connected=on_connected
+    )

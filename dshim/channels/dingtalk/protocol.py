@@ -13,8 +13,8 @@ Connection (one :class:`StreamSession` per websocket; protocols/dingtalk.md §2)
                SYSTEM ping        -> ack echoing ``data`` (the opaque) at once; the reader
                                      never waits for a turn (accept only makes the event
                                      durable), so a ping is answered while turns run
-               SYSTEM disconnect  -> :class:`Handover`: the channel opens the next
-                                     connection right away; this one closes itself
+               SYSTEM disconnect  -> the kit's ``Handover``: the next connection opens
+                                     right away (``run_ws_handover``); this one closes itself
                                      ``handover_close_s`` later (or when the server
                                      closes it), so the new socket is up first
                CALLBACK robot     -> ack ``{"response": null}`` at once, then deliver
@@ -58,6 +58,7 @@ from dshim.channels.kit.ws_session import (
     Close,
     Connected,
     Deliver,
+    Handover,
     Ignored,
     Send,
     WsEnded,
@@ -82,7 +83,6 @@ from dshim.model import (
 __all__ = [
     "CARD_CALLBACK_TOPIC",
     "ROBOT_TOPIC",
-    "Handover",
     "MessageMapper",
     "Route",
     "RobotCallback",
@@ -118,14 +118,8 @@ class RobotCallback:
     data: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Handover:
-    """The server sent ``disconnect``: open the next connection now."""
-
-    reason: str
-
-
-StreamEvent = RobotCallback | Handover
+#: What a Stream session delivers to the channel.
+StreamEvent = RobotCallback
 
 
 def _ack(message_id: str, data: str) -> Send:
@@ -181,7 +175,7 @@ class StreamSession:
                 self.disconnect_reason = reason
                 if self._close_at is None:
                     self._close_at = now + self.handover_close_s
-                return [Deliver(Handover(reason))]
+                return [Handover(reason)]
             return []  # CONNECTED, REGISTERED, KEEPALIVE: informational
         if kind == "CALLBACK":
             ack = _ack(mid, CALLBACK_ACK) if mid else None

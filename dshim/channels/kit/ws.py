@@ -78,6 +78,7 @@ from dshim.channels.kit.ws_session import (
     Close,
     Connected,
     Deliver,
+    Handover,
     Ignored,
     Send,
     WsEnded,
@@ -92,6 +93,7 @@ __all__ = [
     "Connected",
     "Deliver",
     "Deliverer",
+    "Handover",
     "Ignored",
     "Send",
     "WsEnded",
@@ -100,6 +102,7 @@ __all__ = [
     "connect_once",
     "open_client_websocket",
     "run_ws",
+    "run_ws_handover",
 ]
 
 log = structlog.get_logger("dshim.kit")
@@ -169,6 +172,8 @@ class _Connection(Generic[E]):
     _rearm: trio.Event = field(default_factory=trio.Event)
     #: The transport under ``ws`` (cut the hard way when pongs stop).
     stream: Stream | None = None
+    #: Told when the session returns :class:`Handover` (``run_ws_handover``).
+    on_handover: Callable[[Handover], None] | None = None
 
     async def drive(self) -> int | None:
         """Run until the connection ends; returns the close code (None: network)."""
@@ -278,6 +283,11 @@ class _Connection(Generic[E]):
         if isinstance(action, Ignored):
             log.warning("frame_dropped", reason=action.reason, detail=action.detail)
             return False
+        if isinstance(action, Handover):
+            log.info("ws_handover", reason=action.reason)
+            if self.on_handover is not None:
+                self.on_handover(action)
+            return False
         raise AssertionError(f"unknown action {action!r}")
 
     async def _close(self, code: int, reason: str) -> None:
@@ -373,6 +383,7 @@ async def connect_once(
     options: WsOptions = DEFAULT_OPTIONS,
     stop_when_connected: bool = False,
     on_connected: Callable[[Connected], None] | None = None,
+    on_handover: Callable[[Handover], None] | None = None,
 ) -> WsEnded:
     """One connection to ``url`` driven by ``session``; returns how it ended.
 
@@ -390,6 +401,7 @@ async def connect_once(
                 ws, session, deliver, clock, options, stop_when_connected, on_connected
             )
             conn.stream = stream
+            conn.on_handover = on_handover
             code = await conn.drive()
     except (
         ConnectionClosed,
@@ -443,3 +455,93 @@ async def run_ws(
         delay = backoff.next_delay()
         log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
         await trio.sleep(delay)
+
+
+async def run_ws_handover(
+    new_session: Callable[[], WsSession[E]],
+    next_url: Callable[[], Awaitable[str]],
+    deliver: Deliverer[E],
+    *,
+    backoff: Backoff | None = None,
+    clock: Callable[[], float] = trio.current_time,
+    options: WsOptions = DEFAULT_OPTIONS,
+    on_connected: Callable[[Connected], None] | None = None,
+) -> NoReturn:
+    """:func:`run_ws` for platforms that hand a connection over (DingTalk Stream
+    ``disconnect``): every connection gets its own session from ``new_session``, and a
+    :class:`Handover` from a session starts the next connection at once while the old
+    one stays open until it closes (it may still deliver).  Deliveries of both sockets
+    reach ``deliver`` one at a time.  Other ends reconnect exactly as :func:`run_ws`.
+    Raises what ``next_url`` or a session's ``connection_lost`` raise.
+    """
+    backoff = backoff or Backoff()
+    lock = trio.Lock()
+
+    async def one_at_a_time(event: E) -> Verdict | None:
+        async with lock:
+            return await deliver(event)
+
+    with single_error():
+        async with trio.open_nursery() as nursery:
+            while True:
+                url = await next_url()
+                attempt = _Attempt(new_session())
+                nursery.start_soon(attempt.run, url, one_at_a_time, clock, options, on_connected)
+                await attempt.wake.wait()
+                if attempt.handed_over:
+                    backoff.reset()
+                    continue  # the old connection ends by itself
+                ended = attempt.ended
+                assert ended is not None
+                if (
+                    ended.connected_for is not None
+                    and ended.connected_for >= options.stable_after_s
+                ):
+                    backoff.reset()
+                    continue
+                delay = backoff.next_delay()
+                log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
+                await trio.sleep(delay)
+
+
+class _Attempt(Generic[E]):
+    """One connection of :func:`run_ws_handover`: wakes the loop at a handover or its end."""
+
+    def __init__(self, session: WsSession[E]) -> None:
+        self.session = session
+        self.wake = trio.Event()
+        self.handed_over = False
+        self.ended: WsEnded | None = None
+
+    def _handover(self, action: Handover) -> None:
+        self.handed_over = True
+        self.wake.set()
+
+    async def run(
+        self,
+        url: str,
+        deliver: Deliverer[E],
+        clock: Callable[[], float],
+        options: WsOptions,
+        on_connected: Callable[[Connected], None] | None,
+    ) -> None:
+        ended = await connect_once(
+            url,
+            self.session,
+            deliver,
+            clock=clock,
+            options=options,
+            on_connected=on_connected,
+            on_handover=self._handover,
+        )
+        log.info(
+            "ws_disconnected",
+            code=ended.code,
+            by_us=ended.by_us,
+            connected_s=None if ended.connected_for is None else round(ended.connected_for, 3),
+        )
+        self.ended = ended
+        try:
+            self.session.connection_lost(ended, clock())
+        finally:
+            self.wake.set()
