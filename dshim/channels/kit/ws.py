@@ -39,6 +39,12 @@ two tasks over it.  Session methods never await, so each call is atomic:
   sockets only a websocket ping finds, e.g. DingTalk Stream): a ping every interval, and
   no pong within ``pong_timeout_s`` cuts the connection (our close, ``ping_timeout_code``).
 
+Handovers: :func:`run_ws_handover` is the same loop for platforms whose server
+announces the end of a connection and may stop delivering on it at once (DingTalk Stream
+``disconnect``): each connection gets a fresh session, a :class:`Handover` action starts
+the next connection right away, and the old one runs on until it closes (its session's
+own :class:`Close` or the server's); deliveries of both reach ``deliver`` one at a time.
+
 Nothing cancels a delivery in hand: when the session closes the connection (a
 :class:`Close` action, e.g. a zombie verdict or a server-sent disconnect), the reader
 finishes the delivery and ends at the close.  When the runner is cancelled (shutdown), the
@@ -46,7 +52,8 @@ connection is closed at once with ``shutdown_close_code`` and the peer's answer 
 awaited long.
 
 Every action a session can return is one of :class:`Send`, :class:`Close`,
-:class:`Deliver`, :class:`Connected` and :class:`Ignored` (logged as ``frame_dropped``).
+:class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
+:class:`Handover` (logged as ``ws_handover``).
 They and :class:`WsSession` live in the sans-IO :mod:`dshim.channels.kit.ws_session`
 (what a ``protocol.py`` imports) and are re-exported here.
 URLs are logged without their query (it can carry a ticket or credentials), frames only
