@@ -28,6 +28,7 @@ from structlog.testing import capture_logs
 from dshim.channels.dingtalk import channel as dingtalk_channel
 from dshim.config import parse_config
 from dshim.harness.echo import EchoHarness
+from dshim.model import TextDelta, ToolProgress, TurnEnd
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.dingtalk import BotMessage, FakeDingTalk, open_fake_dingtalk
@@ -557,3 +558,25 @@ async def test_a_failed_turn_ends_the_card_in_its_error_state(
     failed = fake.bot_messages(fake.dm_conversation)[0]
     assert "failed" in failed.text and failed.error and failed.flow_status == "5"
     assert not done.error and ok["msgId"]
+
+
+class ToolHarness(EchoHarness):
+    """Text, then a tool call that takes a while, then more text."""
+
+    async def prompt(self, session_id: str, parts: Any, ctx: Any) -> Any:
+        yield TextDelta("Looking it up.")
+        yield ToolProgress(title="web_search", status="running")
+        await trio.sleep(3)
+        yield TextDelta(" Found it.")
+        yield TurnEnd()
+
+
+async def test_tool_progress_shows_under_the_text_until_more_text_comes(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, harness=ToolHarness()) as (bot, fake):
+        fake.user_message(fake.dm_conversation, "search")
+        card = await answered(fake, fake.dm_conversation, "Looking it up. Found it.")
+        await fake.wait_until(lambda: card.flow_status == "3")
+    assert "Looking it up.\n\n⏳ web_search (running)" in card.shown
+    assert card.text == "Looking it up. Found it."

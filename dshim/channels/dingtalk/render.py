@@ -273,6 +273,7 @@ class CardStream:
         self.card = card
         self.track_id: str | None = None
         self._text = ""
+        self._note: str | None = None
         self._shown: str | None = None
         self._last_call = -math.inf
         self._paused_until = -math.inf
@@ -289,10 +290,19 @@ class CardStream:
     async def update(self, text: str) -> None:
         if text != self._text:
             self._text = text
+            self._note = None
             self._wake()
 
     async def progress(self, note: str) -> None:
-        return None  # the card shows the text only
+        """A tool or status note: shown under the text in the card until more text."""
+        self._note = note.strip() or None
+        self._wake()
+
+    def _display(self) -> str:
+        text = self._text.strip()
+        if self._note is None:
+            return text
+        return f"{text}\n\n⏳ {self._note}" if text else f"⏳ {self._note}"
 
     def _wake(self) -> None:
         self._changed.set()
@@ -307,7 +317,7 @@ class CardStream:
         failures = 0
         try:
             while not self._finishing.is_set():
-                text = self._text.strip()
+                text = self._display()
                 if not text or text == self._shown:
                     await self._changed.wait()  # finish() wakes it too
                     continue
@@ -428,10 +438,10 @@ class CardStream:
         self._finished = True
         with trio.move_on_after(ABANDON_TIMEOUT_S):
             try:
-                await self._stream(self._shown or self._text, finalize=True, error=True)
+                await self._stream(self._text or self._shown or "", finalize=True, error=True)
             except ChannelError as exc:
                 log.info("card_status_failed", error=str(exc)[:200])
-            await self._mark(self._shown or self._text, error=True)
+            await self._mark(self._text or self._shown or "", error=True)
 
     async def _final_card(self, text: str) -> bool:
         """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3 (``isError``
