@@ -514,3 +514,11 @@ def test_settings_defaults() -> None:
         "card",
         "https://api.dingtalk.com",
     )
+
+
+def test_a_group_message_without_the_at_flag_is_addressed_and_callbacks_are_ignored() -> None:
+    assert mapped(conversationType="2", isInAtList=None).addressed
+    item = MAPPER.decode_raw(
+        json.dumps(robot(msgtype="interactiveCardCallback", text=None)).encode()
+    )
+    assert isinstance(item, Skip) and item.reason == "ignored"

@@ -96,6 +96,10 @@ ROBOT_TOPIC = "/v1.0/im/bot/messages/get"
 CARD_CALLBACK_TOPIC = "/v1.0/card/instances/callback"
 #: A quote of an AI card that carries nothing but this placeholder is the bot's own card.
 CARD_PLACEHOLDER = "[Interactive Card Message]"
+#: Message types a user sends (others are platform callbacks unless they carry text).
+KNOWN_TYPES = frozenset(
+    {"text", "richText", "picture", "audio", "voice", "video", "file", "markdown"}
+)
 #: Robot payloads larger than this are not messages a user wrote (bounded decode).
 MAX_EVENT_BYTES = 1 << 20
 
@@ -314,7 +318,14 @@ class MessageMapper:
             return Skip(reason="malformed", detail="no sender", message_id=msg.msgId)
         content = _content(msg.content)
         text, images, files = self._body(msg, content, direct=direct)
-        addressed = True if direct else bool(msg.isInAtList)
+        if msg.msgtype not in KNOWN_TYPES and not text and not images and not files:
+            # A callback that is not a user message (interactiveCardCallback ...).
+            return Skip(
+                reason="ignored", detail=f"msgtype {msg.msgtype[:40]}", message_id=msg.msgId
+            )
+        # DingTalk pushes group messages only when the robot is @-mentioned; the flag,
+        # when present, says so (an explicit false is not for the bot).
+        addressed = True if direct else msg.isInAtList is not False
         reply_to = self._reply(msg, bot_user)
         route = Route(
             msg_id=msg.msgId,
@@ -363,7 +374,7 @@ class MessageMapper:
         if kind == "text":
             text = msg.text.content if msg.text is not None else ""
             text = text.strip()
-            if not direct and msg.isInAtList:
+            if not direct and msg.isInAtList is not False:
                 text = _strip_bot_mention(text, msg)
         elif kind == "richText":
             parts: list[str] = []
