@@ -236,7 +236,7 @@ class DingTalkOutbound:
             except TransportError as exc:
                 if exc.request_sent:
                     # It may be on the user's screen: never a second copy.
-                    log.warning("send_outcome_unknown", error=str(exc)[:200], webhook=use_webhook)
+                    log.warning("send_unconfirmed", error=str(exc)[:200], webhook=use_webhook)
                     return f"unconfirmed-{uuid.uuid4().hex}"
                 delay = backoff.next_delay()
                 if backoff.failures >= MAX_ATTEMPTS:

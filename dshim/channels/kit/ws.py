@@ -53,7 +53,7 @@ awaited long.
 
 Every action a session can return is one of :class:`Send`, :class:`Close`,
 :class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
-:class:`Handover` (logged as ``ws_handover``).
+:class:`Handover` (logged as ``ws_handed_over``).
 They and :class:`WsSession` live in the sans-IO :mod:`dshim.channels.kit.ws_session`
 (what a ``protocol.py`` imports) and are re-exported here.
 URLs are logged without their query (it can carry a ticket or credentials), frames only
@@ -291,7 +291,7 @@ class _Connection(Generic[E]):
             log.warning("frame_dropped", reason=action.reason, detail=action.detail)
             return False
         if isinstance(action, Handover):
-            log.info("ws_handover", reason=action.reason)
+            log.info("ws_handed_over", reason=action.reason)
             if self.on_handover is not None:
                 self.on_handover(action)
             return False
