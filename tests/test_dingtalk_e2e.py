@@ -580,3 +580,33 @@ async def test_tool_progress_shows_under_the_text_until_more_text_comes(
         await fake.wait_until(lambda: card.flow_status == "3")
     assert "Looking it up.\n\n⏳ web_search (running)" in card.shown
     assert card.text == "Looking it up. Found it."
+
+
+async def test_the_token_is_renewed_before_it_expires(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, configure=lambda f: setattr(f, "token_lifetime_s", 600.0)) as (
+        bot,
+        fake,
+    ):
+        await trio.sleep(400)  # past the renewal point (5 minutes before expiry)
+        fake.user_message(fake.dm_conversation, "still valid?")
+        await answered(fake, fake.dm_conversation, echo(fake, "still valid?"))
+    assert fake.token_requests() == 2
+    assert not [c for c in fake.calls if c.status == 401]  # renewed, never rejected
+
+
+async def test_group_markdown_goes_by_webhook_with_the_at_then_by_group_send(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path, answer="markdown") as (bot, fake):
+        fake.user_message(fake.group_conversation, "first")
+        first = await answered(fake, fake.group_conversation, echo(fake, "first", kind="group"))
+        fake.webhook_lifetime_s = 0.0  # the next message's webhook is already expired
+        fake.user_message(fake.group_conversation, "second")
+        second = await answered(fake, fake.group_conversation, echo(fake, "second", kind="group"))
+    assert (first.via, first.at_users) == ("webhook", [fake.user["staff_id"]])
+    assert second.via == "openapi"
+    [send] = fake.calls_to("POST", "/v1.0/robot/groupMessages/send")
+    assert send.json["openConversationId"] == fake.group_conversation
+    assert send.json["msgKey"] == "sampleMarkdown"
