@@ -27,12 +27,14 @@ Guarantees: robot callbacks are at-least-once: an unacked one is pushed again ~6
 and even acked ones can come twice.  The ack deadline is shorter than a durable accept
 can be guaranteed to take, so every frame is acked right after decoding, before the
 pipeline runs, and redeliveries are dropped by the pipeline's persisted dedup on
-``msgId`` (a delivery id would change; ``msgId`` does not).  Each push goes to one of the
+``msgId`` (a delivery id would change; ``msgId`` does not).  The cost: a crash between
+the ack and the durable accept loses that one message.  Each push goes to one of the
 app's connections; order across connections is not promised.
 
 Mapping (:class:`MessageMapper`, table-tested): conversation = ``conversationId``;
-``conversationType`` "1" direct, "2" group; in groups the bot is addressed only when
-``isInAtList`` (the platform pushes group messages only when the bot is @-mentioned);
+``conversationType`` "1" direct, "2" group; the platform pushes group messages only
+when the bot is @-mentioned, so a group message is addressed unless ``isInAtList`` is
+false;
 sender ``senderStaffId`` (else ``senderId``), ``senderNick``.  Quotes come from
 ``text.isReplyMsg`` + ``text.repliedMsg``, the legacy ``quoteMessage``, or only
 ``originalMsgId``; DingTalk has no fetch-by-id API, so a quote without content is
