@@ -51,11 +51,10 @@ async def probing(
 
 
 async def probe(
-    path: Path, fake: FakeDingTalk, *, send_test: bool = False
+    path: Path, fake: FakeDingTalk, *, send_test: bool = False, answer: str = "card"
 ) -> tuple[list[ProbeRow], int]:
-    return await _probe(
-        write_config(path, fake), path / "data", "ding" if send_test else None, send_test
-    )
+    config = write_config(path, fake, answer=answer)
+    return await _probe(config, path / "data", "ding" if send_test else None, send_test)
 
 
 def row(rows: list[ProbeRow], check: str) -> ProbeRow:
@@ -103,8 +102,9 @@ async def test_probe_fails_on_rejected_credentials(
     assert not fake.registrations
 
 
+@pytest.mark.parametrize("answer", ["card", "markdown"])
 async def test_send_test_reaches_the_last_direct_user(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str
 ) -> None:
     async with probing(monkeypatch) as fake:
         async with open_store(tmp_path / "data") as store:
@@ -119,9 +119,13 @@ async def test_send_test_reaches_the_last_direct_user(
                 author_id=fake.user["staff_id"],
             )
             await store.add_outbound("ding", fake.dm_conversation, entry, now=now)
-        rows, code = await probe(tmp_path, fake, send_test=True)
+        rows, code = await probe(tmp_path, fake, send_test=True, answer=answer)
     assert code == 0, format_table(rows)
     sent = row(rows, "ding: send test")
     assert sent.result == "ok"
     [msg] = fake.bot_messages(fake.dm_conversation)
-    assert "connection test" in msg.text and msg.via == "openapi"
+    assert "connection test" in msg.text
+    if answer == "card":
+        assert msg.kind == "card" and msg.flow_status == "3" and msg.track_id in sent.detail
+    else:
+        assert msg.via == "openapi" and msg.process_query_key in sent.detail

@@ -300,10 +300,22 @@ async def probe(rows: ProbeRows) -> None:
                 direct=True,
                 staff_id=staff or conversation_id,
             )
-            outbound = DingTalkOutbound(api, store=rows.store, clock=time.time, answer="markdown")
+            outbound = DingTalkOutbound(
+                api,
+                store=rows.store,
+                clock=time.time,
+                answer=settings.answer,
+                card_template_id=settings.card_template_id,
+            )
             target = ReplyTarget(conversation_id=conversation_id, route=route)
-            sent = await outbound.send_text(target, TEST_TEXT.format(name=rows.bot.name))
-            return sent[0].message_id if sent else "?"
+            text = TEST_TEXT.format(name=rows.bot.name)
+            if settings.answer != "card":
+                sent = await outbound.send_text(target, text)
+                return sent[0].message_id if sent else "?"
+            # The way answers go: an AI card (markdown when the card cannot be used).
+            async with outbound.open_stream(target) as stream:
+                sent = await stream.finish(text)
+            return stream.track_id or (sent[0].message_id if sent else "?")
 
         await rows.standard(
             credentials=f"client_id {settings.client_id}, robot_code {settings.robot}",
