@@ -136,6 +136,18 @@ def _api(
     )
 
 
+def _outbound(
+    api: DingTalkApi, settings: DingTalkSettings, store: ChannelStore, clock: Callable[[], float]
+) -> DingTalkOutbound:
+    return DingTalkOutbound(
+        api,
+        store=store,
+        clock=clock,
+        answer=settings.answer,
+        card_template_id=settings.card_template_id,
+    )
+
+
 async def record_inbound(store: ChannelStore, item: InboundMessage, now: float) -> None:
     """Index an accepted user message (a later quote of it carries only its id)."""
     await store.record_outbound(
@@ -159,13 +171,7 @@ async def run(
         robot = settings.robot
         log.info("bot_authenticated", robot_code=robot)
         mapper = MessageMapper(bot_id=robot, robot_code=robot, media=media_factory(api))
-        outbound = DingTalkOutbound(
-            api,
-            store=host.store,
-            clock=host.clock,
-            answer=settings.answer,
-            card_template_id=settings.card_template_id,
-        )
+        outbound = _outbound(api, settings, host.store, host.clock)
         async with host.open_runtime(
             outbound=outbound, bot_id=robot, decode_raw=mapper.decode_raw
         ) as rt:
@@ -300,13 +306,7 @@ async def probe(rows: ProbeRows) -> None:
                 direct=True,
                 staff_id=staff or conversation_id,
             )
-            outbound = DingTalkOutbound(
-                api,
-                store=rows.store,
-                clock=time.time,
-                answer=settings.answer,
-                card_template_id=settings.card_template_id,
-            )
+            outbound = _outbound(api, settings, rows.store, time.time)
             target = ReplyTarget(conversation_id=conversation_id, route=route)
             text = TEST_TEXT.format(name=rows.bot.name)
             if settings.answer != "card":
