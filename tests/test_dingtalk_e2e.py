@@ -610,3 +610,14 @@ async def test_group_markdown_goes_by_webhook_with_the_at_then_by_group_send(
     [send] = fake.calls_to("POST", "/v1.0/robot/groupMessages/send")
     assert send.json["openConversationId"] == fake.group_conversation
     assert send.json["msgKey"] == "sampleMarkdown"
+
+
+async def test_credentials_revoked_while_running_stop_the_bot_at_the_next_registration(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.credentials_valid = False
+        await fake.drop_connection()
+        await bot.ended.wait()
+        assert bot.results == {"ding": "fatal"}
+    assert len(fake.calls_to("POST", "/v1.0/gateway/connections/open")) == 2  # no retry loop
