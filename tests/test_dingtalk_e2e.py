@@ -621,3 +621,25 @@ async def test_credentials_revoked_while_running_stop_the_bot_at_the_next_regist
         await bot.ended.wait()
         assert bot.results == {"ding": "fatal"}
     assert len(fake.calls_to("POST", "/v1.0/gateway/connections/open")) == 2  # no retry loop
+
+
+async def test_a_registration_answer_without_a_websocket_endpoint_is_retried(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    def broken_endpoint(fake: FakeDingTalk) -> None:
+        real = fake.ws_url
+        fake.ws_url = "https://not-a-websocket.invalid"
+
+        async def restore() -> None:
+            await fake.wait_until(lambda: len(fake.registrations) >= 2)
+            fake.ws_url = real
+
+        fake.restore = restore  # type: ignore[attr-defined]
+
+    async with running_bot(tmp_path, configure=broken_endpoint, wait_ready=False) as (bot, fake):
+        await fake.restore()  # type: ignore[attr-defined]
+        await fake.wait_until(lambda: fake.live is not None)
+        fake.user_message(fake.dm_conversation, "hello")
+        await answered(fake, fake.dm_conversation, echo(fake, "hello"))
+    assert bot.results == {"ding": "shutdown"}
+    assert fake.token_requests() == 1  # retried inside the bot: it never had to restart

@@ -384,6 +384,11 @@ async def next_connection_url(api: DingTalkApi, *, backoff: Backoff) -> str:
             log.warning("stream_registration_failed", error=str(exc), retry_in_s=round(delay, 2))
             await trio.sleep(delay)
             continue
+        if not conn.endpoint.startswith(("ws://", "wss://")):
+            delay = backoff.next_delay()
+            log.warning("stream_endpoint_refused", reason="not a websocket URL", retry_in_s=delay)
+            await trio.sleep(delay)
+            continue
         sep = "&" if "?" in conn.endpoint else "?"
         return f"{conn.endpoint}{sep}ticket={urllib.parse.quote(conn.ticket, safe='')}"
 
