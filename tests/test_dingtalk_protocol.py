@@ -522,3 +522,28 @@ def test_a_group_message_without_the_at_flag_is_addressed_and_callbacks_are_igno
         json.dumps(robot(msgtype="interactiveCardCallback", text=None)).encode()
     )
     assert isinstance(item, Skip) and item.reason == "ignored"
+
+
+WEIRD: list[Any] = [None, 0, -1, 1e400, "", "x", "\u0000", [], {}, True, [{}], {"a": [None]}]
+
+
+def quote_event(**replied: Any) -> dict[str, Any]:
+    base = {"msgId": "q", "msgType": "text", "senderId": USER, "content": {"content": "c"}}
+    base.update(replied)
+    return robot(text={"content": "x", "isReplyMsg": True, "repliedMsg": base})
+
+
+@pytest.mark.parametrize("value", WEIRD, ids=repr)
+def test_no_field_of_any_type_makes_the_mapping_raise(value: Any) -> None:
+    fields = [k for k in robot() if k != "msgId"] + ["content", "atUsers", "quoteMessage"]
+    for key in fields:
+        for msgtype in ("text", "richText", "picture", "file", "audio", "unknown"):
+            event = robot(msgtype=msgtype)
+            event[key] = value
+            MAPPER.decode_raw(json.dumps(event).encode())  # a message or a Skip, never raises
+        for qkey in ("msgId", "msgType", "senderId", "createdAt", "content", "senderNick"):
+            for qtype in ("text", "richText", "interactiveCard", "chatRecord", "file"):
+                event = quote_event(msgType=qtype)
+                event["text"]["repliedMsg"][qkey] = value
+                item = MAPPER.decode_raw(json.dumps(event).encode())
+                assert isinstance(item, InboundMessage | Skip)

@@ -266,7 +266,7 @@ def _ms(value: object) -> float | None:
         return None
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value.strip())
-    if isinstance(value, int | float) and value > 0:
+    if isinstance(value, int | float) and 0 < value < 1e15:  # finite, before year 33658
         return float(value) / 1000.0
     return None
 
