@@ -547,3 +547,8 @@ def test_no_field_of_any_type_makes_the_mapping_raise(value: Any) -> None:
                 event["text"]["repliedMsg"][qkey] = value
                 item = MAPPER.decode_raw(json.dumps(event).encode())
                 assert isinstance(item, InboundMessage | Skip)
+
+
+def test_original_msg_id_fills_a_quote_without_its_own_id() -> None:
+    ref = quoted({"msgType": "picture", "senderId": USER}, originalMsgId="orig==")
+    assert ref.message_id == "orig==" and ref.attachments == [m_att("image")]

@@ -420,6 +420,8 @@ class MessageMapper:
                 # Only an id: the message index knows it (every accepted message is there).
                 return ReplyReference(message_id=msg.originalMsgId, recover=True)
             return None
+        if not _str(quoted.get("msgId")) and msg.originalMsgId:
+            quoted = {**quoted, "msgId": msg.originalMsgId}  # the id given beside it
         return quote_reference(quoted, bot_user=bot_user, process_key=msg.originalProcessQueryKey)
 
 
