@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from tests.channel_contract import SCENARIOS, ChannelRig
+from tests.rig_dingtalk import DingTalkRig
 from tests.rig_discord import DiscordRig
 from tests.rig_feishu import FeishuRig
 from tests.rig_slack import SlackRig
@@ -18,6 +19,7 @@ from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import WhatsAppRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
+    "dingtalk": DingTalkRig,
     "discord": DiscordRig,
     "feishu": FeishuRig,
     "slack": SlackRig,

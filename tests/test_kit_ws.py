@@ -11,6 +11,7 @@ that nothing leaks (sockets) or escapes (network errors).
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -334,3 +335,99 @@ async def test_the_url_is_logged_without_its_query(autojump_clock: object) -> No
     assert events[0] == "ws_connecting" and logs[0]["url"].endswith("/gw")
     assert "frame_dropped" in events and "ws_closing" in events
     assert {"event": "frame_sent", "kind": "hello", "log_level": "info"} in logs
+
+
+async def test_pings_without_a_pong_cut_the_connection(autojump_clock: object) -> None:
+    """``WsOptions.ping_interval_s``: a peer that completed the handshake and then hears
+    nothing (no pong) is cut after ``pong_timeout_s``; a peer that answers is kept."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        conn = WSConnection(ConnectionType.SERVER)
+        while True:
+            conn.receive_data(await stream.receive_some(65536))
+            if any(isinstance(e, Request) for e in conn.events()):
+                break
+        await stream.send_all(conn.send(AcceptConnection()))
+        await trio.sleep_forever()  # never reads again: pings go unanswered
+
+    options = WsOptions(ping_interval_s=30.0, pong_timeout_s=5.0)
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), deaf, 0
+        )
+        port = listeners[0].socket.getsockname()[1]
+        t0 = trio.current_time()
+
+        async def nothing(event: object) -> None:
+            return None
+
+        ended = await connect_once(f"ws://127.0.0.1:{port}/", Toy(), nothing, options=options)
+        assert trio.current_time() - t0 == pytest.approx(35.0, abs=0.5)
+        assert (ended.code, ended.by_us) == (options.ping_timeout_code, True)
+
+        async def answering(server: Server, ws: WebSocketConnection) -> None:
+            await server.pump(ws)  # trio-websocket answers pings by itself
+
+        async with serving(answering) as server:
+            with trio.move_on_after(200):
+                await connect_once(server.url, Toy(), nothing, options=options)
+                raise AssertionError("a connection whose pongs come was cut")
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_handover_opens_the_next_connection_before_the_old_one_ends(
+    autojump_clock: object,
+) -> None:
+    """``run_ws_handover``: a session's Handover starts the next connection (with a new
+    session) at once; the old one keeps delivering until it closes; deliveries of both
+    reach ``deliver`` one at a time."""
+    from dshim.channels.kit.ws import Handover, run_ws_handover
+
+    class Moving(Toy):
+        def receive(self, data: str | bytes, now: float) -> list[Action[str | bytes]]:
+            if data == "moving":
+                return [Handover("moving")]
+            return super().receive(data, now)
+
+    first_closed = trio.Event()
+    opened_while_old_open: list[bool] = []
+
+    async def script(server: Server, ws: WebSocketConnection) -> None:
+        if len(server.connections) == 1:
+            await ws.send_message("event:a")
+            await ws.send_message("moving")
+            await server.wait_until(lambda: len(server.connections) == 2)
+            await ws.send_message("event:late")  # the old socket still delivers
+            await trio.sleep(5)
+            await ws.aclose(1000, "moved")
+            first_closed.set()
+        else:
+            opened_while_old_open.append(not first_closed.is_set())
+            await ws.send_message("event:b")
+            await server.pump(ws)
+
+    delivered: list[tuple[str | bytes, float]] = []
+    sessions: list[Moving] = []
+
+    def new_session() -> Moving:
+        sessions.append(Moving())
+        return sessions[-1]
+
+    async def deliver(event: str | bytes) -> None:
+        delivered.append((event, trio.current_time()))
+        await trio.sleep(1)  # one at a time: the next starts after this one ends
+
+    async with serving(script) as server:
+
+        async def next_url() -> str:
+            return server.url
+
+        with trio.move_on_after(60):
+            await run_ws_handover(new_session, next_url, deliver, backoff=Backoff(rng=None))
+    assert opened_while_old_open == [True] and len(sessions) == 2
+    assert {e for e, _ in delivered} == {"a", "b", "late"} and delivered[0][0] == "a"
+    times = sorted(t for _, t in delivered)
+    assert all(b - a >= 1.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+    assert sessions[0].ended and sessions[0].ended[0].code == 1000

@@ -293,6 +293,7 @@ async def test_stop_commands_and_the_busy_notice(
             await ann.join("c1")
             await ann.send("c1", "echo:slow 30 a long story")
             await ann.wait_until(lambda: len(ann.in_conversation("c1", bot=True)) == 1)
+            await trio.sleep(1.5)  # the agent has been at it for a while: the bound applies
             await ann.send("c1", "queued")
             await ann.send("c1", "one too many")
             await ann.wait_until(lambda: BUSY_TEXT in ann.bot_texts("c1"))

@@ -381,7 +381,7 @@ class ReplaySource:
     #: The fixture's whole ``bot`` table, for channels whose identity has more than an id
     #: and a username (Feishu: ``open_id``, ``app_id``, ``name``; Slack: ``user_id``,
     #: ``bot_id``, ``app_id``, ``team_id``; WhatsApp: ``phone_number_id``,
-    #: ``display_phone_number``).
+    #: ``display_phone_number``; DingTalk: ``robot_code``, ``chatbot_user_id``).
     bot_info: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -34,7 +34,16 @@ two tasks over it.  Session methods never await, so each call is atomic:
 - the **timer** sleeps until ``session.next_timer()`` and calls ``session.tick(now,
   reading=...)``: heartbeats, application-level pings, Hello and pong watchdogs.
   ``reading`` is False while ``deliver`` runs: an acknowledgement may be waiting unread,
-  so the session must not declare the connection dead then.
+  so the session must not declare the connection dead then;
+- the **pinger** (only with ``WsOptions.ping_interval_s``, for platforms whose dead
+  sockets only a websocket ping finds, e.g. DingTalk Stream): a ping every interval, and
+  no pong within ``pong_timeout_s`` cuts the connection (our close, ``ping_timeout_code``).
+
+Handovers: :func:`run_ws_handover` is the same loop for platforms whose server
+announces the end of a connection and may stop delivering on it at once (DingTalk Stream
+``disconnect``): each connection gets a fresh session, a :class:`Handover` action starts
+the next connection right away, and the old one runs on until it closes (its session's
+own :class:`Close` or the server's); deliveries of both reach ``deliver`` one at a time.
 
 Nothing cancels a delivery in hand: when the session closes the connection (a
 :class:`Close` action, e.g. a zombie verdict or a server-sent disconnect), the reader
@@ -43,7 +52,8 @@ connection is closed at once with ``shutdown_close_code`` and the peer's answer 
 awaited long.
 
 Every action a session can return is one of :class:`Send`, :class:`Close`,
-:class:`Deliver`, :class:`Connected` and :class:`Ignored` (logged as ``frame_dropped``).
+:class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
+:class:`Handover` (logged as ``ws_handed_over``).
 They and :class:`WsSession` live in the sans-IO :mod:`dshim.channels.kit.ws_session`
 (what a ``protocol.py`` imports) and are re-exported here.
 URLs are logged without their query (it can carry a ticket or credentials), frames only
@@ -75,6 +85,7 @@ from dshim.channels.kit.ws_session import (
     Close,
     Connected,
     Deliver,
+    Handover,
     Ignored,
     Send,
     WsEnded,
@@ -89,6 +100,7 @@ __all__ = [
     "Connected",
     "Deliver",
     "Deliverer",
+    "Handover",
     "Ignored",
     "Send",
     "WsEnded",
@@ -97,6 +109,7 @@ __all__ = [
     "connect_once",
     "open_client_websocket",
     "run_ws",
+    "run_ws_handover",
 ]
 
 log = structlog.get_logger("dshim.kit")
@@ -127,6 +140,12 @@ class WsOptions:
     shutdown_close_code: int = 1000
     #: A connection that was live this long was healthy: reconnect at once, reset backoff.
     stable_after_s: float = 5.0
+    #: A websocket ping (protocol level, not a platform frame) every this many seconds;
+    #: no pong within ``pong_timeout_s`` cuts the connection (ends with ``ping_timeout_code``
+    #: as our own close).  None: no pings (platforms with an application heartbeat).
+    ping_interval_s: float | None = None
+    pong_timeout_s: float = 10.0
+    ping_timeout_code: int = 4000
 
 
 DEFAULT_OPTIONS = WsOptions()
@@ -158,6 +177,10 @@ class _Connection(Generic[E]):
     connected_at: float | None = None
     _armed: float | None = None
     _rearm: trio.Event = field(default_factory=trio.Event)
+    #: The transport under ``ws`` (cut the hard way when pongs stop).
+    stream: Stream | None = None
+    #: Told when the session returns :class:`Handover` (``run_ws_handover``).
+    on_handover: Callable[[Handover], None] | None = None
 
     async def drive(self) -> int | None:
         """Run until the connection ends; returns the close code (None: network)."""
@@ -166,6 +189,8 @@ class _Connection(Generic[E]):
                 return self.own_close
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._timers)
+            if self.options.ping_interval_s is not None:
+                nursery.start_soon(self._pinger, self.options.ping_interval_s)
             code = await self._read()
             nursery.cancel_scope.cancel()
         return self.own_close if self.own_close is not None else code
@@ -219,6 +244,22 @@ class _Connection(Generic[E]):
                 if await self._perform(action):
                     return
 
+    async def _pinger(self, interval: float) -> None:
+        """Ping every ``interval``; a pong that does not come cuts the connection."""
+        while True:
+            await trio.sleep(interval)
+            with trio.move_on_after(self.options.pong_timeout_s) as waited:
+                try:
+                    await self.ws.ping()
+                except ConnectionClosed:
+                    return  # the reader sees the close and ends
+            if waited.cancelled_caught:
+                log.warning("ws_pong_timed_out", timeout_s=self.options.pong_timeout_s)
+                self.own_close = self.options.ping_timeout_code
+                if self.stream is not None:
+                    await self.stream.aclose()  # the reader's get_message ends at once
+                return
+
     async def _send(self, action: Send) -> None:
         try:
             await self.ws.send_message(action.data)
@@ -248,6 +289,11 @@ class _Connection(Generic[E]):
             return False
         if isinstance(action, Ignored):
             log.warning("frame_dropped", reason=action.reason, detail=action.detail)
+            return False
+        if isinstance(action, Handover):
+            log.info("ws_handed_over", reason=action.reason)
+            if self.on_handover is not None:
+                self.on_handover(action)
             return False
         raise AssertionError(f"unknown action {action!r}")
 
@@ -344,6 +390,7 @@ async def connect_once(
     options: WsOptions = DEFAULT_OPTIONS,
     stop_when_connected: bool = False,
     on_connected: Callable[[Connected], None] | None = None,
+    on_handover: Callable[[Handover], None] | None = None,
 ) -> WsEnded:
     """One connection to ``url`` driven by ``session``; returns how it ended.
 
@@ -357,10 +404,12 @@ async def connect_once(
     rejected: int | None = None
     rejected_headers: tuple[tuple[str, str], ...] = ()
     try:
-        async with open_client_websocket(url, options) as (ws, _):
+        async with open_client_websocket(url, options) as (ws, stream):
             conn = _Connection(
                 ws, session, deliver, clock, options, stop_when_connected, on_connected
             )
+            conn.stream = stream
+            conn.on_handover = on_handover
             code = await conn.drive()
     except (
         ConnectionClosed,
@@ -423,3 +472,93 @@ async def run_ws(
         delay = backoff.next_delay()
         log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
         await trio.sleep(delay)
+
+
+async def run_ws_handover(
+    new_session: Callable[[], WsSession[E]],
+    next_url: Callable[[], Awaitable[str]],
+    deliver: Deliverer[E],
+    *,
+    backoff: Backoff | None = None,
+    clock: Callable[[], float] = trio.current_time,
+    options: WsOptions = DEFAULT_OPTIONS,
+    on_connected: Callable[[Connected], None] | None = None,
+) -> NoReturn:
+    """:func:`run_ws` for platforms that hand a connection over (DingTalk Stream
+    ``disconnect``): every connection gets its own session from ``new_session``, and a
+    :class:`Handover` from a session starts the next connection at once while the old
+    one stays open until it closes (it may still deliver).  Deliveries of both sockets
+    reach ``deliver`` one at a time.  Other ends reconnect exactly as :func:`run_ws`.
+    Raises what ``next_url`` or a session's ``connection_lost`` raise.
+    """
+    backoff = backoff or Backoff()
+    lock = trio.Lock()
+
+    async def one_at_a_time(event: E) -> Verdict | None:
+        async with lock:
+            return await deliver(event)
+
+    with single_error():
+        async with trio.open_nursery() as nursery:
+            while True:
+                url = await next_url()
+                attempt = _Attempt(new_session())
+                nursery.start_soon(attempt.run, url, one_at_a_time, clock, options, on_connected)
+                await attempt.wake.wait()
+                if attempt.handed_over:
+                    backoff.reset()
+                    continue  # the old connection ends by itself
+                ended = attempt.ended
+                assert ended is not None
+                if (
+                    ended.connected_for is not None
+                    and ended.connected_for >= options.stable_after_s
+                ):
+                    backoff.reset()
+                    continue
+                delay = backoff.next_delay()
+                log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
+                await trio.sleep(delay)
+
+
+class _Attempt(Generic[E]):
+    """One connection of :func:`run_ws_handover`: wakes the loop at a handover or its end."""
+
+    def __init__(self, session: WsSession[E]) -> None:
+        self.session = session
+        self.wake = trio.Event()
+        self.handed_over = False
+        self.ended: WsEnded | None = None
+
+    def _handover(self, action: Handover) -> None:
+        self.handed_over = True
+        self.wake.set()
+
+    async def run(
+        self,
+        url: str,
+        deliver: Deliverer[E],
+        clock: Callable[[], float],
+        options: WsOptions,
+        on_connected: Callable[[Connected], None] | None,
+    ) -> None:
+        ended = await connect_once(
+            url,
+            self.session,
+            deliver,
+            clock=clock,
+            options=options,
+            on_connected=on_connected,
+            on_handover=self._handover,
+        )
+        log.info(
+            "ws_disconnected",
+            code=ended.code,
+            by_us=ended.by_us,
+            connected_s=None if ended.connected_for is None else round(ended.connected_for, 3),
+        )
+        self.ended = ended
+        try:
+            self.session.connection_lost(ended, clock())
+        finally:
+            self.wake.set()

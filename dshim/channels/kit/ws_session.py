@@ -17,6 +17,7 @@ __all__ = [
     "Close",
     "Connected",
     "Deliver",
+    "Handover",
     "Ignored",
     "Send",
     "WsEnded",
@@ -82,7 +83,17 @@ class Ignored:
     detail: str = ""
 
 
-Action = Send | Close | Deliver[E] | Connected | Ignored
+@dataclass(frozen=True, slots=True)
+class Handover:
+    """The server announced that this connection ends soon (DingTalk ``disconnect``):
+    start the next connection now, while this one stays open -- it may still deliver --
+    until it closes (the session's own :class:`Close`, or the server).  Acted on by
+    :func:`dshim.channels.kit.ws.run_ws_handover`; elsewhere it is only logged."""
+
+    reason: str = ""
+
+
+Action = Send | Close | Deliver[E] | Connected | Ignored | Handover
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,1 @@
+"""The DingTalk channel (Stream mode robot, AI-card answers)."""
