@@ -44,9 +44,7 @@ from dshim.channels.discord.client import (
 )
 from dshim.channels.discord.protocol import (
     GUILD_EVENTS,
-    Dispatch,
     GatewayProtocol,
-    GatewayTuning,
     MessageMapper,
     fetched_reference,
     intents,
@@ -54,6 +52,7 @@ from dshim.channels.discord.protocol import (
 from dshim.channels.discord.render import DiscordOutbound, split
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.gateway import Dispatch, GatewayTuning
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.kit.ws import Connected, connect_once

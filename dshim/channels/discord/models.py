@@ -15,6 +15,9 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+# Shared with QQ's gateway: the kit's ``GET /gateway/bot`` answer.
+from dshim.channels.kit.gateway import GatewayBot, SessionStartLimit, gateway_bot_decoder
+
 
 class Frame(msgspec.Struct, kw_only=True, gc=False):
     """The gateway envelope ``{"op", "d", "s", "t"}``; ``d`` is decoded per opcode."""
@@ -148,22 +151,6 @@ class GuildRoleEvent(msgspec.Struct, kw_only=True, gc=False):
     role_id: str | None = None
 
 
-class SessionStartLimit(msgspec.Struct, kw_only=True, gc=False):
-    total: int = 1000
-    remaining: int = 1000
-    #: Milliseconds until ``remaining`` resets.
-    reset_after: float = 0.0
-    max_concurrency: int = 1
-
-
-class GatewayBot(msgspec.Struct, kw_only=True, gc=False):
-    """``GET /gateway/bot``."""
-
-    url: str
-    shards: int = 1
-    session_start_limit: SessionStartLimit = msgspec.field(default_factory=SessionStartLimit)
-
-
 class ErrorBody(msgspec.Struct, kw_only=True, gc=False):
     """A REST error: ``{"code", "message"}``; a 429 adds ``retry_after`` and ``global``."""
 
@@ -189,7 +176,6 @@ quoted_decoder = msgspec.json.Decoder(QuotedMessage)
 guild_decoder = msgspec.json.Decoder(Guild)
 guild_role_decoder = msgspec.json.Decoder(GuildRoleEvent)
 user_decoder = msgspec.json.Decoder(User)
-gateway_bot_decoder = msgspec.json.Decoder(GatewayBot)
 error_decoder = msgspec.json.Decoder(ErrorBody)
 created_decoder = msgspec.json.Decoder(CreatedMessage)
 encoder = msgspec.json.Encoder()
@@ -224,4 +210,5 @@ __all__ = [
     "StickerItem",
     "User",
     "encode",
+    "gateway_bot_decoder",
 ]
