@@ -27,6 +27,7 @@ from dshim.harness.echo import EchoHarness
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
+from tests.channel_contract import Answer
 from tests.helpers import Events
 
 DEADLINE = 1800.0
@@ -122,3 +123,96 @@ async def _fake(fake: FakeQQ | None) -> AsyncIterator[FakeQQ]:
 
 def texts(fake: FakeQQ, conversation: str) -> list[str]:
     return [m.content for m in fake.bot_messages(conversation)]
+
+
+# --- the shared contract's rig ----------------------------------------------------------------
+
+
+class QQRig:
+    """QQ under the shared scenarios (see ``tests/channel_contract.py``).  A quoted
+    answer is known by its ``ref_idx`` (what a QQ quote carries)."""
+
+    STREAM = "POST /v2/users/{openid}/stream_messages"
+    C2C_SEND = "POST /v2/users/{openid}/messages"
+
+    def __init__(self) -> None:
+        self._fake: FakeQQ | None = None
+        self._channel = dataclasses.replace(
+            qq_channel.CHANNEL, run_fn=functools.partial(qq_channel.run, rng=random.Random(11))
+        )
+
+    @property
+    def fake(self) -> FakeQQ:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @property
+    def channel(self) -> Any:
+        return self._channel
+
+    @property
+    def secret(self) -> str:
+        return self.fake.client_secret
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        return str(self.fake.bot_user["id"]), str(self.fake.bot_user["username"])
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with open_fake_qq() as fake:
+            self._fake = fake
+            yield
+
+    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
+        table = bot_table(self.fake)
+        del table["name"], table["channel"]
+        if not valid_credentials:
+            table["client_secret"] = "a-secret-qq-does-not-know"
+        return table
+
+    async def receiving(self) -> None:
+        await self.fake.wait_until(
+            lambda: self.fake.live is not None and self.fake.live.authenticated
+        )
+
+    def source(self, kind: str) -> str:
+        return source(self.fake, kind)
+
+    async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
+        d = await self.fake.c2c_message(text, quote=reply_to)
+        return str(d["id"])
+
+    async def user_group(self, text: str, *, mention: bool) -> str:
+        d = await self.fake.group_message(text, mention=mention)
+        return str(d["id"])
+
+    def dm_answers(self) -> list[Answer]:
+        return [
+            Answer(m.ref_idx, m.content, tuple(m.shown))
+            for m in self.fake.bot_messages(self.fake.c2c_conversation)
+        ]
+
+    def calls_besides_receiving(self) -> list[str]:
+        # The gateway (and GET /gateway/bot, the token that opens it) is receiving.
+        return [
+            f"{c.method} {c.path}"
+            for c in self.fake.calls
+            if not c.path.startswith(("/gateway", "/app/getAppAccessToken"))
+        ]
+
+    def identity_calls(self) -> int:
+        return len(self.fake.token_calls)
+
+    async def drop_connection(self) -> None:
+        conn = self.fake.live
+        await self.fake.drop_connection()
+        if conn is not None:
+            await self.fake.wait_until(lambda: conn.closed_by is not None)
+
+    def rate_limit_answers(self, count: int, retry_after: float) -> None:
+        self.fake.rate_limit(self.C2C_SEND, 1, retry_after)
+        self.fake.rate_limit(self.STREAM, count, retry_after)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)

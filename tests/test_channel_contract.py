@@ -10,11 +10,13 @@ import trio
 
 from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_discord import DiscordRig
+from tests.rig_qq import QQRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
+    "qq": QQRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
 }
