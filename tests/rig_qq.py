@@ -26,6 +26,7 @@ from dshim.config import parse_config
 from dshim.harness.echo import EchoHarness
 from dshim.serve import serve_bots
 from dshim.store import open_store
+from dshim.store.base import Store
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
 from tests.channel_contract import Answer
 from tests.helpers import Events
@@ -43,6 +44,7 @@ class Bot:
         self.results: dict[str, str] | None = None
         self.ended = trio.Event()
         self.shutdown = trio.Event()
+        self.store: Store | None = None
 
 
 def source(fake: FakeQQ, kind: str) -> str:
@@ -88,6 +90,7 @@ async def running_bot(
             config = parse_config({"bots": [bot_table(fake_, **options)]}, env={})
             bot = Bot(fake_, Events())
             async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
+                bot.store = store
 
                 async def serve() -> None:
                     bot.results = await serve_bots(

@@ -332,18 +332,18 @@ class PassiveBudget:
     the cap not reached; a retry of the same reply must reuse the ``msg_seq`` it got.
     """
 
-    __slots__ = ("cap", "deadline", "next_seq")
+    __slots__ = ("cap", "deadline", "next_seq", "_base")
 
-    def __init__(self, *, cap: int, deadline: float) -> None:
+    def __init__(self, *, cap: int, deadline: float, first_seq: int = 1) -> None:
         self.cap = cap
         self.deadline = deadline
-        self.next_seq = 1
+        self.next_seq = self._base = first_seq
 
     def left(self, now: float) -> int:
         """Replies that may still be sent now."""
         if now >= self.deadline:
             return 0
-        return max(0, self.cap - self.next_seq + 1)
+        return max(0, self.cap - (self.next_seq - self._base))
 
     def take(self, now: float) -> int | None:
         """The ``msg_seq`` of one more reply, or None (window closed or cap reached)."""
@@ -357,14 +357,15 @@ class PassiveBudget:
 def budget_for(route: Route, *, now: float, wall_now: float) -> PassiveBudget:
     """The budget of a route: the window starts when the message was received (or, for a
     message resumed after a restart, at its platform time, ``wall_now`` being the epoch
-    now that ``now`` corresponds to)."""
+    now that ``now`` corresponds to; its ``msg_seq`` values then start above the cap)."""
     window = REPLY_WINDOWS_S.get(route.kind, 300.0)
+    cap = REPLY_CAPS.get(route.kind, 5)
     if route.received is not None:
-        start = route.received
-    else:
-        age = max(0.0, wall_now - route.platform_ts) if route.platform_ts else 0.0
-        start = now - age
-    return PassiveBudget(cap=REPLY_CAPS.get(route.kind, 5), deadline=start + window)
+        return PassiveBudget(cap=cap, deadline=route.received + window)
+    # Resumed after a restart: the replies sent before it used msg_seq 1..cap at most, so
+    # this process counts on from cap + 1 (a notice must not be refused as a duplicate).
+    age = max(0.0, wall_now - route.platform_ts) if route.platform_ts else 0.0
+    return PassiveBudget(cap=cap, deadline=now - age + window, first_seq=cap + 1)
 
 
 # --- mapping ----------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ from dshim.errors import (
     FatalChannelError,
     RateLimited,
     TransportError,
+    single_error,
 )
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import split_text
@@ -388,12 +389,13 @@ async def _open_group(
     out: QQOutbound, route: Route, budget: PassiveBudget
 ) -> AsyncIterator[GroupStream]:
     stream = GroupStream(out, route, budget)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(_guard, stream._timers)
-        try:
-            yield stream
-        finally:
-            nursery.cancel_scope.cancel()
+    with single_error():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_guard, stream._timers)
+            try:
+                yield stream
+            finally:
+                nursery.cancel_scope.cancel()
 
 
 async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
@@ -501,7 +503,8 @@ class C2CStream:
                 )
                 return
             shown = len(cur.shown) if cur is not None else 0
-            if self._budget.left(self._out.mono()) == 0:
+            left = self._budget.left(self._out.mono())
+            if left == 0 or (cur is None and left == 1):
                 # This is the last message QQ allows: it ends with the cut notice.
                 room = max(1, limit - len(TOO_LONG_NOTICE) - 2)
                 cut = cut_point(portion, room, min(shown, room))
@@ -644,12 +647,13 @@ async def _open_c2c(
 ) -> AsyncIterator[C2CStream]:
     stream = C2CStream(out, route, budget)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_guard, stream._pump)
-            try:
-                yield stream
-            finally:
-                nursery.cancel_scope.cancel()
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_guard, stream._pump)
+                try:
+                    yield stream
+                finally:
+                    nursery.cancel_scope.cancel()
     finally:
         await stream.close_open()
 

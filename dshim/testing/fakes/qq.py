@@ -237,7 +237,7 @@ class FakeQQ(FakePlatform[RestCall]):
 
     def sends(self) -> list[RestCall]:
         """Every send attempt (messages and stream chunks), in order."""
-        return [c for c in self.calls if c.method == "POST" and "/messages" in c.path]
+        return [c for c in self.calls if c.method == "POST" and c.path.endswith("messages")]
 
     def bot_messages(self, conversation: str) -> list[BotMessage]:
         """The bot's messages in a conversation (``c2c:…`` / ``group:…``), oldest first."""
