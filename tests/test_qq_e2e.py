@@ -481,8 +481,12 @@ async def test_the_auth_token_never_reaches_logs_store_or_prompt(
             await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
             await fake.c2c_message("quote", quote=fake.inbound[first["id"]].msg_idx)
             await fake.wait_until(lambda: len(bot.events.prompts) == 2)
+            await fake.c2c_message("echo:slow 20 a long one")
+            await fake.wait_until(lambda: len(bot.events.prompts) == 3)
+            secrets_mid_turn = _files_containing(tmp_path, (fake.auth_token,))
             await fake.drop_connection()
             await fake.wait_until(lambda: fake.resumed_count == 1)
+    assert not secrets_mid_turn  # the durable inbox keeps the frame without it
     secret_values = (fake.auth_token, fake.client_secret, *fake.tokens)
     assert logs and not [e for e in logs if any(s in repr(e) for s in secret_values)]
     assert not any(fake.auth_token in p for p in bot.events.prompts)

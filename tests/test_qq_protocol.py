@@ -34,6 +34,7 @@ from dshim.channels.qq.protocol import (
     intents,
     parse_ext,
     parse_timestamp,
+    scrub_frame,
 )
 from dshim.channels.qq.render import cut_point, fit_chunks, message_body
 from dshim.errors import (
@@ -584,3 +585,12 @@ def test_the_protocol_module_is_sans_io() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_frame_the_inbox_keeps_has_no_auth_token() -> None:
+    raw = frame("C2C_MESSAGE_CREATE", c2c())
+    clean = scrub_frame(raw)
+    assert b"SECRET1" in raw and b"SECRET1" not in clean
+    before, after = QQMapper(BOT).decode_frame(raw), QQMapper(BOT).decode_frame(clean)
+    assert isinstance(after, InboundMessage) and isinstance(before, InboundMessage)
+    assert (after.message_id, after.content) == (before.message_id, before.content)

@@ -63,6 +63,7 @@ from dshim.channels.qq.protocol import (
     indexable,
     intents,
     media_url,
+    scrub_frame,
 )
 from dshim.channels.qq.render import DEFAULT_TIMINGS, QQOutbound, Timings
 from dshim.errors import AuthError, ChannelError, StoreError
@@ -234,7 +235,7 @@ async def run(
                 if isinstance(item, InboundMessage) and isinstance(item.route, Route):
                     item.route.received = trio.current_time()  # the reply window starts now
                 # Steps 1-6 in gateway order; the next frame is read once this is durable.
-                verdict = await rt.accept(item, dispatch.frame)
+                verdict = await rt.accept(item, scrub_frame(dispatch.frame))
                 if verdict.accepted and isinstance(item, InboundMessage):
                     await record_inbound(host.store, item, host.clock())
                 return verdict

@@ -40,6 +40,7 @@ Nothing here imports trio or httpx or reads a clock.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -395,6 +396,17 @@ def parse_ext(ext: list[str]) -> dict[str, str]:
         if sep and key:
             out.setdefault(key.strip(), value.strip())
     return out
+
+
+_AUTH_TOKEN = re.compile(rb"auth_token=[^\"\\]*")
+
+
+def scrub_frame(raw: bytes) -> bytes:
+    """The frame without the ``auth_token=…`` values of ``message_scene.ext`` (a secret):
+    what the durable inbox may keep.  The frame still decodes to the same message."""
+    if b"auth_token=" not in raw:
+        return raw
+    return _AUTH_TOKEN.sub(b"auth_token=", raw)
 
 
 def public_ext(ext: Mapping[str, str]) -> dict[str, str]:
