@@ -29,6 +29,7 @@ Knobs and faults: ``heartbeat_interval_ms``, ``ack_heartbeats``; ``force_close_e
 ``approved_intents`` (others close Identify with 4014); ``identify_remaining``;
 ``markdown_allowed`` (False: markdown sends fail with 50056); ``reject_group_reference``;
 ``token_lifetime_s`` and :meth:`expire_tokens` (the next API calls answer 401);
+``ip_blocked`` (every API call: the caller's IP is not on the allowlist);
 ``flood_on_ready`` (benchmarks); the shared fault queue keyed ``"METHOD /route"``
 (``fail_next(op, n, status=..., code=...)``, ``slow_next``, ``drop_next``),
 :meth:`rate_limit` (429 with code 22009) and :meth:`drop_response_next` (processed,
@@ -201,6 +202,8 @@ class FakeQQ(FakePlatform[RestCall]):
         self.token_lifetime_s = 7200.0
         self.flood_on_ready = 0
         self.latency_s = 0.0
+        #: The caller's IP is not on the bot's allowlist: every API call is refused.
+        self.ip_blocked = False
         self._drop_after: int | None = None
         self._lost: dict[str, int] = {}
         self._rate: dict[str, list[float]] = {}
@@ -623,6 +626,8 @@ class FakeQQ(FakePlatform[RestCall]):
             response = _error(404, 404, "not found")
         elif op.startswith("POST /app/"):
             response = handler(body, arg)
+        elif self.ip_blocked:
+            response = _error(401, 40023002, "接口访问源IP不在白名单")
         elif not self._valid_token(request.header("authorization")):
             response = _error(401, 11244, "token not exist or expire")
         elif self._rate.get(op.lower()):
