@@ -523,3 +523,24 @@ async def test_a_voice_message_reaches_the_agent_as_text_and_audio(
     [msg] = bot.events.prompt_msgs
     assert [(f.kind, f.name) for f in msg.files] == [("audio", "v.silk")]
     assert [c.path for c in fake.calls if c.path.startswith("/media/")] == []  # not via the API
+
+
+# --- approvals ----------------------------------------------------------------------------------
+
+
+async def test_an_approval_is_text_with_numbered_options_answered_by_typing(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        d = await fake.c2c_message("echo:approval")
+        await fake.wait_until(lambda: any("1." in t for t in texts(fake, fake.c2c_conversation)))
+        [prompt] = fake.bot_messages(fake.c2c_conversation)
+        await fake.c2c_message("1")
+        await fake.wait_until(
+            lambda: any("allow_once" in t for t in texts(fake, fake.c2c_conversation))
+        )
+        await trio.sleep(10)
+    assert "Allow once" in prompt.content and prompt.msg_id == d["id"]
+    final = [x for x in fake.bot_messages(fake.c2c_conversation) if "allow_once" in x.content]
+    assert [x.msg_id for x in final] == [d["id"]]  # the answer goes under the request
+    assert all(c.status == 200 for c in fake.sends())
