@@ -544,3 +544,14 @@ async def test_an_approval_is_text_with_numbered_options_answered_by_typing(
     final = [x for x in fake.bot_messages(fake.c2c_conversation) if "allow_once" in x.content]
     assert [x.msg_id for x in final] == [d["id"]]  # the answer goes under the request
     assert all(c.status == 200 for c in fake.sends())
+
+
+async def test_a_guild_channel_at_message_is_answered_in_the_channel(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        d = await fake.guild_message("status?")
+        await fake.wait_until(lambda: bool(fake.bot_messages(f"channel:{fake.channel_id}")))
+    [answer] = fake.bot_messages(f"channel:{fake.channel_id}")
+    assert answer.msg_id == d["id"] and answer.content.endswith("\n\nstatus?")
+    assert '"senderName":"Ada L"' in answer.content

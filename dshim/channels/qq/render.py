@@ -498,9 +498,8 @@ class C2CStream:
                     await self._close(cur)
                 return
             if len(portion) <= limit:
-                await self._chunk(
-                    portion.rstrip() if final else portion, DONE if final else GENERATING
-                )
+                # Trailing blanks are never shown: the next chunk must start with it.
+                await self._chunk(portion.rstrip(), DONE if final else GENERATING)
                 return
             shown = len(cur.shown) if cur is not None else 0
             left = self._budget.left(self._out.mono())

@@ -189,6 +189,8 @@ class FakeQQ(FakePlatform[RestCall]):
         self.member_openid = "0A1B2C3D4E5F60718293A4B5C6D7E8F9"
         self.other_member = "FEDCBA98765432100123456789ABCDEF"
         self.user_name = "Ada"
+        self.guild_id = "5237615478283154023"
+        self.channel_id = "6344117"
         # knobs
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.ack_heartbeats = True
@@ -380,6 +382,25 @@ class FakeQQ(FakePlatform[RestCall]):
         }
         self._quote(d, quote, snapshot)
         self._register("group", self.group_openid, d, author)
+        return d
+
+    async def guild_message(self, content: str) -> dict[str, Any]:
+        """An AT_MESSAGE_CREATE in the guild channel :attr:`channel_id` (``<@!bot>`` first)."""
+        author = {"id": "14451342012345678901", "username": "ada", "bot": False}
+        d: dict[str, Any] = {
+            "id": _uid("08guild"),
+            "channel_id": self.channel_id,
+            "guild_id": self.guild_id,
+            "author": author,
+            "member": {"nick": "Ada L"},
+            "content": f"<@!{self.bot_user['id']}> {content}",
+            "timestamp": iso_now(),
+        }
+        inbound = Inbound(
+            d["id"], "channel", self.channel_id, trio.current_time(), "", content, author
+        )
+        self.inbound[d["id"]] = inbound
+        await self.dispatch("AT_MESSAGE_CREATE", d)
         return d
 
     async def c2c_message(self, content: str, **kw: Any) -> dict[str, Any]:
@@ -664,6 +685,11 @@ class FakeQQ(FakePlatform[RestCall]):
             return "GET /users/@me", self._me, ""
         if method == "GET" and path == "/gateway/bot":
             return "GET /gateway/bot", self._gateway_bot, ""
+        if method == "POST" and len(parts) == 3 and parts[2] == "messages":
+            if parts[0] == "channels":
+                return "POST /channels/{channel_id}/messages", self._send_channel, parts[1]
+            if parts[0] == "dms":
+                return "POST /dms/{guild_id}/messages", self._send_dms, parts[1]
         if method == "POST" and len(parts) == 4 and parts[0] == "v2":
             if parts[1] == "users" and parts[3] == "messages":
                 return "POST /v2/users/{openid}/messages", self._send_c2c, parts[2]
@@ -717,7 +743,7 @@ class FakeQQ(FakePlatform[RestCall]):
             return _error(400, 304027, "reply window expired")
         seq = body.get("msg_seq", 1)
         if reply:
-            if seq in inbound.seqs:
+            if kind in ("c2c", "group") and seq in inbound.seqs:
                 return _error(400, 40054005, "message deduplicated (msg_seq)")
             if inbound.replies >= CAPS[kind]:
                 return _error(400, 304103, "passive reply count exceeded")
@@ -764,6 +790,12 @@ class FakeQQ(FakePlatform[RestCall]):
         return json_response(
             {"id": msg.id, "timestamp": iso_now(), "ext_info": {"ref_idx": msg.ref_idx}}
         )
+
+    def _send_channel(self, body: dict[str, Any], channel_id: str) -> Response:
+        return self._message("channel", channel_id, body)
+
+    def _send_dms(self, body: dict[str, Any], guild_id: str) -> Response:
+        return self._message("dms", guild_id, body)
 
     def _send_c2c(self, body: dict[str, Any], openid: str) -> Response:
         return self._message("c2c", openid, body)
