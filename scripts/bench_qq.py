@@ -36,7 +36,6 @@ import json
 import os
 import random
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +50,9 @@ import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_discord import Meter, Run  # noqa: E402  (the same meters, side by side)
 
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
@@ -69,53 +71,6 @@ from dshim.model import InboundMessage  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.testing.outbound import RecordingOutbound  # noqa: E402
-
-
-class Run:
-    def __init__(self, name: str, n: int) -> None:
-        self.name = name
-        self.n = n
-        self.walls: list[float] = []
-        self.cpus: list[float] = []
-
-    def add(self, wall: float, cpu: float) -> None:
-        self.walls.append(wall)
-        self.cpus.append(cpu)
-
-    @property
-    def rate(self) -> float:
-        return self.n / statistics.median(self.walls)
-
-    @property
-    def cpu_ms(self) -> float:
-        return statistics.median(self.cpus) * 1000 / self.n
-
-    def spread(self) -> str:
-        per = [c * 1000 / self.n for c in self.cpus]
-        return f"{min(per):.3f}-{max(per):.3f}"
-
-
-class Meter:
-    """Wall and CPU from the first READY to the n-th handled dispatch."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.count = 0
-        self.done = trio.Event()
-        self.w0 = self.c0 = 0.0
-        self.wall = self.cpu = 0.0
-
-    def start(self) -> None:
-        if not self.w0:
-            self.w0, self.c0 = time.perf_counter(), time.process_time()
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count == self.n:
-            self.wall = time.perf_counter() - self.w0
-            self.cpu = time.process_time() - self.c0
-            self.done.set()
-
 
 # -- floor ----------------------------------------------------------------------------------
 

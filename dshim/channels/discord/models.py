@@ -15,21 +15,16 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-# Shared with QQ's gateway: the kit's ``GET /gateway/bot`` answer.
-from dshim.channels.kit.gateway import GatewayBot, SessionStartLimit, gateway_bot_decoder
-
-
-class Frame(msgspec.Struct, kw_only=True, gc=False):
-    """The gateway envelope ``{"op", "d", "s", "t"}``; ``d`` is decoded per opcode."""
-
-    op: int
-    d: msgspec.Raw = msgspec.Raw(b"null")
-    s: int | None = None
-    t: str | None = None
-
-
-class Hello(msgspec.Struct, kw_only=True, gc=False):
-    heartbeat_interval: float
+# Shared with QQ's gateway: the kit's envelope, Hello and ``GET /gateway/bot`` answer.
+from dshim.channels.kit.gateway import (
+    Frame,
+    GatewayBot,
+    Hello,
+    SessionStartLimit,
+    frame_decoder,
+    gateway_bot_decoder,
+    hello_decoder,
+)
 
 
 class User(msgspec.Struct, kw_only=True, gc=False):
@@ -168,8 +163,6 @@ class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
     content: str | None = None
 
 
-frame_decoder = msgspec.json.Decoder(Frame)
-hello_decoder = msgspec.json.Decoder(Hello)
 ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)
 quoted_decoder = msgspec.json.Decoder(QuotedMessage)
@@ -210,5 +203,7 @@ __all__ = [
     "StickerItem",
     "User",
     "encode",
+    "frame_decoder",
     "gateway_bot_decoder",
+    "hello_decoder",
 ]

@@ -84,6 +84,7 @@ __all__ = [
     "SessionStartLimit",
     "frame_decoder",
     "gateway_bot_decoder",
+    "hello_decoder",
 ]
 
 # Gateway opcodes (the same numbers on Discord and QQ).

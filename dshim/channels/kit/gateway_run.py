@@ -6,11 +6,13 @@ on the kit's websocket runner (:func:`dshim.channels.kit.ws.run_ws`).  Its plan 
 ``GET /gateway/bot`` (the platform's ``fetch_info``) when the session asks for it --
 transient failures back off and try again, AuthError and FatalChannelError are raised --
 and sleeps as long as the identify budget says.  ``before_connect`` runs right before each
-connection (QQ puts its current access token into the session there).
+connection (QQ puts its current access token into the session there).  :func:`probe_ready`
+is a probe's ``gateway`` row: one connection until READY, closed with 1000.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import NoReturn
 
@@ -18,11 +20,19 @@ import structlog
 import trio
 
 from dshim.backoff import Backoff
+from dshim.channels.base import ProbeResult
 from dshim.channels.kit.gateway import Dispatch, GatewayBot, GatewaySession
-from dshim.channels.kit.ws import DEFAULT_OPTIONS, Deliverer, WsOptions, run_ws
+from dshim.channels.kit.ws import (
+    DEFAULT_OPTIONS,
+    Connected,
+    Deliverer,
+    WsOptions,
+    connect_once,
+    run_ws,
+)
 from dshim.errors import AuthError, ChannelError, FatalChannelError, RateLimited
 
-__all__ = ["next_gateway_url", "run_gateway"]
+__all__ = ["next_gateway_url", "probe_ready", "run_gateway"]
 
 log = structlog.get_logger("dshim.kit")
 
@@ -96,3 +106,29 @@ async def run_gateway(
         return url
 
     await run_ws(gw, next_url, deliver, backoff=backoff, clock=clock, options=options)
+
+
+async def probe_ready(gw: GatewaySession, info: GatewayBot) -> tuple[ProbeResult, str]:
+    """Connect once with ``info`` (``GET /gateway/bot``), wait for READY, close cleanly.
+
+    Never identifies against the identify budget; raises what a fatal close code raises.
+    """
+    gw.set_gateway_info(info, trio.current_time())
+    plan = gw.plan_connection(trio.current_time())
+    if plan.refresh_gateway or plan.not_before > trio.current_time():
+        return "fail", "no identify allowed now (session_start_limit); not connecting"
+    t0 = time.perf_counter()
+    reached: list[Connected] = []
+
+    async def ignore(dispatch: Dispatch) -> None:
+        return None
+
+    ended = await connect_once(
+        plan.url, gw, ignore, on_connected=reached.append, stop_when_connected=True
+    )
+    if not reached:
+        gw.connection_lost(ended, trio.current_time())  # raises for fatal codes
+        why = gw.last_close_reason or f"close code {ended.code}"
+        return "fail", f"the gateway closed before READY ({why})"
+    ms = (time.perf_counter() - t0) * 1000
+    return "ok", f"READY in {ms:.0f} ms (session {reached[0].session}), closed cleanly"

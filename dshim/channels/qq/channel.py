@@ -19,9 +19,9 @@ snapshot, else ``not-found`` -- never with a network request.
 from __future__ import annotations
 
 import random as _random
-import time
 from collections.abc import Callable
 
+import httpx
 import msgspec
 import structlog
 import trio
@@ -42,10 +42,10 @@ from dshim.channels.base import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.gateway import Dispatch, GatewayBot
+from dshim.channels.kit.gateway_run import probe_ready
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.retry import until_ok
-from dshim.channels.kit.ws import Connected, connect_once
 from dshim.channels.qq import models as m
 from dshim.channels.qq.client import (
     DEFAULT_API_BASE,
@@ -187,6 +187,21 @@ def media_factory(api: QQApi) -> Callable[[m.Attachment], Fetcher | None]:
 # --- run ------------------------------------------------------------------------------------------
 
 
+def api_for(
+    settings: QQSettings, http: httpx.AsyncClient, register_secret: Callable[[str], None]
+) -> QQApi:
+    """The bot's OpenAPI client; every minted token is registered as a secret."""
+    return QQApi(
+        http,
+        app_id=settings.app_id,
+        client_secret=settings.client_secret.get(),
+        api_base=settings.api_base,
+        token_base=settings.token_base,
+        on_new_token=register_secret,
+        media_hosts=frozenset(h.lower() for h in settings.media_hosts),
+    )
+
+
 async def run(
     host: BotHost,
     *,
@@ -198,15 +213,7 @@ async def run(
     settings = host.settings_as(QQSettings)
     rng = rng or _random.Random()
     async with open_http(user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
-        api = QQApi(
-            http,
-            app_id=settings.app_id,
-            client_secret=settings.client_secret.get(),
-            api_base=settings.api_base,
-            token_base=settings.token_base,
-            on_new_token=host.register_secret,
-            media_hosts=frozenset(h.lower() for h in settings.media_hosts),
-        )
+        api = api_for(settings, http, host.register_secret)
         # The token and the identity; transient failures are retried, refusals raised.
         me = await until_ok("GET /users/@me", api.get_me, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=me.username, bot_id=me.id)
@@ -302,14 +309,7 @@ async def probe(rows: ProbeRows) -> None:
     """Credentials, token and identity, gateway info, READY within 15 s, markdown, store."""
     settings = rows.settings_as(QQSettings)
     async with open_http(user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
-        api = QQApi(
-            http,
-            app_id=settings.app_id,
-            client_secret=settings.client_secret.get(),
-            api_base=settings.api_base,
-            token_base=settings.token_base,
-            on_new_token=rows.register_secret,
-        )
+        api = api_for(settings, http, rows.register_secret)
         info: list[GatewayBot] = []
 
         async def identity() -> Identity:
@@ -334,25 +334,7 @@ async def probe(rows: ProbeRows) -> None:
                 gateway_override=settings.gateway_url,
                 wanted=frozenset(),
             )
-            gw.set_gateway_info(info[0], trio.current_time())
-            plan = gw.plan_connection(trio.current_time())
-            if plan.refresh_gateway or plan.not_before > trio.current_time():
-                return "fail", "no identify allowed now (session_start_limit); not connecting"
-            t0 = time.perf_counter()
-            reached: list[Connected] = []
-
-            async def ignore(dispatch: Dispatch) -> None:
-                return None
-
-            ended = await connect_once(
-                plan.url, gw, ignore, on_connected=reached.append, stop_when_connected=True
-            )
-            if not reached:
-                gw.connection_lost(ended, trio.current_time())  # raises for fatal codes
-                why = gw.last_close_reason or f"close code {ended.code}"
-                return "fail", f"the gateway closed before READY ({why})"
-            ms = (time.perf_counter() - t0) * 1000
-            return "ok", f"READY in {ms:.0f} ms (session {reached[0].session}), closed cleanly"
+            return await probe_ready(gw, info[0])
 
         async def markdown() -> tuple[ProbeResult, str]:
             if not settings.markdown:

@@ -163,6 +163,33 @@ def _delivered_id(sent: m.Sent | None, route: Route, seq: int) -> str:
     return f"{route.msg_id}#{seq}"  # landed, id unknown (40054005, pending audit)
 
 
+class _Retries:
+    """The waits between the attempts of one reply: a 429 as long as QQ asks (never past the
+    reply window: then ReplyWindowClosed), network failures and 5xx with a capped backoff
+    (the last failure is raised after ``max_attempts``)."""
+
+    def __init__(self, out: QQOutbound, budget: PassiveBudget) -> None:
+        self._out = out
+        self._budget = budget
+        self._backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
+        self._attempts = 0
+
+    async def wait(self, exc: RateLimited | TransportError, **log_context: object) -> None:
+        if isinstance(exc, RateLimited):
+            wait = exc.retry_after or 1.0
+            if self._out.mono() + wait >= self._budget.deadline:
+                raise ReplyWindowClosed("rate limited until the reply window closes") from exc
+            log.info("rate_limited", retry_after=round(wait, 3), **log_context)
+            await trio.sleep(wait)
+            return
+        self._attempts += 1
+        if self._attempts >= self._out.timings.max_attempts:
+            raise exc
+        delay = self._backoff.next_delay()
+        log.info("reply_retrying", error=str(exc), retry_in_s=delay, **log_context)
+        await trio.sleep(delay)
+
+
 class QQOutbound:
     """The :class:`~dshim.outbound.Outbound` of a QQ bot (see the module docstring)."""
 
@@ -213,8 +240,7 @@ class QQOutbound:
             raise ReplyWindowClosed("no passive reply left for this message (window or count)")
         sent_at = self.clock()
         quote = quote and (route.kind != GROUP or self.group_quotes)
-        backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
-        attempts = 0
+        retries = _Retries(self, budget)
         while True:
             markdown = self.markdown and route.kind in (C2C, GROUP)
             body = message_body(route, text, seq, markdown=markdown, quote=quote)
@@ -229,20 +255,8 @@ class QQOutbound:
                 log.info("markdown_rejected_using_text")
                 self.markdown = False
                 continue
-            except RateLimited as exc:
-                wait = exc.retry_after or 1.0
-                if self.mono() + wait >= budget.deadline:
-                    raise ReplyWindowClosed("rate limited until the reply window closes") from exc
-                log.info("rate_limited", retry_after=round(wait, 3), seq=seq)
-                await trio.sleep(wait)
-                continue
-            except TransportError as exc:
-                attempts += 1
-                if attempts >= self.timings.max_attempts:
-                    raise
-                delay = backoff.next_delay()
-                log.info("reply_retrying", error=str(exc), seq=seq, retry_in_s=delay)
-                await trio.sleep(delay)
+            except (RateLimited, TransportError) as exc:  # the same msg_seq again
+                await retries.wait(exc, seq=seq)
                 continue
             except (ReplyWindowClosed, AuthError, FatalChannelError):
                 raise
@@ -442,7 +456,6 @@ class C2CStream:
         self._closed_window = False
         self._hook: Callable[[], Awaitable[None]] | None = None
         self._last_call = -math.inf
-        self._markdown_ok = True
 
     def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
         self._hook = hook
@@ -531,7 +544,7 @@ class C2CStream:
         body: dict[str, Any] = {
             "input_mode": "replace",
             "input_state": state,
-            "content_type": "markdown" if out.markdown and self._markdown_ok else "text",
+            "content_type": "markdown" if out.markdown else "text",
             "content_raw": content,
             "msg_id": self._route.msg_id,
             "msg_seq": cur.seq,
@@ -607,25 +620,13 @@ class C2CStream:
         return list(self._delivered)
 
     async def _final(self, text: str) -> None:
-        attempts = 0
-        backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
+        retries = _Retries(self._out, self._budget)
         while True:
             try:
                 await self._step(text, final=True)
                 return
-            except RateLimited as exc:
-                wait = exc.retry_after or 1.0
-                if self._out.mono() + wait >= self._budget.deadline:
-                    raise ReplyWindowClosed("rate limited until the window closes") from exc
-                log.info("rate_limited", retry_after=round(wait, 3))
-                await trio.sleep(wait)
-            except TransportError as exc:
-                attempts += 1
-                if attempts >= self._out.timings.max_attempts:
-                    raise
-                delay = backoff.next_delay()
-                log.info("reply_retrying", error=str(exc), retry_in_s=delay)
-                await trio.sleep(delay)
+            except (RateLimited, TransportError) as exc:
+                await retries.wait(exc)
 
     async def close_open(self) -> None:
         """Close a stream left open (stop, cancellation, failure): ``input_state`` 10."""
