@@ -58,7 +58,8 @@ def echo(fake: FakeQQ, text: str, kind: str = "direct", reply: str | None = None
 
 
 def bot_table(fake: FakeQQ, **options: Any) -> dict[str, Any]:
-    return {
+    """The ``[[bots]]`` table pointing at the fake; an option set to None is left out."""
+    table = {
         "name": "qqbot",
         "channel": "qq",
         "app_id": fake.app_id,
@@ -69,6 +70,7 @@ def bot_table(fake: FakeQQ, **options: Any) -> dict[str, Any]:
         "media_hosts": ["127.0.0.1"],
         **options,
     }
+    return {k: v for k, v in table.items() if v is not None}
 
 
 @asynccontextmanager

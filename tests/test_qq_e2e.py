@@ -555,3 +555,18 @@ async def test_a_guild_channel_at_message_is_answered_in_the_channel(
     [answer] = fake.bot_messages(f"channel:{fake.channel_id}")
     assert answer.msg_id == d["id"] and answer.content.endswith("\n\nstatus?")
     assert '"senderName":"Ada L"' in answer.content
+
+
+async def test_without_a_gateway_override_the_url_comes_from_the_api(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    def no_gateway_bot(fake: FakeQQ) -> None:
+        fake.fail_next("GET /gateway/bot", 1, status=404, code=404)
+
+    async with running_bot(tmp_path, configure=no_gateway_bot, gateway_url=None) as (bot, fake):
+        await fake.c2c_message("found you")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
+    assert [c.path for c in fake.calls if c.path.startswith("/gateway")] == [
+        "/gateway/bot",
+        "/gateway",
+    ]

@@ -46,7 +46,7 @@ from dshim.channels.kit.http import AccessToken, counted, download_capped, parse
 from dshim.channels.kit.ws import Deliverer, WsOptions
 from dshim.channels.qq import models as m
 from dshim.channels.qq.protocol import auth_header, classify_error, error_body
-from dshim.errors import AuthError, ChannelError, PermissionDenied, RemoteProtocolError
+from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, RemoteProtocolError
 
 log = structlog.get_logger("dshim.qq")
 
@@ -151,8 +151,13 @@ class QQApi:
         return await self.request("GET", "/users/@me", decoder=m.me_decoder)
 
     async def get_gateway_bot(self) -> GatewayBot:
-        """``GET /gateway/bot``: the websocket URL and the identify budget."""
-        return await self.request("GET", "/gateway/bot", decoder=gateway_bot_decoder)
+        """``GET /gateway/bot``: the websocket URL and the identify budget (``GET /gateway``,
+        the URL alone, where the former is not offered)."""
+        try:
+            return await self.request("GET", "/gateway/bot", decoder=gateway_bot_decoder)
+        except NotFound:
+            log.info("gateway_bot_missing", fallback="GET /gateway")
+            return await self.request("GET", "/gateway", decoder=gateway_bot_decoder)
 
     async def send(self, kind: str, target: str, body: dict[str, Any]) -> m.Sent:
         """Post one message: ``/v2/users/{openid}/messages`` (C2C), ``/v2/groups/{id}/messages``,

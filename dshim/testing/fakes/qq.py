@@ -685,6 +685,8 @@ class FakeQQ(FakePlatform[RestCall]):
             return "GET /users/@me", self._me, ""
         if method == "GET" and path == "/gateway/bot":
             return "GET /gateway/bot", self._gateway_bot, ""
+        if method == "GET" and path == "/gateway":
+            return "GET /gateway", self._gateway_url, ""
         if method == "POST" and len(parts) == 3 and parts[2] == "messages":
             if parts[0] == "channels":
                 return "POST /channels/{channel_id}/messages", self._send_channel, parts[1]
@@ -714,6 +716,9 @@ class FakeQQ(FakePlatform[RestCall]):
 
     def _me(self, body: Any, _: str) -> Response:
         return json_response({"id": self.bot_user["id"], "username": self.bot_user["username"]})
+
+    def _gateway_url(self, body: Any, _: str) -> Response:
+        return json_response({"url": self.gateway_url})
 
     def _gateway_bot(self, body: Any, _: str) -> Response:
         return json_response(
