@@ -570,3 +570,30 @@ async def test_without_a_gateway_override_the_url_comes_from_the_api(
         "/gateway/bot",
         "/gateway",
     ]
+
+
+async def test_unacknowledged_heartbeats_replace_the_socket_by_resume(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.ack_heartbeats = False
+        first = fake.live
+        await fake.wait_until(lambda: first is not None and first.closed_by is not None)
+        fake.ack_heartbeats = True
+        await fake.wait_until(lambda: fake.resumed_count == 1)
+        await fake.c2c_message("alive?")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
+    assert first is not None and (first.closed_by, first.closed_code) == ("client", 4000)
+    assert len(fake.identifies) == 1
+
+
+async def test_a_5xx_on_a_group_send_is_retried_with_the_same_seq(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.fail_next(GROUP_SEND, 2, status=502, code=0)
+        await fake.group_message("flaky")
+        expected = echo(fake, "flaky", "group")
+        await fake.wait_until(lambda: expected in texts(fake, fake.group_conversation))
+    assert [c.status for c in fake.sends()] == [502, 502, 200]
+    assert {c.json["msg_seq"] for c in fake.sends()} == {1}
