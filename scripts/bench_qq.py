@@ -24,8 +24,10 @@ CPU is this process's time (the fake's CPU is not counted), from READY to the la
 dispatch handled; each run is repeated and the median is printed with the spread, plus
 the ratio to the floor.  Compare within one run only.
 
-The issue asks for nonebot-adapter-qq side by side; it is a benchmark-only dependency that
-is not installed here, and this script says so instead of measuring it.
+The peer, when installed (a benchmark-only dependency: ``pip install "nonebot2[httpx,websockets]"
+nonebot-adapter-qq``): nonebot2 with nonebot-adapter-qq in its own process against a fresh
+fake, a message handler counting the events (its process's CPU from the first event to the
+n-th); without it the script says so.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import json
 import os
 import random
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -296,12 +299,87 @@ def main(args: argparse.Namespace) -> None:
         ratio = r.cpu_ms / base.cpu_ms
         print(f"{r.name:52} {r.rate:12.0f} {r.cpu_ms:16.3f} {r.spread():>13} {ratio:8.2f}x")
     print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
+    peer = nonebot_peer(args, env_of_fake(args))
+    if peer is None:
+        print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")
+    else:
+        print(f"{'peer':52} {'dispatches/s':>12} {'CPU ms/dispatch':>16}")
+        base = runs[0].cpu_ms
+        for name, rate, cpu in peer:
+            print(f"{name:52} {rate:12.0f} {cpu:16.3f} {'':>13} {cpu / base:8.2f}x")
+        print("(the peer's handler counts each message event; its own process's CPU)")
+
+
+def env_of_fake(args: argparse.Namespace) -> subprocess.Popen[str]:
+    """A fresh fake (its own process) flooding ``--dispatches`` messages per Identify."""
+    fake = [sys.executable, "-m", "dshim.testing.fakes.qq"]
+    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
+    return subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+
+
+#: The peer: nonebot2 with nonebot-adapter-qq against the same fake, in its own process;
+#: a message handler counts the events and prints wall and CPU from the first to the n-th.
+NONEBOT_CHILD = """
+import json, os, sys, time
+import nonebot
+from nonebot.adapters.qq import Adapter
+env, n = json.loads(sys.argv[1]), int(sys.argv[2])
+intent = {k: False for k in ("guilds", "guild_members", "guild_message_reactions",
+          "message_audit", "at_messages")}
+intent["c2c_group_at_messages"] = True
+nonebot.init(driver="~httpx+~websockets", log_level="ERROR",
+             qq_api_base=env["http_url"] + "/", qq_auth_base=env["http_url"] + "/app/getAppAccessToken",
+             qq_bots=[{"id": env["app_id"], "secret": env["client_secret"], "intent": intent}])
+nonebot.get_driver().register_adapter(Adapter)
+seen = [0, 0.0, 0.0]
+matcher = nonebot.on_message()
+@matcher.handle()
+async def count() -> None:
+    if seen[0] == 0:
+        seen[1], seen[2] = time.perf_counter(), time.process_time()
+    seen[0] += 1
+    if seen[0] == n:
+        wall, cpu = time.perf_counter() - seen[1], time.process_time() - seen[2]
+        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+        os._exit(0)
+nonebot.run()
+"""
+
+
+def nonebot_peer(
+    args: argparse.Namespace, proc: subprocess.Popen[str]
+) -> list[tuple[str, float, float]] | None:
+    """(name, events/s, CPU ms/event) of nonebot-adapter-qq, None when not installed."""
     try:
         import nonebot.adapters.qq  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")
-    else:
-        print("nonebot-adapter-qq: installed, but this script has no runner for it yet")
+        proc.terminate()
+        proc.wait(timeout=10)
+        return None
+    try:
+        assert proc.stdout is not None
+        env = proc.stdout.readline()
+        n = args.dispatches
+        walls, cpus = [], []
+        for _ in range(args.repeat):
+            out = subprocess.run(
+                [sys.executable, "-c", NONEBOT_CHILD, env, str(n)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+            if not line:
+                print(f"nonebot-adapter-qq: the peer failed: {out.stderr[-500:]}")
+                return []
+            got = json.loads(line)
+            walls.append(got["wall"])
+            cpus.append(got["cpu"])
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
+        return [("nonebot2 + nonebot-adapter-qq (reader + matcher)", n / wall, cpu * 1000 / n)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 if __name__ == "__main__":
