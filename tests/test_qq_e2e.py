@@ -522,7 +522,9 @@ async def test_a_voice_message_reaches_the_agent_as_text_and_audio(
     assert bot.events.prompts[0].endswith("what is the weather")
     [msg] = bot.events.prompt_msgs
     assert [(f.kind, f.name) for f in msg.files] == [("audio", "v.silk")]
-    assert [c.path for c in fake.calls if c.path.startswith("/media/")] == []  # not via the API
+    [download] = [c for c in fake.calls if c.path.startswith("/media/")]
+    assert download.path == "/media/v.wav"  # the wav rendition, inside the turn
+    assert "authorization" not in download.headers  # CDN downloads carry no token
 
 
 # --- approvals ----------------------------------------------------------------------------------
@@ -597,3 +599,19 @@ async def test_a_5xx_on_a_group_send_is_retried_with_the_same_seq(
         await fake.wait_until(lambda: expected in texts(fake, fake.group_conversation))
     assert [c.status for c in fake.sends()] == [502, 502, 200]
     assert {c.json["msg_seq"] for c in fake.sends()} == {1}
+
+
+async def test_a_stream_endpoint_that_rejects_the_quote_streams_without_it(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    def reject(fake: FakeQQ) -> None:
+        fake.reject_stream_reference = True
+
+    async with running_bot(tmp_path, configure=reject) as (bot, fake):
+        await fake.c2c_message("echo:slow 3 one")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
+        await fake.c2c_message("two")
+        expected = echo(fake, "two")
+        await fake.wait_until(lambda: expected in texts(fake, fake.c2c_conversation))
+    assert [m.reference for m in fake.bot_messages(fake.c2c_conversation)] == [None, None]
+    assert len([c for c in fake.sends() if c.status == 400]) == 1  # learned once

@@ -212,6 +212,8 @@ class QQOutbound:
         self.markdown = markdown
         #: Groups quote the user's message until one rejects ``message_reference``.
         self.group_quotes = True
+        #: C2C streams quote it too, until the stream endpoint rejects it (undocumented).
+        self.stream_quotes = True
         self._budgets: OrderedDict[str, PassiveBudget] = OrderedDict()
 
     # -- budgets -----------------------------------------------------------------------
@@ -552,7 +554,7 @@ class C2CStream:
         }
         if cur.stream_id is not None:
             body["stream_msg_id"] = cur.stream_id
-        elif cur.first and self._route.msg_idx:
+        elif cur.first and self._route.msg_idx and out.stream_quotes:
             body["message_reference"] = {"message_id": self._route.msg_idx}
         self._last_call = out.mono()
         try:
@@ -575,6 +577,14 @@ class C2CStream:
             # continued; close our record of it and go on in a new one.
             log.info("stream_start_counted_as_sent", seq=cur.seq)
             self._end(cur, cur.shown or content)
+            return
+        except ChannelError as exc:
+            if "message_reference" not in body or type(exc) is not ChannelError:
+                raise
+            # The stream endpoint refused the quote: stream without it from now on.
+            log.info("stream_quote_rejected", error=str(exc)[:200])
+            out.stream_quotes = False
+            await self._chunk(content, state)
             return
         cur.index += 1  # a failed call is repeated with its index (QQ takes a repeat)
         if cur.stream_id is None and sent.id:

@@ -27,7 +27,8 @@ Knobs and faults: ``heartbeat_interval_ms``, ``ack_heartbeats``; ``force_close_e
 :meth:`send_invalid_session`, :meth:`close_gateway`; ``close_on_identify``;
 ``replay_on_resume`` (a Resume re-sends that many dispatches before the client's seq);
 ``approved_intents`` (others close Identify with 4014); ``identify_remaining``;
-``markdown_allowed`` (False: markdown sends fail with 50056); ``reject_group_reference``;
+``markdown_allowed`` (False: markdown sends fail with 50056); ``reject_group_reference``,
+``reject_stream_reference`` (a quote is refused there);
 ``token_lifetime_s`` and :meth:`expire_tokens` (the next API calls answer 401);
 ``ip_blocked`` (every API call: the caller's IP is not on the allowlist);
 ``flood_on_ready`` (benchmarks); the shared fault queue keyed ``"METHOD /route"``
@@ -201,6 +202,7 @@ class FakeQQ(FakePlatform[RestCall]):
         self.identify_remaining = 1000
         self.markdown_allowed = True
         self.reject_group_reference = False
+        self.reject_stream_reference = False
         self.token_lifetime_s = 7200.0
         self.flood_on_ready = 0
         self.latency_s = 0.0
@@ -629,8 +631,12 @@ class FakeQQ(FakePlatform[RestCall]):
             body = request.json() if request.body else None
         except ValueError:
             body = None
-        if path.startswith("/media/"):
-            return Response(200, b"\x89PNG\r\n\x1a\nfake-qq", [("content-type", "image/png")])
+        if path.startswith("/media/"):  # the CDN: no token needed (and none may be sent)
+            headers = {k: v for k, v in request.headers}
+            self.record(RestCall(request.method, path, None, 200, trio.current_time(), 0, headers))
+            return Response(
+                200, b"RIFF\x00\x00\x00\x00WAVEfake-qq", [("content-type", "audio/wav")]
+            )
         op, handler, arg = self._route(request.method, path)
         headers = {k: v for k, v in request.headers if k not in ("authorization",)}
         if self.latency_s:
@@ -823,6 +829,8 @@ class FakeQQ(FakePlatform[RestCall]):
             return _error(400, 40034002, "invalid stream parameters")
         if not isinstance(content, str) or len(content) > MAX_CHARS:
             return _error(400, 40054018, "stream chunk too long")
+        if stream_id is None and body.get("message_reference") and self.reject_stream_reference:
+            return _error(400, 40034002, "message_reference is not a stream parameter")
         if stream_id is None:
             checked = self._passive("c2c", openid, body, reply=True)
             if isinstance(checked, Response):
