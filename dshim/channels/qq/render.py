@@ -521,7 +521,7 @@ class C2CStream:
             if left == 0 or (cur is None and left == 1):
                 # This is the last message QQ allows: it ends with the cut notice.
                 room = max(1, limit - len(TOO_LONG_NOTICE) - 2)
-                cut = cut_point(portion, room, min(shown, room))
+                cut = cut_point(portion, room, shown)  # never before what is shown
                 await self._chunk(portion[:cut].rstrip() + "\n\n" + TOO_LONG_NOTICE, DONE)
                 self._closed_window = True
                 return
