@@ -615,3 +615,42 @@ async def test_a_stream_endpoint_that_rejects_the_quote_streams_without_it(
         await fake.wait_until(lambda: expected in texts(fake, fake.c2c_conversation))
     assert [m.reference for m in fake.bot_messages(fake.c2c_conversation)] == [None, None]
     assert len([c for c in fake.sends() if c.status == 400]) == 1  # learned once
+
+
+async def test_with_keyboards_an_approval_has_buttons_and_a_press_answers_it(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with running_bot(tmp_path, keyboards=True) as (bot, fake):
+        d = await fake.c2c_message("echo:approval")
+        await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
+        [request] = fake.bot_messages(fake.c2c_conversation)
+        await fake.press(request, "Allow once")
+        await fake.wait_until(
+            lambda: any("allow_once" in t for t in texts(fake, fake.c2c_conversation))
+        )
+    assert [b["action"]["data"] for b in request.buttons()] == ["1", "2", "3"]
+    assert "1." in request.content and request.msg_id == d["id"] and request.msg_type == 2
+    assert [c.status for c in fake.sends()].count(403) == 0
+
+
+async def test_a_refused_keyboard_falls_back_to_text_for_good(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    def no_keyboards(fake: FakeQQ) -> None:
+        fake.keyboards_allowed = False
+
+    async with running_bot(tmp_path, configure=no_keyboards, keyboards=True) as (bot, fake):
+        def last() -> str:
+            shown = texts(fake, fake.c2c_conversation)
+            return shown[-1] if shown else ""
+
+        for _ in range(2):
+            await fake.c2c_message("echo:approval")
+            await fake.wait_until(lambda: "1." in last())
+            await fake.c2c_message("3")
+            await fake.wait_until(lambda: "Approval decision" in last())
+    refused = [c for c in fake.sends() if c.code == 11264]
+    assert len(refused) == 1  # learned once
+    prompts = [m for m in fake.bot_messages(fake.c2c_conversation) if "1." in m.content]
+    assert len(prompts) == 2 and all(m.keyboard is None for m in prompts)
+    assert prompts[0].seq == 1  # the refused send gave its msg_seq back

@@ -97,6 +97,9 @@ class QQSettings(ChannelSettings):
     intents: list[str] | None = None
     #: Answer C2C and group messages in markdown (falls back to text when not permitted).
     markdown: bool = True
+    #: Approvals and questions with keyboard buttons (needs QQ's keyboard permission and
+    #: markdown; falls back to text with numbered options when refused).
+    keyboards: bool = False
     #: Extra attachment hosts allowed besides Tencent's CDNs (exact names; tests).
     media_hosts: list[str] = msgspec.field(default_factory=list)
 
@@ -224,7 +227,12 @@ async def run(
             media=media_factory(api),
         )
         outbound = QQOutbound(
-            api, clock=host.clock, bot_username=name, markdown=settings.markdown, timings=timings
+            api,
+            clock=host.clock,
+            bot_username=name,
+            markdown=settings.markdown,
+            keyboards=settings.keyboards,
+            timings=timings,
         )
         gw = gateway_session(
             token=auth_header(await api.token()),

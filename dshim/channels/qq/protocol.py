@@ -346,6 +346,11 @@ class PassiveBudget:
             return 0
         return max(0, self.cap - (self.next_seq - self._base))
 
+    def give_back(self, seq: int) -> None:
+        """A reply with ``seq`` was refused (not sent): it may be used again."""
+        if seq == self.next_seq - 1:
+            self.next_seq = seq
+
     def take(self, now: float) -> int | None:
         """The ``msg_seq`` of one more reply, or None (window closed or cap reached)."""
         if self.left(now) <= 0:

@@ -36,14 +36,15 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 import trio
 
+from dshim.channels.base import InteractionPrompt
 from dshim.channels.kit import Backoff
 from dshim.channels.qq import models as m
 from dshim.channels.qq.client import QQApi
@@ -70,7 +71,7 @@ from dshim.errors import (
     TransportError,
     single_error,
 )
-from dshim.model import Delivered, ReplyTarget
+from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import split_text
 
 log = structlog.get_logger("dshim.qq")
@@ -90,6 +91,8 @@ SPLIT_MIN_FRACTION = 0.55
 MAX_BUDGETS = 4096
 #: Stream input states.
 GENERATING, DONE = 1, 10
+#: ``open_interaction(target, prompt)`` (see :mod:`dshim.outbound`).
+Presenter = Callable[[ReplyTarget, InteractionPrompt], AbstractAsyncContextManager[list[Delivered]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,16 +139,61 @@ def cut_point(text: str, limit: int, at_least: int = 0) -> int:
     return max(limit, at_least)
 
 
+#: QQ keyboards: at most 5 rows of 5 buttons.
+KEYBOARD_ROWS, KEYBOARD_ROW_BUTTONS = 5, 5
+BUTTON_LABEL_MAX = 32
+
+
+def keyboard_for(options: Sequence[Option]) -> dict[str, Any]:
+    """A custom keyboard with one button per option (``keyboard.content.rows``).
+
+    Each button is a command button (``action.type`` 2) whose ``data`` is the option's
+    number with ``enter`` set: a press sends that number as the user's message, so it is
+    judged exactly like a typed answer (``permission.type`` 2: anyone may press; the
+    pipeline accepts only the asker)."""
+    buttons = [
+        {
+            "id": str(i),
+            "render_data": {
+                "label": option.label[:BUTTON_LABEL_MAX],
+                "visited_label": option.label[:BUTTON_LABEL_MAX],
+                "style": 1,
+            },
+            "action": {
+                "type": 2,
+                "permission": {"type": 2},
+                "data": str(i),
+                "enter": True,
+                "unsupport_tips": f"reply with {i}",
+            },
+        }
+        for i, option in enumerate(options[: KEYBOARD_ROWS * KEYBOARD_ROW_BUTTONS], start=1)
+    ]
+    rows = [
+        {"buttons": buttons[i : i + KEYBOARD_ROW_BUTTONS]}
+        for i in range(0, len(buttons), KEYBOARD_ROW_BUTTONS)
+    ]
+    return {"content": {"rows": rows}}
+
+
 def message_body(
-    route: Route, text: str, seq: int, *, markdown: bool, quote: bool
+    route: Route,
+    text: str,
+    seq: int,
+    *,
+    markdown: bool,
+    quote: bool,
+    keyboard: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The JSON of one passive reply (``send.md``): text or markdown, ``msg_id``,
-    ``msg_seq``, and the quote of the user's message by its ``msg_idx``."""
+    """The JSON of one passive reply (``send.md``): text or markdown (with a keyboard),
+    ``msg_id``, ``msg_seq``, and the quote of the user's message by its ``msg_idx``."""
     if route.kind in (CHANNEL_KIND, DMS):  # guild: msg_id anchors it; no msg_seq
         return {"content": text, "msg_id": route.msg_id}
     body: dict[str, Any]
     if markdown:
         body = {"msg_type": 2, "markdown": {"content": text}}  # content must stay empty
+        if keyboard is not None:
+            body["keyboard"] = keyboard
     else:
         body = {"msg_type": 0, "content": text}
     body["msg_id"] = route.msg_id
@@ -200,6 +248,7 @@ class QQOutbound:
         clock: Callable[[], float],
         bot_username: str | None,
         markdown: bool = True,
+        keyboards: bool = False,
         timings: Timings = DEFAULT_TIMINGS,
         monotonic: Callable[[], float] = trio.current_time,
     ) -> None:
@@ -215,6 +264,8 @@ class QQOutbound:
         #: C2C streams quote it too, until the stream endpoint rejects it (undocumented).
         self.stream_quotes = True
         self._budgets: OrderedDict[str, PassiveBudget] = OrderedDict()
+        #: Approvals and questions with buttons, looked up by the pipeline (None: text).
+        self.open_interaction: Presenter | None = self._open_keyboard if keyboards else None
 
     # -- budgets -----------------------------------------------------------------------
 
@@ -231,11 +282,18 @@ class QQOutbound:
     # -- sending one reply -------------------------------------------------------------
 
     async def send_one(
-        self, route: Route, budget: PassiveBudget, text: str, *, quote: bool
+        self,
+        route: Route,
+        budget: PassiveBudget,
+        text: str,
+        *,
+        quote: bool,
+        keyboard: dict[str, Any] | None = None,
     ) -> Delivered:
         """One passive reply, retried with its ``msg_seq`` until it is known to be sent.
 
-        Raises ReplyWindowClosed when no reply is possible any more.
+        Raises ReplyWindowClosed when no reply is possible any more; a refusal gives its
+        ``msg_seq`` back (nothing was sent).
         """
         seq = budget.take(self.mono())
         if seq is None:
@@ -245,7 +303,7 @@ class QQOutbound:
         retries = _Retries(self, budget)
         while True:
             markdown = self.markdown and route.kind in (C2C, GROUP)
-            body = message_body(route, text, seq, markdown=markdown, quote=quote)
+            body = message_body(route, text, seq, markdown=markdown, quote=quote, keyboard=keyboard)
             try:
                 sent: m.Sent | None = await self.api.send(route.kind, route.target, body)
             except (AlreadySent, PendingAudit) as exc:
@@ -263,12 +321,14 @@ class QQOutbound:
             except (ReplyWindowClosed, AuthError, FatalChannelError):
                 raise
             except ChannelError as exc:
-                if quote and route.kind == GROUP and type(exc) is ChannelError:
+                if keyboard is None and quote and route.kind == GROUP and type(exc) is ChannelError:
                     # The group refused the quote: answer without it from now on.
                     log.info("group_quote_rejected", error=str(exc))
                     self.group_quotes = False
                     quote = False
                     continue
+                if not isinstance(exc, TransportError):  # refused: nothing was sent
+                    budget.give_back(seq)
                 raise
             return Delivered(
                 message_id=_delivered_id(sent, route, seq),
@@ -306,6 +366,31 @@ class QQOutbound:
         """A complete text (notice, command reply, approval prompt) as passive replies."""
         route = _route(target)
         return await self.send_chunks(route, self.budget(route), text, quote=True)
+
+    @asynccontextmanager
+    async def _open_keyboard(
+        self, target: ReplyTarget, prompt: InteractionPrompt
+    ) -> AsyncIterator[list[Delivered]]:
+        """An approval or question as one markdown message with a button per option.
+
+        Raises ChannelError on entry when QQ refuses it (no keyboard permission, markdown
+        not permitted ...): the pipeline then sends the text, and later requests go as text
+        at once.  QQ cannot take buttons away afterwards: a late press is a late answer,
+        which the pipeline judges like a typed one."""
+        route = _route(target)
+        budget = self.budget(route)
+        if not self.markdown or len(prompt.text) > MAX_MESSAGE_CHARS:
+            raise ChannelError("buttons need one markdown message")
+        try:
+            shown = await self.send_one(
+                route, budget, prompt.text, quote=True, keyboard=keyboard_for(prompt.options)
+            )
+        except ChannelError as exc:
+            if not isinstance(exc, (ReplyWindowClosed, TransportError, RateLimited)):
+                log.warning("keyboard_refused_using_text", error=str(exc)[:200])
+                self.open_interaction = None
+            raise
+        yield [shown]
 
     @asynccontextmanager
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[C2CStream | GroupStream]:

@@ -28,7 +28,8 @@ Knobs and faults: ``heartbeat_interval_ms``, ``ack_heartbeats``; ``force_close_e
 ``replay_on_resume`` (a Resume re-sends that many dispatches before the client's seq);
 ``approved_intents`` (others close Identify with 4014); ``identify_remaining``;
 ``markdown_allowed`` (False: markdown sends fail with 50056); ``reject_group_reference``,
-``reject_stream_reference`` (a quote is refused there);
+``reject_stream_reference`` (a quote is refused there); ``keyboards_allowed`` and
+:meth:`press` (a command button sends its data as the user's message);
 ``token_lifetime_s`` and :meth:`expire_tokens` (the next API calls answer 401);
 ``ip_blocked`` (every API call: the caller's IP is not on the allowlist);
 ``flood_on_ready`` (benchmarks); the shared fault queue keyed ``"METHOD /route"``
@@ -113,6 +114,12 @@ class BotMessage:
     reference: str | None = None
     msg_type: int = 0
     shown: list[str] = field(default_factory=list)
+    keyboard: dict[str, Any] | None = None
+
+    def buttons(self) -> list[dict[str, Any]]:
+        """The keyboard's buttons, row by row."""
+        rows = (self.keyboard or {}).get("content", {}).get("rows", [])
+        return [b for row in rows for b in row.get("buttons", [])]
 
     @property
     def conversation(self) -> str:
@@ -203,6 +210,8 @@ class FakeQQ(FakePlatform[RestCall]):
         self.markdown_allowed = True
         self.reject_group_reference = False
         self.reject_stream_reference = False
+        #: The bot may send custom keyboards (False: 11264, permission not granted).
+        self.keyboards_allowed = True
         self.token_lifetime_s = 7200.0
         self.flood_on_ready = 0
         self.latency_s = 0.0
@@ -404,6 +413,15 @@ class FakeQQ(FakePlatform[RestCall]):
         self.inbound[d["id"]] = inbound
         await self.dispatch("AT_MESSAGE_CREATE", d)
         return d
+
+    async def press(self, message: BotMessage, label: str) -> dict[str, Any]:
+        """The user presses a command button: its ``data`` is sent as their message."""
+        [button] = [b for b in message.buttons() if b["render_data"]["label"] == label]
+        action = button["action"]
+        assert action["type"] == 2 and action.get("enter"), action
+        if message.kind == "group":
+            return await self.group_message(action["data"])
+        return await self.c2c_message(action["data"])
 
     async def c2c_message(self, content: str, **kw: Any) -> dict[str, Any]:
         d = self.c2c_payload(content, **kw)
@@ -777,6 +795,9 @@ class FakeQQ(FakePlatform[RestCall]):
             return _error(400, 50006, "empty message")
         if len(content) > MAX_CHARS:
             return _error(400, 40054007, "message too long")
+        keyboard = body.get("keyboard") if msg_type == 2 else None
+        if keyboard is not None and not self.keyboards_allowed:
+            return _error(403, 11264, "keyboard permission not granted")
         reference = (body.get("message_reference") or {}).get("message_id")
         if reference is not None and kind == "group" and self.reject_group_reference:
             return _error(400, 50099, "message_reference not supported here")
@@ -794,6 +815,7 @@ class FakeQQ(FakePlatform[RestCall]):
             reference=reference,
             msg_type=msg_type,
             shown=[content],
+            keyboard=keyboard,
         )
         self.messages.append(msg)
         self.by_ref[msg.ref_idx] = msg
