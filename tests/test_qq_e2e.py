@@ -640,6 +640,7 @@ async def test_a_refused_keyboard_falls_back_to_text_for_good(
         fake.keyboards_allowed = False
 
     async with running_bot(tmp_path, configure=no_keyboards, keyboards=True) as (bot, fake):
+
         def last() -> str:
             shown = texts(fake, fake.c2c_conversation)
             return shown[-1] if shown else ""
