@@ -27,6 +27,10 @@ this answer with one log line, never a retry loop.
   (``message_reference.message_id`` = its ``msg_idx``; a group that rejects it gets the
   answer without).
 
+Approvals and questions are text with numbered options; with ``keyboards`` on they are one
+markdown message with a command button per option (:func:`keyboard_for`): a press sends the
+option's number as the user's message, judged like a typed answer.
+
 Every delivered message is returned as a :class:`~dshim.model.Delivered` whose id is its
 ``ext_info.ref_idx`` (the key a later quote of it carries; the message ``id`` when the
 answer had none), so the pipeline's message index resolves quotes of the bot's answers.
