@@ -82,9 +82,11 @@ async def running_bot(
     wait_ready: bool = True,
     harness: EchoHarness | None = None,
     channel: Any = SEEDED,
+    crash: bool = False,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeQQ]]:
-    """The bot (``serve_bots``, a real store) against a fresh fake (or ``fake``)."""
+    """The bot (``serve_bots``, a real store) against a fresh fake (or ``fake``); leaving
+    the block shuts it down like SIGTERM, or with ``crash`` cancels it at once."""
     with trio.fail_after(DEADLINE):
         async with _fake(fake) as fake_:
             if configure is not None:
@@ -111,9 +113,10 @@ async def running_bot(
                         await fake_.wait_until(lambda: fake_.ready_count >= 1)
                     yield bot, fake_
                 finally:
-                    bot.shutdown.set()
-                    with trio.move_on_after(30):
-                        await bot.ended.wait()
+                    if not crash:
+                        bot.shutdown.set()
+                        with trio.move_on_after(30):
+                            await bot.ended.wait()
                     nursery.cancel_scope.cancel()
 
 

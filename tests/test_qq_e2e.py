@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 
 from dshim.channels.qq.render import TOO_LONG_NOTICE, WINDOW_NOTICE, WORKING_TEXT
 from dshim.harness.echo import EchoHarness
-from dshim.testing.fakes.qq import FakeQQ
+from dshim.pipeline.runtime import INTERRUPTED_TEXT
+from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
 from tests.channel_contract import REPLY_NOTE
 from tests.rig_qq import echo, running_bot, source, texts
 
@@ -655,3 +656,25 @@ async def test_a_refused_keyboard_falls_back_to_text_for_good(
     prompts = [m for m in fake.bot_messages(fake.c2c_conversation) if "1." in m.content]
     assert len(prompts) == 2 and all(m.keyboard is None for m in prompts)
     assert prompts[0].seq == 1  # the refused send gave its msg_seq back
+
+
+async def test_after_a_restart_mid_answer_the_notice_is_not_swallowed_as_a_duplicate(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with open_fake_qq() as fake:
+        async with running_bot(tmp_path, fake=fake, crash=True) as (bot, _):
+            await fake.c2c_message("echo:slow 80 a very long answer")
+            await fake.wait_until(
+                lambda: any(len(m.shown) >= 3 for m in fake.bot_messages(fake.c2c_conversation))
+            )
+            await trio.sleep(0.2)
+        # the process died mid-answer; it starts again on the same store
+        async with running_bot(tmp_path, fake=fake) as (bot, _):
+            await fake.wait_until(
+                lambda: any(INTERRUPTED_TEXT in t for t in texts(fake, fake.c2c_conversation))
+            )
+            await trio.sleep(10)
+    cut, notice = fake.bot_messages(fake.c2c_conversation)
+    assert cut.stream and cut.done and cut.seq == 1
+    assert notice.content == INTERRUPTED_TEXT and notice.seq == 5  # counted on above the cap
+    assert [c.code for c in fake.sends()].count(40054005) == 0
