@@ -390,6 +390,11 @@ def test_windows_are_60_minutes_in_c2c_and_5_in_groups() -> None:
     c = budget_for(Route("c2c", USER, "m", received=10.0), now=20.0, wall_now=0.0)
     g = budget_for(Route("group", GROUP, "m", received=10.0), now=20.0, wall_now=0.0)
     assert (c.cap, c.deadline, g.cap, g.deadline) == (4, 3610.0, 5, 310.0)
+    # delivered late (a resume replay): the platform's earlier time starts the window
+    replayed = Route("group", GROUP, "m", platform_ts=1000.0, received=100.0)
+    assert budget_for(replayed, now=100.0, wall_now=1060.0).deadline == pytest.approx(340.0)
+    skewed = Route("group", GROUP, "m", platform_ts=1000.0, received=100.0)
+    assert budget_for(skewed, now=100.0, wall_now=9000.0).deadline == 400.0
     # resumed after a restart: the window started at the platform time
     late = budget_for(Route("group", GROUP, "m", platform_ts=1000.0), now=50.0, wall_now=1100.0)
     assert late.deadline == pytest.approx(250.0)

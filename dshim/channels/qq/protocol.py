@@ -366,11 +366,14 @@ def budget_for(route: Route, *, now: float, wall_now: float) -> PassiveBudget:
     now that ``now`` corresponds to; its ``msg_seq`` values then start above the cap)."""
     window = REPLY_WINDOWS_S.get(route.kind, 300.0)
     cap = REPLY_CAPS.get(route.kind, 5)
+    age = max(0.0, wall_now - route.platform_ts) if route.platform_ts else 0.0
     if route.received is not None:
-        return PassiveBudget(cap=cap, deadline=route.received + window)
+        # The platform's time when it is earlier (a message delivered late, by a resume
+        # replay), unless the clocks disagree by more than the window itself.
+        start = min(route.received, now - age) if age <= window else route.received
+        return PassiveBudget(cap=cap, deadline=start + window)
     # Resumed after a restart: the replies sent before it used msg_seq 1..cap at most, so
     # this process counts on from cap + 1 (a notice must not be refused as a duplicate).
-    age = max(0.0, wall_now - route.platform_ts) if route.platform_ts else 0.0
     return PassiveBudget(cap=cap, deadline=now - age + window, first_seq=cap + 1)
 
 
