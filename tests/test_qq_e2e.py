@@ -61,7 +61,7 @@ async def test_a_group_answer_quotes_the_user_and_needs_no_working_reply(
     [answer] = fake.bot_messages(fake.group_conversation)
     assert (answer.msg_id, answer.seq, answer.stream) == (d["id"], 1, False)
     assert answer.reference == fake.inbound[d["id"]].msg_idx
-    assert answer.msg_type == 2  # markdown by default
+    assert answer.msg_type == 0 and answer.content == expected  # group answers are text
 
 
 async def test_a_slow_group_answer_gets_a_working_reply_first(

@@ -95,7 +95,7 @@ class QQSettings(ChannelSettings):
     #: Event intents by name (default: group_and_c2c_event, public_guild_messages,
     #: direct_message).  Only approved intents may be asked for.
     intents: list[str] | None = None
-    #: Answer C2C and group messages in markdown (falls back to text when not permitted).
+    #: Stream C2C answers (and send keyboards) in markdown; text when QQ refuses it.
     markdown: bool = True
     #: Approvals and questions with keyboard buttons (needs QQ's keyboard permission and
     #: markdown; falls back to text with numbered options when refused).

@@ -15,8 +15,9 @@ this answer with one log line, never a retry loop.
   already shows (else 40007), so when the agent rewrites earlier text, or the text passes
   2,000 characters, the message is finished and the answer continues in a new one.  A
   stream is always closed with ``input_state: 10`` -- by ``finish``, and also when the
-  answer is stopped, cancelled or fails.  Markdown when permitted, else text (50055/50056
-  switch to text for the rest of the bot's life).
+  answer is stopped, cancelled or fails.  Its content is markdown when permitted, else
+  text (50055/50056 switch to text for the rest of the bot's life); other replies
+  (notices, group answers) are plain text.
 * **Groups** (and guild channels): no edit, no stream.  A short "working…" reply when no
   answer is ready within 10 s (one slot), then the answer; if the agent is still running
   30 s before the 5-minute window closes, what exists goes out with a notice that the rest
@@ -306,7 +307,9 @@ class QQOutbound:
         quote = quote and (route.kind != GROUP or self.group_quotes)
         retries = _Retries(self, budget)
         while True:
-            markdown = self.markdown and route.kind in (C2C, GROUP)
+            # Markdown only where it carries a keyboard: plain replies are text (every bot
+            # may send it; markdown needs its own approval).
+            markdown = keyboard is not None and self.markdown and route.kind in (C2C, GROUP)
             body = message_body(route, text, seq, markdown=markdown, quote=quote, keyboard=keyboard)
             try:
                 sent: m.Sent | None = await self.api.send(route.kind, route.target, body)
