@@ -279,7 +279,12 @@ def classify_error(
     if codes & STREAM_PREFIX_CODES:
         return StreamPrefixRejected(text, status=status, code=code)
     if status == 401 or codes & TOKEN_CODES:
-        return AuthError(f"QQ rejected the access token ({text})", status=status, code=code)
+        return AuthError(
+            f"QQ rejected the access token ({text}); if app_id and client_secret are right, "
+            "the host's IP may be missing from the bot's IP allowlist on q.qq.com",
+            status=status,
+            code=code,
+        )
     if codes & BAD_APP_CODES:
         return FatalChannelError(f"QQ does not know this app_id ({text})", code=code)
     if 11265 in codes:
