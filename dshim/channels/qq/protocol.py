@@ -401,8 +401,8 @@ MediaFactory = Callable[[m.Attachment], Fetcher | None]
 
 def parse_ext(ext: list[str]) -> dict[str, str]:
     """``message_scene.ext`` as a dict: ``key=value`` split on the first ``=`` (REFIDX values
-    end in ``==``).  Entries without ``=`` are skipped.  ``auth_token`` is a secret: callers
-    never log or store it (:func:`public_ext` drops it)."""
+    end in ``==``).  Entries without ``=`` are skipped.  ``auth_token`` is a secret: it never
+    leaves the mapping (and :func:`scrub_frame` removes it from the frame the inbox keeps)."""
     out: dict[str, str] = {}
     for item in ext:
         key, sep, value = item.partition("=")
@@ -420,11 +420,6 @@ def scrub_frame(raw: bytes) -> bytes:
     if b"auth_token=" not in raw:
         return raw
     return _AUTH_TOKEN.sub(b"auth_token=", raw)
-
-
-def public_ext(ext: Mapping[str, str]) -> dict[str, str]:
-    """The ``ext`` entries that may be logged (``auth_token`` removed)."""
-    return {k: v for k, v in ext.items() if k != "auth_token"}
 
 
 def parse_timestamp(value: str | int | float | None) -> float | None:
