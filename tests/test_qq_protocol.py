@@ -599,3 +599,19 @@ def test_the_frame_the_inbox_keeps_has_no_auth_token() -> None:
     before, after = QQMapper(BOT).decode_frame(raw), QQMapper(BOT).decode_frame(clean)
     assert isinstance(after, InboundMessage) and isinstance(before, InboundMessage)
     assert (after.message_id, after.content) == (before.message_id, before.content)
+
+
+def test_the_replay_adapter_learns_the_bot_from_a_ready_frame() -> None:
+    import httpx
+
+    from dshim.channels.base import ReplaySource
+    from dshim.channels.qq.channel import CHANNEL
+
+    fx = ReplaySource(bot_id=None, bot_username=None, http=httpx.AsyncClient(), api_base="x")
+    adapter = CHANNEL.replay_adapter(fx)
+    ready = {"version": 1, "session_id": "S", "user": {"id": BOT, "username": "b"}}
+    assert isinstance(adapter.decode(frame("READY", ready, s=1)), Skip)
+    assert (adapter.bot_id, adapter.bot_username) == (BOT, "b")
+    own = {"id": "1", "channel_id": "5", "author": {"id": BOT, "bot": True}, "content": "x"}
+    item = adapter.decode(frame("AT_MESSAGE_CREATE", own))
+    assert isinstance(item, InboundMessage) and item.sender_id == item.bot_id == BOT

@@ -85,6 +85,7 @@ __all__ = [
     "frame_decoder",
     "gateway_bot_decoder",
     "hello_decoder",
+    "ready_decoder",
 ]
 
 # Gateway opcodes (the same numbers on Discord and QQ).

@@ -32,7 +32,6 @@ from dshim.channels.base import (
     ChannelSpec,
     ChannelStore,
     Check,
-    FixtureError,
     Identity,
     ProbeResult,
     ProbeRows,
@@ -41,7 +40,8 @@ from dshim.channels.base import (
     Verdict,
 )
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.gateway import Dispatch, GatewayBot
+from dshim.channels.kit.decode import decode
+from dshim.channels.kit.gateway import Dispatch, GatewayBot, frame_decoder, ready_decoder
 from dshim.channels.kit.gateway_run import probe_ready
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
@@ -274,23 +274,42 @@ class QQReplayAdapter:
     """Decodes fixture frames with the real mapping; quotes read the replay's store.
 
     The fixture's ``bot`` names ``id`` (the bot's user id, from ``/users/@me``),
-    ``username`` and ``app_id``.  Accepted messages go into the quote index as the live
-    channel records them.
+    ``username`` and ``app_id``; without ``id`` a READY frame among the events says who
+    the bot is.  Accepted messages go into the quote index as the live channel records
+    them.
     """
 
     def __init__(self, fx: ReplaySource) -> None:
-        if fx.bot_id is None:
-            raise FixtureError("a qq fixture needs bot.id (the bot's id from /users/@me)")
-        self.bot_id = fx.bot_id
+        # Without bot.id, a READY frame among the events tells who the bot is.
+        self._learn = fx.bot_id is None
+        self.bot_id = fx.bot_id if fx.bot_id is not None else "qq-bot"
         self.bot_username = fx.bot_username
         self._store = fx.store
         self._clock = fx.clock
-        self._mapper = QQMapper(
-            self.bot_id, lookup=lookup_factory(fx.store, fx.clock, self.bot_id, fx.bot_username)
-        )
+        self._mapper = self._mapper_for(self.bot_id)
+
+    def _mapper_for(self, bot_id: str) -> QQMapper:
+        lookup = lookup_factory(self._store, self._clock, bot_id, self.bot_username)
+        return QQMapper(bot_id, lookup=lookup)
 
     def decode(self, raw: bytes) -> InboundMessage | Skip:
+        if self._learn:
+            self._learn_from_ready(raw)
         return self._mapper.decode_frame(raw)
+
+    def _learn_from_ready(self, raw: bytes) -> None:
+        try:
+            frame = decode(frame_decoder, raw)
+            if frame.t != "READY":
+                return
+            ready = ready_decoder.decode(frame.d)
+        except msgspec.MsgspecError:
+            return
+        if ready.user is not None:
+            self._learn = False
+            self.bot_id = ready.user.id
+            self.bot_username = self.bot_username or ready.user.username or None
+            self._mapper = self._mapper_for(self.bot_id)
 
     async def received(self, item: InboundMessage | Skip, raw: bytes) -> None:
         """Index the message as the live channel does once it is accepted (addressed, not
