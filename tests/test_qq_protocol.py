@@ -615,3 +615,12 @@ def test_the_replay_adapter_learns_the_bot_from_a_ready_frame() -> None:
     own = {"id": "1", "channel_id": "5", "author": {"id": BOT, "bot": True}, "content": "x"}
     item = adapter.decode(frame("AT_MESSAGE_CREATE", own))
     assert isinstance(item, InboundMessage) and item.sender_id == item.bot_id == BOT
+
+
+def test_no_identify_while_the_session_start_limit_is_used_up() -> None:
+    gw = gateway_session(token=TOKEN, random=lambda: 0.5)
+    info = b'{"url": "wss://gw/websocket", "session_start_limit": {"total": 1000, "remaining": 0, "reset_after": 60000, "max_concurrency": 1}}'
+    gw.set_gateway_info(gateway_bot_decoder.decode(info), 10.0)
+    plan = gw.plan_connection(10.0)
+    assert plan.url == "" and plan.not_before == 70.0 and plan.reason == "session_start_limit"
+    assert gw.plan_connection(70.0).refresh_gateway  # then ask /gateway/bot again
