@@ -131,6 +131,11 @@ def test_group_at_is_addressed_and_the_mention_is_removed(content: str, expected
     assert item.addressed and item.content == expected
 
 
+def test_a_leading_mention_of_another_member_is_kept() -> None:
+    d = group("<@M2> please review", mentions=[{"member_openid": "M2", "id": "M2"}])
+    assert mapped("GROUP_AT_MESSAGE_CREATE", d).content == "<@M2> please review"
+
+
 def test_a_full_group_message_addresses_the_bot_only_when_it_mentions_it() -> None:
     plain = mapped("GROUP_MESSAGE_CREATE", group("just chatting"))
     assert not plain.addressed

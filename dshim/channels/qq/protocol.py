@@ -589,7 +589,14 @@ class QQMapper:
         message_id = f"{msg.id}|{msg_idx}" if msg_idx else msg.id
         if not msg.id or len(message_id) > 512:
             return Skip(reason="malformed", detail=f"{t}: bad message id")
-        content, mentioned = self._strip_mentions(msg.content)
+        others = {
+            x
+            for mention in msg.mentions
+            if not mention.is_you
+            for x in (mention.id, mention.member_openid, mention.user_openid)
+            if x and x != self.bot_id
+        }
+        content, mentioned = self._strip_mentions(msg.content, others)
         direct = kind in (C2C, DMS)
         if t == "GROUP_AT_MESSAGE_CREATE" or t == "AT_MESSAGE_CREATE":
             addressed = True
@@ -669,9 +676,10 @@ class QQMapper:
             return (DMS, msg.guild_id, a.id) if a.id and msg.guild_id else None
         return None
 
-    def _strip_mentions(self, content: str) -> tuple[str, bool]:
-        """Content without the bot's mention tokens (and a leading ``<@…>`` token), trimmed;
-        and whether the bot was mentioned by token."""
+    def _strip_mentions(self, content: str, others: set[str]) -> tuple[str, bool]:
+        """Content without the bot's mention tokens, trimmed, and whether the bot was
+        mentioned by token.  A leading ``<@…>`` token that names none of the other users
+        in ``mentions`` is taken for a stray @bot token (its id form is not documented)."""
         text = content.strip()
         mentioned = False
         for token in self._tokens:
@@ -681,7 +689,7 @@ class QQMapper:
         text = text.strip()
         if text.startswith("<@"):
             end = text.find(">")
-            if 0 < end <= 80:  # a stray @bot token QQ left in place
+            if 0 < end <= 80 and text[2:end].lstrip("!") not in others:
                 text = text[end + 1 :].strip()
         return text, mentioned
 
