@@ -12,6 +12,7 @@ from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_dingtalk import DingTalkRig
 from tests.rig_discord import DiscordRig
 from tests.rig_feishu import FeishuRig
+from tests.rig_qq import QQRig
 from tests.rig_slack import SlackRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
@@ -23,6 +24,7 @@ RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
     "feishu": FeishuRig,
     "slack": SlackRig,
+    "qq": QQRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
     "weixin": WeixinRig,

@@ -174,6 +174,23 @@ REQUIRED: dict[str, set[str]] = {
         "quoted_new_not_executed",
         "malformed_events",
     },
+    "qq": {
+        "dm_text",
+        "group_addressed",
+        "group_unaddressed",
+        "group_mention_token",
+        "quote_user_from_index",
+        "quote_msg_elements_only",
+        "quote_bot_answer_ref_idx",
+        "quote_not_found",
+        "quote_image_only",
+        "quote_file",
+        "quoted_new_not_executed",
+        "duplicate_event",
+        "malformed_event",
+        "voice_asr",
+        "auth_token_never_in_prompt",
+    },
 }
 
 

@@ -15,7 +15,6 @@ ConfigError escape it.
 from __future__ import annotations
 
 import random as _random
-import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
@@ -44,9 +43,7 @@ from dshim.channels.discord.client import (
 )
 from dshim.channels.discord.protocol import (
     GUILD_EVENTS,
-    Dispatch,
     GatewayProtocol,
-    GatewayTuning,
     MessageMapper,
     fetched_reference,
     intents,
@@ -54,9 +51,10 @@ from dshim.channels.discord.protocol import (
 from dshim.channels.discord.render import DiscordOutbound, split
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.gateway import Dispatch, GatewayTuning
+from dshim.channels.kit.gateway_run import probe_ready
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
-from dshim.channels.kit.ws import Connected, connect_once
 from dshim.errors import AuthError, NotFound
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 
@@ -251,25 +249,7 @@ async def probe(rows: ProbeRows) -> None:
                 wanted=frozenset(),
                 gateway_override=settings.gateway_url,
             )
-            gw.set_gateway_info(info[0], trio.current_time())
-            plan = gw.plan_connection(trio.current_time())
-            if plan.refresh_gateway or plan.not_before > trio.current_time():
-                return "fail", "no identify allowed now (session_start_limit); not connecting"
-            t0 = time.perf_counter()
-            reached: list[Connected] = []
-
-            async def ignore(dispatch: Dispatch) -> None:
-                return None
-
-            ended = await connect_once(
-                plan.url, gw, ignore, on_connected=reached.append, stop_when_connected=True
-            )
-            if not reached:
-                gw.connection_lost(ended, trio.current_time())  # raises for fatal codes
-                why = gw.last_close_reason or f"close code {ended.code}"
-                return "fail", f"the gateway closed before READY ({why})"
-            ms = (time.perf_counter() - t0) * 1000
-            return "ok", f"READY in {ms:.0f} ms (session {reached[0].session}), closed cleanly"
+            return await probe_ready(gw, info[0])
 
         async def send_test(conversation_id: str) -> str:
             created = await rest.create_message(

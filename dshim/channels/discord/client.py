@@ -18,9 +18,9 @@ appears in an error.
 Gateway
 -------
 :func:`run_gateway` runs :class:`~.protocol.GatewayProtocol` on the kit's websocket
-runner (:func:`dshim.channels.kit.ws.run_ws`); :func:`next_gateway_url` is its plan step:
-``GET /gateway/bot`` when the protocol asks for it (retried with backoff on transient
-failures), and the waits of the identify budget.
+runner through the kit's :mod:`dshim.channels.kit.gateway_run` (shared with QQ);
+:func:`next_gateway_url` is its plan step: ``GET /gateway/bot`` when the protocol asks for
+it (retried with backoff on transient failures), and the waits of the identify budget.
 """
 
 from __future__ import annotations
@@ -37,21 +37,19 @@ import trio
 from dshim import __version__
 from dshim.channels.discord import models as m
 from dshim.channels.discord.protocol import (
-    Dispatch,
     GatewayProtocol,
     RateLimiter,
     classify_error,
     error_body,
     rate_limit_hit,
 )
-from dshim.channels.kit import Backoff
+from dshim.channels.kit import Backoff, gateway_run
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.gateway import Dispatch
 from dshim.channels.kit.http import counted, download_capped
-from dshim.channels.kit.ws import Deliverer, WsOptions, run_ws
+from dshim.channels.kit.ws import Deliverer, WsOptions
 from dshim.errors import (
     AuthError,
-    ChannelError,
-    FatalChannelError,
     PermissionDenied,
     RateLimited,
     RemoteProtocolError,
@@ -306,43 +304,11 @@ async def next_gateway_url(
     backoff: Backoff,
     clock: Callable[[], float] = trio.current_time,
 ) -> str:
-    """The URL of the next connection, once the protocol's plan allows one.
-
-    Fetches ``GET /gateway/bot`` when the plan asks for it -- transient failures back off
-    and try again; AuthError and FatalChannelError are raised -- and waits as long as the
-    identify budget says.
-    """
-    while True:
-        now = clock()
-        plan = gw.plan_connection(now)
-        if plan.refresh_gateway:
-            try:
-                info = await rest.get_gateway_bot()
-            except (AuthError, FatalChannelError):
-                raise
-            except ChannelError as exc:
-                if gw.gateway_info_unavailable():
-                    log.warning("ws_url_failed", error=str(exc), fallback="gateway_url")
-                    continue
-                retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-                delay = backoff.next_delay(retry_after=retry_after)
-                log.warning("ws_url_failed", error=str(exc), retry_in_s=round(delay, 2))
-                await trio.sleep(delay)
-                continue
-            gw.set_gateway_info(info, clock())
-            log.info(
-                "ws_url_fetched",
-                identifies_remaining=info.session_start_limit.remaining,
-                max_concurrency=info.session_start_limit.max_concurrency,
-            )
-            continue
-        if plan.not_before > now:
-            wait = plan.not_before - now
-            if plan.reason or wait >= 1.0:
-                log.info("connect_delayed", seconds=round(wait, 2), reason=plan.reason or "wait")
-            await trio.sleep_until(plan.not_before)
-            continue
-        return plan.url
+    """The URL of the next connection (the kit's :func:`~dshim.channels.kit.gateway_run.next_gateway_url`
+    with ``GET /gateway/bot``)."""
+    return await gateway_run.next_gateway_url(
+        gw, rest.get_gateway_bot, backoff=backoff, clock=clock
+    )
 
 
 async def run_gateway(
@@ -359,9 +325,6 @@ async def run_gateway(
     frame is read.  Raises :class:`~dshim.errors.AuthError` /
     :class:`~dshim.errors.FatalChannelError` on fatal close codes.
     """
-    backoff = backoff or Backoff()
-
-    async def next_url() -> str:
-        return await next_gateway_url(gw, rest, backoff=backoff, clock=clock)
-
-    await run_ws(gw, next_url, deliver, backoff=backoff, clock=clock, options=WS_OPTIONS)
+    await gateway_run.run_gateway(
+        gw, rest.get_gateway_bot, deliver, backoff=backoff, clock=clock, options=WS_OPTIONS
+    )

@@ -15,18 +15,16 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-
-class Frame(msgspec.Struct, kw_only=True, gc=False):
-    """The gateway envelope ``{"op", "d", "s", "t"}``; ``d`` is decoded per opcode."""
-
-    op: int
-    d: msgspec.Raw = msgspec.Raw(b"null")
-    s: int | None = None
-    t: str | None = None
-
-
-class Hello(msgspec.Struct, kw_only=True, gc=False):
-    heartbeat_interval: float
+# Shared with QQ's gateway: the kit's envelope, Hello and ``GET /gateway/bot`` answer.
+from dshim.channels.kit.gateway import (
+    Frame,
+    GatewayBot,
+    Hello,
+    SessionStartLimit,
+    frame_decoder,
+    gateway_bot_decoder,
+    hello_decoder,
+)
 
 
 class User(msgspec.Struct, kw_only=True, gc=False):
@@ -150,22 +148,6 @@ class GuildRoleEvent(msgspec.Struct, kw_only=True, gc=False):
     role_id: str | None = None
 
 
-class SessionStartLimit(msgspec.Struct, kw_only=True, gc=False):
-    total: int = 1000
-    remaining: int = 1000
-    #: Milliseconds until ``remaining`` resets.
-    reset_after: float = 0.0
-    max_concurrency: int = 1
-
-
-class GatewayBot(msgspec.Struct, kw_only=True, gc=False):
-    """``GET /gateway/bot``."""
-
-    url: str
-    shards: int = 1
-    session_start_limit: SessionStartLimit = msgspec.field(default_factory=SessionStartLimit)
-
-
 class ErrorBody(msgspec.Struct, kw_only=True, gc=False):
     """A REST error: ``{"code", "message"}``; a 429 adds ``retry_after`` and ``global``."""
 
@@ -189,16 +171,13 @@ class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
     content: str | None = None
 
 
-frame_decoder = msgspec.json.Decoder(Frame)
 channel_decoder = msgspec.json.Decoder(CreatedChannel)
-hello_decoder = msgspec.json.Decoder(Hello)
 ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)
 quoted_decoder = msgspec.json.Decoder(QuotedMessage)
 guild_decoder = msgspec.json.Decoder(Guild)
 guild_role_decoder = msgspec.json.Decoder(GuildRoleEvent)
 user_decoder = msgspec.json.Decoder(User)
-gateway_bot_decoder = msgspec.json.Decoder(GatewayBot)
 error_decoder = msgspec.json.Decoder(ErrorBody)
 created_decoder = msgspec.json.Decoder(CreatedMessage)
 encoder = msgspec.json.Encoder()
@@ -233,4 +212,7 @@ __all__ = [
     "StickerItem",
     "User",
     "encode",
+    "frame_decoder",
+    "gateway_bot_decoder",
+    "hello_decoder",
 ]

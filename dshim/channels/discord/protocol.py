@@ -2,7 +2,9 @@
 
 Theory of operation
 -------------------
-:class:`GatewayProtocol` is a :class:`~dshim.channels.kit.ws.WsSession`: it holds
+:class:`GatewayProtocol` is the kit's shared Discord-style gateway session
+(:class:`dshim.channels.kit.gateway.GatewaySession`, also QQ's) with Discord's dialect
+(:data:`DISCORD_GATEWAY`: close codes, the ``?v=10`` URL) and intents.  It holds
 everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.channels.kit.ws`)
 opens websockets to the URL :meth:`~GatewayProtocol.plan_connection` chose, feeds every
 received frame to :meth:`~GatewayProtocol.receive`, calls :meth:`~GatewayProtocol.tick`
@@ -56,7 +58,6 @@ trio or httpx or reads a clock.
 
 from __future__ import annotations
 
-import enum
 import math
 import re
 import urllib.parse
@@ -71,7 +72,19 @@ from msgspec import UNSET, UnsetType
 
 from dshim.channels.discord import models as m
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.ws_session import Action, Close, Connected, Deliver, Ignored, Send, WsEnded
+from dshim.channels.kit.gateway import (  # noqa: F401 - re-exported for Discord's users
+    HELLO_TIMEOUT_S,
+    IDENTIFY_WINDOW_S,
+    OP_DISPATCH,
+    ConnectPlan,
+    ConnState,
+    Dispatch,
+    GatewayAction,
+    GatewayDialect,
+    GatewaySession,
+    GatewayTuning,
+    Mode,
+)
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -96,16 +109,6 @@ CHANNEL = "discord"
 #: A user mention in message content: ``<@id>`` or the legacy nickname form ``<@!id>``.
 _USER_MENTION_RE = re.compile(r"<@!?(\d{1,20})>")
 API_VERSION = 10
-
-# Gateway opcodes (topics/opcodes-and-status-codes.mdx).
-OP_DISPATCH = 0
-OP_HEARTBEAT = 1
-OP_IDENTIFY = 2
-OP_RESUME = 6
-OP_RECONNECT = 7
-OP_INVALID_SESSION = 9
-OP_HELLO = 10
-OP_HEARTBEAT_ACK = 11
 
 # Intents (events/gateway.mdx "List of Intents").  MESSAGE_CONTENT is privileged: without
 # it Discord sends empty content for guild messages that do not mention the bot.
@@ -144,65 +147,6 @@ FATAL_CLOSE_CODES: dict[int, str] = {
 NEW_SESSION_CLOSE_CODES = frozenset({4007, 4009})
 #: Our close code when we intend to resume (anything but 1000/1001 keeps the session).
 RESUME_CLOSE_CODE = 4000
-#: Identify budget window: ``max_concurrency`` identifies per this many seconds.
-IDENTIFY_WINDOW_S = 5.0
-#: A server that does not say Hello within this time is treated as a failed connection.
-HELLO_TIMEOUT_S = 20.0
-#: Connections in a row that never got READY after which the Get Gateway URL is re-read.
-STALE_GATEWAY_FAILURES = 3
-
-
-@dataclass(frozen=True, slots=True)
-class GatewayTuning:
-    """Timings of the session policy.  Defaults follow Discord's guidance."""
-
-    #: Op 9 ``d=false``: wait a random time in this range before identifying again.
-    invalid_session_wait_s: tuple[float, float] = (1.0, 5.0)
-    #: Spacing between identifies with ``max_concurrency`` 1.
-    identify_window_s: float = IDENTIFY_WINDOW_S
-    hello_timeout_s: float = HELLO_TIMEOUT_S
-
-
-class Mode(enum.Enum):
-    IDENTIFY = "identify"
-    RESUME = "resume"
-
-
-class ConnState(enum.Enum):
-    DISCONNECTED = "disconnected"
-    AWAIT_HELLO = "await_hello"
-    AWAIT_READY = "await_ready"
-    CONNECTED = "connected"
-    CLOSING = "closing"
-
-
-@dataclass(slots=True)  # not frozen: one per event (frozen init is 3x slower)
-class Dispatch:
-    """An op 0 event the channel wants.  ``frame`` is the whole frame as received."""
-
-    t: str
-    s: int | None
-    d: msgspec.Raw
-    frame: bytes
-
-
-GatewayAction = Action[Dispatch]
-
-
-@dataclass(frozen=True, slots=True)
-class ConnectPlan:
-    """What to do next: refresh the gateway info, wait, or connect to ``url`` in ``mode``.
-
-    ``not_before`` is an absolute time on the caller's clock; connect only after it (and
-    ask again: the plan may change while waiting).  ``refresh_gateway`` asks the shell to
-    call ``GET /gateway/bot`` and hand the result to :meth:`GatewayProtocol.set_gateway_info`.
-    """
-
-    mode: Mode
-    url: str
-    not_before: float
-    refresh_gateway: bool = False
-    reason: str = ""
 
 
 def gateway_url(base: str) -> str:
@@ -223,12 +167,20 @@ def _short(exc: Exception) -> str:
     return str(exc)[:200]
 
 
-class GatewayProtocol:
-    """The gateway session state machine.  See the module docstring for the rules.
+#: What Discord's gateway does differently from the kit's shared session.
+DISCORD_GATEWAY = GatewayDialect(
+    platform="Discord",
+    fatal_close_codes=FATAL_CLOSE_CODES,
+    auth_close_codes=frozenset({4004}),
+    new_session_close_codes=NEW_SESSION_CLOSE_CODES,
+    resume_close_code=RESUME_CLOSE_CODE,
+    url=gateway_url,
+)
 
-    ``wanted`` names the dispatches (``t``) handed to the channel as
-    :class:`~dshim.channels.kit.ws.Deliver` actions; others only move ``seq``.
-    """
+
+class GatewayProtocol(GatewaySession):
+    """Discord's gateway session: the kit's :class:`~dshim.channels.kit.gateway.GatewaySession`
+    with :data:`DISCORD_GATEWAY` and Discord's intents.  See the module docstring."""
 
     def __init__(
         self,
@@ -241,299 +193,25 @@ class GatewayProtocol:
         tuning: GatewayTuning | None = None,
         properties: dict[str, str] | None = None,
     ) -> None:
-        self._token = token
-        self._random = random
-        self.intents = intents
-        self.wanted = wanted
-        self.tuning = tuning or GatewayTuning()
-        self._properties = properties or {"os": "linux", "browser": "dshim", "device": "dshim"}
-        self._override = gateway_override
-        # session
-        self.session_id: str | None = None
-        self.resume_url: str | None = None
-        self.seq: int | None = None
-        self.user: m.User | None = None
-        self.gateway_url: str | None = None
-        # identify budget (session_start_limit)
-        self.identify_remaining: int | None = None
-        self.identify_reset_at = 0.0
-        self.max_concurrency = 1
-        self.last_identify_at: float | None = None
-        self.identifies = 0
-        self._gateway_stale = True
-        # planning: connections in a row that never got READY/RESUMED; earliest next one
-        self.failures = 0
-        self._not_before = 0.0
-        self._planned = Mode.IDENTIFY
-        # connection
-        self.state = ConnState.DISCONNECTED
-        self.mode: Mode | None = None
-        self.heartbeat_interval: float | None = None
-        self.next_heartbeat_at: float | None = None
-        self.ack_pending = False
-        self.last_ack_latency: float | None = None
-        self._last_beat_at: float | None = None
-        self._hello_deadline: float | None = None
-        self._closing_for: Mode | None = None
-        self._reached_connected = False
-        #: Why we closed the last connection ourselves (for logs and the probe).
-        self.last_close_reason: str | None = None
-
-    def __repr__(self) -> str:  # never the token
-        return (
-            f"GatewayProtocol(state={self.state.value}, session={self.session_id!r}, "
-            f"seq={self.seq!r})"
+        super().__init__(
+            token=token,
+            random=random,
+            dialect=DISCORD_GATEWAY,
+            intents=intents,
+            wanted=wanted,
+            gateway_override=gateway_override,
+            tuning=tuning,
+            properties=properties,
         )
-
-    # -- session / planning ------------------------------------------------------------
-
-    @property
-    def can_resume(self) -> bool:
-        return self.session_id is not None and self.seq is not None
-
-    def set_gateway_info(self, info: m.GatewayBot, now: float) -> None:
-        """Take ``GET /gateway/bot``: the URL to identify on and the identify budget."""
-        self.gateway_url = info.url
-        limit = info.session_start_limit
-        self.identify_remaining = limit.remaining
-        self.identify_reset_at = now + max(0.0, limit.reset_after) / 1000.0
-        self.max_concurrency = max(1, limit.max_concurrency)
-        self._gateway_stale = False
-
-    def gateway_info_unavailable(self) -> bool:
-        """``GET /gateway/bot`` failed.  With a configured gateway URL, go on without a
-        known identify budget (spacing still applies) and return True; else False."""
-        if self._override is None:
-            return False
-        self.gateway_url = self._override
-        self.identify_remaining = None
-        self._gateway_stale = False
-        return True
-
-    def plan_connection(self, now: float) -> ConnectPlan:
-        """Resume when a session exists, else Identify -- within the identify budget."""
-        base = self.resume_url or self._override or self.gateway_url
-        if self.can_resume and base:
-            self._planned = Mode.RESUME
-            return ConnectPlan(Mode.RESUME, gateway_url(base), self._not_before)
-        if self._gateway_stale or self.gateway_url is None:
-            return ConnectPlan(
-                Mode.IDENTIFY, "", self._not_before, refresh_gateway=True, reason="gateway_info"
-            )
-        not_before = self._not_before
-        reason = ""
-        if self.identify_remaining is not None and self.identify_remaining <= 0:
-            if now < self.identify_reset_at:
-                # Never identify with no identifies left: wait for the reset, then re-read.
-                return ConnectPlan(
-                    Mode.IDENTIFY, "", self.identify_reset_at, reason="session_start_limit"
-                )
-            self._gateway_stale = True
-            return ConnectPlan(
-                Mode.IDENTIFY, "", now, refresh_gateway=True, reason="session_start_limit"
-            )
-        if self.last_identify_at is not None:
-            spaced = self.last_identify_at + self.tuning.identify_window_s / self.max_concurrency
-            if spaced > not_before:
-                not_before, reason = spaced, "identify_spacing"
-        base = self._override or self.gateway_url
-        self._planned = Mode.IDENTIFY
-        return ConnectPlan(Mode.IDENTIFY, gateway_url(base), not_before, reason=reason)
-
-    # -- connection (the WsSession interface) ------------------------------------------
-
-    def connection_opened(self, now: float) -> list[GatewayAction]:
-        """A websocket to the last planned URL is open; expect Hello (nothing to send)."""
-        self.state = ConnState.AWAIT_HELLO
-        self.mode = self._planned
-        self.heartbeat_interval = None
-        self.next_heartbeat_at = None
-        self.ack_pending = False
-        self._last_beat_at = None
-        self._hello_deadline = now + self.tuning.hello_timeout_s
-        self._closing_for = None
-        self._reached_connected = False
-        return []
-
-    def next_timer(self) -> float | None:
-        """When :meth:`tick` must run next (None: nothing scheduled)."""
-        if self.state is ConnState.AWAIT_HELLO:
-            return self._hello_deadline
-        if self.state in (ConnState.AWAIT_READY, ConnState.CONNECTED):
-            return self.next_heartbeat_at
-        return None
-
-    def tick(self, now: float, *, reading: bool = True) -> list[GatewayAction]:
-        """Timers: the Hello deadline, heartbeats and zombie detection.
-
-        ``reading=False`` says the shell is not reading frames right now (the pipeline is
-        applying backpressure): an ACK may be waiting unread, so beats continue and the
-        zombie verdict waits until reading resumes.
-        """
-        if self.state is ConnState.AWAIT_HELLO:
-            if self._hello_deadline is not None and now >= self._hello_deadline:
-                return [self._close(RESUME_CLOSE_CODE, "no hello", Mode.RESUME)]
-            return []
-        if self.state not in (ConnState.AWAIT_READY, ConnState.CONNECTED):
-            return []
-        if self.next_heartbeat_at is None or now < self.next_heartbeat_at:
-            return []
-        assert self.heartbeat_interval is not None
-        if self.ack_pending and reading:
-            # The previous beat was never acknowledged: the connection is a zombie.
-            return [self._close(RESUME_CLOSE_CODE, "heartbeat not acknowledged", Mode.RESUME)]
-        self.next_heartbeat_at = now + self.heartbeat_interval
-        return [self._heartbeat(now)]
-
-    def receive(self, data: str | bytes, now: float) -> list[GatewayAction]:
-        """One frame from the server.  Frames that do not decode become :class:`Ignored`."""
-        if self.state in (ConnState.CLOSING, ConnState.DISCONNECTED):
-            return []
-        raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-        try:
-            frame = decode(m.frame_decoder, raw)  # bounded depth: never a RecursionError
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return [Ignored("malformed_frame", _short(exc))]
-        op = frame.op
-        if op == OP_DISPATCH:
-            return self._dispatch(frame, raw)
-        if op == OP_HEARTBEAT_ACK:
-            if self.ack_pending and self._last_beat_at is not None:
-                self.last_ack_latency = now - self._last_beat_at
-            self.ack_pending = False
-            return []
-        if op == OP_HEARTBEAT:
-            return [self._heartbeat(now)]
-        if op == OP_HELLO:
-            return self._hello(frame, now)
-        if op == OP_RECONNECT:
-            return [self._close(RESUME_CLOSE_CODE, "reconnect requested", Mode.RESUME)]
-        if op == OP_INVALID_SESSION:
-            try:
-                resumable = msgspec.json.decode(frame.d, type=bool)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                resumable = False
-            if resumable and self.session_id is not None:
-                return [self._close(RESUME_CLOSE_CODE, "invalid session (resumable)", Mode.RESUME)]
-            # d=false: the session is gone; identify afresh after 1-5 s.
-            self._forget_session()
-            lo, hi = self.tuning.invalid_session_wait_s
-            self._not_before = now + lo + (hi - lo) * self._random()
-            return [self._close(1000, "invalid session", Mode.IDENTIFY)]
-        return [Ignored("unknown_opcode", str(op))]
-
-    def connection_lost(self, ended: WsEnded, now: float) -> None:
-        """The websocket ended.  Plans the next step (the runner does the backoff).
-
-        Raises :class:`~dshim.errors.AuthError` (4004) or
-        :class:`~dshim.errors.FatalChannelError` for fatal close codes.
-        """
-        code = ended.code
-        requested = self._closing_for
-        reached = self._reached_connected
-        self.state = ConnState.DISCONNECTED
-        self.mode = None
-        self.next_heartbeat_at = None
-        self.heartbeat_interval = None
-        self._closing_for = None
-        if requested is None and code in FATAL_CLOSE_CODES:
-            raise self.fatal_error(code)
-        if requested is None and code in NEW_SESSION_CLOSE_CODES:
-            self._forget_session()
-        if reached:
-            self.failures = 0
-        else:
-            self.failures += 1
-            if self.failures >= STALE_GATEWAY_FAILURES and not self.can_resume:
-                # The identify URL keeps failing: ask Discord for a fresh one.
-                self._gateway_stale = True
-        self._not_before = max(self._not_before, now)
 
     def fatal_error(self, code: int) -> AuthError | FatalChannelError:
         """The error for a fatal close code (4014 names the switch and the setting)."""
-        meaning = FATAL_CLOSE_CODES[code]
         if code == 4014 and self.intents & MESSAGE_CONTENT:
             meaning = "disallowed intents: " + MESSAGE_CONTENT_HINT
-        message = f"Discord closed the gateway with {code}: {meaning}"
-        if code == 4004:
-            return AuthError(message, code=code)
-        return FatalChannelError(message, code=code)
-
-    # -- internals ---------------------------------------------------------------------
-
-    def _forget_session(self) -> None:
-        self.session_id = None
-        self.resume_url = None
-        self.seq = None
-
-    def _close(self, code: int, reason: str, then: Mode) -> Close:
-        self.last_close_reason = reason
-        self.state = ConnState.CLOSING
-        self._closing_for = then
-        return Close(code, reason)
-
-    def _heartbeat(self, now: float) -> Send:
-        self.ack_pending = True
-        self._last_beat_at = now
-        return Send(
-            m.encode({"op": OP_HEARTBEAT, "d": self.seq}).decode(), kind="heartbeat", logged=False
-        )
-
-    def _hello(self, frame: m.Frame, now: float) -> list[GatewayAction]:
-        if self.state is not ConnState.AWAIT_HELLO:
-            return [Ignored("unexpected_hello")]
-        try:
-            hello = m.hello_decoder.decode(frame.d)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return [Ignored("malformed_hello", _short(exc))]
-        if not hello.heartbeat_interval > 0 or not math.isfinite(hello.heartbeat_interval):
-            return [Ignored("malformed_hello", "heartbeat_interval is not a positive number")]
-        interval = hello.heartbeat_interval / 1000.0
-        self.heartbeat_interval = interval
-        # Jitter on the first beat keeps many clients from beating in lock-step.
-        self.next_heartbeat_at = now + interval * self._random()
-        self.ack_pending = False
-        self.state = ConnState.AWAIT_READY
-        if self.mode is Mode.RESUME:
-            if not self.can_resume:  # the session was lost meanwhile: plan again
-                return [self._close(RESUME_CLOSE_CODE, "session lost", Mode.IDENTIFY)]
-            resume = {"token": self._token, "session_id": self.session_id, "seq": self.seq}
-            return [Send(m.encode({"op": OP_RESUME, "d": resume}).decode(), kind="resume")]
-        self._forget_session()
-        self.last_identify_at = now
-        self.identifies += 1
-        if self.identify_remaining is not None:
-            self.identify_remaining -= 1
-        identify = {"token": self._token, "intents": self.intents, "properties": self._properties}
-        return [Send(m.encode({"op": OP_IDENTIFY, "d": identify}).decode(), kind="identify")]
-
-    def _dispatch(self, frame: m.Frame, raw: bytes) -> list[GatewayAction]:
-        if frame.s is not None:
-            self.seq = frame.s
-        t = frame.t or ""
-        if t == "READY":
-            try:
-                ready = m.ready_decoder.decode(frame.d)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                return [Ignored("malformed_ready", _short(exc))]
-            self.session_id = ready.session_id
-            self.resume_url = ready.resume_gateway_url
-            self.user = ready.user
-            self._connected()
-            out: list[GatewayAction] = [Connected(False, ready.session_id)]
-        elif t == "RESUMED":
-            self._connected()
-            out = [Connected(True, self.session_id)]
-        else:
-            out = []
-        if t in self.wanted:
-            out.append(Deliver(Dispatch(t, frame.s, frame.d, raw)))
-        return out
-
-    def _connected(self) -> None:
-        self.state = ConnState.CONNECTED
-        self._reached_connected = True
-        self.failures = 0
+            return FatalChannelError(
+                f"Discord closed the gateway with {code}: {meaning}", code=code
+            )
+        return super().fatal_error(code)
 
 
 # --- REST: errors and rate limits ------------------------------------------------------------

@@ -8,7 +8,11 @@ plus a fake, with nothing copied from another channel.
 - :mod:`dshim.channels.kit.poll`: the long-poll loop with a durable, shielded cursor
   commit after acceptance (Telegram, WeChat iLink);
 - :mod:`dshim.channels.kit.ws`: the websocket connection runner over a sans-IO session
-  protocol (Discord; QQ, Slack, Feishu, DingTalk and WeCom next);
+  protocol (Discord, QQ; Slack, Feishu, DingTalk and WeCom next);
+- :mod:`dshim.channels.kit.gateway` (sans-IO) and :mod:`dshim.channels.kit.gateway_run`:
+  the Discord-style gateway session (Hello, Identify/Resume, heartbeats and the ACK
+  watchdog, op 7/9, close-code classes, the identify budget) that Discord and QQ share,
+  parameterized by a :class:`~dshim.channels.kit.gateway.GatewayDialect`;
 - :mod:`dshim.channels.kit.index`: the message index of both directions, for platforms
   whose quotes carry only an id (WeChat, DingTalk, QQ, WhatsApp).
 

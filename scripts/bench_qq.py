@@ -1,0 +1,391 @@
+"""QQ gateway throughput: events/s and CPU per event, side by side with a floor.
+
+    python scripts/bench_qq.py [--dispatches 5000] [--repeat 3]
+
+The fake QQ (``dshim.testing.fakes.qq``) runs in its own process and, after every
+Identify, floods ``--dispatches`` C2C_MESSAGE_CREATE frames (~0.6 KB each, with
+``message_scene.ext``) as fast as it can.  In this process, one after the other:
+
+- floor         the least a gateway client must do, written as plainly as possible:
+                trio-websocket (same 64 KiB receive buffer), ``json.loads`` of every
+                frame, a dict lookup mapping of the message fields;
+- dshim reader  dshim's gateway client (the kit's gateway session with QQ's dialect on
+                the websocket runner via ``run_gateway``: access token, bounded-depth
+                msgspec envelope, sequence tracking, heartbeats, in-order delivery) and
+                the C2C_MESSAGE_CREATE mapping to ``InboundMessage``;
+- floor+dedup   the floor plus the least a *durable* gateway must add: one SQLite
+                ``INSERT OR IGNORE`` (dedup key + raw frame) per dispatch on a worker
+                thread, WAL, synchronous=NORMAL;
+- dshim 1-6     dshim's reader and mapping plus pipeline steps 1-6
+                (``BotRuntime.accept``: gates, persisted dedup + durable inbox on SQLite,
+                access, commands, lanes) with the lane handler doing nothing.
+
+CPU is this process's time (the fake's CPU is not counted), from READY to the last
+dispatch handled; each run is repeated and the median is printed with the spread, plus
+the ratio to the floor.  Compare within one run only.
+
+The peer, when installed (a benchmark-only dependency: ``pip install "nonebot2[httpx,websockets]"
+nonebot-adapter-qq``): nonebot2 with nonebot-adapter-qq in its own process against a fresh
+fake, a message handler counting the events (its process's CPU from the first event to the
+n-th); without it the script says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import random
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import trio
+import trio_websocket
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_discord import Meter, Run  # noqa: E402  (the same meters, side by side)
+
+from dshim.channels.kit.gateway import Dispatch  # noqa: E402
+from dshim.channels.kit.http import open_http  # noqa: E402
+from dshim.channels.qq import models as m  # noqa: E402
+from dshim.channels.qq.client import USER_AGENT, WS_OPTIONS, QQApi, run_gateway  # noqa: E402
+from dshim.channels.qq.protocol import (  # noqa: E402
+    QQMapper,
+    auth_header,
+    gateway_session,
+    scrub_frame,
+)
+from dshim.config import parse_config  # noqa: E402
+from dshim.harness.echo import EchoHarness  # noqa: E402
+from dshim.log import configure_logging  # noqa: E402
+from dshim.model import InboundMessage  # noqa: E402
+from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
+from dshim.store import open_store  # noqa: E402
+from dshim.testing.outbound import RecordingOutbound  # noqa: E402
+
+# -- floor ----------------------------------------------------------------------------------
+
+
+async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
+    meter = Meter(n)
+    conn: sqlite3.Connection | None = None
+    limiter = trio.CapacityLimiter(1)
+    if db is not None:
+        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
+
+    def insert(conv: str, mid: str, raw: str | bytes) -> int:
+        assert conn is not None
+        return conn.execute(
+            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
+        ).rowcount
+
+    async with httpx.AsyncClient() as http:
+        resp = await http.post(
+            env["http_url"] + "/app/getAppAccessToken",
+            json={"appId": env["app_id"], "clientSecret": env["client_secret"]},
+        )
+        token = resp.json()["access_token"]
+    mapped: list[dict[str, Any]] = []
+    async with trio_websocket.open_websocket_url(
+        env["gateway_url"],
+        message_queue_size=WS_OPTIONS.message_queue_size,
+        max_message_size=WS_OPTIONS.max_message_size,
+        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
+    ) as ws:
+        json.loads(await ws.get_message())  # hello
+        identify = {
+            "op": 2,
+            "d": {"token": f"QQBot {token}", "intents": 1 << 25, "shard": [0, 1], "properties": {}},
+        }
+        await ws.send_message(json.dumps(identify))
+        while not meter.done.is_set():
+            data = await ws.get_message()
+            frame = json.loads(data)
+            if frame.get("t") == "READY":
+                meter.start()
+            elif frame.get("t") == "C2C_MESSAGE_CREATE":
+                d = frame["d"]
+                author = d["author"]
+                ext = dict(e.split("=", 1) for e in d["message_scene"]["ext"])
+                mid = f"{d['id']}|{ext.get('msg_idx', '')}"
+                mapped.append(
+                    {
+                        "id": mid,
+                        "conversation": "c2c:" + author["user_openid"],
+                        "sender": author["user_openid"],
+                        "content": d.get("content", "").strip(),
+                    }
+                )
+                if conn is not None:
+                    await trio.to_thread.run_sync(
+                        insert, author["user_openid"], mid, data, limiter=limiter
+                    )
+                mapped.clear()
+                meter.tick()
+    if conn is not None:
+        conn.close()
+    return meter.wall, meter.cpu
+
+
+# -- dshim ----------------------------------------------------------------------------------
+
+
+async def dshim_gateway(
+    env: dict[str, Any], n: int, handle: Callable[[Dispatch, QQMapper], Awaitable[None]]
+) -> tuple[float, float]:
+    meter = Meter(n)
+    async with open_http(user_agent=USER_AGENT) as http:
+        api = QQApi(
+            http,
+            app_id=env["app_id"],
+            client_secret=env["client_secret"],
+            api_base=env["http_url"],
+            token_base=env["http_url"],
+        )
+        me = await api.get_me()
+        mapper = QQMapper(me.id)
+        # READY is delivered too: the meter starts there, like the floor's.
+        gw = gateway_session(
+            token=auth_header(await api.token()),
+            random=random.random,
+            intents=1 << 25,
+            gateway_override=env["gateway_url"],
+            wanted=frozenset({"READY", "C2C_MESSAGE_CREATE"}),
+        )
+
+        async def deliver(dispatch: Dispatch) -> None:
+            if dispatch.t == "READY":
+                meter.start()
+                return
+            await handle(dispatch, mapper)
+            meter.tick()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(run_gateway, gw, api, deliver))
+            await meter.done.wait()
+            nursery.cancel_scope.cancel()
+    return meter.wall, meter.cpu
+
+
+async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
+    async def handle(dispatch: Dispatch, mapper: QQMapper) -> None:
+        item = mapper.decode_message(dispatch.t, dispatch.d)
+        assert isinstance(item, InboundMessage), item
+
+    return await dshim_gateway(env, n, handle)
+
+
+async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": "qq", "lanes": {"max_queue": n + 10}}]},
+        env={},
+        channel_settings=False,
+    )
+    async with open_store(tmp) as store:
+        async with open_bot_runtime(
+            config=config,
+            bot=config.bots[0],
+            bot_id=env["bot_id"],
+            store=store,
+            outbound=RecordingOutbound(clock=time.time),
+            harness=EchoHarness(),
+        ) as rt:
+
+            async def nothing(item: Any, lane: Any) -> None:
+                rt._done()
+
+            rt.lanes._handler = nothing
+
+            async def handle(dispatch: Dispatch, mapper: QQMapper) -> None:
+                item = mapper.decode_message(dispatch.t, dispatch.d)
+                verdict = await rt.accept(item, scrub_frame(dispatch.frame))
+                assert verdict.accepted, verdict
+
+            result = await dshim_gateway(env, n, handle)
+            await rt.wait_idle()
+    return result
+
+
+def decode_costs(env: dict[str, Any]) -> str:
+    """Per-event decode cost of one flooded frame: msgspec views vs json.loads."""
+    d = {
+        "id": "ROBOT1.0_kD4.cI-uQ2iI5Mx0001",
+        "author": {"id": "E4F3C2B1A0998877665544332211AABB", "user_openid": "E4F3"},
+        "content": "ping " + "lorem ipsum dolor sit amet " * 12,
+        "timestamp": "2026-11-30T18:00:00+08:00",
+        "attachments": [],
+        "message_type": 0,
+        "message_scene": {"source": "default", "ext": ["msg_idx=REFIDX_x==", "auth_token=t"]},
+    }
+    raw = json.dumps({"op": 0, "s": 5, "t": "C2C_MESSAGE_CREATE", "id": "e:1", "d": d}).encode()
+    mapper = QQMapper(env["bot_id"])
+    k = 20000
+    t0 = time.perf_counter()
+    for _ in range(k):
+        frame = m.frame_decoder.decode(raw)
+        m.message_decoder.decode(frame.d)
+    views = (time.perf_counter() - t0) / k * 1e6
+    t0 = time.perf_counter()
+    for _ in range(k):
+        mapper.decode_frame(raw)
+    mapping = (time.perf_counter() - t0) / k * 1e6
+    t0 = time.perf_counter()
+    for _ in range(k):
+        json.loads(raw)
+    loads = (time.perf_counter() - t0) / k * 1e6
+    return (
+        f"decode of one {len(raw)}-byte event: msgspec envelope+view {views:.1f} µs, "
+        f"+ mapping to InboundMessage {mapping:.1f} µs; json.loads alone {loads:.1f} µs"
+    )
+
+
+async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
+    configure_logging("error", "json")
+    n = args.dispatches
+    runs = [
+        Run("floor (trio-websocket + json.loads + dict mapping)", n),
+        Run("dshim gateway reader + mapping", n),
+        Run("floor + durable dedup (one SQLite INSERT/dispatch)", n),
+        Run("dshim reader + mapping + pipeline steps 1-6", n),
+    ]
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+        for rep in range(args.repeat):
+            with trio.fail_after(600):
+                runs[0].add(*await floor(env, n))
+                runs[1].add(*await reader_only(env, n))
+                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
+                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
+    return runs
+
+
+def main(args: argparse.Namespace) -> None:
+    fake = [sys.executable, "-m", "dshim.testing.fakes.qq"]
+    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
+    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        env = json.loads(proc.stdout.readline())
+        runs = trio.run(measure, args, env)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    n = args.dispatches
+    print(
+        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
+        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, httpx {httpx.__version__}, "
+        f"nproc {os.cpu_count()}; {n} dispatches x {args.repeat} runs, median (min-max)"
+    )
+    print(decode_costs(env))
+    print(
+        f"{'run':52} {'dispatches/s':>12} {'CPU ms/dispatch':>16} {'(min-max)':>13} {'vs floor':>9}"
+    )
+    for r in runs:
+        base = runs[2] if r is runs[3] else runs[0]
+        ratio = r.cpu_ms / base.cpu_ms
+        print(f"{r.name:52} {r.rate:12.0f} {r.cpu_ms:16.3f} {r.spread():>13} {ratio:8.2f}x")
+    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
+    peer = nonebot_peer(args, env_of_fake(args))
+    if peer is None:
+        print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")
+    else:
+        print(f"{'peer':52} {'dispatches/s':>12} {'CPU ms/dispatch':>16}")
+        base = runs[0].cpu_ms
+        for name, rate, cpu in peer:
+            print(f"{name:52} {rate:12.0f} {cpu:16.3f} {'':>13} {cpu / base:8.2f}x")
+        print("(the peer's handler counts each message event; its own process's CPU)")
+
+
+def env_of_fake(args: argparse.Namespace) -> subprocess.Popen[str]:
+    """A fresh fake (its own process) flooding ``--dispatches`` messages per Identify."""
+    fake = [sys.executable, "-m", "dshim.testing.fakes.qq"]
+    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
+    return subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+
+
+#: The peer: nonebot2 with nonebot-adapter-qq against the same fake, in its own process;
+#: a message handler counts the events and prints wall and CPU from the first to the n-th.
+NONEBOT_CHILD = """
+import json, os, sys, time
+import nonebot
+from nonebot.adapters.qq import Adapter
+env, n = json.loads(sys.argv[1]), int(sys.argv[2])
+intent = {k: False for k in ("guilds", "guild_members", "guild_message_reactions",
+          "message_audit", "at_messages")}
+intent["c2c_group_at_messages"] = True
+nonebot.init(driver="~httpx+~websockets", log_level="ERROR",
+             qq_api_base=env["http_url"] + "/", qq_auth_base=env["http_url"] + "/app/getAppAccessToken",
+             qq_bots=[{"id": env["app_id"], "secret": env["client_secret"], "intent": intent}])
+nonebot.get_driver().register_adapter(Adapter)
+seen = [0, 0.0, 0.0]
+matcher = nonebot.on_message()
+@matcher.handle()
+async def count() -> None:
+    if seen[0] == 0:
+        seen[1], seen[2] = time.perf_counter(), time.process_time()
+    seen[0] += 1
+    if seen[0] == n:
+        wall, cpu = time.perf_counter() - seen[1], time.process_time() - seen[2]
+        print(json.dumps({"wall": wall, "cpu": cpu}), flush=True)
+        os._exit(0)
+nonebot.run()
+"""
+
+
+def nonebot_peer(
+    args: argparse.Namespace, proc: subprocess.Popen[str]
+) -> list[tuple[str, float, float]] | None:
+    """(name, events/s, CPU ms/event) of nonebot-adapter-qq, None when not installed."""
+    try:
+        import nonebot.adapters.qq  # type: ignore[import-not-found]  # noqa: F401
+    except ImportError:
+        proc.terminate()
+        proc.wait(timeout=10)
+        return None
+    try:
+        assert proc.stdout is not None
+        env = proc.stdout.readline()
+        n = args.dispatches
+        walls, cpus = [], []
+        for _ in range(args.repeat):
+            out = subprocess.run(
+                [sys.executable, "-c", NONEBOT_CHILD, env, str(n)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+            if not line:
+                print(f"nonebot-adapter-qq: the peer failed: {out.stderr[-500:]}")
+                return []
+            got = json.loads(line)
+            walls.append(got["wall"])
+            cpus.append(got["cpu"])
+        wall, cpu = statistics.median(walls), statistics.median(cpus)
+        return [("nonebot2 + nonebot-adapter-qq (reader + matcher)", n / wall, cpu * 1000 / n)]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--dispatches", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=3)
+    main(parser.parse_args())

@@ -1,0 +1,226 @@
+"""Running the real QQ channel through ``dshim.serve.serve_bots`` against the fake QQ.
+
+Testing manifesto: everything runs on 127.0.0.1 with kernel-chosen ports in the same trio
+run as the bot, on trio's autojump clock, so QQ's real timings (41.25 s heartbeats, the
+5-minute group window, 700 ms stream pacing, the 10 s "working" reply) take no real time
+and are exact.  The store is a real SQLite file in ``tmp_path`` kept on the trio thread;
+the echo harness answers with the exact prompt.  Assertions are about what a QQ user or
+operator would see: the bot's messages and their texts, the sends and their ``msg_seq``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from dshim.channels.qq import channel as qq_channel
+from dshim.config import parse_config
+from dshim.harness.echo import EchoHarness
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
+from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
+from tests.channel_contract import Answer
+from tests.helpers import Events
+
+DEADLINE = 1800.0
+SEEDED = dataclasses.replace(
+    qq_channel.CHANNEL, run_fn=functools.partial(qq_channel.run, rng=random.Random(5))
+)
+
+
+class Bot:
+    def __init__(self, fake: FakeQQ, events: Events) -> None:
+        self.fake = fake
+        self.events = events
+        self.results: dict[str, str] | None = None
+        self.ended = trio.Event()
+        self.shutdown = trio.Event()
+        self.store: Store | None = None
+
+
+def source(fake: FakeQQ, kind: str) -> str:
+    sender = fake.user_openid if kind == "direct" else fake.member_openid
+    block = {"channel": "qq", "conversationType": kind, "senderId": sender}
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+def echo(fake: FakeQQ, text: str, kind: str = "direct", reply: str | None = None) -> str:
+    return "\n\n".join([source(fake, kind), *([reply] if reply else []), text])
+
+
+def bot_table(fake: FakeQQ, **options: Any) -> dict[str, Any]:
+    """The ``[[bots]]`` table pointing at the fake; an option set to None is left out."""
+    table = {
+        "name": "qqbot",
+        "channel": "qq",
+        "app_id": fake.app_id,
+        "client_secret": fake.client_secret,
+        "api_base": fake.http_url,
+        "token_base": fake.http_url,
+        "gateway_url": fake.gateway_url,
+        "media_hosts": ["127.0.0.1"],
+        **options,
+    }
+    return {k: v for k, v in table.items() if v is not None}
+
+
+@asynccontextmanager
+async def running_bot(
+    tmp_path: Path,
+    *,
+    configure: Callable[[FakeQQ], None] | None = None,
+    fake: FakeQQ | None = None,
+    wait_ready: bool = True,
+    harness: EchoHarness | None = None,
+    channel: Any = SEEDED,
+    crash: bool = False,
+    **options: Any,
+) -> AsyncIterator[tuple[Bot, FakeQQ]]:
+    """The bot (``serve_bots``, a real store) against a fresh fake (or ``fake``); leaving
+    the block shuts it down like SIGTERM, or with ``crash`` cancels it at once."""
+    with trio.fail_after(DEADLINE):
+        async with _fake(fake) as fake_:
+            if configure is not None:
+                configure(fake_)
+            config = parse_config({"bots": [bot_table(fake_, **options)]}, env={})
+            bot = Bot(fake_, Events())
+            async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
+                bot.store = store
+
+                async def serve() -> None:
+                    bot.results = await serve_bots(
+                        config,
+                        store,
+                        shutdown=bot.shutdown,
+                        channels={"qqbot": channel},
+                        observer=bot.events,
+                        harness=harness or EchoHarness(slow_interval_s=0.4),
+                    )
+                    bot.ended.set()
+
+                nursery.start_soon(serve)
+                try:
+                    if wait_ready:
+                        await fake_.wait_until(lambda: fake_.ready_count >= 1)
+                    yield bot, fake_
+                finally:
+                    if not crash:
+                        bot.shutdown.set()
+                        with trio.move_on_after(30):
+                            await bot.ended.wait()
+                    nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _fake(fake: FakeQQ | None) -> AsyncIterator[FakeQQ]:
+    if fake is not None:
+        yield fake
+        return
+    async with open_fake_qq() as new:
+        yield new
+
+
+def texts(fake: FakeQQ, conversation: str) -> list[str]:
+    return [m.content for m in fake.bot_messages(conversation)]
+
+
+# --- the shared contract's rig ----------------------------------------------------------------
+
+
+class QQRig:
+    """QQ under the shared scenarios (see ``tests/channel_contract.py``).  A quoted
+    answer is known by its ``ref_idx`` (what a QQ quote carries)."""
+
+    STREAM = "POST /v2/users/{openid}/stream_messages"
+    C2C_SEND = "POST /v2/users/{openid}/messages"
+
+    def __init__(self) -> None:
+        self._fake: FakeQQ | None = None
+        self._channel = dataclasses.replace(
+            qq_channel.CHANNEL, run_fn=functools.partial(qq_channel.run, rng=random.Random(11))
+        )
+
+    @property
+    def fake(self) -> FakeQQ:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @property
+    def channel(self) -> Any:
+        return self._channel
+
+    @property
+    def secret(self) -> str:
+        return self.fake.client_secret
+
+    @property
+    def bot_author(self) -> tuple[str, str]:
+        return str(self.fake.bot_user["id"]), str(self.fake.bot_user["username"])
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with open_fake_qq() as fake:
+            self._fake = fake
+            yield
+
+    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
+        table = bot_table(self.fake)
+        del table["name"], table["channel"]
+        if not valid_credentials:
+            table["client_secret"] = "a-secret-qq-does-not-know"
+        return table
+
+    async def receiving(self) -> None:
+        await self.fake.wait_until(
+            lambda: self.fake.live is not None and self.fake.live.authenticated
+        )
+
+    def source(self, kind: str) -> str:
+        return source(self.fake, kind)
+
+    async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
+        d = await self.fake.c2c_message(text, quote=reply_to)
+        return str(d["id"])
+
+    async def user_group(self, text: str, *, mention: bool) -> str:
+        d = await self.fake.group_message(text, mention=mention)
+        return str(d["id"])
+
+    def dm_answers(self) -> list[Answer]:
+        return [
+            Answer(m.ref_idx, m.content, tuple(m.shown))
+            for m in self.fake.bot_messages(self.fake.c2c_conversation)
+        ]
+
+    def calls_besides_receiving(self) -> list[str]:
+        # The gateway (and GET /gateway/bot, the token that opens it) is receiving.
+        return [
+            f"{c.method} {c.path}"
+            for c in self.fake.calls
+            if not c.path.startswith(("/gateway", "/app/getAppAccessToken"))
+        ]
+
+    def identity_calls(self) -> int:
+        return len(self.fake.token_calls)
+
+    async def drop_connection(self) -> None:
+        conn = self.fake.live
+        await self.fake.drop_connection()
+        if conn is not None:
+            await self.fake.wait_until(lambda: conn.closed_by is not None)
+
+    def rate_limit_answers(self, count: int, retry_after: float) -> None:
+        self.fake.rate_limit(self.C2C_SEND, 1, retry_after)
+        self.fake.rate_limit(self.STREAM, count, retry_after)
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        await self.fake.wait_until(predicate)
