@@ -12,11 +12,13 @@ from tests.channel_contract import SCENARIOS, ChannelRig
 from tests.rig_discord import DiscordRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
+from tests.rig_wecom import WecomRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "discord": DiscordRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
+    "wecom": WecomRig,
 }
 
 
