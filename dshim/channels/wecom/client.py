@@ -119,9 +119,17 @@ class WecomLink:
 
     # -- sending ---------------------------------------------------------------------------
 
-    async def request(self, cmd: str, req_id: str, body: Any | None, *, what: str) -> p.Ack:
+    async def request(
+        self, cmd: str, req_id: str, body: Any | None, *, what: str, bound: int | None = None
+    ) -> p.Ack:
         """Send one frame and return its ack (errcode 0); a non-zero errcode raises its
-        :func:`~.protocol.ack_error`.  Frames of one ``req_id`` go strictly in order."""
+        :func:`~.protocol.ack_error`.  Frames of one ``req_id`` go strictly in order.
+
+        ``bound``: the frame belongs to what was sent on that connection (a stream): when
+        that connection is gone it fails at once with ConnectionLost instead of waiting
+        for the next one."""
+        if bound is not None and (not self.live or self.generation != bound):
+            raise p.ConnectionLost(f"{what}: the socket closed", request_sent=False)
         slot = self._slots.get(req_id)
         if slot is None:
             slot = self._slots[req_id] = _Slot()

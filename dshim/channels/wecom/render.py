@@ -131,13 +131,15 @@ class WecomOutbound:
             log.info("send_budget_waited", wait_s=round(wait, 2))
             await trio.sleep(wait)
 
-    async def call(self, cmd: str, req_id: str, body: Any, *, what: str) -> p.Ack:
+    async def call(
+        self, cmd: str, req_id: str, body: Any, *, what: str, bound: int | None = None
+    ) -> p.Ack:
         """One request, retried while WeCom rate-limits it (the frame was refused)."""
         backoff = Backoff(1.0, 60.0, 2.0, jitter=0.0)
         waited = 0.0
         while True:
             try:
-                return await self.link.request(cmd, req_id, body, what=what)
+                return await self.link.request(cmd, req_id, body, what=what, bound=bound)
             except RateLimited as exc:
                 delay = backoff.next_delay(retry_after=exc.retry_after)
                 waited += delay
@@ -172,8 +174,10 @@ class WecomOutbound:
             )
         return out
 
-    async def reply_frame(self, route: p.Route, body: dict[str, Any], *, what: str) -> None:
-        await self.call(p.RESPOND, route.req_id, body, what=what)
+    async def reply_frame(
+        self, route: p.Route, body: dict[str, Any], *, what: str, bound: int | None = None
+    ) -> None:
+        await self.call(p.RESPOND, route.req_id, body, what=what, bound=bound)
 
     def carded(self, req_id: str) -> bool:
         return req_id in self._carded
@@ -237,6 +241,8 @@ class WecomOutbound:
         route = target.route if isinstance(target.route, p.Route) else None
         stream = self._streams.get(route.req_id) if route is not None else None
         sent_at = self.clock()
+        # Known before it is shown: a click may come before the ack does.
+        self._cards[task_id] = PendingCard(target.conversation_id, title, list(prompt.options))
         try:
             shown = False
             if stream is not None and route is not None and not self.carded(route.req_id):
@@ -249,9 +255,9 @@ class WecomOutbound:
                     p.push_card_body(target.conversation_id, card),
                     what="card",
                 )
-        except TransportError as exc:
+        except ChannelError as exc:
+            self._cards.pop(task_id, None)
             raise ChannelError(f"card: {_short(exc)}") from exc
-        self._cards[task_id] = PendingCard(target.conversation_id, title, list(prompt.options))
         try:
             yield [
                 Delivered(
@@ -307,6 +313,7 @@ class WecomStream:
         self.frames: int = 0
         self._card: dict[str, Any] | None = None
         self._orphan: _Segment | None = None
+        self._generation: int | None = None
 
     def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook()`` once, right before the first frame with answer text."""
@@ -360,7 +367,10 @@ class WecomStream:
         self._last_frame = trio.current_time()
         self.frames += 1
         seg.sent_text = seg.sent_text or has_text  # shown, maybe, even without an ack
-        await self.out.reply_frame(self.route, body, what="stream")
+        if self._generation is None:
+            # A stream lives on one connection: after a drop the rest goes by push.
+            self._generation = self.out.link.generation if self.out.link.live else None
+        await self.out.reply_frame(self.route, body, what="stream", bound=self._generation)
         self._card = None
         seg.shown = content
         seg.has_text = seg.has_text or has_text
@@ -402,7 +412,7 @@ class WecomStream:
         seg = self._cur
         return seg is not None and trio.current_time() - seg.opened_at >= self.out.tuning.rotate_s
 
-    async def _step(self) -> None:
+    async def _step(self, *, opening: bool = False) -> None:
         """One intermediate frame (or rotation), under the stream's lock."""
         async with self._lock:
             if self._finishing or self._broken:
@@ -412,6 +422,8 @@ class WecomStream:
                     await self._rotate()
                     return
                 display = self._display() or (p.THINKING_MARK if self._cur is None else "")
+                if opening:
+                    display = p.THINKING_MARK
                 if display and (self._cur is None or display != self._cur.shown):
                     await self._frame(display, finish=False)
             except p.StreamExpired:
@@ -426,7 +438,7 @@ class WecomStream:
         """The thinking frame at once, then the newest text at most every 800 ms."""
         if self._broken:
             return
-        await self._step()  # the thinking marker, as soon as the turn starts
+        await self._step(opening=True)  # the thinking marker, as soon as the turn starts
         while not self._finishing and not self._broken:
             wait = self._last_frame + self.out.tuning.interval_s - trio.current_time()
             if self._cur is not None:
