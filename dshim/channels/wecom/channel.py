@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import random as _random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -49,7 +48,7 @@ from dshim.channels.wecom.client import (
     download,
 )
 from dshim.channels.wecom.render import RenderTuning, WecomOutbound, split
-from dshim.errors import ChannelError, single_error
+from dshim.errors import ChannelError, FatalChannelError, single_error
 from dshim.model import Fetcher, InboundMessage, Skip
 
 log = structlog.get_logger("dshim.wecom")
@@ -285,50 +284,43 @@ class WecomReplayAdapter:
 # --- probe -----------------------------------------------------------------------------------
 
 
-async def _probe_connection(
-    settings: WecomSettings, use: Callable[[WecomLink], object] | None = None
-) -> tuple[ProbeResult, str]:
-    """Connect, subscribe, wait for one ping ack, close (see :func:`probe`)."""
-    tuning = LinkTuning(ping_interval_s=0.2, connect_wait_s=5.0)
+async def _probe_connection(settings: WecomSettings) -> tuple[ProbeResult, str]:
+    """Connect, subscribe (AuthError when rejected), one ping and its ack, close."""
+    tuning = LinkTuning(connect_wait_s=5.0)
     link = WecomLink(settings.ws_url, settings.bot_id, settings.secret.get(), tuning=tuning)
-    callbacks_in, callbacks = trio.open_memory_channel[p.Callback](16)
-    taken_over = False
+    callbacks_in, _callbacks = trio.open_memory_channel[p.Callback](16)
     t0 = time.perf_counter()
     try:
         with single_error():
             async with trio.open_nursery() as nursery:
                 await nursery.start(link.run, callbacks_in)
                 ms = (time.perf_counter() - t0) * 1000
-                # One ping and its ack: the first goes out one (short) interval later.
-                ack = await link.request(p.PING, link.new_req_id(p.PING), None, what="ping")
-                del ack
+                await link.request(p.PING, link.new_req_id(p.PING), None, what="ping")
                 nursery.cancel_scope.cancel()
-    except p.ConnectionLost:
-        taken_over = True
-    except ChannelError as exc:
-        if "took it over" in str(exc):
-            taken_over = True
-        else:
-            raise
-    if taken_over:
+    except (p.ConnectionLost, FatalChannelError):
         return "warn", (
-            "subscribed, but another connection took the bot over during the probe "
-            "(a running dshim serve?): only one connection per bot is live"
+            "subscribed, then another connection took the bot over (a running dshim serve "
+            "or SDK process?): WeCom keeps one live connection per bot"
         )
-    return "ok", f"subscribed in {ms:.0f} ms, ping acknowledged, closed"
+    return "ok", (
+        f"subscribed in {ms:.0f} ms, ping acknowledged, closed (connecting evicts another "
+        "live connection of this bot: a running dshim serve stops and must be restarted)"
+    )
 
 
 async def probe(rows: ProbeRows) -> None:
     """Credentials, connect + subscribe + ping, store, ``--send-test`` by push."""
     settings = rows.settings_as(WecomSettings)
     rows.register_secret(settings.secret.get())
+    connected: list[tuple[ProbeResult, str]] = []
 
     async def identity() -> Identity:
-        # WeCom has no identity call: the subscribe below is the credential check.
+        # WeCom has no identity call: the subscribe is the credential check.
+        connected.append(await _probe_connection(settings))
         return Identity(name=rows.bot.name, id=settings.bot_id)
 
     async def connection() -> tuple[ProbeResult, str]:
-        return await _probe_connection(settings)
+        return connected[-1]
 
     async def send_test(conversation_id: str) -> str:
         link = WecomLink(settings.ws_url, settings.bot_id, settings.secret.get())
