@@ -39,6 +39,7 @@ as everywhere.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -64,6 +65,8 @@ Clock = Callable[[], float]
 RATE_LIMIT_BUDGET_S = 900.0
 #: Sends of a finish frame whose ack did not come (same content: harmless repeats).
 FINISH_ATTEMPTS = 3
+#: Intermediate frames failing in a row before the previews stop.
+PREVIEW_FAILURES = 3
 
 
 def split(text: str) -> list[str]:
@@ -314,6 +317,7 @@ class WecomStream:
         self._card: dict[str, Any] | None = None
         self._orphan: _Segment | None = None
         self._generation: int | None = None
+        self._failures = 0
 
     def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
         """Await ``hook()`` once, right before the first frame with answer text."""
@@ -432,34 +436,36 @@ class WecomStream:
             except (p.ReplyExpired, p.ConnectionLost) as exc:
                 self._lost(exc)
             except ChannelError as exc:
-                log.info("stream_update_failed", error=_short(exc))
+                self._failures += 1
+                log.info("stream_update_failed", error=_short(exc), failures=self._failures)
+            else:
+                self._failures = 0
 
     async def pump(self) -> None:
-        """The thinking frame at once, then the newest text at most every 800 ms."""
+        """The thinking frame at once, then the newest text at most every 800 ms, and a
+        rotation when the stream gets old.  Three failed frames in a row end the previews
+        (``finish`` still delivers)."""
         if self._broken:
             return
         await self._step(opening=True)  # the thinking marker, as soon as the turn starts
-        while not self._finishing and not self._broken:
-            wait = self._last_frame + self.out.tuning.interval_s - trio.current_time()
-            if self._cur is not None:
-                rotate_in = self._cur.opened_at + self.out.tuning.rotate_s - trio.current_time()
-                wait = max(wait, 0.0)
-                if rotate_in <= 0:
-                    await self._step()
-                    continue
-            else:
-                rotate_in = None
+        interval = self.out.tuning.interval_s
+        while not self._finishing and not self._broken and self._failures < PREVIEW_FAILURES:
+            seg = self._cur
+            rotate_at = seg.opened_at + self.out.tuning.rotate_s if seg is not None else math.inf
+            if trio.current_time() >= rotate_at:
+                await self._step()
+                if self._cur is seg:  # the rotation failed: not again at once
+                    await trio.sleep(interval)
+                continue
+            wait = self._last_frame + interval - trio.current_time()
             if wait > 0:
                 await trio.sleep(wait)
                 continue
             changed = self._changed
             display = self._display()
-            if self._cur is not None and display == self._cur.shown or not display:
-                if rotate_in is None:
+            if not display or (seg is not None and display == seg.shown):
+                with trio.move_on_at(rotate_at):
                     await changed.wait()
-                else:
-                    with trio.move_on_after(rotate_in):
-                        await changed.wait()
                 continue
             await self._step()
 
