@@ -18,7 +18,8 @@ Usage::
 
 Knobs: ``ack_pings`` (False: a dead socket), ``ack_delay_s`` (acks come late, so a client
 that sends the next frame of a ``req_id`` before the ack is caught: such frames are listed
-in :attr:`order_violations` and answered with an error), ``stream_lifetime_s``,
+in :attr:`order_violations`, answered with an error, and fail the test when the fake's
+block ends unless ``strict_order`` is off), ``stream_lifetime_s``,
 ``media_ttl_s``, ``revoke(req_id)`` (846605 from then on), :meth:`drop_connection` (TCP
 closed without a close frame), :meth:`drop_after` (after k more callbacks),
 :meth:`take_over` (``disconnected_event``, then close), and the shared fault queue keyed by
@@ -173,6 +174,10 @@ class FakeWecom(FakePlatform[Frame]):
         self._seq = itertools.count(1)
         self._drop_after: int | None = None
         self.callbacks_sent = 0
+        #: Leaving ``open_fake_wecom`` fails when a frame broke the per-req_id order.
+        self.strict_order = True
+        #: Text messages delivered right after every subscribe (benchmarks).
+        self.flood_on_subscribe = 0
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -349,6 +354,17 @@ class FakeWecom(FakePlatform[Frame]):
         card = {"card_type": "button_interaction", "event_key": event_key, "task_id": task_id}
         return await self.event("template_card_event", template_card_event=card)
 
+    async def _flood(self, conn: Connection, n: int) -> None:
+        """``n`` text messages from ``n`` users, as fast as the socket takes them."""
+        for i in range(n):
+            body = self.body("text", text=f"message {i} " + "lorem ipsum " * 20, userid=f"u{i}")
+            rid = self._req_id("aibot_msg_callback")
+            frame = {"cmd": "aibot_msg_callback", "headers": {"req_id": rid}, "body": body}
+            try:
+                await conn.send.send(("frame", frame))
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                return
+
     # -- the socket ------------------------------------------------------------------------------
 
     async def _serve(self, request: WebSocketRequest) -> None:
@@ -432,6 +448,8 @@ class FakeWecom(FakePlatform[Frame]):
             conn.subscribed = True
             self._ack(conn, req_id, 0, "ok")
             self.changed()
+            if self.flood_on_subscribe:
+                nursery.start_soon(self._flood, conn, self.flood_on_subscribe)
             return
         if not conn.subscribed:
             conn.push("close", (1008, "not subscribed"))
@@ -555,31 +573,27 @@ async def open_fake_wecom(**kwargs: Any) -> AsyncIterator[FakeWecom]:
         fake.media_base = http_server.url
         fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
         yield fake
+    if fake.strict_order and fake.order_violations:
+        # A frame sent before the previous ack of its req_id: acks would be mis-attributed.
+        bad = ", ".join(f"{f.cmd} {f.req_id}" for f in fake.order_violations[:5])
+        raise AssertionError(f"frames sent before the previous ack of their req_id: {bad}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line, then reads commands:
-    ``flood <n>`` delivers n text messages from n different users."""
+    """Run the fake as a process (benchmarks): prints one JSON line with its URL and
+    credentials; ``--flood n`` delivers n text messages after every subscribe."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--lifetime", type=float, default=600.0)
+    parser.add_argument("--flood", type=int, default=0, help="messages after each subscribe")
+    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
     args = parser.parse_args(argv)
 
     async def serve() -> None:
         with trio.move_on_after(args.lifetime):
             async with open_fake_wecom() as fake:
-                print(
-                    json.dumps(
-                        {"ws_url": fake.ws_url, "bot_id": fake.bot_id, "secret": fake.secret}
-                    ),
-                    flush=True,
-                )
-                stdin = trio.wrap_file(sys.stdin)
-                async for line in stdin:
-                    words = line.split()
-                    if len(words) == 2 and words[0] == "flood":
-                        for i in range(int(words[1])):
-                            await fake.user_message(f"message {i}", userid=f"user{i}")
-                        print(json.dumps({"flooded": int(words[1])}), flush=True)
+                fake.flood_on_subscribe = args.flood
+                line = {"ws_url": fake.ws_url, "bot_id": fake.bot_id, "secret": fake.secret}
+                print(json.dumps(line), flush=True)
+                await trio.sleep_forever()
 
     trio.run(serve)
 
