@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,8 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench_discord import Meter, Run  # noqa: E402
+
 from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
 from dshim.channels.wecom.client import WecomLink  # noqa: E402
@@ -55,52 +56,6 @@ from dshim.model import InboundMessage  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.testing.outbound import RecordingOutbound  # noqa: E402
-
-
-class Run:
-    def __init__(self, name: str, n: int) -> None:
-        self.name = name
-        self.n = n
-        self.walls: list[float] = []
-        self.cpus: list[float] = []
-
-    def add(self, wall: float, cpu: float) -> None:
-        self.walls.append(wall)
-        self.cpus.append(cpu)
-
-    @property
-    def rate(self) -> float:
-        return self.n / statistics.median(self.walls)
-
-    @property
-    def cpu_ms(self) -> float:
-        return statistics.median(self.cpus) * 1000 / self.n
-
-    def spread(self) -> str:
-        per = [c * 1000 / self.n for c in self.cpus]
-        return f"{min(per):.3f}-{max(per):.3f}"
-
-
-class Meter:
-    """Wall and CPU from the subscribe ack to the n-th handled callback."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.count = 0
-        self.done = trio.Event()
-        self.w0 = self.c0 = 0.0
-        self.wall = self.cpu = 0.0
-
-    def start(self) -> None:
-        if not self.w0:
-            self.w0, self.c0 = time.perf_counter(), time.process_time()
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count == self.n:
-            self.wall = time.perf_counter() - self.w0
-            self.cpu = time.process_time() - self.c0
-            self.done.set()
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:

@@ -51,8 +51,8 @@ class Mixed(msgspec.Struct, kw_only=True, gc=False):
     msg_item: list[MixedItem] = msgspec.field(default_factory=list)
 
 
-class Quote(msgspec.Struct, kw_only=True, gc=False):
-    """``body.quote``: a content snapshot of the quoted message (no id, author or time)."""
+class Content(msgspec.Struct, kw_only=True, gc=False):
+    """What a message (or the message it quotes) carries, by ``msgtype``."""
 
     msgtype: str = ""
     text: Text | None = None
@@ -61,6 +61,10 @@ class Quote(msgspec.Struct, kw_only=True, gc=False):
     file: Media | None = None
     video: Media | None = None
     mixed: Mixed | None = None
+
+
+class Quote(Content, kw_only=True, gc=False):
+    """``body.quote``: a content snapshot of the quoted message (no id, author or time)."""
 
 
 class CardEvent(msgspec.Struct, kw_only=True, gc=False):
@@ -77,7 +81,7 @@ class Event(msgspec.Struct, kw_only=True, gc=False):
     task_id: str = ""
 
 
-class Body(msgspec.Struct, kw_only=True, gc=False):
+class Body(Content, kw_only=True, gc=False):
     """The body of ``aibot_msg_callback`` and ``aibot_event_callback``."""
 
     msgid: str
@@ -87,13 +91,6 @@ class Body(msgspec.Struct, kw_only=True, gc=False):
     #: ``from`` is a Python keyword.
     sender: Sender = msgspec.field(default_factory=Sender, name="from")
     create_time: float | None = None
-    msgtype: str = ""
-    text: Text | None = None
-    voice: Text | None = None
-    image: Media | None = None
-    file: Media | None = None
-    video: Media | None = None
-    mixed: Mixed | None = None
     quote: Quote | None = None
     event: Event | None = None
 
