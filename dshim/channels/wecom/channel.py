@@ -66,12 +66,6 @@ class WelcomeSettings(ChannelSettings):
 
     text: str
 
-    def __post_init__(self) -> None:
-        if not self.text.strip():
-            raise ValueError("welcome.text: empty")
-        if p.utf8_len(self.text) > p.CONTENT_MAX_BYTES:
-            raise ValueError(f"welcome.text: over {p.CONTENT_MAX_BYTES} UTF-8 bytes")
-
 
 class WecomSettings(ChannelSettings):
     """The ``[[bots]]`` keys of a WeCom AI bot (long-connection API mode)."""
@@ -93,6 +87,12 @@ class WecomSettings(ChannelSettings):
             raise ValueError("secret: empty")
         if not self.ws_url.startswith(("ws://", "wss://")):
             raise ValueError(f"ws_url: expected a ws:// or wss:// URL, got {self.ws_url!r}")
+        if self.welcome is not None:
+            # Checked here, not in the nested struct: the loader names this path.
+            if not self.welcome.text.strip():
+                raise ValueError("welcome: its text is empty")
+            if p.utf8_len(self.welcome.text) > p.CONTENT_MAX_BYTES:
+                raise ValueError(f"welcome: its text is over {p.CONTENT_MAX_BYTES} UTF-8 bytes")
 
 
 def media_factory(http: httpx.AsyncClient) -> p.MediaFactory:
