@@ -41,6 +41,11 @@ class Rig(WecomRig):
         return {**super().bot_table(valid_credentials=valid_credentials), **self.extra}
 
 
+def read_all(path: Path) -> bytes:
+    """Every byte under ``path`` (the store's files, WAL included)."""
+    return b"".join(f.read_bytes() for f in sorted(path.rglob("*")) if f.is_file())
+
+
 def finals(rig: WecomRig) -> list[str]:
     return [a.text for a in rig.dm_answers()]
 
@@ -418,3 +423,27 @@ async def test_push_rate_limit_is_retried_not_lost(
         await trio.sleep(10)
     assert [p.content for p in rig.fake.pushes] == chunks[1:]
     assert [f.errcode for f in rig.fake.frames(SEND)].count(45009) == 3
+
+
+async def test_the_durable_inbox_keeps_no_signed_url_or_key(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """While a message with an image waits in the inbox, the store holds its frame without
+    the signed download URL and the key (secrets never reach the store)."""
+    rig = Rig()
+    async with rig.open(), running(rig, tmp_path):
+        await rig.receiving()
+        fake = rig.fake
+        item = fake.add_media(png(300))
+        mixed = {
+            "msg_item": [
+                {"msgtype": "text", "text": {"content": "echo:slow 20 look"}},
+                {"msgtype": "image", "image": item},
+            ]
+        }
+        await fake.callback("aibot_msg_callback", fake.body("mixed", extra={"mixed": mixed}))
+        await rig.wait_until(lambda: len(rig.dm_answers()) == 1)
+        stored = await trio.to_thread.run_sync(read_all, tmp_path)
+        assert b"echo:slow 20 look" in stored  # the frame is there
+        assert item["url"].encode() not in stored
+        assert item["aeskey"].encode() not in stored

@@ -13,7 +13,7 @@ from msgspec import UNSET
 from dshim.channels.wecom import media
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.render import split
-from dshim.errors import RateLimited
+from dshim.errors import ChannelError, RateLimited
 from dshim.model import InboundMessage, Option, Skip
 
 BOT = "aib-test"
@@ -383,3 +383,29 @@ def test_models_name_from() -> None:
 
     got = msgspec.json.decode(b'{"msgid":"1","from":{"userid":"u"}}', type=m.Body)
     assert got.sender.userid == "u"
+
+
+def test_stored_frames_carry_no_signed_url_or_key() -> None:
+    b = body(
+        "mixed",
+        mixed={"msg_item": [{"msgtype": "image", "image": {"url": URL, "aeskey": KEY}}]},
+        quote={"msgtype": "file", "file": {"url": URL, "aeskey": KEY}},
+    )
+    raw = frame(b)
+    stored = p.scrub(raw)
+    assert URL.encode() not in stored and KEY.encode() not in stored
+    again = p.Mapper(BOT).decode_frame(stored)
+    assert isinstance(again, InboundMessage) and len(again.images) == 1
+    assert again.reply_to is not None and again.reply_to.attachments != UNSET
+    plain = frame(body(text={"content": "no media"}))
+    assert p.scrub(plain) is plain
+
+
+async def test_a_restored_attachment_says_its_link_is_gone() -> None:
+    stored = p.scrub(frame(body("image", image={"url": URL, "aeskey": KEY})))
+    msg = p.Mapper(BOT).decode_frame(stored)
+    assert isinstance(msg, InboundMessage)
+    fetch = msg.images[0].fetch
+    assert fetch is not None
+    with pytest.raises(ChannelError, match="link is gone"):
+        await fetch(1000)

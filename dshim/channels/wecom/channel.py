@@ -260,7 +260,8 @@ async def run(
                                     ev = p.map_event(*decoded)
                                     if isinstance(ev, p.ChatEvent):
                                         item = events.on_event(ev, item)
-                            await rt.accept(item, cb.raw)
+                            # The stored copy carries no signed URL or key.
+                            await rt.accept(item, p.scrub(cb.raw))
 
                     await host.serve(rt, reader)
                 nursery.cancel_scope.cancel()

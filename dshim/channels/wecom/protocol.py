@@ -66,7 +66,7 @@ from typing import Any
 
 import msgspec
 
-from dshim.channels.kit.decode import decode
+from dshim.channels.kit.decode import decode, depth_exceeds
 from dshim.channels.wecom import models as m
 from dshim.errors import ChannelError, NotFound, RateLimited, TransportError
 from dshim.model import (
@@ -525,6 +525,42 @@ def map_event(f: m.Frame, body: m.Body) -> ChatEvent | Skip:
     )
 
 
+#: What a media URL becomes in the stored copy of a frame (signed URLs and keys are
+#: secrets: they never reach the store).
+REMOVED_URL = "dshim:removed"
+_SECRET_KEYS = frozenset({"url", "aeskey"})
+
+
+def scrub(raw: bytes) -> bytes:
+    """``raw`` with every media ``url`` and ``aeskey`` replaced, for the durable inbox.
+
+    The message after a restart (:meth:`Mapper.decode_frame` of this copy) still has its
+    attachments, as handles whose download fails with a clear note (the URLs expire
+    within minutes anyway).  Frames without media are returned unchanged."""
+    if (b'"url"' not in raw and b'"aeskey"' not in raw) or depth_exceeds(raw):
+        return raw  # nothing to scrub, or a malformed drop that is never stored as a message
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return raw  # undecodable: it is a malformed drop and stored as such
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {
+                k: (REMOVED_URL if k == "url" else "") if k in _SECRET_KEYS else walk(v)
+                for k, v in node.items()
+            }
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    return json.dumps(walk(doc), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+async def _removed(max_bytes: int) -> bytes:
+    raise ChannelError("the download link is gone (the message was resumed after a restart)")
+
+
 class Mapper:
     """Maps callback frames to messages (pure; downloads are the factory's handles)."""
 
@@ -535,6 +571,8 @@ class Mapper:
     def _handle(self, kind: str, item: m.Media | None) -> MediaRef | None:
         if item is None or not item.url:
             return None
+        if item.url == REMOVED_URL:
+            return MediaRef(kind=kind, fetch=_removed)
         fetch = self.media(kind, item) if self.media is not None else None
         return MediaRef(kind=kind, fetch=fetch)
 
