@@ -447,3 +447,27 @@ async def test_the_durable_inbox_keeps_no_signed_url_or_key(
         assert b"echo:slow 20 look" in stored  # the frame is there
         assert item["url"].encode() not in stored
         assert item["aeskey"].encode() not in stored
+
+
+async def test_question_card_click_answers_with_the_option(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    rig = Rig()
+    async with rig.open(), running(rig, tmp_path):
+        await rig.receiving()
+        await rig.user_dm("echo:question")
+        await rig.wait_until(lambda: any(s.card for s in rig.fake.streams.values()))
+        [card] = [s.card for s in rig.fake.streams.values() if s.card]
+        assert [b["text"] for b in card["button_list"]] == ["Red", "Blue"]
+        await trio.sleep(1)
+        await rig.fake.click(card["task_id"], card["button_list"][1]["key"])
+        await rig.wait_until(lambda: "Answer: Blue" in finals(rig))
+        # a second click on the same card: the request no longer waits
+        await trio.sleep(1)
+        await rig.fake.click(card["task_id"], card["button_list"][0]["key"])
+        await trio.sleep(10)
+    assert "Answer: Red" not in " ".join(finals(rig))
+    assert [u[1]["main_title"]["desc"] for u in rig.fake.card_updates] == [
+        "Chosen: Blue",
+        "This request no longer waits",
+    ]

@@ -94,3 +94,22 @@ async def test_probe_send_test_pushes_to_the_last_direct_user(
     assert row(rows, "wx: send test").result == "ok"
     [push] = fake.pushes
     assert push.chatid == fake.user_id and "connection test" in push.content
+
+
+async def test_probe_warns_when_another_connection_takes_the_bot_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_wecom() as fake, trio.open_nursery() as nursery:
+            monkeypatch.setenv("WECOM_BOT_SECRET", fake.secret)
+            fake.ack_pings = False  # the probe's ping waits: meanwhile another process connects
+
+            async def another_process() -> None:
+                await fake.wait_until(lambda: fake.live is not None)
+                await fake.take_over()
+
+            nursery.start_soon(another_process)
+            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    conn = row(rows, "wx: long connection")
+    assert conn.result == "warn" and "took the bot over" in conn.detail
+    assert code == 0

@@ -59,6 +59,10 @@ JOBS_MAX = 64
 EVENT_REPLY_S = 5.0
 TEST_TEXT = "✅ dshim connection test: the WeCom bot {name} can send messages here."
 PROBE_TIMEOUT_S = 15.0
+TAKEN_OVER = (
+    "subscribed, then another connection took the bot over (a running dshim serve or SDK "
+    "process?): WeCom keeps one live connection per bot"
+)
 
 
 class WelcomeSettings(ChannelSettings):
@@ -299,10 +303,12 @@ async def _probe_connection(settings: WecomSettings) -> tuple[ProbeResult, str]:
                 await link.request(p.PING, link.new_req_id(p.PING), None, what="ping")
                 nursery.cancel_scope.cancel()
     except (p.ConnectionLost, FatalChannelError):
-        return "warn", (
-            "subscribed, then another connection took the bot over (a running dshim serve "
-            "or SDK process?): WeCom keeps one live connection per bot"
-        )
+        return "warn", TAKEN_OVER
+    except BaseExceptionGroup as group:  # the reader's end and the ping's, together
+        _, rest = group.split((p.ConnectionLost, FatalChannelError))
+        if rest is not None:
+            raise
+        return "warn", TAKEN_OVER
     return "ok", (
         f"subscribed in {ms:.0f} ms, ping acknowledged, closed (connecting evicts another "
         "live connection of this bot: a running dshim serve stops and must be restarted)"
