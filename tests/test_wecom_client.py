@@ -111,3 +111,16 @@ async def test_unreachable_server_backs_off(autojump_clock: trio.abc.Clock) -> N
         await link.run(callbacks_in)
     assert trio.current_time() - t0 >= 60
     assert not link.live
+
+
+async def test_a_cancelled_sender_keeps_its_req_id_busy_until_the_ack(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with open_fake_wecom() as fake, linked(fake) as link:
+        fake.ack_delay_s = 2.0
+        with trio.move_on_after(0.5):
+            await link.request(p.SEND, "aibot_send_msg_x", push("first"), what="push")
+        await link.request(p.SEND, "aibot_send_msg_x", push("second"), what="push")
+        [a, b] = fake.frames(p.SEND)
+        assert b.at - a.at >= 2.0
+    assert fake.order_violations == []

@@ -191,7 +191,7 @@ class _Events:
                 _Job(
                     p.RESPOND_UPDATE,
                     ev.req_id,
-                    p.update_card_body(card, [ev.user_id] if ev.user_id else []),
+                    p.update_card_body(card),  # for everyone who sees the card
                     "",
                     "",
                     now,

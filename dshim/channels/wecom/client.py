@@ -162,7 +162,10 @@ class WecomLink:
             except ConnectionClosed:
                 raise p.ConnectionLost(f"{what}: the socket closed", request_sent=True) from None
             count_request(cmd, "sent")
-            with trio.move_on_after(self.tuning.ack_timeout_s):
+            # Shielded: a frame on the wire keeps its req_id busy until its ack (or the
+            # timeout), even when the sender is cancelled, so the next frame of that req_id
+            # never goes out early and picks up this one's ack.
+            with trio.CancelScope(shield=True), trio.move_on_after(self.tuning.ack_timeout_s):
                 await waiter.done.wait()
             if waiter.lost:
                 raise p.ConnectionLost(f"{what}: the socket closed before the ack")

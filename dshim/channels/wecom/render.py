@@ -232,6 +232,8 @@ class WecomOutbound:
         finally:
             if key is not None and self._streams.get(key) is stream:
                 del self._streams[key]
+            with trio.CancelScope(shield=True), trio.move_on_after(p.ACK_TIMEOUT_S):
+                await stream.abandon()
 
     @asynccontextmanager
     async def open_interaction(
@@ -516,6 +518,25 @@ class WecomStream:
                 delivered += await self.out.push(self.target.conversation_id, pushes)
             await self._close_orphan()
             return delivered
+
+    async def abandon(self) -> None:
+        """Left without ``finish`` (stopped, failed, shutdown): the open bubble is finished
+        with what it shows, so it does not spin until WeCom expires it."""
+        if self._finishing:
+            return
+        self._finishing = True
+        seg = self._cur
+        if seg is None or self._broken or self.route is None:
+            return
+        try:
+            await self.out.reply_frame(
+                self.route,
+                p.stream_body(seg.id, seg.shown or p.THINKING_MARK, finish=True),
+                what="stream",
+                bound=self._generation,
+            )
+        except ChannelError as exc:
+            log.info("stream_abandon_failed", error=_short(exc))
 
     def _lost(self, exc: ChannelError) -> None:
         """The reply path is gone: the rest of the answer goes by push."""
