@@ -471,3 +471,23 @@ async def test_question_card_click_answers_with_the_option(
         "Chosen: Blue",
         "This request no longer waits",
     ]
+
+
+async def test_replies_stay_within_30_a_minute_per_conversation(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """34 quick messages in one chat: the 31st reply waits until the first is a minute old
+    (WeCom's 30/minute per conversation), and every message is still answered once."""
+    rig = Rig({"lanes": {"max_queue": 40}})
+    async with rig.open(), running(rig, tmp_path):
+        await rig.receiving()
+        for i in range(34):
+            await rig.user_dm(f"quick {i}")
+        await rig.wait_until(lambda: len([a for a in rig.dm_answers()]) == 34)
+        await trio.sleep(5)
+    streams = sorted(rig.fake.streams.values(), key=lambda s: s.first_at)
+    starts = [s.first_at for s in streams]
+    assert len(streams) == 34
+    for i in range(30, 34):
+        assert starts[i] - starts[i - 30] >= 60.0 - 1e-6
+    assert sorted(finals(rig)) == sorted(echo_of(rig, f"quick {i}") for i in range(34))
