@@ -282,6 +282,8 @@ class _Segment:
     opened_at: float  # trio time of its first frame
     sent_at: float  # epoch
     shown: str = ""
+    #: ``shown`` without a progress note: the part of the answer text it holds.
+    plain: str = ""
     has_text: bool = False
     sent_text: bool = False
 
@@ -379,6 +381,9 @@ class WecomStream:
         await self.out.reply_frame(self.route, body, what="stream", bound=self._generation)
         self._card = None
         seg.shown = content
+        seg.plain = (
+            self._display_plain() if self._note and content.endswith(self._note) else content
+        )
         seg.has_text = seg.has_text or has_text
 
     def _close_segment(self, final: str) -> None:
@@ -407,7 +412,7 @@ class WecomStream:
         try:
             await self._frame(content, finish=True)
         except p.StreamExpired:
-            content = seg.shown
+            content = seg.plain
         self._close_segment(content)
 
     def _display_plain(self) -> str:
@@ -434,7 +439,7 @@ class WecomStream:
                     await self._frame(display, finish=False)
             except p.StreamExpired:
                 seg = self._cur
-                self._close_segment(seg.shown if seg is not None else "")
+                self._close_segment(seg.plain if seg is not None else "")
             except (p.ReplyExpired, p.ConnectionLost) as exc:
                 self._lost(exc)
             except ChannelError as exc:
@@ -570,7 +575,7 @@ class WecomStream:
                 break
             except p.StreamExpired:
                 seg = self._cur
-                self._close_segment(seg.shown if seg is not None and seg.has_text else "")
+                self._close_segment(seg.plain if seg is not None and seg.has_text else "")
                 rest = split(self._rest(self._text))
                 if not rest:
                     return
