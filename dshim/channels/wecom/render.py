@@ -372,6 +372,9 @@ class WecomStream:
             body = p.stream_card_body(seg.id, content, self._card, finish=finish)
         else:
             body = p.stream_body(seg.id, content, finish=finish)
+        plain = self._display_plain()
+        if content != f"{plain}\n\n⏳ {self._note}":
+            plain = content  # no progress note in it
         self._last_frame = trio.current_time()
         self.frames += 1
         seg.sent_text = seg.sent_text or has_text  # shown, maybe, even without an ack
@@ -381,9 +384,7 @@ class WecomStream:
         await self.out.reply_frame(self.route, body, what="stream", bound=self._generation)
         self._card = None
         seg.shown = content
-        seg.plain = (
-            self._display_plain() if self._note and content.endswith(self._note) else content
-        )
+        seg.plain = plain
         seg.has_text = seg.has_text or has_text
 
     def _close_segment(self, final: str) -> None:
