@@ -140,7 +140,9 @@ class _Events:
         outbound: WecomOutbound,
         jobs: trio.MemorySendChannel[_Job],
         welcome: str | None,
+        mapper: p.Mapper,
     ) -> None:
+        self.mapper = mapper
         self.host = host
         self.outbound = outbound
         self.jobs = jobs
@@ -152,8 +154,11 @@ class _Events:
         except trio.WouldBlock:
             log.warning("event_reply_dropped", cmd=job.cmd, reason="too many waiting")
 
-    def on_event(self, ev: p.ChatEvent, item: InboundMessage | Skip) -> InboundMessage | Skip:
-        """Side effects of one event; returns what the pipeline gets."""
+    def on_event(
+        self, ev: p.ChatEvent, body: m.Body, item: InboundMessage | Skip
+    ) -> InboundMessage | Skip:
+        """Side effects of one event; returns what the pipeline gets (``item``, or the
+        answer a click on a waiting card stands for)."""
         now = trio.current_time()
         if ev.kind == "enter_chat":
             if self.welcome is not None:
@@ -171,6 +176,7 @@ class _Events:
         if ev.kind != "template_card_event" or not ev.task_id:
             log.info("event_ignored", eventtype=ev.kind[:40])
             return item
+        item = self.mapper.card_answer(ev, body)
         pending = self.outbound.card(ev.task_id)
         if pending is None or pending.conversation != ev.conversation_id:
             if isinstance(item, InboundMessage):
@@ -244,7 +250,7 @@ async def run(
         callbacks_in, callbacks = trio.open_memory_channel[p.Callback](0)
         jobs_in, jobs = trio.open_memory_channel[_Job](JOBS_MAX)
         events = _Events(
-            host, outbound, jobs_in, settings.welcome.text if settings.welcome else None
+            host, outbound, jobs_in, settings.welcome.text if settings.welcome else None, mapper
         )
         with single_error():
             async with trio.open_nursery() as nursery:
@@ -263,7 +269,7 @@ async def run(
                                 if isinstance(decoded, tuple):
                                     ev = p.map_event(*decoded)
                                     if isinstance(ev, p.ChatEvent):
-                                        item = events.on_event(ev, item)
+                                        item = events.on_event(ev, decoded[1], item)
                             # The stored copy carries no signed URL or key.
                             await rt.accept(item, p.scrub(cb.raw))
 

@@ -577,8 +577,9 @@ class Mapper:
         return MediaRef(kind=kind, fetch=fetch)
 
     def decode_frame(self, raw: bytes | str) -> InboundMessage | Skip:
-        """A whole frame as received (the durable inbox, replay).  Events other than a
-        card click are ``ignored`` here; the channel handles them as they arrive."""
+        """A whole frame as received (the durable inbox, replay).  Events are ``ignored``
+        here: the channel handles them as they arrive — a card click only counts while its
+        request waits (:meth:`card_answer`), never when decoded again after a restart."""
         data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
         decoded = decode_body(data)
         if isinstance(decoded, Skip):
@@ -586,8 +587,6 @@ class Mapper:
         f, body = decoded
         if f.cmd == EVENT_CALLBACK or body.msgtype == "event":
             ev = map_event(f, body)
-            if isinstance(ev, ChatEvent) and ev.kind == "template_card_event":
-                return self.card_answer(ev, body)
             detail = ev.kind if isinstance(ev, ChatEvent) else ev.detail
             return Skip(reason="ignored", detail=f"event {detail}"[:100], message_id=body.msgid)
         if f.cmd != MSG_CALLBACK:
