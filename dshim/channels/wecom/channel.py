@@ -210,7 +210,7 @@ class _Events:
         async for job in jobs:
             left = job.at + EVENT_REPLY_S - trio.current_time()
             if left <= 0:
-                log.warning("event_reply_late", cmd=job.cmd)
+                log.warning("event_reply_skipped", reason="past its 5 s", cmd=job.cmd)
                 continue
             sent_at = self.host.clock()
             try:

@@ -276,7 +276,7 @@ class WecomLink:
                 while True:
                     await trio.sleep_until(hb.next_at)
                     if hb.dead():
-                        log.warning("ws_dead", unacked_pings=hb.unacked)
+                        log.warning("heartbeat_missed", unacked_pings=hb.unacked)
                         with trio.move_on_after(self.options.close_wait_s):
                             await ws.aclose(1000, "no ping ack")
                         nursery.cancel_scope.cancel()

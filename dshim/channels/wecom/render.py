@@ -170,7 +170,7 @@ class WecomOutbound:
                 except p.ConnectionLost as exc:
                     if exc.request_sent:
                         raise
-                    log.info("push_waiting_for_connection")
+                    log.info("push_delayed", reason="not connected")
                     await self.link.wait_live()
             out.append(
                 Delivered(message_id=req_id, text=chunk, sent_at=sent_at, completed_at=self.clock())
