@@ -14,7 +14,7 @@ import trio
 
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import LinkTuning, WecomLink
-from dshim.errors import AuthError, TransportError
+from dshim.errors import AuthError, ChannelError, TransportError
 from dshim.testing.fakes.wecom import FakeWecom, open_fake_wecom
 
 
@@ -124,3 +124,24 @@ async def test_a_cancelled_sender_keeps_its_req_id_busy_until_the_ack(
         [a, b] = fake.frames(p.SEND)
         assert b.at - a.at >= 2.0
     assert fake.order_violations == []
+
+
+async def test_the_queue_per_req_id_is_bounded(
+    autojump_clock: trio.abc.Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(p, "REQ_QUEUE_MAX", 2)
+    async with open_fake_wecom() as fake, linked(fake) as link:
+        fake.ack_delay_s = 1.0
+        refused: list[str] = []
+
+        async def one(i: int) -> None:
+            try:
+                await link.request(p.SEND, "aibot_send_msg_q", push(str(i)), what="push")
+            except ChannelError as exc:
+                refused.append(str(exc))
+
+        async with trio.open_nursery() as nursery:
+            for i in range(3):
+                nursery.start_soon(one, i)
+        assert len(refused) == 1 and "already wait" in refused[0]
+        assert len(fake.pushes) == 2
