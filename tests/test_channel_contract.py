@@ -18,6 +18,7 @@ from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import WhatsAppRig
+from tests.rig_wecom import WecomRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "dingtalk": DingTalkRig,
@@ -29,6 +30,7 @@ RIGS: dict[str, Callable[[], ChannelRig]] = {
     "webchat": WebchatRig,
     "weixin": WeixinRig,
     "whatsapp": WhatsAppRig,
+    "wecom": WecomRig,
 }
 
 

@@ -1,0 +1,590 @@
+"""WeCom outbound: native stream replies, rotation, overflow, pushes and button cards.
+
+An answer is a native stream bound to the user's message (``aibot_respond_msg`` with the
+inbound ``req_id``, :class:`WecomStream`):
+
+1. as soon as the turn starts, a first frame with a new ``stream.id`` and
+   :data:`~.protocol.THINKING_MARK` opens the bubble (it shows none of the answer, so the
+   pipeline's delivery hook runs only before the first frame with answer text);
+2. then the whole text so far (``content`` replaces), at most every 800 ms; frames go
+   one at a time and each waits for its ack, so text that arrives meanwhile is merged and
+   only the newest is sent (an intermediate frame is skipped while the previous one is
+   unacked);
+3. ``finish`` sends exactly one ``finish: true`` frame with the final text.
+
+Size: a stream shows at most :data:`~.protocol.STREAM_MAX_BYTES` (18,000 UTF-8 bytes, under
+WeCom's 20,480); the rest of a long answer goes as ``aibot_send_msg`` markdown messages to
+the same chat, split at paragraph, line or word boundaries.  Lifetime: a stream expires 6
+minutes after its first frame (846608), so a stream that has been open for
+:data:`~.protocol.STREAM_ROTATE_S` is finished with the text so far and the answer
+continues on a new stream id under the same ``req_id``; an unexpected 846608 does the
+same.  846605 (the ``req_id`` is no longer valid), a closed socket (the pending frame
+fails), or a message older than 24 h: the rest of the answer — everything not yet shown
+in a finished bubble — is delivered by ``aibot_send_msg`` once the socket is back.  A
+finish frame whose ack never came is sent again (same stream id and content: replace
+semantics make the repeat harmless); a push whose ack never came is *not* repeated
+(it may have been delivered: never twice).
+
+Budget: every new stream and every push counts against the conversation's 30/minute and
+1,000/hour (:class:`~.protocol.Budget`); a send waits for room instead of exceeding it.
+A rate-limit errcode is retried with backoff, never taken as a lost answer.
+
+Approvals and questions (:meth:`WecomOutbound.open_interaction`): a ``button_interaction``
+template card, attached to the running stream of the same message
+(``stream_with_template_card``, once per message) or else pushed as a ``template_card``
+message.  A click arrives as ``template_card_event``; the channel updates the card within
+5 s and hands the pipeline the typed answer the button stands for.  Typed answers work
+as everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import trio
+
+from dshim.channels.base import InteractionPrompt
+from dshim.channels.kit import Backoff
+from dshim.channels.wecom import protocol as p
+from dshim.channels.wecom.client import WecomLink
+from dshim.errors import ChannelError, RateLimited, TransportError
+from dshim.model import Delivered, Option, ReplyTarget
+from dshim.render import split_text
+
+log = structlog.get_logger("dshim.wecom")
+
+Clock = Callable[[], float]
+#: Waiting for rate limits, per call, before the call gives up.
+RATE_LIMIT_BUDGET_S = 900.0
+#: Sends of a finish frame whose ack did not come (same content: harmless repeats).
+FINISH_ATTEMPTS = 3
+#: Intermediate frames failing in a row before the previews stop.
+PREVIEW_FAILURES = 3
+
+
+def split(text: str) -> list[str]:
+    """The messages a text is delivered in: the stream's part, then the pushes."""
+    return split_text(text, p.STREAM_MAX_BYTES, p.utf8_len)
+
+
+def new_stream_id() -> str:
+    return "dshim-" + secrets.token_hex(8)
+
+
+def _short(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__)[:300]
+
+
+@dataclass(frozen=True, slots=True)
+class RenderTuning:
+    interval_s: float = p.STREAM_INTERVAL_S
+    rotate_s: float = p.STREAM_ROTATE_S
+
+
+@dataclass(slots=True)
+class PendingCard:
+    """A card whose buttons still wait for a click."""
+
+    conversation: str
+    title: str
+    options: list[Option]
+
+
+class WecomOutbound:
+    """The channel's :class:`dshim.outbound.Outbound`, with button cards."""
+
+    def __init__(
+        self,
+        link: WecomLink,
+        *,
+        clock: Clock,
+        budget: p.Budget | None = None,
+        tuning: RenderTuning | None = None,
+    ) -> None:
+        self.link = link
+        self.clock = clock
+        self.budget = budget or p.Budget()
+        self.tuning = tuning or RenderTuning()
+        self.bot_username: str | None = None
+        self._streams: dict[str, WecomStream] = {}
+        self._carded: OrderedDict[str, None] = OrderedDict()
+        self._cards: dict[str, PendingCard] = {}
+
+    # -- what the channel asks -------------------------------------------------------------
+
+    def card(self, task_id: str) -> PendingCard | None:
+        return self._cards.get(task_id)
+
+    # -- low level -------------------------------------------------------------------------
+
+    async def room(self, conversation: str) -> None:
+        """Wait until the conversation's budget has room for one more message, take it."""
+        while True:
+            wait = self.budget.wait_time(conversation, trio.current_time())
+            if wait <= 0:
+                self.budget.take(conversation, trio.current_time())
+                return
+            log.info("send_budget_waited", wait_s=round(wait, 2))
+            await trio.sleep(wait)
+
+    async def call(
+        self, cmd: str, req_id: str, body: Any, *, what: str, bound: int | None = None
+    ) -> p.Ack:
+        """One request, retried while WeCom rate-limits it (the frame was refused)."""
+        backoff = Backoff(1.0, 60.0, 2.0, jitter=0.0)
+        waited = 0.0
+        while True:
+            try:
+                return await self.link.request(cmd, req_id, body, what=what, bound=bound)
+            except RateLimited as exc:
+                delay = backoff.next_delay(retry_after=exc.retry_after)
+                waited += delay
+                if waited > RATE_LIMIT_BUDGET_S:
+                    raise
+                log.info("send_rate_limited", what=what, retry_in_s=delay)
+                await trio.sleep(delay)
+
+    async def push(self, conversation: str, chunks: list[str]) -> list[Delivered]:
+        """``aibot_send_msg`` markdown messages, one per chunk, in order.
+
+        A push whose outcome is unknown (no ack) is not repeated; the ones before it are
+        returned."""
+        out: list[Delivered] = []
+        for chunk in chunks:
+            await self.room(conversation)
+            req_id = self.link.new_req_id(p.SEND)
+            sent_at = self.clock()
+            while True:
+                try:
+                    await self.call(
+                        p.SEND, req_id, p.push_markdown_body(conversation, chunk), what="push"
+                    )
+                    break
+                except p.ConnectionLost as exc:
+                    if exc.request_sent:
+                        raise
+                    log.info("push_delayed", reason="not connected")
+                    await self.link.wait_live()
+            out.append(
+                Delivered(message_id=req_id, text=chunk, sent_at=sent_at, completed_at=self.clock())
+            )
+        return out
+
+    async def reply_frame(
+        self, route: p.Route, body: dict[str, Any], *, what: str, bound: int | None = None
+    ) -> None:
+        await self.call(p.RESPOND, route.req_id, body, what=what, bound=bound)
+
+    def carded(self, req_id: str) -> bool:
+        return req_id in self._carded
+
+    def mark_carded(self, req_id: str) -> None:
+        self._carded[req_id] = None
+        while len(self._carded) > 4096:
+            self._carded.popitem(last=False)
+
+    # -- Outbound ----------------------------------------------------------------------------
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        """A notice: a finished one-frame stream under the user's message (the rest, or
+        everything when that is not possible, pushed)."""
+        chunks = split(text)
+        if not chunks:
+            return []
+        route = target.route if isinstance(target.route, p.Route) else None
+        if route is None or not p.reply_window_open(route.received_at, self.clock()):
+            return await self.push(target.conversation_id, chunks)
+        sid = new_stream_id()
+        await self.room(target.conversation_id)
+        sent_at = self.clock()
+        try:
+            await self.reply_frame(route, p.stream_body(sid, chunks[0], finish=True), what="reply")
+        except (p.ReplyExpired, p.ConnectionLost) as exc:
+            if isinstance(exc, p.ConnectionLost) and exc.request_sent:
+                raise
+            return await self.push(target.conversation_id, chunks)
+        first = Delivered(
+            message_id=sid, text=chunks[0], sent_at=sent_at, completed_at=self.clock()
+        )
+        return [first, *await self.push(target.conversation_id, chunks[1:])]
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WecomStream]:
+        """Stream one answer (see the module docstring)."""
+        stream = WecomStream(self, target)
+        key = stream.route.req_id if stream.route is not None else None
+        if key is not None:
+            self._streams[key] = stream
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream.pump)
+                try:
+                    yield stream
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            if key is not None and self._streams.get(key) is stream:
+                del self._streams[key]
+            with trio.CancelScope(shield=True), trio.move_on_after(p.ACK_TIMEOUT_S):
+                await stream.abandon()
+
+    @asynccontextmanager
+    async def open_interaction(
+        self, target: ReplyTarget, prompt: InteractionPrompt
+    ) -> AsyncIterator[list[Delivered]]:
+        """Show a request as a button card until the block ends."""
+        task_id = "dshim_" + secrets.token_hex(8)
+        title = "Approval needed" if prompt.kind == "approval" else "Question"
+        card = p.interaction_card(task_id, title, prompt.prompt, prompt.options)
+        route = target.route if isinstance(target.route, p.Route) else None
+        stream = self._streams.get(route.req_id) if route is not None else None
+        sent_at = self.clock()
+        # Known before it is shown: a click may come before the ack does.
+        self._cards[task_id] = PendingCard(target.conversation_id, title, list(prompt.options))
+        try:
+            shown = False
+            if stream is not None and route is not None and not self.carded(route.req_id):
+                shown = await stream.attach_card(card)
+            if not shown:
+                await self.room(target.conversation_id)
+                await self.call(
+                    p.SEND,
+                    self.link.new_req_id(p.SEND),
+                    p.push_card_body(target.conversation_id, card),
+                    what="card",
+                )
+        except ChannelError as exc:
+            self._cards.pop(task_id, None)
+            raise ChannelError(f"card: {_short(exc)}") from exc
+        try:
+            yield [
+                Delivered(
+                    message_id=task_id, text=prompt.text, sent_at=sent_at, completed_at=self.clock()
+                )
+            ]
+        finally:
+            self._cards.pop(task_id, None)
+
+
+@dataclass(slots=True)
+class _Segment:
+    """One stream bubble of the answer: its id, where its text starts, what it shows."""
+
+    id: str
+    offset: int
+    opened_at: float  # trio time of its first frame
+    sent_at: float  # epoch
+    shown: str = ""
+    #: ``shown`` without a progress note: the part of the answer text it holds.
+    plain: str = ""
+    has_text: bool = False
+    sent_text: bool = False
+
+
+@dataclass(slots=True)
+class _Done:
+    id: str
+    text: str
+    sent_at: float
+    completed_at: float
+
+
+class WecomStream:
+    """One streamed answer (:class:`dshim.outbound.ReplyStream` with ``watch_delivery``)."""
+
+    def __init__(self, out: WecomOutbound, target: ReplyTarget) -> None:
+        self.out = out
+        self.target = target
+        self.route = target.route if isinstance(target.route, p.Route) else None
+        self._text = ""
+        self._note: str | None = None
+        self._changed = trio.Event()
+        self._finishing = False
+        self._cur: _Segment | None = None
+        self._offset = 0
+        self._done: list[_Done] = []
+        #: The reply path is gone (846605, a closed socket, no route): push the rest.
+        self._broken = self.route is None or not p.reply_window_open(
+            self.route.received_at, out.clock()
+        )
+        self._lock = trio.Lock()
+        self._hook: Callable[[], Awaitable[None]] | None = None
+        self._last_frame = -1e9
+        self.frames: int = 0
+        self._card: dict[str, Any] | None = None
+        self._orphan: _Segment | None = None
+        self._generation: int | None = None
+        self._failures = 0
+
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Await ``hook()`` once, right before the first frame with answer text."""
+        self._hook = hook
+
+    async def update(self, text: str) -> None:
+        if text != self._text:
+            self._text = text
+            self._note = None
+            self._wake()
+
+    async def progress(self, note: str) -> None:
+        self._note = note.strip() or None
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def _rest(self, text: str) -> str:
+        return text[self._offset :]
+
+    def _display(self) -> str:
+        chunks = split(self._rest(self._text))
+        body = chunks[0] if chunks else ""
+        if body and self._note:
+            with_note = f"{body}\n\n⏳ {self._note}"
+            if p.utf8_len(with_note) <= p.STREAM_MAX_BYTES:
+                return with_note
+        return body
+
+    async def _frame(self, content: str, *, finish: bool) -> None:
+        """One frame of the current segment (opening a new one when there is none)."""
+        assert self.route is not None
+        has_text = content != p.THINKING_MARK
+        if has_text and self._hook is not None:
+            hook, self._hook = self._hook, None
+            await hook()
+        seg = self._cur
+        if seg is None:
+            await self.out.room(self.target.conversation_id)
+            seg = _Segment(new_stream_id(), self._offset, trio.current_time(), self.out.clock())
+            self._cur = seg
+        body: dict[str, Any]
+        if self._card is not None:
+            body = p.stream_card_body(seg.id, content, self._card, finish=finish)
+        else:
+            body = p.stream_body(seg.id, content, finish=finish)
+        plain = self._display_plain()
+        if content != f"{plain}\n\n⏳ {self._note}":
+            plain = content  # no progress note in it
+        self._last_frame = trio.current_time()
+        self.frames += 1
+        seg.sent_text = seg.sent_text or has_text  # shown, maybe, even without an ack
+        if self._generation is None:
+            # A stream lives on one connection: after a drop the rest goes by push.
+            self._generation = self.out.link.generation if self.out.link.live else None
+        await self.out.reply_frame(self.route, body, what="stream", bound=self._generation)
+        self._card = None
+        seg.shown = content
+        seg.plain = plain
+        seg.has_text = seg.has_text or has_text
+
+    def _close_segment(self, final: str) -> None:
+        """The current segment ends showing ``final``; the next one starts after it."""
+        seg = self._cur
+        if seg is None:
+            return
+        rest = self._rest(self._text)
+        lead = len(rest) - len(rest.lstrip())
+        if final and rest.lstrip().startswith(final):
+            self._offset += lead + len(final)
+        if final and final != p.THINKING_MARK:
+            self._done.append(_Done(seg.id, final, seg.sent_at, self.out.clock()))
+        self._cur = None
+
+    async def _rotate(self) -> None:
+        """Finish the current stream before it expires; the answer goes on in a new one."""
+        seg = self._cur
+        assert seg is not None
+        content = self._display_plain()
+        if not content:
+            content = seg.shown or p.THINKING_MARK
+        log.info(
+            "stream_rotated", stream_id=seg.id, age_s=round(trio.current_time() - seg.opened_at)
+        )
+        try:
+            await self._frame(content, finish=True)
+        except p.StreamExpired:
+            content = seg.plain
+        self._close_segment(content)
+
+    def _display_plain(self) -> str:
+        chunks = split(self._rest(self._text))
+        return chunks[0] if chunks else ""
+
+    def _due_rotation(self) -> bool:
+        seg = self._cur
+        return seg is not None and trio.current_time() - seg.opened_at >= self.out.tuning.rotate_s
+
+    async def _step(self, *, opening: bool = False) -> None:
+        """One intermediate frame (or rotation), under the stream's lock."""
+        async with self._lock:
+            if self._finishing or self._broken:
+                return
+            try:
+                if self._due_rotation():
+                    await self._rotate()
+                    return
+                display = self._display() or (p.THINKING_MARK if self._cur is None else "")
+                if opening:
+                    display = p.THINKING_MARK
+                if display and (self._cur is None or display != self._cur.shown):
+                    await self._frame(display, finish=False)
+            except p.StreamExpired:
+                seg = self._cur
+                self._close_segment(seg.plain if seg is not None else "")
+            except (p.ReplyExpired, p.ConnectionLost) as exc:
+                self._lost(exc)
+            except ChannelError as exc:
+                self._failures += 1
+                log.info("stream_update_failed", error=_short(exc), failures=self._failures)
+            else:
+                self._failures = 0
+
+    async def pump(self) -> None:
+        """The thinking frame at once, then the newest text at most every 800 ms, and a
+        rotation when the stream gets old.  Three failed frames in a row end the previews
+        (``finish`` still delivers)."""
+        if self._broken:
+            return
+        await self._step(opening=True)  # the thinking marker, as soon as the turn starts
+        interval = self.out.tuning.interval_s
+        while not self._finishing and not self._broken and self._failures < PREVIEW_FAILURES:
+            seg = self._cur
+            rotate_at = seg.opened_at + self.out.tuning.rotate_s if seg is not None else math.inf
+            if trio.current_time() >= rotate_at:
+                await self._step()
+                if self._cur is seg:  # the rotation failed: not again at once
+                    await trio.sleep(interval)
+                continue
+            wait = self._last_frame + interval - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+                continue
+            changed = self._changed
+            display = self._display()
+            if not display or (seg is not None and display == seg.shown):
+                with trio.move_on_at(rotate_at):
+                    await changed.wait()
+                continue
+            await self._step()
+
+    async def attach_card(self, card: dict[str, Any]) -> bool:
+        """Attach a template card to this stream's next frame (sent at once)."""
+        if self.route is None or self._broken or self._finishing:
+            return False
+        async with self._lock:
+            if self._broken or self._finishing:
+                return False
+            self._card = card
+            try:
+                content = (self._cur.shown if self._cur is not None else "") or p.THINKING_MARK
+                await self._frame(content, finish=False)
+            except ChannelError as exc:
+                self._card = None
+                log.info("card_attach_failed", error=_short(exc))
+                return False
+            self.out.mark_carded(self.route.req_id)
+            return True
+
+    # -- finish --------------------------------------------------------------------------------
+
+    async def finish(self, text: str) -> list[Delivered]:
+        """Exactly one ``finish: true`` frame with the final text (and pushes beyond it)."""
+        if self._finishing:
+            raise RuntimeError("finish() called twice")
+        self._finishing = True
+        self._wake()
+        async with self._lock:
+            self._text = text
+            chunks = split(self._rest(text))
+            if not self._broken and (chunks or self._cur is not None):
+                first = chunks[0] if chunks else "…"
+                try:
+                    await self._finish_frame(first)
+                except (p.ReplyExpired, p.ConnectionLost) as exc:
+                    self._lost(exc)
+            # Whatever no finished bubble shows: the overflow, or all of it after a loss.
+            pushes = split(self._rest(text))
+            delivered = [
+                Delivered(
+                    message_id=d.id, text=d.text, sent_at=d.sent_at, completed_at=d.completed_at
+                )
+                for d in self._done
+            ]
+            if pushes:
+                delivered += await self.out.push(self.target.conversation_id, pushes)
+            await self._close_orphan()
+            return delivered
+
+    async def abandon(self) -> None:
+        """Left without ``finish`` (stopped, failed, shutdown): the open bubble is finished
+        with what it shows, so it does not spin until WeCom expires it."""
+        if self._finishing:
+            return
+        self._finishing = True
+        seg = self._cur
+        if seg is None or self._broken or self.route is None:
+            return
+        try:
+            await self.out.reply_frame(
+                self.route,
+                p.stream_body(seg.id, seg.shown or p.THINKING_MARK, finish=True),
+                what="stream",
+                bound=self._generation,
+            )
+        except ChannelError as exc:
+            log.info("stream_abandon_failed", error=_short(exc))
+
+    def _lost(self, exc: ChannelError) -> None:
+        """The reply path is gone: the rest of the answer goes by push."""
+        log.info("stream_reply_path_lost", error=_short(exc))
+        self._broken = True
+        seg, self._cur = self._cur, None
+        if isinstance(exc, p.ConnectionLost) and seg is not None and seg.sent_text:
+            self._orphan = seg
+
+    async def _close_orphan(self) -> None:
+        """A bubble left open by a lost socket shows part of the answer that the pushes
+        now carry in full: replace its text by a pointer to them (best effort, once)."""
+        seg, self._orphan = self._orphan, None
+        if seg is None or self.route is None:
+            return
+        try:
+            with trio.move_on_after(p.ACK_TIMEOUT_S * 2):
+                await self.out.reply_frame(
+                    self.route, p.stream_body(seg.id, p.MOVED_MARK, finish=True), what="stream"
+                )
+        except ChannelError as exc:
+            log.info("stream_orphan_left", error=_short(exc))
+
+    async def _finish_frame(self, first: str) -> None:
+        """The finish frame of the current segment (a stream past 5 minutes is still
+        inside its 6; one that expired anyway continues on a new stream id)."""
+        attempts = 0
+        while True:
+            try:
+                await self._frame(first, finish=True)
+                break
+            except p.StreamExpired:
+                seg = self._cur
+                self._close_segment(seg.plain if seg is not None and seg.has_text else "")
+                rest = split(self._rest(self._text))
+                if not rest:
+                    return
+                first = rest[0]
+            except p.ConnectionLost:
+                raise
+            except TransportError:
+                attempts += 1  # no ack: the same frame again is harmless (replace)
+                if attempts >= FINISH_ATTEMPTS:
+                    raise
+        self._close_segment(first)

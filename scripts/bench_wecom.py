@@ -1,0 +1,253 @@
+"""WeCom long-connection throughput: callbacks/s and CPU per callback, next to a floor.
+
+    python scripts/bench_wecom.py [--messages 5000] [--repeat 3]
+
+The fake WeCom (``dshim.testing.fakes.wecom``) runs in its own process and, after every
+accepted subscribe, floods ``--messages`` ``aibot_msg_callback`` frames (~0.5 KB each,
+single-chat texts from distinct users) as fast as the socket takes them.  In this
+process, one after the other:
+
+- floor         the least a client must do, written plainly: trio-websocket (same
+                64 KiB receive buffer), the subscribe, ``json.loads`` of every frame and a
+                dict-lookup mapping of the message fields;
+- dshim reader  dshim's link (``WecomLink``: subscribe, pings, ack matching, bounded
+                decode of the envelope, callbacks handed over one at a time) and the
+                mapping to ``InboundMessage``;
+- floor+dedup   the floor plus one SQLite ``INSERT OR IGNORE`` (msgid + raw frame) per
+                callback on a worker thread, WAL, synchronous=NORMAL;
+- dshim 1-6     dshim's reader and mapping plus pipeline steps 1-6
+                (``BotRuntime.accept``: gates, persisted dedup + durable inbox, access,
+                commands, lanes) with the lane handler doing nothing.
+
+CPU is this process's time (not the fake's), from the subscribe ack to the last callback
+handled; each run is repeated, the median is printed with the spread and the ratio to the
+floor.  Compare within one run only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+import trio_websocket
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_discord import Meter, Run  # noqa: E402
+
+from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
+from dshim.channels.wecom import protocol as p  # noqa: E402
+from dshim.channels.wecom.client import WecomLink  # noqa: E402
+from dshim.config import parse_config  # noqa: E402
+from dshim.harness.echo import EchoHarness  # noqa: E402
+from dshim.log import configure_logging  # noqa: E402
+from dshim.model import InboundMessage  # noqa: E402
+from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
+from dshim.store import open_store  # noqa: E402
+from dshim.testing.outbound import RecordingOutbound  # noqa: E402
+
+
+async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
+    meter = Meter(n)
+    conn: sqlite3.Connection | None = None
+    limiter = trio.CapacityLimiter(1)
+    if db is not None:
+        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE dedup (mid TEXT PRIMARY KEY, raw BLOB)")
+
+    def insert(mid: str, raw: str | bytes) -> int:
+        assert conn is not None
+        return conn.execute("INSERT OR IGNORE INTO dedup VALUES (?, ?)", (mid, raw)).rowcount
+
+    async with trio_websocket.open_websocket_url(
+        env["ws_url"],
+        message_queue_size=DEFAULT_OPTIONS.message_queue_size,
+        max_message_size=DEFAULT_OPTIONS.max_message_size,
+        receive_buffer_size=DEFAULT_OPTIONS.receive_buffer_size,
+    ) as ws:
+        sub = {"bot_id": env["bot_id"], "secret": env["secret"]}
+        await ws.send_message(p.frame(p.SUBSCRIBE, "aibot_subscribe_1_00000000", sub))
+        while not meter.done.is_set():
+            data = await ws.get_message()
+            frame = json.loads(data)
+            cmd = frame.get("cmd")
+            if cmd is None:
+                meter.start()
+                continue
+            if cmd != p.MSG_CALLBACK:
+                continue
+            body = frame["body"]
+            group = body.get("chattype") == "group"
+            mapped = {
+                "id": body["msgid"],
+                "conversation": body.get("chatid") if group else body["from"]["userid"],
+                "sender": body["from"]["userid"],
+                "content": (body.get("text") or {}).get("content", ""),
+                "req_id": frame["headers"]["req_id"],
+            }
+            if conn is not None:
+                await trio.to_thread.run_sync(insert, mapped["id"], data, limiter=limiter)
+            meter.tick()
+    if conn is not None:
+        conn.close()
+    return meter.wall, meter.cpu
+
+
+async def dshim_link(
+    env: dict[str, Any], n: int, handle: Callable[[p.Callback, p.Mapper], Awaitable[None]]
+) -> tuple[float, float]:
+    meter = Meter(n)
+    link = WecomLink(env["ws_url"], env["bot_id"], env["secret"])
+    mapper = p.Mapper(env["bot_id"])
+    callbacks_in, callbacks = trio.open_memory_channel[p.Callback](0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(link.run, callbacks_in)
+        meter.start()
+        async for cb in callbacks:
+            await handle(cb, mapper)
+            meter.tick()
+            if meter.done.is_set():
+                break
+        nursery.cancel_scope.cancel()
+    return meter.wall, meter.cpu
+
+
+async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
+    async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
+        item = mapper.decode_frame(cb.raw)
+        assert isinstance(item, InboundMessage), item
+
+    return await dshim_link(env, n, handle)
+
+
+async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": "wecom", "lanes": {"max_queue": n + 10}}]},
+        env={},
+        channel_settings=False,
+    )
+    async with open_store(tmp) as store:
+        async with open_bot_runtime(
+            config=config,
+            bot=config.bots[0],
+            bot_id=env["bot_id"],
+            store=store,
+            outbound=RecordingOutbound(clock=time.time),
+            harness=EchoHarness(),
+        ) as rt:
+
+            async def nothing(item: Any, lane: Any) -> None:
+                rt._done()
+
+            rt.lanes._handler = nothing
+
+            async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
+                verdict = await rt.accept(mapper.decode_frame(cb.raw), cb.raw)
+                assert verdict.accepted, verdict
+
+            result = await dshim_link(env, n, handle)
+            await rt.wait_idle()
+    return result
+
+
+def decode_costs(env: dict[str, Any]) -> str:
+    """Per-callback decode cost: classify + msgspec views + mapping vs json.loads."""
+    body = {
+        "msgid": "msg1796112000000001",
+        "aibotid": env["bot_id"],
+        "chattype": "single",
+        "from": {"userid": "zhangsan"},
+        "create_time": 1796112000,
+        "msgtype": "text",
+        "text": {"content": "message 1 " + "lorem ipsum " * 20},
+    }
+    raw = json.dumps(
+        {"cmd": p.MSG_CALLBACK, "headers": {"req_id": "aibot_msg_callback_1_0"}, "body": body}
+    ).encode()
+    mapper = p.Mapper(env["bot_id"])
+    k = 20000
+    t0 = time.perf_counter()
+    for _ in range(k):
+        p.classify(raw)
+    classify = (time.perf_counter() - t0) / k * 1e6
+    t0 = time.perf_counter()
+    for _ in range(k):
+        mapper.decode_frame(raw)
+    mapping = (time.perf_counter() - t0) / k * 1e6
+    t0 = time.perf_counter()
+    for _ in range(k):
+        json.loads(raw)
+    loads = (time.perf_counter() - t0) / k * 1e6
+    return (
+        f"decode of one {len(raw)}-byte callback: envelope classify {classify:.1f} µs, "
+        f"envelope+body views + mapping to InboundMessage {mapping:.1f} µs; "
+        f"json.loads alone {loads:.1f} µs"
+    )
+
+
+async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
+    configure_logging("error", "json")
+    n = args.messages
+    runs = [
+        Run("floor (trio-websocket + json.loads + dict mapping)", n),
+        Run("dshim link reader + mapping", n),
+        Run("floor + durable dedup (one SQLite INSERT/callback)", n),
+        Run("dshim reader + mapping + pipeline steps 1-6", n),
+    ]
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+        for rep in range(args.repeat):
+            with trio.fail_after(600):
+                runs[0].add(*await floor(env, n))
+                runs[1].add(*await reader_only(env, n))
+                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
+                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
+    return runs
+
+
+def main(args: argparse.Namespace) -> None:
+    fake = [sys.executable, "-m", "dshim.testing.fakes.wecom"]
+    fake += ["--flood", str(args.messages), "--lifetime", "900"]
+    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        env = json.loads(proc.stdout.readline())
+        runs = trio.run(measure, args, env)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    print(
+        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
+        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, nproc {os.cpu_count()}; "
+        f"{args.messages} callbacks x {args.repeat} runs, median (min-max)"
+    )
+    print(decode_costs(env))
+    print(
+        f"{'run':52} {'callbacks/s':>12} {'CPU ms/callback':>16} {'(min-max)':>13} {'vs floor':>9}"
+    )
+    for r in runs:
+        base = runs[2] if r is runs[3] else runs[0]
+        ratio = r.cpu_ms / base.cpu_ms
+        print(f"{r.name:52} {r.rate:12.0f} {r.cpu_ms:16.3f} {r.spread():>13} {ratio:8.2f}x")
+    print("(vs floor: the reader against the floor, the pipeline run against floor + dedup)")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=3)
+    main(parser.parse_args())
