@@ -137,6 +137,10 @@ class Limits:
     edit_interval_s: float = 1.0
     #: Typing indicator refresh until the first message is posted; None = no typing.
     typing_interval_s: float | None = 5.0
+    #: No typing indicator until the agent has been silent this long (0: at once).  A
+    #: quick answer then costs no typing call; a chat also gets at most one typing call
+    #: per ``typing_interval_s`` across the answers it receives.
+    typing_grace_s: float = 0.0
     #: Attempts per call after transient failures (network, 5xx) before giving up.
     max_attempts: int = 10
     #: 429s are retried as the platform asks until this much waiting for one call has
@@ -216,6 +220,8 @@ class ChatPacer:
         self.per_s = per_s
         self.blocked_until = -math.inf
         self._recent: deque[float] = deque(maxlen=budget or 1)
+        #: When this chat last got a typing indicator (trio time).
+        self.typing_at = -math.inf
 
     def wait_time(self) -> float:
         """Seconds until a call may be made (0 when it may be made now)."""
@@ -448,7 +454,20 @@ class EditStream:
         interval = self.limits.typing_interval_s
         if interval is None:
             return
+        grace = self.limits.typing_grace_s
+        if grace > 0:
+            with trio.move_on_after(grace):
+                await self._typing_done.wait()
+            if self._first_text_at is not None:
+                return  # text arrived within the grace: the first message is on its way
         while not self._typing_done.is_set():
+            # One indicator per interval per chat, also across answers (it lasts that long).
+            wait = self.pacer.typing_at + interval - trio.current_time()
+            if grace > 0 and wait > 0:
+                with trio.move_on_after(wait):
+                    await self._typing_done.wait()
+                continue
+            self.pacer.typing_at = trio.current_time()
             try:
                 await self.transport.typing()
             except ChannelError as exc:

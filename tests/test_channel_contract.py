@@ -16,9 +16,9 @@ from tests.rig_qq import QQRig
 from tests.rig_slack import SlackRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
+from tests.rig_wecom import WecomRig
 from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import WhatsAppRig
-from tests.rig_wecom import WecomRig
 
 RIGS: dict[str, Callable[[], ChannelRig]] = {
     "dingtalk": DingTalkRig,

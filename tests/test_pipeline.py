@@ -861,3 +861,29 @@ def test_running_out_of_memory_in_a_turn_gives_one_error_reply_and_the_bot_lives
     assert len(texts) == 2
     assert texts[0].startswith("⚠️ The agent failed:") and "memory" in texts[0]
     assert texts[1].endswith("still there?")
+
+
+async def test_a_poll_page_is_accepted_in_one_store_transaction_and_runs_in_order(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    from dshim.channels.kit.poll import PollBatch, PollEvent, accept_batch
+    from dshim.store.base import BoundStore
+    from tests.store_proxy import open_proxy
+
+    async with open_proxy(tmp_path) as store:
+        async with open_rig(tmp_path, store=store) as rig:  # type: ignore[arg-type]
+            page = [msg(f"p{i}", message_id=str(i)) for i in range(5)]
+            page.append(msg("p0 again", message_id="0"))  # a redelivery inside the page
+            batch = PollBatch(events=[PollEvent(item=m, raw=None) for m in page], cursor="6")
+            cursor, stopped = await accept_batch(
+                rig.rt,
+                BoundStore(store, "bot"),  # type: ignore[arg-type]
+                batch,
+                cursor_name="offset",
+                cursor=None,
+            )
+            await rig.rt.wait_idle()
+        assert (cursor, stopped) == ("6", False)
+        assert store.calls["accept_many"] == 1 and store.calls["accept"] == 0
+    assert [t.split("\n\n")[-1] for t in rig.texts] == [f"p{i}" for i in range(5)]
+    assert rig.events.drops[-1][1] == "duplicate"

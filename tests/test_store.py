@@ -657,3 +657,19 @@ async def test_a_version_3_index_gains_the_inbound_columns(db_path: Path) -> Non
         assert await store.schema_version() == SCHEMA_VERSION
         [old] = await store.list_outbound("bot", "c1", now=T0)
     assert old == OutboundEntry(message_ids=["m1"], text="old answer", sent_at=T0, completed_at=T0)
+
+
+async def test_accept_many_takes_a_batch_in_one_go_and_a_repeat_inside_it_is_a_duplicate(
+    store: SqliteStore,
+) -> None:
+    await store.accept("bot", "c1", "old", now=T0, ttl_s=60, raw=b"x")
+    fresh = await store.accept_many(
+        "bot",
+        [("c1", "m1", b"r1"), ("c1", "old", b"r0"), ("c2", "m1", None), ("c1", "m1", b"again")],
+        now=T0 + 1,
+        ttl_s=60,
+    )
+    assert fresh == [True, False, True, False]
+    pending = {(e.conversation_id, e.message_id): e.raw for e in await store.inbox_pending("bot")}
+    assert pending == {("c1", "old"): b"x", ("c1", "m1"): b"r1"}  # no entry for raw=None
+    assert await store.seen("bot", "c2", "m1", now=T0 + 2)

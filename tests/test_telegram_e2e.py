@@ -186,9 +186,32 @@ async def test_dm_is_answered_by_streamed_edits_with_the_exact_final_text(
     assert answer.history[-1] == expected and answer.history.count(expected) == 1
     edits = [c.at for c in fake.calls_to("editMessageText")]
     assert all(b - a >= 1.0 - 1e-6 for a, b in zip(edits, edits[1:], strict=False))
+    # The agent's text came at once: no typing call was needed before the first message.
+    assert fake.calls_to("sendChatAction") == []
+
+
+async def test_typing_shows_only_when_the_agent_is_slow_and_once_per_five_seconds(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                t0 = trio.current_time()
+                fake.user_message(chat, ADA, "echo:sleep 7 think first")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 1)
+                fake.user_message(chat, ADA, "echo:sleep 2 and again")
+                await fake.wait_until(lambda: len(fake.bot_messages(42)) == 2)
     actions = fake.calls_to("sendChatAction")
-    assert actions and actions[0].params == {"chat_id": 42, "action": "typing"}
-    assert actions[-1].at <= fake.calls_to("sendMessage")[0].at
+    assert [a.params for a in actions][:1] == [{"chat_id": 42, "action": "typing"}]
+    times = [a.at - t0 for a in actions]
+    # After 1 s of silence, renewed every 5 s (Telegram shows it that long) until the
+    # answer; the next turn's grace ends within those 5 s, so it waits for the next slot.
+    assert times[0] == pytest.approx(1.0, abs=0.2) and times[1] == pytest.approx(6.0, abs=0.2)
+    assert all(b - a >= 5.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))
+    first_answer = fake.calls_to("sendMessage")[0].at - t0
+    assert all(t < first_answer for t in times[:2])
 
 
 async def test_quote_of_a_bot_message_reaches_the_harness_as_the_exact_reply_block(
@@ -401,7 +424,8 @@ async def test_an_answer_into_a_deleted_topic_goes_to_the_chat_once(
                 asked = fake.user_message(
                     forum, ADA, "@dshim_test_bot echo:slow 3 plan the run", thread_id=topic
                 )
-                await fake.wait_until(lambda: bool(fake.calls_to("sendChatAction")))
+                await fake.wait_until(lambda: fake.pending_updates == 0)
+                await trio.sleep(0.2)  # the turn runs; its first send comes after ~1 s
                 fake.delete_topic(GROUP_ID, topic)
                 await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == 1)
                 await trio.sleep(30)

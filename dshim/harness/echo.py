@@ -127,6 +127,7 @@ class EchoHarness:
         pause = _SLEEP.match(current)
         if pause:
             await trio.sleep(min(60.0, float(pause.group(1))))
+            current = current[pause.end() :].lstrip()  # "echo:sleep 2 echo:slow 5" does both
         m = _SLOW.match(current)
         if m:
             n = max(1, int(m.group(1)))

@@ -42,9 +42,9 @@ needed after the restart), a turn that had shown nothing is left to run again.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 import structlog
@@ -99,6 +99,17 @@ MAX_TURN_ATTEMPTS = 2
 CUT_GRACE_S = 5.0
 
 ACCEPTED = Verdict(True)
+_SHUTDOWN = Verdict(False, "shutdown")
+
+
+class _Judged(NamedTuple):
+    """An event steps 1-4 let through: what the store keeps for it, and when."""
+
+    msg: InboundMessage
+    stored: bytes | None
+    denied: bool
+    now: float
+
 
 _substitute_decoder = msgspec.json.Decoder(SubstituteTurn)
 SUBSTITUTE_ACTIONS = {
@@ -229,6 +240,50 @@ class BotRuntime:
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
+        judged = await self._judge(item, raw)
+        if isinstance(judged, Verdict):
+            return judged
+        fresh = await self.store.accept(
+            self.bot.name,
+            judged.msg.conversation_id,
+            judged.msg.message_id,
+            now=judged.now,
+            ttl_s=self.config.dshim.dedup_ttl_s,
+            raw=judged.stored,
+        )
+        return await self._accepted(judged, fresh)
+
+    async def accept_many(
+        self, events: Sequence[tuple[InboundMessage | Skip, bytes | None]]
+    ) -> list[Verdict]:
+        """:meth:`accept` for a batch (a getUpdates page, a websocket burst): every key and
+        inbox entry in one store transaction, then steps 5-6 in order.  Once one event is
+        refused for shutdown, the rest are too (the platform delivers them again)."""
+        verdicts: list[Verdict | _Judged] = []
+        for item, raw in events:
+            if verdicts and verdicts[-1] is _SHUTDOWN:
+                verdicts.append(_SHUTDOWN)
+                continue
+            judged = await self._judge(item, raw)
+            verdicts.append(_SHUTDOWN if judged == _SHUTDOWN else judged)
+        pending = [v for v in verdicts if isinstance(v, _Judged)]
+        fresh = iter(
+            await self.store.accept_many(
+                self.bot.name,
+                [(p.msg.conversation_id, p.msg.message_id, p.stored) for p in pending],
+                now=self.clock(),
+                ttl_s=self.config.dshim.dedup_ttl_s,
+            )
+            if pending
+            else []
+        )
+        out: list[Verdict] = []
+        for v in verdicts:
+            out.append(await self._accepted(v, next(fresh)) if isinstance(v, _Judged) else v)
+        return out
+
+    async def _judge(self, item: InboundMessage | Skip, raw: bytes | None) -> _Judged | Verdict:
+        """Steps 1-4 and what the store keeps: a verdict when the event is dropped here."""
         if isinstance(item, Skip):
             return self._drop(item, item.reason)
         msg = item
@@ -263,8 +318,9 @@ class BotRuntime:
         if self._closing:
             # Not accepted: the platform will redeliver after the restart.
             self.metrics.event("shutdown")
-            return Verdict(False, "shutdown")
+            return _SHUTDOWN
         denied = reason == "denied"
+        stored: bytes | None
         if denied:
             stored = None  # remember the key (step 3 comes first), keep no inbox entry
         elif raw is not None:
@@ -273,17 +329,14 @@ class BotRuntime:
             stored = b"N" + normalized.encode_event(msg)
         if stored is not None and msg.substitute is not None:
             stored = b"S" + msgspec.json.encode(msg.substitute) + b"\n" + stored
-        fresh = await self.store.accept(
-            self.bot.name,
-            msg.conversation_id,
-            msg.message_id,
-            now=now,
-            ttl_s=self.config.dshim.dedup_ttl_s,
-            raw=stored,
-        )
+        return _Judged(msg, stored, denied, now)
+
+    async def _accepted(self, judged: _Judged, fresh: bool) -> Verdict:
+        """After the store took (or refused, as a duplicate) the key: steps 5 and 6."""
+        msg = judged.msg
         if not fresh:
             return self._drop(msg, "duplicate")
-        if denied:
+        if judged.denied:
             self._drop(msg, "denied", sender=msg.sender_id)
             return ACCEPTED
         self.metrics.event("accepted")

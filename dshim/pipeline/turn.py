@@ -272,7 +272,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     lane.stop_scope = stop_scope
     msg = turn.msg
     with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
-        log.info("turn_started", message_id=msg.message_id)
+        log.debug("turn_started", message_id=msg.message_id)
         try:
             if msg.substitute is not None and deps.substitute is not None:
                 turn.target = await deps.substitute.target_for(msg, turn.target)

@@ -150,6 +150,17 @@ class Store(Protocol):
         """
         ...
 
+    async def accept_many(
+        self,
+        bot: str,
+        entries: Sequence[tuple[str, str, bytes | None]],
+        *,
+        now: float,
+        ttl_s: float,
+    ) -> list[bool]:
+        """``accept`` for several (conversation, message, raw) keys in one transaction."""
+        ...
+
     async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
         """True if the key was accepted and has not expired."""
         ...

@@ -521,6 +521,18 @@ class SqliteStore:
         """
         return await self._call(_accept, bot, conversation_id, message_id, now, ttl_s, raw)
 
+    async def accept_many(
+        self,
+        bot: str,
+        entries: Sequence[tuple[str, str, bytes | None]],
+        *,
+        now: float,
+        ttl_s: float,
+    ) -> list[bool]:
+        """:meth:`accept` for several (conversation, message, raw) keys in one transaction,
+        in order (a key repeated within the batch is a duplicate the second time)."""
+        return await self._call(_accept_many, bot, tuple(entries), now, ttl_s)
+
     async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
         """True if the key was accepted and has not expired."""
         return await self._call(_seen, bot, conversation_id, message_id, now)
@@ -787,6 +799,24 @@ def _accept(
         if raw is not None:
             conn.execute(_INBOX_PUT, (bot, conversation_id, message_id, raw, now))
     return True
+
+
+def _accept_many(
+    conn: sqlite3.Connection,
+    bot: str,
+    entries: tuple[tuple[str, str, bytes | None], ...],
+    now: float,
+    ttl_s: float,
+) -> list[bool]:
+    out: list[bool] = []
+    with _transaction(conn):
+        for conversation_id, message_id, raw in entries:
+            cur = conn.execute(_ACCEPT_KEY, (bot, conversation_id, message_id, now + ttl_s, now))
+            fresh = cur.rowcount == 1
+            if fresh and raw is not None:
+                conn.execute(_INBOX_PUT, (bot, conversation_id, message_id, raw, now))
+            out.append(fresh)
+    return out
 
 
 def _seen(

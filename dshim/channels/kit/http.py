@@ -89,7 +89,11 @@ async def open_http(
         timeout=timeout,
         headers={"user-agent": user_agent},
         limits=httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max(1, max_connections // 2)
+            # Every connection may stay alive: httpcore closes idle connections whenever the
+            # pool holds more than max_keepalive (busy ones count), which under load opened
+            # a new TCP connection for almost every call.
+            max_connections=max_connections,
+            max_keepalive_connections=max_connections,
         ),
         follow_redirects=False,
         trust_env=False,

@@ -128,9 +128,14 @@ async def accept_batch(
     """
     start = cursor
     stopped = False
+    # The runtime's accept_many takes the whole batch in one store transaction.
+    many = getattr(inbound, "accept_many", None)
     try:
-        for event in batch.events:
-            verdict = await inbound.accept(event.item, event.raw)
+        verdicts = await many([(e.item, e.raw) for e in batch.events]) if many is not None else None
+        for i, event in enumerate(batch.events):
+            verdict = (
+                verdicts[i] if verdicts is not None else await inbound.accept(event.item, event.raw)
+            )
             if not verdict.confirm:
                 stopped = True  # not taken: the platform delivers it again after the restart
                 break

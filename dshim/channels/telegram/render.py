@@ -38,8 +38,9 @@ from dshim.render import ChatPacer, EditOutbound, Limits
 log = structlog.get_logger("dshim.telegram")
 
 #: 4,096 UTF-16 code units; the first message after ~1 s of text, at most one edit a
-#: second, typing renewed every 5 s (Telegram shows it for 5 s): the engine's defaults.
-LIMITS = Limits(max_len=MAX_MESSAGE_UTF16, measure=utf16_len)
+#: second, typing renewed every 5 s (Telegram shows it for 5 s): the engine's defaults;
+#: typing only once the agent has been silent for 1 s (a quick answer needs none).
+LIMITS = Limits(max_len=MAX_MESSAGE_UTF16, measure=utf16_len, typing_grace_s=1.0)
 #: Telegram's flood limit for groups: about 20 messages per minute (edits count too).
 GROUP_BUDGET = 20
 GROUP_BUDGET_WINDOW_S = 60.0
