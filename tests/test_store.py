@@ -673,3 +673,27 @@ async def test_accept_many_takes_a_batch_in_one_go_and_a_repeat_inside_it_is_a_d
     pending = {(e.conversation_id, e.message_id): e.raw for e in await store.inbox_pending("bot")}
     assert pending == {("c1", "old"): b"x", ("c1", "m1"): b"r1"}  # no entry for raw=None
     assert await store.seen("bot", "c2", "m1", now=T0 + 2)
+
+
+async def test_concurrent_writes_commit_together_and_one_failure_spoils_only_itself(
+    db_path: Path,
+) -> None:
+    """Many turns writing at once share commits (group commit on the worker thread); a call
+    that fails inside the group rolls back its own writes only, and every write that
+    returned is in the file."""
+    async with open_sqlite_store(db_path) as store:
+
+        async def accept(i: int) -> None:
+            assert await store.accept("bot", f"c{i}", f"m{i}", now=T0, ttl_s=60, raw=b"r")
+
+        async def broken() -> None:
+            with pytest.raises(StoreError):  # a value SQLite cannot bind: fails in the call
+                await store.set_cursor("bot", "broken", object())  # type: ignore[arg-type]
+
+        async with trio.open_nursery() as nursery:
+            for i in range(200):
+                nursery.start_soon(accept, i)
+                if i == 100:
+                    nursery.start_soon(broken)
+    assert query(db_path, "SELECT COUNT(*) FROM inbox") == [(200,)]
+    assert query(db_path, "SELECT COUNT(*) FROM dedup") == [(200,)]
