@@ -85,6 +85,29 @@ def watch_stop(stream: ReplyStream, stop: Callable[[], object]) -> bool:
     return True
 
 
+class ControlNotice(msgspec.Struct, frozen=True, kw_only=True):
+    """The substitute control notice an operator gets in a DM: ``text``, and the chat it
+    is about, for the buttons of a channel with interactive messages (their presses go
+    to ``Inbound.substitute_control`` with the action, this chat and the presser)."""
+
+    text: str
+    conversation_id: str
+    thread_id: str | None = None
+
+
+#: The buttons of a control notice: (action, label).
+CONTROL_ACTIONS = (("stop", "Stop the answer"), ("disable", "Stop answering for me here"))
+
+ControlPresenter = Callable[[ReplyTarget, ControlNotice], Awaitable[list[Delivered]]]
+
+
+def control_presenter(outbound: Outbound) -> ControlPresenter | None:
+    """The channel's optional ``send_control_notice(target, notice)`` (a message with the
+    :data:`CONTROL_ACTIONS` buttons), or None (the notice is text)."""
+    presenter: ControlPresenter | None = getattr(outbound, "send_control_notice", None)
+    return presenter
+
+
 class InteractionPrompt(msgspec.Struct, frozen=True, kw_only=True):
     """An approval or question, for a channel that shows it with buttons.
 

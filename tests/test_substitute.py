@@ -398,3 +398,26 @@ async def test_discord_answers_each_trigger_in_its_own_thread_and_pings_only_the
     assert list(fake.dm_channels) == ["222222222222222222"]
     [notice] = fake.bot_messages(fake.dm_channels["222222222222222222"])
     assert "deploy?" in notice["content"]
+
+
+async def test_control_buttons_stop_the_answer_or_disable_the_chat_for_operators_only(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    from tests.helpers import msg, open_rig
+
+    sub = {"enabled": True, "targets": [{"id": "777"}]}
+    async with open_rig(tmp_path, substitute=sub, access={"operators": ["900"]}) as rig:
+        await rig.rt.accept(
+            msg(
+                "echo:slow 20 long", conversation_id="g1", conversation_type="group", addressed=True
+            )
+        )
+        await trio.sleep(1)
+        refused = await rig.rt.substitute_control("stop", "g1", None, "42")
+        assert refused.startswith("Only the bot's operators")
+        assert await rig.rt.substitute_control("stop", "g1", None, "900") == "Stopped the answer."
+        await rig.rt.wait_idle()
+        assert rig.texts[-1].endswith("⏹ Stopped.")
+        text = await rig.rt.substitute_control("disable", "g1", None, "900")
+        assert text.startswith("Substitute mode is off")
+        assert not await rig.rt.substitute.is_on("g1")

@@ -221,6 +221,20 @@ class Inbound(Protocol):
         user is told once, by the stopped answer), else ``"none"``.  Never a new turn."""
         ...
 
+    async def substitute_control(
+        self,
+        action: Literal["stop", "disable"],
+        conversation_id: str,
+        thread_id: str | None,
+        user_id: str,
+    ) -> str:
+        """An operator pressed a button of a substitute control notice (see
+        :class:`dshim.outbound.ControlNotice`): ``"stop"`` stops the answer running in
+        that chat (like ``/stop`` there), ``"disable"`` turns substitute mode off there
+        (like ``/substitute off``).  Returns the text to show the operator (a refusal for
+        anyone who is not an operator)."""
+        ...
+
 
 # --- the local HTTP endpoint, as a channel sees it ------------------------------------------
 

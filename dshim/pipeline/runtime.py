@@ -476,6 +476,27 @@ class BotRuntime:
         else:  # pragma: no cover - KNOWN_COMMANDS and this switch are kept in step
             raise AssertionError(name)
 
+    async def substitute_control(
+        self,
+        action: Literal["stop", "disable"],
+        conversation_id: str,
+        thread_id: str | None,
+        user_id: str,
+    ) -> str:
+        """A control notice's button (see :meth:`dshim.channels.base.Inbound.substitute_control`)."""
+        if not self.bot.access.operates(user_id):
+            return "Only the bot's operators may use these buttons."
+        if action == "stop":
+            key = (conversation_id, thread_id or "")
+            lane = self.lanes.get(key)
+            stopped = lane.stop() if lane is not None else False
+            self.interactions.cancel_for(key)
+            log.info("substitute_control", action=action, conversation=conversation_id)
+            return "Stopped the answer." if stopped else "Nothing is running there now."
+        await self.substitute.set_on(conversation_id, False)
+        log.info("substitute_control", action=action, conversation=conversation_id)
+        return "Substitute mode is off in that chat (/substitute on there turns it back on)."
+
     async def _substitute_command(self, msg: InboundMessage, args: str) -> str:
         """``/substitute status|on|off`` (see :mod:`dshim.pipeline.substitute`)."""
         action = SUBSTITUTE_ACTIONS.get(args.strip().lower())

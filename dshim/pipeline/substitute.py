@@ -40,7 +40,7 @@ import structlog
 from dshim.config import BotConfig, SubstituteConfig, SubstituteTarget
 from dshim.errors import DshimError
 from dshim.model import Anchor, InboundMessage, Mention, ReplyTarget, SubstituteTurn
-from dshim.outbound import Outbound
+from dshim.outbound import ControlNotice, Outbound, control_presenter
 from dshim.pipeline.notices import Notifier
 from dshim.reply import AUTHOR_NAME_MAX, cut, single_line
 from dshim.store.base import Store
@@ -281,12 +281,17 @@ async def send_control_notice(
     if not operators or not await gate.claim_notice(session_id):
         return
     text = control_notice_text(msg, outbound.bot_username or gate.bot.name)
+    presenter = control_presenter(outbound)
+    notice = ControlNotice(text=text, conversation_id=msg.conversation_id, thread_id=msg.thread_id)
     for op in operators:
         try:
             target = await direct_target(outbound, op)
-        except DshimError as exc:
+            if target is None:
+                continue
+            if presenter is None:
+                await notifier.notify(target, text)
+            else:  # with buttons: stop the answer, stop answering for them here
+                await presenter(target, notice)
+        except DshimError as exc:  # logged once; never retried in a loop
             log.warning("control_notice_failed", operator=op, error=str(exc))
-            continue
-        if target is not None:
-            await notifier.notify(target, text)
     log.info("control_notice_sent", operators=len(operators))

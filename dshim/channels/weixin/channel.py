@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 import structlog
 import trio
@@ -241,6 +242,15 @@ class IndexingInbound:
 
     async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
         return await self._inner.retract(conversation_id, message_id)
+
+    async def substitute_control(
+        self,
+        action: Literal["stop", "disable"],
+        conversation_id: str,
+        thread_id: str | None,
+        user_id: str,
+    ) -> str:
+        return await self._inner.substitute_control(action, conversation_id, thread_id, user_id)
 
 
 async def record_inbound(store: ChannelStore, msg: InboundMessage, now: float) -> None:
