@@ -39,6 +39,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TextIO
 
+import msgspec
 import structlog
 from structlog.contextvars import bound_contextvars
 from structlog.types import EventDict, Processor, WrappedLogger
@@ -220,6 +221,23 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+def _unknown(obj: object) -> str:
+    return repr(obj)
+
+
+_line_encoder = msgspec.json.Encoder(enc_hook=_unknown)
+
+
+def _json_line(obj: object, **_: object) -> str:
+    """One record as compact JSON, by msgspec (several times faster than ``json.dumps``);
+    anything msgspec does not know is written as its ``repr``.  A record msgspec cannot
+    encode (a lone surrogate from a hostile event) falls back to ``json.dumps``."""
+    try:
+        return _line_encoder.encode(obj).decode()
+    except (UnicodeEncodeError, TypeError, OverflowError, msgspec.EncodeError):
+        return json.dumps(obj, default=_unknown)
+
+
 def configure_logging(
     level: str = "info",
     fmt: str | None = None,
@@ -253,7 +271,7 @@ def configure_logging(
     if fmt == "console":
         renderer = structlog.dev.ConsoleRenderer(colors=_isatty(out))
     elif fmt == "json":
-        renderer = structlog.processors.JSONRenderer()
+        renderer = structlog.processors.JSONRenderer(serializer=_json_line)
     else:
         raise ConfigError(f'log format: expected "console" or "json", got {fmt!r}')
 

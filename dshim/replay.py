@@ -391,16 +391,22 @@ def diff_lines(expected: list[Line], actual: list[Line]) -> str:
 def _write_expect(path: Path, expect: list[Line]) -> None:
     """Rewrite the fixture's ``expect`` list (the whole file re-indented, as reviewers
     know it; a file the json module cannot round-trip gets the list spliced in)."""
+    # Everything is encoded before the file is opened for writing: a text that cannot be
+    # UTF-8 (a lone surrogate in a hostile fixture's golden) must not leave it truncated.
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         raw["expect"] = expect
         text = json.dumps(raw, ensure_ascii=False, indent=2) + "\n"
-        path.write_text(text, encoding="utf-8")
+        try:
+            encoded = text.encode("utf-8")
+        except UnicodeEncodeError:  # keep such characters as \u escapes
+            encoded = (json.dumps(raw, ensure_ascii=True, indent=2) + "\n").encode("ascii")
+        path.write_bytes(encoded)
         return
-    except (RecursionError, ValueError, UnicodeError):
+    except (RecursionError, ValueError, UnicodeDecodeError):
         pass
     data = path.read_bytes()
-    body = json.dumps(expect, ensure_ascii=False, indent=2).replace("\n", "\n  ").encode()
+    body = json.dumps(expect, ensure_ascii=True, indent=2).replace("\n", "\n  ").encode()
     span = member_span(data, "expect")
     if span is not None:
         data = data[: span[0]] + body + data[span[1] :]

@@ -441,3 +441,14 @@ async def test_trio_child_tasks_inherit_context() -> None:
     recs = [r for r in records(stream) if r["event"] == "child_ran"]
     assert len(recs) == 2
     assert {(r["bot"], r["conversation"]) for r in recs} == {("alpha", "c-9")}
+
+
+def test_a_json_record_with_a_lone_surrogate_is_still_one_line() -> None:
+    """Hostile text in a log field (a lone surrogate) cannot stop logging."""
+    import io
+
+    out = io.StringIO()
+    configure_logging("info", "json", stream=out)
+    structlog.get_logger("t").warning("event_dropped", detail="bad \ud800 text")
+    [line] = out.getvalue().splitlines()
+    assert json.loads(line)["detail"] == "bad \ud800 text"

@@ -117,3 +117,14 @@ def test_recorded_lookups_match_on_the_path_and_their_query_in_any_order() -> No
     assert client.get("/history?channel=C1").status_code == 404
     assert client.get("/messages/om_1?user_id_type=open_id").json() == {"n": 2}
     assert [line["path"] for line in rec.lines] == ["/history"] * 3 + ["/messages/om_1"]
+
+
+def test_update_of_a_golden_with_a_lone_surrogate_keeps_the_fixture(tmp_path: Path) -> None:
+    """A hostile event's text can reach a golden as a lone surrogate: writing it keeps it
+    as a \\u escape instead of truncating the file on the failed UTF-8 encode."""
+    from dshim.replay import _write_expect
+
+    path = write_fixture(tmp_path / "f.json", [event("1", "hello")])
+    _write_expect(path, [{"kind": "prompt", "text": "bad \ud800 text"}])
+    data = json.loads(path.read_text(encoding="utf-8"))
+    assert data["events"] and data["expect"] == [{"kind": "prompt", "text": "bad \ud800 text"}]
