@@ -204,6 +204,8 @@ async def test_stop_of_a_host_that_ignores_cancel_abandons_the_turn_within_10_s(
     assert any(e["event"] == "turn_abandoned" for e in logs)
     assert took <= 12
     assert "stopped" in w.texts()[0].lower()
+    # The chat says that the host did not stop in time (not only the log).
+    assert "did not stop this answer within 10 s" in w.texts()[0]
 
 
 async def test_approval_is_answered_over_im(autojump_clock: trio.abc.Clock, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from dshim.config import parse_config
 from dshim.errors import StoreError
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
+from dshim.metrics import ProcessMetrics
 from dshim.model import ImagePart, PromptPart, TextPart
 from dshim.prompt import prompt_text
 from dshim.serve import serve_bots
@@ -108,6 +109,7 @@ async def running(
     *,
     harness: RecordingHarness | None = None,
     grace_s: float = 5.0,
+    metrics: Any = None,
     **fake_options: Any,
 ) -> AsyncIterator[Bot]:
     """The fake, dshim's endpoint and one bot through serve_bots (shut down on exit)."""
@@ -118,12 +120,14 @@ async def running(
     ):
         fake.webhook_url = f"{url}/hooks/{BOT}"
         bot = Bot(fake, store, harness or RecordingHarness(), base_url=url)
-        async with serving(bot, endpoint, grace_s=grace_s):
+        async with serving(bot, endpoint, grace_s=grace_s, metrics=metrics):
             yield bot
 
 
 @asynccontextmanager
-async def serving(bot: Bot, endpoint: Any, *, grace_s: float = 5.0) -> AsyncIterator[None]:
+async def serving(
+    bot: Bot, endpoint: Any, *, grace_s: float = 5.0, metrics: Any = None
+) -> AsyncIterator[None]:
     import dataclasses
 
     from dshim.channels.whatsapp import channel as wa_channel
@@ -161,6 +165,7 @@ async def serving(bot: Bot, endpoint: Any, *, grace_s: float = 5.0) -> AsyncIter
                     clock=Clock(),
                     harness=bot.harness,
                     task_status=task_status,
+                    metrics=metrics,
                 )
             )
             done.set()
@@ -438,8 +443,9 @@ async def test_a_send_whose_answer_is_lost_is_not_repeated_in_a_loop(
 async def test_outside_the_24_hour_window_delivery_ends_at_once_logged_and_counted(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
+    metrics = ProcessMetrics()
     with capture_logs() as logs:
-        async with running(tmp_path) as bot:
+        async with running(tmp_path, metrics=metrics) as bot:
             fake = bot.fake
             ada = fake.user("16505551234", "Ada Lovelace")
             fake.fail_next("send", 1, status=400, code=131047)
@@ -453,13 +459,19 @@ async def test_outside_the_24_hour_window_delivery_ends_at_once_logged_and_count
     refused = [e for e in logs if e["event"] == "delivery_refused"]
     assert len(refused) == 1 and refused[0]["code"] == 131047 and refused[0]["refused_total"] == 1
     assert "24-hour window" in refused[0]["reason"]
+    body = metrics.render()[0].decode()
+    assert (
+        'dshim_platform_requests_total{bot="wa",method="delivery_refused",status="131047"} 1.0'
+        in body
+    )
 
 
 async def test_a_failed_status_is_logged_counted_and_marks_the_answer_undelivered(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
+    metrics = ProcessMetrics()
     with capture_logs() as logs:
-        async with running(tmp_path) as bot:
+        async with running(tmp_path, metrics=metrics) as bot:
             fake = bot.fake
             ada = fake.user("16505551234", "Ada Lovelace")
             await fake.send_messages(fake.user_message(ada, "hello"))
@@ -474,6 +486,11 @@ async def test_a_failed_status_is_logged_counted_and_marks_the_answer_undelivere
     assert event["code"] == 131047 and event["message_id"] == sent.id and event["indexed"]
     assert [e.state for e in entries if sent.id in e.message_ids] == ["undelivered"]
     assert len(bot.harness.prompts) == 1  # a status is never a prompt
+    body = metrics.render()[0].decode()
+    assert (
+        'dshim_platform_requests_total{bot="wa",method="delivery_failed",status="131047"} 1.0'
+        in body
+    )
 
 
 async def test_an_expired_token_on_a_send_stops_the_bot_as_fatal(

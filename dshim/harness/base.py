@@ -30,6 +30,9 @@ class TurnContext(msgspec.Struct, kw_only=True, frozen=True):
     thread_id: str | None
     sender_id: str
     conversation_type: str
+    #: Notes for the user a harness adds while the turn ends (e.g. "the host did not
+    #: stop in time"): the pipeline appends them to the final text of a stopped turn.
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 class ModelInfo(msgspec.Struct, kw_only=True, frozen=True):

@@ -195,6 +195,7 @@ class _Turn:
         "delivered",
         "first_delta_at",
         "opened_session",
+        "notes",
     )
 
     def __init__(self, item: LaneItem, *, started_at: float) -> None:
@@ -219,6 +220,8 @@ class _Turn:
         self.first_delta_at: float | None = None
         #: This turn bound a new session (a substitute turn's control notice is due).
         self.opened_session = False
+        #: What the harness asked to tell the user as the turn ended (TurnContext.notes).
+        self.notes: list[str] = []
 
 
 class _Delivery:
@@ -294,6 +297,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
                 final = compose_final(turn.text, error=turn.error, stopped=stopped, cut=cut)
+                if turn.notes:
+                    final = "\n\n".join([final, *turn.notes])
                 if delivery.due:
                     await delivery.mark()
                 turn.delivered = await stream.finish(final)
@@ -392,6 +397,7 @@ async def _relay(
         thread_id=msg.thread_id,
         sender_id=msg.sender_id,
         conversation_type=msg.conversation_type,
+        notes=turn.notes,
     )
     # A substitute turn answers like a person: one finished message (unless configured
     # to stream).  Decided per turn, never latched on the session.

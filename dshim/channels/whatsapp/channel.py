@@ -49,7 +49,7 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.http import map_httpx_errors, open_http
+from dshim.channels.kit.http import count_request, map_httpx_errors, open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.whatsapp import models as m
@@ -180,6 +180,8 @@ class Indexer:
                 marked = True
             if code == protocol.WINDOW_CLOSED and self.outbound is not None:
                 self.outbound.closed_by_status(conversation)
+        # On /metrics: dshim_platform_requests_total{method="delivery_failed",status=<code>}
+        count_request("delivery_failed", code if code is not None else "unknown")
         log.warning(
             "delivery_failed",
             message_id=status.id,

@@ -33,6 +33,7 @@ import structlog
 import trio
 
 from dshim.channels.base import InteractionPrompt
+from dshim.channels.kit.http import count_request
 from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import GraphClient
 from dshim.channels.whatsapp.protocol import WindowClosed
@@ -147,6 +148,8 @@ class WhatsAppOutbound(EditOutbound):
         except WindowClosed:
             self._close(conversation)
             total = self.count_failure(protocol.WINDOW_CLOSED)
+            # On /metrics: dshim_platform_requests_total{method="delivery_refused",status="131047"}
+            count_request("delivery_refused", protocol.WINDOW_CLOSED)
             log.warning(
                 "delivery_refused",
                 code=protocol.WINDOW_CLOSED,

@@ -105,6 +105,10 @@ POLL_WINDOW = 50
 POLL_PAGES = 5
 MUX_WAIT_S = 5.0
 STOP_TIMEOUT_S = 10.0
+ABANDONED_NOTE = (
+    "The DSH host did not stop this answer within {s} s; dshim stopped waiting for it"
+    " (the host may still finish it there)."
+)
 REPLY_TIMEOUT_S = 600.0
 SUB_BUFFER = 1024
 MUX_OPTIONS = WsOptions(connect_timeout_s=10.0, message_queue_size=256)
@@ -434,7 +438,7 @@ class DshHarness:
         self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
     ) -> AsyncGenerator[TurnEvent, None]:
         try:
-            async with aclosing(self._turn(self._sid(session_id), parts)) as events:
+            async with aclosing(self._turn(self._sid(session_id), parts, ctx)) as events:
                 async for event in events:
                     yield event
             return
@@ -445,7 +449,7 @@ class DshHarness:
         new = await self.create_session(title=None)
         self._aliases[session_id] = new
         log.warning("session_replaced", reason="the DSH host no longer knows the session")
-        async with aclosing(self._turn(new, parts)) as events:
+        async with aclosing(self._turn(new, parts, ctx)) as events:
             async for event in events:
                 yield event
 
@@ -453,7 +457,7 @@ class DshHarness:
         return self._aliases.get(session_id, session_id)
 
     async def _turn(
-        self, session_id: str, parts: Sequence[PromptPart]
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
     ) -> AsyncGenerator[TurnEvent, None]:
         text = prompt_text(parts)
         for f in parts:
@@ -491,7 +495,8 @@ class DshHarness:
                     waiting.withdrawn.set()
             if accepted and tracker is not None and not tracker.done:
                 with trio.CancelScope(shield=True):
-                    await self._stop(session_id, tracker, owner)
+                    if not await self._stop(session_id, tracker, owner):
+                        ctx.notes.append(ABANDONED_NOTE.format(s=round(self.stop_timeout_s)))
             if self._sub_of(session_id, owner) is not None:
                 del self._subs[session_id]
 
@@ -696,8 +701,9 @@ class DshHarness:
         else:
             await self._respond(rpc, {"sessionId": sub.session_id, "answer": {"answers": answers}})
 
-    async def _stop(self, session_id: str, tracker: TurnTracker, owner: object) -> None:
-        """/stop or shutdown: ``session.cancel``, then wait (bounded) for the turn's end."""
+    async def _stop(self, session_id: str, tracker: TurnTracker, owner: object) -> bool:
+        """/stop or shutdown: ``session.cancel``, then wait (bounded) for the turn's end.
+        False when the host did not end the turn in time (it is abandoned)."""
         started = trio.current_time()
         with trio.move_on_after(self.stop_timeout_s):
             try:
@@ -706,11 +712,12 @@ class DshHarness:
                     pass
             except HarnessError as exc:
                 log.warning("turn_cancel_failed", error=str(exc))
-                return
+                return False
         if tracker.done:
             log.info("turn_cancelled", ms=round((trio.current_time() - started) * 1000))
-        else:
-            log.warning("turn_abandoned", seconds=self.stop_timeout_s)
+            return True
+        log.warning("turn_abandoned", seconds=self.stop_timeout_s)
+        return False
 
     async def _recent_events(self, session_id: str, after: float) -> list[dict[str, Any]]:
         """The session's events after ``after``: the newest window, and older windows (at
