@@ -318,7 +318,8 @@ def configure_logging(
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _DshimHandler)]:
         root.removeHandler(old)
-        old.flush()
+        with contextlib.suppress(ValueError):  # its stream may be closed already
+            old.flush()
         old.close()  # deregisters only; StreamHandler never closes its stream
     root.addHandler(handler)
     root.setLevel(levelno)

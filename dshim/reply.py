@@ -291,6 +291,9 @@ class ResolveContext:
 
     store: Store | None = None
     bot: str = ""
+    #: The bot's own platform id: the author of an answer recovered from the outbound
+    #: index or the session history when the platform did not say who wrote the quote.
+    bot_id: str | None = None
     conversation_id: str = ""
     session_id: str | None = None
     budget: ReplyBudget = field(default_factory=ReplyBudget)
@@ -497,12 +500,16 @@ async def _recover(ref: ReplyReference, ctx: ResolveContext) -> _Recovery | None
     return _Recovery(found[0], write_back)
 
 
-def _apply(ref: ReplyReference, found: _Recovery) -> None:
+def _apply(ref: ReplyReference, found: _Recovery, bot_id: str | None) -> None:
     """Merge a recovery into the reference: the text, and from an index entry its author
-    and attachments where the platform said nothing, and a deletion."""
+    and attachments where the platform said nothing, and a deletion.  One of the bot's
+    own answers (outbound entry or session history) is authored by the bot."""
     ref.content = found.text
     ref.unavailable_reason = None
     entry = found.entry
+    if (entry is None or not entry.inbound) and bot_id:
+        if ref.author_id is UNSET or ref.author_id is None:
+            ref.author_id = bot_id
     if entry is None:
         return
     if entry.inbound:
@@ -604,7 +611,7 @@ async def resolve(ref: ReplyReference | None, ctx: ResolveContext) -> QuotedMess
             if found is None:
                 _mark_unrecovered(ref)
             else:
-                _apply(ref, found)
+                _apply(ref, found, ctx.bot_id)
                 source = "recovered"
                 stage = "write_back"
                 await _write_back(ref, ctx, found)

@@ -342,6 +342,7 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
         ctx = reply_mod.ResolveContext(
             store=deps.store,
             bot=deps.bot.name,
+            bot_id=msg.bot_id,
             conversation_id=msg.conversation_id,
             session_id=turn.session_id,
             budget=deps.bot.reply,
