@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -38,14 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_discord import Meter, Run  # noqa: E402  (the shared figures of the benches)
+from benchkit import Meter, Run, print_four_runs  # noqa: E402
 
 from dshim.channels.dingtalk.client import (  # noqa: E402
     USER_AGENT,
@@ -225,17 +223,7 @@ def main(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(
-        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
-        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, nproc {os.cpu_count()}; "
-        f"{args.messages} messages x {args.repeat} runs, median (min-max)"
-    )
-    print(f"{'run':56} {'messages/s':>11} {'CPU ms/message':>15} {'(min-max)':>13} {'vs floor':>9}")
-    for r in runs:
-        base = runs[2] if r is runs[3] else runs[0]
-        ratio = r.cpu_ms / base.cpu_ms
-        print(f"{r.name:56} {r.rate:11.0f} {r.cpu_ms:15.3f} {r.spread():>13} {ratio:8.2f}x")
-    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
+    print_four_runs(runs, unit="message", count=args.messages, repeat=args.repeat)
 
 
 if __name__ == "__main__":

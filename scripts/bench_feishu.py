@@ -31,10 +31,8 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import random
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,11 +42,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchkit import Meter, Run, print_four_runs  # noqa: E402
 
 from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
 from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
@@ -61,53 +60,6 @@ from dshim.model import InboundMessage  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.testing.outbound import RecordingOutbound  # noqa: E402
-
-
-class Run:
-    def __init__(self, name: str, n: int) -> None:
-        self.name = name
-        self.n = n
-        self.walls: list[float] = []
-        self.cpus: list[float] = []
-
-    def add(self, wall: float, cpu: float) -> None:
-        self.walls.append(wall)
-        self.cpus.append(cpu)
-
-    @property
-    def rate(self) -> float:
-        return self.n / statistics.median(self.walls)
-
-    @property
-    def cpu_ms(self) -> float:
-        return statistics.median(self.cpus) * 1000 / self.n
-
-    def spread(self) -> str:
-        per = [c * 1000 / self.n for c in self.cpus]
-        return f"{min(per):.3f}-{max(per):.3f}"
-
-
-class Meter:
-    """Wall and CPU from the first event to the n-th handled one."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.count = 0
-        self.done = trio.Event()
-        self.w0 = self.c0 = 0.0
-        self.wall = self.cpu = 0.0
-
-    def start(self) -> None:
-        if not self.w0:
-            self.w0, self.c0 = time.perf_counter(), time.process_time()
-
-    def tick(self) -> None:
-        self.count += 1
-        if self.count == self.n:
-            self.wall = time.perf_counter() - self.w0
-            self.cpu = time.process_time() - self.c0
-            self.done.set()
-
 
 # -- floor ----------------------------------------------------------------------------------
 
@@ -320,17 +272,13 @@ def main(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(
-        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
-        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, httpx {httpx.__version__}, "
-        f"nproc {os.cpu_count()}; {args.events} events x {args.repeat} runs, median (min-max)"
+    print_four_runs(
+        runs,
+        unit="event",
+        count=args.events,
+        repeat=args.repeat,
+        versions=f"httpx {httpx.__version__}",
     )
-    print(f"{'run':52} {'events/s':>10} {'CPU ms/event':>13} {'(min-max)':>13} {'vs floor':>9}")
-    for r in runs:
-        base = runs[2] if r is runs[3] else runs[0]
-        ratio = r.cpu_ms / base.cpu_ms
-        print(f"{r.name:52} {r.rate:10.0f} {r.cpu_ms:13.3f} {r.spread():>13} {ratio:8.2f}x")
-    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
 import random
 import sqlite3
 import statistics
@@ -48,14 +47,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_discord import Meter, Run  # noqa: E402  (the same meters, side by side)
+from benchkit import Meter, Run, print_four_runs  # noqa: E402
 
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
@@ -285,20 +283,14 @@ def main(args: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(timeout=10)
     n = args.dispatches
-    print(
-        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
-        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, httpx {httpx.__version__}, "
-        f"nproc {os.cpu_count()}; {n} dispatches x {args.repeat} runs, median (min-max)"
+    print_four_runs(
+        runs,
+        unit="dispatch",
+        count=n,
+        repeat=args.repeat,
+        versions=f"httpx {httpx.__version__}",
+        notes=[decode_costs(env)],
     )
-    print(decode_costs(env))
-    print(
-        f"{'run':52} {'dispatches/s':>12} {'CPU ms/dispatch':>16} {'(min-max)':>13} {'vs floor':>9}"
-    )
-    for r in runs:
-        base = runs[2] if r is runs[3] else runs[0]
-        ratio = r.cpu_ms / base.cpu_ms
-        print(f"{r.name:52} {r.rate:12.0f} {r.cpu_ms:16.3f} {r.spread():>13} {ratio:8.2f}x")
-    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
     peer = nonebot_peer(args, env_of_fake(args))
     if peer is None:
         print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")

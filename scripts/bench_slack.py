@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,11 +41,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchkit import Run, print_four_runs  # noqa: E402
 
 from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.slack.client import USER_AGENT, WS_OPTIONS, SocketRunner, WebClient  # noqa: E402
@@ -59,30 +58,6 @@ from dshim.model import InboundMessage  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.testing.outbound import RecordingOutbound  # noqa: E402
-
-
-class Run:
-    def __init__(self, name: str, n: int) -> None:
-        self.name = name
-        self.n = n
-        self.walls: list[float] = []
-        self.cpus: list[float] = []
-
-    def add(self, wall: float, cpu: float) -> None:
-        self.walls.append(wall)
-        self.cpus.append(cpu)
-
-    @property
-    def rate(self) -> float:
-        return self.n / statistics.median(self.walls)
-
-    @property
-    def cpu_ms(self) -> float:
-        return statistics.median(self.cpus) * 1000 / self.n
-
-    def spread(self) -> str:
-        per = [c * 1000 / self.n for c in self.cpus]
-        return f"{min(per):.3f}-{max(per):.3f}"
 
 
 class Meter:
@@ -323,20 +298,16 @@ def main(args: argparse.Namespace) -> None:
         proc.terminate()
         proc.wait(timeout=10)
     n = args.envelopes
-    print(
-        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
-        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, httpx {httpx.__version__}, "
-        f"nproc {os.cpu_count()}; {n} envelopes x {args.repeat} runs, median (min-max)"
+    print_four_runs(
+        runs,
+        unit="envelope",
+        count=n,
+        repeat=args.repeat,
+        versions=f"httpx {httpx.__version__}",
+        peers=[sdk] if sdk is not None else [],
     )
-    print(f"{'run':64} {'envelopes/s':>11} {'CPU ms/env':>11} {'(min-max)':>13} {'vs floor':>9}")
-    rows = [*runs, *([sdk] if sdk is not None else [])]
-    for r in rows:
-        base = runs[2] if r is runs[3] else runs[0]
-        ratio = r.cpu_ms / base.cpu_ms
-        print(f"{r.name:64} {r.rate:11.0f} {r.cpu_ms:11.3f} {r.spread():>13} {ratio:8.2f}x")
     if sdk is None:
         print("(slack-sdk not installed: pip install slack-sdk to compare with SocketModeClient)")
-    print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -38,13 +37,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import trio
 import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_discord import Meter, Run  # noqa: E402
+from benchkit import Meter, Run, print_four_runs  # noqa: E402
 
 from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
@@ -228,20 +226,9 @@ def main(args: argparse.Namespace) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(
-        f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
-        f"{trio_websocket.__version__}, msgspec {msgspec.__version__}, nproc {os.cpu_count()}; "
-        f"{args.messages} callbacks x {args.repeat} runs, median (min-max)"
+    print_four_runs(
+        runs, unit="callback", count=args.messages, repeat=args.repeat, notes=[decode_costs(env)]
     )
-    print(decode_costs(env))
-    print(
-        f"{'run':52} {'callbacks/s':>12} {'CPU ms/callback':>16} {'(min-max)':>13} {'vs floor':>9}"
-    )
-    for r in runs:
-        base = runs[2] if r is runs[3] else runs[0]
-        ratio = r.cpu_ms / base.cpu_ms
-        print(f"{r.name:52} {r.rate:12.0f} {r.cpu_ms:16.3f} {r.spread():>13} {ratio:8.2f}x")
-    print("(vs floor: the reader against the floor, the pipeline run against floor + dedup)")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
         ("bench_weixin.py", ["--messages", "200", "--repeat", "1"], "pipeline: reader"),
         ("bench_harness.py", ["--turns", "5", "--warmup", "1"], "time to first token"),
         ("bench_whatsapp.py", ["--posts", "100", "--repeat", "1"], "pipeline: handler"),
+        ("bench_dingtalk.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
+        ("bench_wecom.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
     ],
 )
 def test_bench_script_runs_and_prints_its_figures(
