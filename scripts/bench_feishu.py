@@ -35,8 +35,6 @@ import random
 import sqlite3
 import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -47,19 +45,14 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Meter, Run, print_four_runs  # noqa: E402
+from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
 
 from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
 from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
 from dshim.channels.kit import Backoff  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
 from dshim.model import InboundMessage  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
-from dshim.store import open_store  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 
@@ -211,54 +204,32 @@ async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
 
 
 async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "feishu", "lanes": {"max_queue": n + 10}}]},
-        env={},
-        channel_settings=False,
-    )
-    async with open_store(tmp) as store:
-        async with open_bot_runtime(
-            config=config,
-            bot=config.bots[0],
-            bot_id="ou_bench",
-            store=store,
-            outbound=RecordingOutbound(clock=time.time),
-            harness=EchoHarness(),
-        ) as rt:
+    async with steps_1_to_6("feishu", "ou_bench", n, tmp) as rt:
 
-            async def nothing(item: Any, lane: Any) -> None:
-                rt._done()
+        async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
+            item = mapper.decode(event.payload)
+            assert isinstance(item, InboundMessage), item
+            verdict = await rt.accept(item, event.payload)
+            assert verdict.accepted, verdict
 
-            rt.lanes._handler = nothing
-
-            async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
-                item = mapper.decode(event.payload)
-                assert isinstance(item, InboundMessage), item
-                verdict = await rt.accept(item, event.payload)
-                assert verdict.accepted, verdict
-
-            result = await dshim_reader(env, n, handle)
-            await rt.wait_idle()
-    return result
+        return await dshim_reader(env, n, handle)
 
 
 async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
     configure_logging("error", "json")
-    n = args.events
-    runs = [
-        Run("floor (websocket + protobuf walk + json.loads + ack)", n),
-        Run("dshim long-connection reader + mapping", n),
-        Run("floor + durable dedup (one SQLite INSERT/event)", n),
-        Run("dshim reader + mapping + pipeline steps 1-6", n),
-    ]
-    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
-        for rep in range(args.repeat):
-            with trio.fail_after(600):
-                runs[0].add(*await floor(env, n))
-                runs[1].add(*await reader_only(env, n))
-                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
-                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
-    return runs
+    return await measure_four(
+        args.events,
+        args.repeat,
+        names=[
+            "floor (websocket + protobuf walk + json.loads + ack)",
+            "dshim long-connection reader + mapping",
+            "floor + durable dedup (one SQLite INSERT/event)",
+            "dshim reader + mapping + pipeline steps 1-6",
+        ],
+        floor=functools.partial(floor, env),
+        reader=functools.partial(reader_only, env),
+        pipeline=functools.partial(pipeline, env),
+    )
 
 
 def main(args: argparse.Namespace) -> None:

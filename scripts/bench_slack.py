@@ -29,11 +29,11 @@ spread, plus the ratio to the floor.  Compare within one run only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -46,18 +46,13 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Run, print_four_runs  # noqa: E402
+from benchkit import Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
 
 from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.slack.client import USER_AGENT, WS_OPTIONS, SocketRunner, WebClient  # noqa: E402
 from dshim.channels.slack.protocol import BotIdentity, EventMapper, Incoming  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
 from dshim.model import InboundMessage  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
-from dshim.store import open_store  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 
 class Meter:
@@ -190,33 +185,13 @@ async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
 
 
 async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "slack", "lanes": {"max_queue": n + 10}}]},
-        env={},
-        channel_settings=False,
-    )
-    async with open_store(tmp) as store:
-        async with open_bot_runtime(
-            config=config,
-            bot=config.bots[0],
-            bot_id=env["bot_user"],
-            store=store,
-            outbound=RecordingOutbound(clock=time.time),
-            harness=EchoHarness(),
-        ) as rt:
+    async with steps_1_to_6("slack", env["bot_user"], n, tmp) as rt:
 
-            async def nothing(item: Any, lane: Any) -> None:
-                rt._done()
+        async def handle(incoming: Incoming, mapper: EventMapper) -> None:
+            verdict = await rt.accept(mapper.map_envelope(incoming.envelope), incoming.raw)
+            assert verdict.accepted, verdict
 
-            rt.lanes._handler = nothing
-
-            async def handle(incoming: Incoming, mapper: EventMapper) -> None:
-                verdict = await rt.accept(mapper.map_envelope(incoming.envelope), incoming.raw)
-                assert verdict.accepted, verdict
-
-            result = await dshim_socket(env, n, handle)
-            await rt.wait_idle()
-    return result
+        return await dshim_socket(env, n, handle)
 
 
 # -- slack-sdk ------------------------------------------------------------------------------
@@ -261,21 +236,19 @@ def slack_sdk_run(env: dict[str, Any], n: int) -> tuple[float, float] | None:
 
 async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
     configure_logging("error", "json")
-    n = args.envelopes
-    runs = [
-        Run("floor (trio-websocket + json.loads + ack + dict mapping)", n),
-        Run("dshim Socket Mode reader + mapping", n),
-        Run("floor + durable dedup (one SQLite INSERT/envelope)", n),
-        Run("dshim reader + mapping + pipeline steps 1-6", n),
-    ]
-    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
-        for rep in range(args.repeat):
-            with trio.fail_after(600):
-                runs[0].add(*await floor(env, n))
-                runs[1].add(*await reader_only(env, n))
-                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
-                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
-    return runs
+    return await measure_four(
+        args.envelopes,
+        args.repeat,
+        names=[
+            "floor (trio-websocket + json.loads + ack + dict mapping)",
+            "dshim Socket Mode reader + mapping",
+            "floor + durable dedup (one SQLite INSERT/envelope)",
+            "dshim reader + mapping + pipeline steps 1-6",
+        ],
+        floor=functools.partial(floor, env),
+        reader=functools.partial(reader_only, env),
+        pipeline=functools.partial(pipeline, env),
+    )
 
 
 def main(args: argparse.Namespace) -> None:

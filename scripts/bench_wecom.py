@@ -27,11 +27,11 @@ floor.  Compare within one run only.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -42,18 +42,13 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Meter, Run, print_four_runs  # noqa: E402
+from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
 
 from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
 from dshim.channels.wecom.client import WecomLink  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
 from dshim.model import InboundMessage  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
-from dshim.store import open_store  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
@@ -132,33 +127,13 @@ async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
 
 
 async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "wecom", "lanes": {"max_queue": n + 10}}]},
-        env={},
-        channel_settings=False,
-    )
-    async with open_store(tmp) as store:
-        async with open_bot_runtime(
-            config=config,
-            bot=config.bots[0],
-            bot_id=env["bot_id"],
-            store=store,
-            outbound=RecordingOutbound(clock=time.time),
-            harness=EchoHarness(),
-        ) as rt:
+    async with steps_1_to_6("wecom", env["bot_id"], n, tmp) as rt:
 
-            async def nothing(item: Any, lane: Any) -> None:
-                rt._done()
+        async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
+            verdict = await rt.accept(mapper.decode_frame(cb.raw), cb.raw)
+            assert verdict.accepted, verdict
 
-            rt.lanes._handler = nothing
-
-            async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
-                verdict = await rt.accept(mapper.decode_frame(cb.raw), cb.raw)
-                assert verdict.accepted, verdict
-
-            result = await dshim_link(env, n, handle)
-            await rt.wait_idle()
-    return result
+        return await dshim_link(env, n, handle)
 
 
 def decode_costs(env: dict[str, Any]) -> str:
@@ -198,21 +173,19 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
     configure_logging("error", "json")
-    n = args.messages
-    runs = [
-        Run("floor (trio-websocket + json.loads + dict mapping)", n),
-        Run("dshim link reader + mapping", n),
-        Run("floor + durable dedup (one SQLite INSERT/callback)", n),
-        Run("dshim reader + mapping + pipeline steps 1-6", n),
-    ]
-    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
-        for rep in range(args.repeat):
-            with trio.fail_after(600):
-                runs[0].add(*await floor(env, n))
-                runs[1].add(*await reader_only(env, n))
-                runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
-                runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
-    return runs
+    return await measure_four(
+        args.messages,
+        args.repeat,
+        names=[
+            "floor (trio-websocket + json.loads + dict mapping)",
+            "dshim link reader + mapping",
+            "floor + durable dedup (one SQLite INSERT/callback)",
+            "dshim reader + mapping + pipeline steps 1-6",
+        ],
+        floor=functools.partial(floor, env),
+        reader=functools.partial(reader_only, env),
+        pipeline=functools.partial(pipeline, env),
+    )
 
 
 def main(args: argparse.Namespace) -> None:

@@ -11,14 +11,18 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import trio
 import trio_websocket
 
-__all__ = ["Meter", "Run", "print_four_runs"]
+__all__ = ["Meter", "Run", "measure_four", "print_four_runs", "steps_1_to_6"]
 
 
 class Run:
@@ -101,3 +105,62 @@ def print_four_runs(
         ratio = r.cpu_ms / base.cpu_ms
         print(f"{r.name:{width}} {r.rate:14.0f} {r.cpu_ms:18.3f} {r.spread():>13} {ratio:8.2f}x")
     print("(vs floor: reader runs against the floor, the pipeline run against floor + dedup)")
+
+
+@asynccontextmanager
+async def steps_1_to_6(channel: str, bot_id: str, n: int, store_dir: Path) -> AsyncIterator[Any]:
+    """A bot runtime on a real store in ``store_dir`` whose turns (step 7) do nothing, so
+    only steps 1-6 are measured; room for ``n`` queued events.  Yields the runtime (its
+    ``accept``), and waits until every accepted event was taken off its lane."""
+    from dshim.config import parse_config
+    from dshim.harness.echo import EchoHarness
+    from dshim.pipeline.runtime import open_bot_runtime
+    from dshim.store import open_store
+    from dshim.testing.outbound import RecordingOutbound
+
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": channel, "lanes": {"max_queue": n + 10}}]},
+        env={},
+        channel_settings=False,
+    )
+    async with open_store(store_dir) as store:
+        async with open_bot_runtime(
+            config=config,
+            bot=config.bots[0],
+            bot_id=bot_id,
+            store=store,
+            outbound=RecordingOutbound(clock=time.time),
+            harness=EchoHarness(),
+        ) as rt:
+
+            async def nothing(item: Any, lane: Any) -> None:
+                rt._done()
+
+            rt.lanes._handler = nothing
+            yield rt
+            await rt.wait_idle()
+
+
+Measured = Callable[..., Awaitable[tuple[float, float]]]
+
+
+async def measure_four(
+    n: int,
+    repeat: int,
+    *,
+    names: Sequence[str],
+    floor: Measured,
+    reader: Measured,
+    pipeline: Measured,
+) -> list[Run]:
+    """The four runs, ``repeat`` times each, interleaved: ``floor(n)``, ``reader(n)``,
+    ``floor(n, db)`` (with one durable insert per event) and ``pipeline(n, store_dir)``."""
+    runs = [Run(name, n) for name in names]
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+        for rep in range(repeat):
+            with trio.fail_after(600):
+                runs[0].add(*await floor(n))
+                runs[1].add(*await reader(n))
+                runs[2].add(*await floor(n, Path(d) / f"floor-{rep}.sqlite3"))
+                runs[3].add(*await pipeline(n, Path(d) / f"store-{rep}"))
+    return runs

@@ -289,7 +289,7 @@ async def send_control_notice(
             if target is None:
                 continue
             if presenter is None:
-                await notifier.notify(target, text)
+                await notifier.send_now(target, text)
             else:  # with buttons: stop the answer, stop answering for them here
                 await presenter(target, notice)
         except DshimError as exc:  # logged once; never retried in a loop

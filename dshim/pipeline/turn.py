@@ -314,13 +314,6 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
         await _record(deps, turn, stopped=stop_scope.cancelled_caught)
-        sub = msg.substitute
-        if turn.opened_session and sub is not None and not sub.in_topic and deps.substitute:
-            # After the answer: the operators learn what was asked and how to take over.
-            assert turn.session_id is not None
-            await send_control_notice(
-                deps.substitute, deps.outbound, deps.notifier, msg, turn.session_id
-            )
 
 
 async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
@@ -373,6 +366,14 @@ async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
     log.info("session_bound", session=session_id)
     turn.session_id = session_id
     turn.opened_session = True
+    sub = turn.msg.substitute
+    if sub is not None and not sub.in_topic and deps.substitute is not None:
+        # Before the answer: the operators learn what was asked and can take over (their
+        # "stop" button stops this very turn).  Sent here, not queued: one call per
+        # operator, once per session.
+        await send_control_notice(
+            deps.substitute, deps.outbound, deps.notifier, turn.msg, session_id
+        )
     return True
 
 
