@@ -311,3 +311,36 @@ async def test_the_control_notice_buttons_stop_or_disable_for_operators_only(
     assert bot.drop_reasons()[-1] == "unaddressed"
     presses = [c for c in fake.calls_to("chat.update") if c.args["channel"] == dm]
     assert len(presses) == 3
+
+
+async def test_a_trigger_inside_a_thread_is_answered_in_that_thread(
+    tmp_path: Any, autojump_clock: object
+) -> None:
+    options = {"substitute": {**SUB, "topic_groups": True}}
+    async with running_bot(tmp_path, configure=add_people, **options) as (bot, fake):
+        root = await fake.user_message(fake.general, "release notes are up", user=fake.other_user)
+        await fake.user_message(
+            fake.general, f"<@{OWNER}> ok to ship?", thread_ts=root["ts"], user=fake.user
+        )
+        await fake.wait_until(lambda: len(answers(fake)) == 1)
+        await trio.sleep(3)
+    [answer] = answers(fake)
+    assert answer.thread_ts == root["ts"]  # the thread root is the anchor
+    assert answer.text.startswith(f"<@{fake.user}> ") and "ok to ship?" in answer.text
+
+
+async def test_a_streamed_substitute_answer_keeps_the_askers_mention_through_edits(
+    tmp_path: Any, autojump_clock: object
+) -> None:
+    options = {"substitute": {**SUB, "stream": True, "reply_mode": "quote"}}
+    async with running_bot(tmp_path, configure=add_people, **options) as (bot, fake):
+        trigger = await fake.user_message(fake.general, f"echo:slow 12 status? <@{OWNER}>")
+        await fake.wait_until(lambda: bool(answers(fake)) and bool(answers(fake)[0].edits))
+        await trio.sleep(15)
+    [answer] = answers(fake)
+    assert fake.calls_to("chat.startStream") == []  # chat.postMessage, then chat.update
+    assert len(answer.shown) >= 3
+    link = permalink(fake, trigger["ts"])
+    for shown in answer.shown:
+        assert shown.startswith(f"<@{fake.user}> ") and shown.endswith(link)
+    assert answer.thread_ts is None and "status?" in answer.text

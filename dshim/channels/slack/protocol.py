@@ -62,6 +62,15 @@ conversation is ``not-found`` without a request; a missing history scope (known 
 ``x-oauth-scopes``) is ``permission-denied`` without a request.  Error strings map as
 protocols/slack.md §6 (:func:`classify_error`).
 
+Substitute mode: ``mentions`` are the ``<@U…>`` / ``<@U…|label>`` tokens of the message's
+own text in order (kind ``id``; the bot's own is not one, nor one on a ``&gt;`` quoted
+line), named by the label or the name learned from that person's messages;
+``mentioned`` is the bot's own mention (``app_mention`` or ``<@bot>``).  A channel
+message that mentions only a person arrives only as a ``message`` event
+(``message.channels`` / ``message.groups``) and reaches the pipeline unaddressed, which
+decides whether it triggers.  Presses on a control notice's buttons
+(:func:`control_press`) are not messages.
+
 Nothing here imports trio or httpx or reads a clock: time is an argument.
 """
 

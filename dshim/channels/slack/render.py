@@ -34,6 +34,14 @@ the request text and a Block Kit ``actions`` block, one button per option (value
 option's number); a press arrives as an ``interactive`` envelope and is judged like the
 typed answer.  When the pipeline stops waiting, the message is updated: the buttons go,
 the decision is shown.
+
+Substitute mode: an answer with ``target.anchor`` is placed by :class:`SlackTransport`
+(thread / quote with the trigger's permalink / plain) through the chat.update engine,
+never natively streamed.  The operators' control notice
+(:meth:`SlackOutbound.send_control_notice`) is a DM (``conversations.open``) with the two
+:data:`~dshim.outbound.CONTROL_ACTIONS` buttons; the channel hands a press to
+``Inbound.substitute_control`` and :meth:`SlackOutbound.show_control_result` shows what it
+did.
 """
 
 from __future__ import annotations
