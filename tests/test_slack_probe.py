@@ -168,3 +168,57 @@ async def test_send_test_posts_to_the_last_direct_conversation(
         [post] = [c for c in fake.calls_to("chat.postMessage") if "test" in str(c.args)]
         assert post.args["channel"] == fake.dm and "connection test" in post.args["text"]
         assert "thread_ts" not in post.args
+
+
+SUBSTITUTE_TABLE = (
+    "[bots.substitute]\nenabled = true\n"
+    'targets = [{name = "Olga", id = "U0OLGA001"}, {name = "Ghost", id = "U0GHOST01"},'
+    ' {name = "Name", username = "olga"}]\n'
+)
+
+
+async def test_substitute_rows_check_group_messages_and_each_target_user(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_slack() as fake:
+            fake.users["U0OLGA001"] = {
+                "id": "U0OLGA001",
+                "name": "olga",
+                "real_name": "Olga K",
+                "profile": {"display_name": "olga.k", "real_name": "Olga K"},
+            }
+            monkeypatch.setenv("SLACK_BOT_TOKEN", fake.bot_token)
+            monkeypatch.setenv("SLACK_APP_TOKEN", fake.app_token)
+            config = write_config(tmp_path, fake)
+            with config.open("a", encoding="utf-8") as f:
+                f.write(SUBSTITUTE_TABLE)
+            rows, code = await _probe(config, tmp_path / "data", None, False)
+            ok_group = row(rows, "slacky: substitute: group messages")
+            fake.scopes.discard("groups:history")
+            warned, _ = await _probe(config, tmp_path / "data", None, False)
+    assert code == 0, format_table(rows)
+    assert ok_group.result == "ok" and "message.channels and message.groups" in ok_group.detail
+    olga = row(rows, "slacky: substitute target Olga")
+    assert (olga.result, olga.detail) == ("ok", "olga.k (id U0OLGA001)")
+    ghost = row(rows, "slacky: substitute target Ghost")
+    assert (ghost.result, ghost.detail) == (
+        "warn",
+        "no Slack user U0GHOST01: this target never matches",
+    )
+    assert "never matches" in row(rows, "slacky: substitute target Name").detail
+    [info] = [c for c in fake.calls_to("users.info") if c.args["user"] == "U0OLGA001"][:1]
+    assert info.token == "bot"
+    group = row(warned, "slacky: substitute: group messages")
+    assert group.result == "warn" and group.detail.startswith("missing groups:history: ")
+
+
+async def test_no_substitute_rows_when_substitute_mode_is_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_slack() as fake:
+            rows, code = await probe(tmp_path, fake, monkeypatch)
+    assert code == 0
+    assert not [r for r in rows if "substitute" in r.check]
+    assert fake.calls_to("users.info") == []

@@ -81,13 +81,15 @@ import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
 from dshim.model import InboundMessage, Skip, Verdict
-from dshim.outbound import InteractionPrompt, Outbound, ReplyStream
+from dshim.outbound import CONTROL_ACTIONS, ControlNotice, InteractionPrompt, Outbound, ReplyStream
 from dshim.store.base import LoggedMessage, OutboundEntry
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "CONTROL_ACTIONS",
+    "ControlNotice",
     "BotConfig",
     "SubstituteTarget",
     "BotHost",

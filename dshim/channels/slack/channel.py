@@ -23,7 +23,7 @@ import json
 import random as _random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 import msgspec
@@ -42,6 +42,7 @@ from dshim.channels.base import (
     ProbeRows,
     ReplaySource,
     Secret,
+    SubstituteTarget,
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
@@ -58,6 +59,7 @@ from dshim.channels.slack.client import (
     WebClient,
 )
 from dshim.channels.slack.protocol import (
+    USER_ID,
     BotIdentity,
     EventMapper,
     Incoming,
@@ -68,7 +70,7 @@ from dshim.channels.slack.protocol import (
     workspace_host,
 )
 from dshim.channels.slack.render import SlackOutbound, split
-from dshim.errors import AuthError, RemoteProtocolError, StoreError
+from dshim.errors import AuthError, ChannelError, RemoteProtocolError, StoreError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip, Verdict
 
 log = structlog.get_logger("dshim.slack")
@@ -80,6 +82,8 @@ TEST_TEXT = "✅ dshim connection test: the Slack bot {name} can send messages h
 #: Scopes without which the bot cannot work, and those whose lack only degrades quotes.
 REQUIRED_SCOPES = ("app_mentions:read", "chat:write", "im:history")
 QUOTE_SCOPES = ("channels:history", "groups:history", "mpim:history")
+#: Without these, channel messages that do not mention the bot never arrive.
+SUBSTITUTE_SCOPES = ("channels:history", "groups:history")
 
 
 class SlackSettings(ChannelSettings):
@@ -236,13 +240,22 @@ async def run(
             bot_username=me.name,
             stream=settings.stream,
             on_thread=memory.posted,
+            workspace_host=me.workspace_host,
         )
         async with host.open_runtime(
             outbound=outbound, bot_id=me.user_id, decode_raw=mapper.decode_envelope
         ) as rt:
             task_status.started()
 
-            async def deliver(incoming: Incoming) -> Verdict:
+            async def deliver(incoming: Incoming) -> Verdict | None:
+                if incoming.envelope.type == "interactive":
+                    press = mapper.control_press(incoming.envelope)
+                    if press is not None:  # a control notice's button: never a message
+                        result = await rt.substitute_control(
+                            press.action, press.conversation_id, press.thread_id, press.user
+                        )
+                        await outbound.show_control_result(press, result)
+                        return None
                 item = mapper.map_envelope(incoming.envelope)
                 if incoming.envelope.type == "interactive" and isinstance(item, InboundMessage):
                     message_ts = item.message_id.partition("-")[0]
@@ -385,15 +398,66 @@ async def probe(rows: ProbeRows) -> None:
             )
             return posted.ts or "?"
 
+        checks = [
+            Check("scopes", scopes),
+            Check("socket mode", socket, timeout_s=PROBE_READY_TIMEOUT_S),
+        ]
+        sub = rows.bot.substitute
+        if sub.enabled:
+
+            async def group_messages() -> tuple[ProbeResult, str]:
+                return substitute_scope_check(parse_scopes(web.scopes_header))
+
+            checks.append(Check("substitute: group messages", group_messages))
+            for target in sub.targets:
+                label = f"substitute target {target.name or target.prompt_id()}"
+                checks.append(Check(label, target_check(web, target)))
         await rows.standard(
             credentials="bot token (xoxb-) and app token (xapp-) present",
             identity=identity,
-            checks=[
-                Check("scopes", scopes),
-                Check("socket mode", socket, timeout_s=PROBE_READY_TIMEOUT_S),
-            ],
+            checks=checks,
             send_test=send_test,
         )
+
+
+def substitute_scope_check(scopes: frozenset[str] | None) -> tuple[ProbeResult, str]:
+    """Whether group messages that mention only a person (not the bot) can arrive."""
+    events = "subscribe to the message.channels and message.groups bot events"
+    if scopes is None:
+        return "warn", f"scopes unknown: make sure of {', '.join(SUBSTITUTE_SCOPES)} and {events}"
+    missing = [s for s in SUBSTITUTE_SCOPES if s not in scopes]
+    if missing:
+        return "warn", (
+            f"missing {', '.join(missing)}: channel messages that only mention a substitute "
+            f"target never arrive (add the scopes, and {events})"
+        )
+    return "ok", (
+        f"{', '.join(SUBSTITUTE_SCOPES)} granted; {events} (Slack does not show a bot "
+        "token its event subscriptions)"
+    )
+
+
+def target_check(
+    web: WebClient, target: SubstituteTarget
+) -> Callable[[], Awaitable[tuple[ProbeResult, str]]]:
+    """The probe row of one substitute target: ``users.info`` on its Slack user id."""
+
+    async def run() -> tuple[ProbeResult, str]:
+        uid = target.id if isinstance(target.id, str) else None
+        if uid is None or not USER_ID.fullmatch(uid):
+            return "warn", "no Slack user id (U…): this target never matches here"
+        try:
+            user = await web.user_info(uid)
+        except ChannelError as exc:
+            if exc.code == "user_not_found":
+                return "warn", f"no Slack user {uid}: this target never matches"
+            return "warn", f"cannot check {uid} ({exc.code}; users.info needs users:read)"
+        name = (user.profile.display_name if user.profile else None) or user.real_name or user.name
+        if user.deleted:
+            return "warn", f"{name or uid} (id {uid}) is deactivated"
+        return "ok", f"{name or '?'} (id {user.id or uid})"
+
+    return run
 
 
 #: key, settings, run, replay adapter, probe (see ChannelSpec).

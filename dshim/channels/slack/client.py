@@ -197,9 +197,11 @@ class WebClient:
         text: str | None = None,
         blocks: list[Any] | None = None,
         retries: int | None = None,
+        unfurl: bool = False,
     ) -> m.Posted:
-        """``chat.postMessage`` into a thread, no unfurls, no ``link_names``."""
-        body: dict[str, Any] = {"channel": channel, "unfurl_links": False, "unfurl_media": False}
+        """``chat.postMessage`` into a thread, no unfurls (``unfurl``: links unfurl, so
+        a message permalink shows the quoted message), no ``link_names``."""
+        body: dict[str, Any] = {"channel": channel, "unfurl_links": unfurl, "unfurl_media": False}
         if thread_ts is not None:
             body["thread_ts"] = thread_ts
         body.update(_content(markdown, text, blocks))
@@ -288,6 +290,24 @@ class WebClient:
             max_wait_s=max_wait_s,
         )
         return next((e for e in got.messages if e.ts == ts), None)
+
+    async def user_info(self, user: str) -> m.UserObject:
+        """``users.info`` (``users:read``): one user."""
+        got = await self.call(
+            "users.info", m.user_info_decoder, query={"user": user}, retries=1, max_wait_s=10.0
+        )
+        if got.user is None:
+            raise RemoteProtocolError("users.info: no user in the answer")
+        return got.user
+
+    async def open_dm(self, user: str) -> str:
+        """``conversations.open`` (``im:write``): the DM channel id with ``user``."""
+        got = await self.call(
+            "conversations.open", m.conversations_open_decoder, body={"users": user}, retries=1
+        )
+        if got.channel is None or not got.channel.id:
+            raise RemoteProtocolError("conversations.open: no channel in the answer")
+        return got.channel.id
 
     async def download(self, url: str, max_bytes: int) -> bytes:
         """A file (``url_private_download``) with the bot token, at most ``max_bytes``."""

@@ -138,6 +138,7 @@ class IdOnly(_View):
 class ActionMessage(_View):
     ts: str | None = None
     thread_ts: str | None = None
+    text: str | None = None
 
 
 class Action(_View):
@@ -193,6 +194,27 @@ class History(Answer):
     messages: list[Event] = msgspec.field(default_factory=list)
 
 
+class UserObject(_View):
+    id: str = ""
+    name: str | None = None
+    real_name: str | None = None
+    deleted: bool = False
+    is_bot: bool = False
+    profile: UserProfile | None = None
+
+
+class UserInfo(Answer):
+    """``users.info``: one user (substitute targets in the probe)."""
+
+    user: UserObject | None = None
+
+
+class ConversationsOpen(Answer):
+    """``conversations.open``: the DM channel with a user."""
+
+    channel: IdOnly | None = None
+
+
 envelope_decoder = msgspec.json.Decoder(Envelope)
 envelope_id_decoder = msgspec.json.Decoder(EnvelopeId)
 callback_decoder = msgspec.json.Decoder(EventCallback)
@@ -203,6 +225,8 @@ auth_test_decoder = msgspec.json.Decoder(AuthTest)
 connections_open_decoder = msgspec.json.Decoder(ConnectionsOpen)
 posted_decoder = msgspec.json.Decoder(Posted)
 history_decoder = msgspec.json.Decoder(History)
+user_info_decoder = msgspec.json.Decoder(UserInfo)
+conversations_open_decoder = msgspec.json.Decoder(ConversationsOpen)
 
 _encoder = msgspec.json.Encoder()
 

@@ -62,6 +62,15 @@ conversation is ``not-found`` without a request; a missing history scope (known 
 ``x-oauth-scopes``) is ``permission-denied`` without a request.  Error strings map as
 protocols/slack.md §6 (:func:`classify_error`).
 
+Substitute mode: ``mentions`` are the ``<@U…>`` / ``<@U…|label>`` tokens of the message's
+own text in order (kind ``id``; the bot's own is not one, nor one on a ``&gt;`` quoted
+line), named by the label or the name learned from that person's messages;
+``mentioned`` is the bot's own mention (``app_mention`` or ``<@bot>``).  A channel
+message that mentions only a person arrives only as a ``message`` event
+(``message.channels`` / ``message.groups``) and reaches the pipeline unaddressed, which
+decides whether it triggers.  Presses on a control notice's buttons
+(:func:`control_press`) are not messages.
+
 Nothing here imports trio or httpx or reads a clock: time is an argument.
 """
 
@@ -73,6 +82,7 @@ import urllib.parse
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -95,6 +105,7 @@ from dshim.model import (
     InboundMessage,
     Loader,
     MediaRef,
+    Mention,
     ReplyReference,
     Skip,
 )
@@ -510,6 +521,38 @@ def mentions_user(text: str, user_id: str) -> bool:
     return f"<@{user_id}>" in text or f"<@{user_id}|" in text
 
 
+#: A user id (``W…``: Enterprise Grid users).
+USER_ID = re.compile(r"[UW][A-Z0-9]{1,39}")
+#: A user mention token: ``<@U…>`` or ``<@U…|label>``.
+_USER_TOKEN = re.compile(r"<@([UW][A-Z0-9]{1,39})(?:\|([^<>]{0,200}))?>")
+
+
+def people_mentioned(
+    text: str, bot_user: str, names: Callable[[str], str | None] = lambda _: None
+) -> list[Mention]:
+    """The people ``<@U…>`` mentions in the raw mrkdwn ``text``, in text order.
+
+    The bot itself is never one; a mention on a block-quote line (``&gt;`` at the start,
+    Slack's ``>``) belongs to the quoted text, not to this message.  ``name``: the
+    token's label, else the name the mapper learned for the id (else None); ``text``:
+    the mention as :func:`decode_text` writes it into ``content`` (``@name``).
+    """
+    if "<@" not in text:
+        return []
+    out: list[Mention] = []
+    for line in text.split("\n"):
+        if line.lstrip().startswith(("&gt;", ">")):
+            continue
+        for match in _USER_TOKEN.finditer(line):
+            uid, label = match.group(1), match.group(2)
+            if uid == bot_user:
+                continue
+            label = unescape(label or "").lstrip("@") or None
+            name = label or names(uid)
+            out.append(Mention(ids={"id": uid}, name=name, text="@" + (name or uid)))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Permalink:
     """A message permalink: ``https://<host>/archives/<channel>/p<ts digits>``."""
@@ -687,6 +730,19 @@ class EventMapper:
             return Skip(reason="malformed", detail=_short(exc))
         return Skip(reason="ignored", detail=f"envelope type {env.type[:40]!r}")
 
+    def control_press(self, env: m.Envelope) -> ControlPress | None:
+        """A press on a substitute control notice's button (None: anything else)."""
+        if env.type != "interactive" or m.absent(env.payload):
+            return None
+        try:
+            payload = m.block_actions_decoder.decode(env.payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        app = self.me.app_id
+        if app and payload.api_app_id and payload.api_app_id != app:
+            return None
+        return control_press(payload)
+
     def stored_frame(self, env: m.Envelope) -> bytes | None:
         """The envelope as the durable inbox keeps it: only the fields the mapping reads.
 
@@ -758,13 +814,9 @@ class EventMapper:
         answer_thread = ev.thread_ts or ts
         known_thread = is_reply and thread_ts is not None and self.bot_thread(channel, thread_ts)
         bot_parent = is_reply and ev.parent_user_id == me.user_id
-        addressed = (
-            direct
-            or ev.type == "app_mention"
-            or mentions_user(text, me.user_id)
-            or known_thread
-            or bot_parent
-        )
+        # The bot's own explicit mention (``/substitute`` in groups needs one).
+        mentioned = ev.type == "app_mention" or mentions_user(text, me.user_id)
+        addressed = direct or mentioned or known_thread or bot_parent
         content = decode_text(text, me.user_id, self._name)
         reply_to: ReplyReference | None = None
         if is_reply and thread_ts is not None and not known_thread:
@@ -806,6 +858,8 @@ class EventMapper:
             files=files,
             reply_to=reply_to,
             received_at=float(ts),
+            mentions=people_mentioned(text, me.user_id, self._name),
+            mentioned=mentioned,
             route=Route(
                 thread_ts=answer_thread,
                 user=ev.user,
@@ -955,6 +1009,70 @@ class EventMapper:
             received_at=float(action.action_ts),
             route=Route(thread_ts=thread or message_ts, user=user, team=team, channel_type=kind),
         )
+
+
+#: The substitute control notice's buttons: ``action_id`` ``dshim_ctl_<action>``, value
+#: ``<action>|<conversation>|<thread_ts or ->`` (the chat the notice is about).
+CONTROL_PREFIX = "dshim_ctl_"
+CONTROL_ACTION_NAMES = ("stop", "disable")
+
+
+def control_value(action: str, conversation_id: str, thread_id: str | None) -> str:
+    """A control button's ``value``: the action and the chat it acts on."""
+    return f"{action}|{conversation_id}|{thread_id or '-'}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPress:
+    """A press on a control notice's button (for ``Inbound.substitute_control``)."""
+
+    action: Literal["stop", "disable"]
+    conversation_id: str
+    thread_id: str | None
+    #: Who pressed it.
+    user: str
+    #: Where the notice is (the operator's DM) and its ``ts``: the message to update.
+    channel: str
+    message_ts: str
+    #: The notice's text as Slack holds it (escaped mrkdwn).
+    text: str
+
+
+def control_press(p: m.BlockActions) -> ControlPress | None:
+    """The control press in a ``block_actions`` payload (None: not one, or malformed)."""
+    action = next((a for a in p.actions if a.action_id.startswith(CONTROL_PREFIX)), None)
+    if p.type != "block_actions" or action is None:
+        return None
+    kind, _, rest = (action.value or "").partition("|")
+    conversation, _, thread = rest.partition("|")
+    user = p.user.id if p.user is not None else ""
+    channel = (p.channel.id if p.channel else None) or (
+        p.container.channel_id if p.container else None
+    )
+    message_ts = (p.container.message_ts if p.container else None) or (
+        p.message.ts if p.message else None
+    )
+    if (
+        kind not in CONTROL_ACTION_NAMES
+        or action.action_id != CONTROL_PREFIX + kind
+        or not _ID.fullmatch(conversation)
+        or not (thread == "-" or _TS.fullmatch(thread))
+        or not _ID.fullmatch(user)
+        or not channel
+        or not _ID.fullmatch(channel)
+        or message_ts is None
+        or not _TS.fullmatch(message_ts)
+    ):
+        return None
+    return ControlPress(
+        action="stop" if kind == "stop" else "disable",
+        conversation_id=conversation,
+        thread_id=None if thread == "-" else thread,
+        user=user,
+        channel=channel,
+        message_ts=message_ts,
+        text=(p.message.text if p.message else None) or "",
+    )
 
 
 #: Every dshim button's ``action_id`` starts with this (``dshim_opt_<n>``).

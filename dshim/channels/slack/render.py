@@ -34,25 +34,38 @@ the request text and a Block Kit ``actions`` block, one button per option (value
 option's number); a press arrives as an ``interactive`` envelope and is judged like the
 typed answer.  When the pipeline stops waiting, the message is updated: the buttons go,
 the decision is shown.
+
+Substitute mode: an answer with ``target.anchor`` is placed by :class:`SlackTransport`
+(thread / quote with the trigger's permalink / plain) through the chat.update engine,
+never natively streamed.  The operators' control notice
+(:meth:`SlackOutbound.send_control_notice`) is a DM (``conversations.open``) with the two
+:data:`~dshim.outbound.CONTROL_ACTIONS` buttons; the channel hands a press to
+``Inbound.substitute_control`` and :meth:`SlackOutbound.show_control_result` shows what it
+did.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt
+from dshim.channels.base import CONTROL_ACTIONS, ControlNotice, InteractionPrompt
 from dshim.channels.slack.client import WebClient
 from dshim.channels.slack.protocol import (
     ACTION_PREFIX,
+    CONTROL_PREFIX,
     STREAM_UNAVAILABLE,
+    ControlPress,
     Route,
     actions_block_id,
+    control_value,
     escape,
     pieces,
     stream_suffix,
@@ -87,6 +100,10 @@ def _measure(text: str) -> int:
 LIMITS = Limits(max_len=MAX_MESSAGE_LEN, measure=_measure, typing_interval_s=100.0)
 
 
+#: A substitute answer's messages: room for ``<@asker> `` and the quoted permalink.
+ANCHORED_LIMITS = dataclasses.replace(LIMITS, max_len=MAX_MESSAGE_LEN - 200)
+
+
 def split(text: str) -> list[str]:
     """The messages a complete text is delivered in (4,000 escaped characters each)."""
     return LIMITS.split(text)
@@ -110,7 +127,15 @@ class Adopted:
 
 
 class SlackTransport:
-    """One answer's messages on the fallback path (:class:`dshim.render.StreamTransport`)."""
+    """One answer's messages on the fallback path (:class:`dshim.render.StreamTransport`).
+
+    A substitute turn's answer (``target.anchor``) is placed by its anchor: ``thread`` in
+    the thread of the anchor message, ``quote`` and ``plain`` as channel posts (no
+    ``thread_ts``), the quote ending with the trigger's permalink (unfurled: Slack shows
+    the quoted message).  Its first message starts with ``<@asker>``: the only ping, as
+    the agent's text is escaped.  Such a post never makes the thread the bot's (the
+    person it answered for may take over there).
+    """
 
     idempotent_sends = False
 
@@ -120,6 +145,26 @@ class SlackTransport:
         self.channel = target.conversation_id
         self.thread_ts = thread_of(target)
         self.adopted: Adopted | None = None
+        self.anchored = target.anchor is not None
+        #: What the first message carries around the agent's text (a substitute answer).
+        self._lead = ""
+        self._tail = ""
+        self._first: str | None = None
+        anchor = target.anchor
+        if anchor is not None:
+            if anchor.mention_id:
+                self._lead = f"<@{anchor.mention_id}> "
+            if anchor.mode != "thread":
+                self.thread_ts = None
+            elif anchor.message_id:
+                self.thread_ts = anchor.message_id
+            if anchor.mode == "quote" and anchor.message_id:
+                link = outbound.permalink(self.channel, anchor.message_id)
+                self._tail = f"\n\n{link}" if link else ""
+
+    def _content(self, text: str, first: bool) -> str:
+        body = escape(text)
+        return f"{self._lead}{body}{self._tail}" if first else body
 
     async def send(self, text: str, *, reply: bool) -> str:
         if self.adopted is not None and reply:
@@ -127,17 +172,26 @@ class SlackTransport:
             await self.edit(adopted.ts, text)
             return adopted.ts
         await self.outbound.post_turn(self.channel)
+        first = self._first is None
         posted = await self.web.post_message(
-            self.channel, thread_ts=self.thread_ts, markdown=escape(text), retries=2
+            self.channel,
+            thread_ts=self.thread_ts,
+            markdown=self._content(text, first),
+            retries=2,
+            unfurl=first and bool(self._tail),
         )
         if posted.ts is None:
             raise ChannelError("chat.postMessage: no ts in the answer")
-        await self.outbound.posted(self.channel, self.thread_ts)
+        if first:
+            self._first = posted.ts
+        if not self.anchored:
+            await self.outbound.posted(self.channel, self.thread_ts)
         return posted.ts
 
     async def edit(self, message_id: str, text: str) -> None:
         await self.outbound.updates.acquire()
-        await self.web.update(self.channel, message_id, markdown=escape(text), retries=2)
+        markdown = self._content(text, message_id == self._first)
+        await self.web.update(self.channel, message_id, markdown=markdown, retries=2)
 
     async def typing(self) -> None:
         await self.outbound.status(self.channel, self.thread_ts)
@@ -406,9 +460,12 @@ class SlackOutbound(EditOutbound):
         stream: bool = True,
         on_thread: Callable[[str, str], Awaitable[None]] | None = None,
         limits: Limits = LIMITS,
+        workspace_host: str | None = None,
     ) -> None:
         super().__init__(limits=limits, clock=clock, bot_username=bot_username)
         self.web = web
+        #: ``acme.slack.com``: where the permalinks of quoted triggers point.
+        self.workspace_host = workspace_host
         self.native = stream
         self._on_thread = on_thread
         self._native_off: dict[str | None, str] = {}
@@ -461,11 +518,59 @@ class SlackOutbound(EditOutbound):
             self._status_off = str(exc.code)
             log.info("status_disabled", error=str(exc)[:200])
 
+    def permalink(self, channel: str, ts: str) -> str | None:
+        """The permalink of a top-level message (None: the workspace URL is unknown)."""
+        if self.workspace_host is None:
+            return None
+        return f"https://{self.workspace_host}/archives/{channel}/p{ts.replace('.', '')}"
+
     def note_press(self, channel: str, message_ts: str, user: str, value: str) -> None:
         """A button of an interaction message was pressed (the channel saw it)."""
         if len(self._presses) > 1024:
             self._presses.pop(next(iter(self._presses)))
         self._presses[(channel, message_ts)] = _Press(user, value)
+
+    # -- substitute control ------------------------------------------------------------
+
+    async def direct_target(self, user_id: str) -> ReplyTarget:
+        """A DM to ``user_id`` goes to its DM channel (``conversations.open``)."""
+        channel = await self.web.open_dm(user_id)
+        return ReplyTarget(conversation_id=channel, conversation_type="direct")
+
+    async def send_control_notice(
+        self, target: ReplyTarget, notice: ControlNotice
+    ) -> list[Delivered]:
+        """The operator's DM: the notice and its two buttons (see :func:`control_blocks`)."""
+        channel = target.conversation_id
+        text = escape(notice.text)[:3000]
+        await self.post_turn(channel)
+        sent_at = self.clock()
+        posted = await self.web.post_message(
+            channel, thread_ts=None, text=text, blocks=control_blocks(text, notice, None), retries=2
+        )
+        if posted.ts is None:
+            raise ChannelError("chat.postMessage: no ts in the answer")
+        return [
+            Delivered(message_id=posted.ts, text=notice.text, sent_at=sent_at, completed_at=sent_at)
+        ]
+
+    async def show_control_result(self, press: ControlPress, result: str) -> None:
+        """Update the pressed notice with what the press did (the buttons stay: the
+        other action may still be wanted)."""
+        text = press.text.split(RESULT_MARK, 1)[0]  # without an earlier press's result
+        notice = ControlNotice(
+            text=text, conversation_id=press.conversation_id, thread_id=press.thread_id
+        )
+        try:
+            await self.web.update(
+                press.channel,
+                press.message_ts,
+                text=f"{text}{RESULT_MARK}{escape(result)}"[:3900],
+                blocks=control_blocks(text, notice, result),
+                retries=2,
+            )
+        except ChannelError as exc:
+            log.info("control_update_failed", error=str(exc)[:200])
 
     # -- Outbound -------------------------------------------------------------------------
 
@@ -473,8 +578,23 @@ class SlackOutbound(EditOutbound):
     async def open_stream(  # type: ignore[override]  # a native stream, or the engine's
         self, target: ReplyTarget
     ) -> AsyncIterator[NativeStream | EditStream]:
-        """A native stream where possible, else the chat.update engine."""
+        """A native stream where possible, else the chat.update engine.
+
+        A substitute answer (``target.anchor``) always takes the engine: it arrives as
+        one finished message (``chat.postMessage``), and ``chat.startStream`` could only
+        post into a thread, never quote or plain; its messages leave room for the
+        asker's mention and the quoted permalink.
+        """
         route = target.route if isinstance(target.route, Route) else None
+        if target.anchor is not None:
+            async with open_edit_stream(
+                self.transport(target),
+                ANCHORED_LIMITS,
+                clock=self.clock,
+                pacer=self.pacer(target),
+            ) as anchored:
+                yield anchored
+            return
         if self.native_unavailable(route.channel_type if route else None):
             async with super().open_stream(target) as edit_stream:
                 yield edit_stream
@@ -551,6 +671,30 @@ class SlackOutbound(EditOutbound):
                     )
                 except ChannelError as exc:
                     log.info("interaction_update_failed", error=str(exc)[:200])
+
+
+#: Between a control notice and the result of a press on it.
+RESULT_MARK = "\n\n→ "
+
+
+def control_blocks(text: str, notice: ControlNotice | None, result: str | None) -> list[Any]:
+    """A control notice: ``text`` (escaped mrkdwn), the result of a press, and the
+    :data:`~dshim.outbound.CONTROL_ACTIONS` buttons for ``notice``'s chat."""
+    shown = text if result is None else f"{text}{RESULT_MARK}{escape(result)}"
+    blocks: list[Any] = [{"type": "section", "text": {"type": "mrkdwn", "text": shown[:3000]}}]
+    if notice is not None:
+        buttons = [
+            {
+                "type": "button",
+                "action_id": CONTROL_PREFIX + action,
+                "text": {"type": "plain_text", "text": label[:75]},
+                "value": control_value(action, notice.conversation_id, notice.thread_id),
+                **({"style": "danger"} if action == "disable" else {}),
+            }
+            for action, label in CONTROL_ACTIONS
+        ]
+        blocks.append({"type": "actions", "block_id": "dshim_ctl", "elements": buttons})
+    return blocks
 
 
 def _label(prompt: InteractionPrompt, value: str) -> str:

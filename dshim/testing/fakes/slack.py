@@ -17,7 +17,8 @@ Web API (``POST``/``GET {api_base}/<method>``, JSON, form or query arguments):
 ``auth.test``, ``apps.connections.open`` (app token only), ``bots.info``,
 ``chat.postMessage``/``update``/``startStream``/``appendStream``/``stopStream``,
 ``conversations.history``/``replies`` (scopes enforced per conversation type, membership
-enforced), ``assistant.threads.setStatus``, and ``GET /files/<id>/<name>`` downloads
+enforced), ``assistant.threads.setStatus``, ``users.info`` (:attr:`users`; needs
+``users:read``), ``conversations.open`` (one user's DM, :attr:`dm_channels`), and ``GET /files/<id>/<name>`` downloads
 with the bot token.
 
 Socket Mode: every envelope waits for its ``{"envelope_id"}``; one not acknowledged
@@ -72,6 +73,8 @@ DEFAULT_SCOPES = frozenset(
         "app_mentions:read",
         "chat:write",
         "files:read",
+        "users:read",
+        "im:write",
         "im:history",
         "channels:history",
         "groups:history",
@@ -207,6 +210,13 @@ class FakeSlack(FakePlatform[ApiCall]):
             self.outside: "channel",
         }
         self.members: set[str] = {self.dm, self.general, self.private, self.mpim}
+        #: ``users.info``: user id -> user object (Ada and Bob to begin with).
+        self.users: dict[str, dict[str, Any]] = {
+            self.user: _user(self.user, "ada", self.user_name),
+            self.other_user: _user(self.other_user, "bob", "Bob Builder"),
+        }
+        #: user id -> DM channel id (``conversations.open``).
+        self.dm_channels: dict[str, str] = {self.user: self.dm}
         # knobs
         self.scopes: set[str] = set(DEFAULT_SCOPES)
         self.stream_unsupported: set[str] = set()
@@ -881,6 +891,27 @@ class FakeSlack(FakePlatform[ApiCall]):
         self.statuses.append(dict(args))
         return {"ok": True}
 
+    def _m_users_info(self, args: dict[str, Any]) -> dict[str, Any]:
+        if "users:read" not in self.scopes:
+            raise _ApiError("missing_scope", needed="users:read")
+        user = self.users.get(str(args.get("user") or ""))
+        if user is None:
+            raise _ApiError("user_not_found")
+        return {"ok": True, "user": user}
+
+    def _m_conversations_open(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The DM with one user (``users``: one id; several would be an mpim)."""
+        users = str(args.get("users") or "")
+        if users not in self.users:
+            raise _ApiError("user_not_found")
+        channel = self.dm_channels.get(users)
+        if channel is None:
+            channel = f"D{len(self.dm_channels) + 1:08d}"
+            self.dm_channels[users] = channel
+            self.channel_types[channel] = "im"
+            self.members.add(channel)
+        return {"ok": True, "channel": {"id": channel}}
+
     def _history_channel(self, args: dict[str, Any]) -> str:
         channel = str(args.get("channel") or "")
         ctype = self.channel_types.get(channel)
@@ -950,6 +981,18 @@ class FakeSlack(FakePlatform[ApiCall]):
         if data is None:
             return Response(404, b"not found")
         return Response(200, data, [("content-type", "application/octet-stream")])
+
+
+def _user(uid: str, name: str, real_name: str) -> dict[str, Any]:
+    """A ``users.info`` user object."""
+    return {
+        "id": uid,
+        "name": name,
+        "real_name": real_name,
+        "deleted": False,
+        "is_bot": False,
+        "profile": {"display_name": "", "real_name": real_name},
+    }
 
 
 class _ApiError(Exception):
