@@ -81,7 +81,7 @@ import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
 from dshim.model import InboundMessage, Skip, Verdict
-from dshim.outbound import InteractionPrompt, Outbound, ReplyStream
+from dshim.outbound import CONTROL_ACTIONS, ControlNotice, InteractionPrompt, Outbound, ReplyStream
 from dshim.store.base import LoggedMessage, OutboundEntry
 
 if TYPE_CHECKING:
@@ -100,6 +100,8 @@ __all__ = [
     "Identity",
     "Inbound",
     "InteractionPrompt",
+    "CONTROL_ACTIONS",
+    "ControlNotice",
     "LoggedMessage",
     "LoginContext",
     "LoginFn",
@@ -334,9 +336,18 @@ class BotHost(Protocol):
         ...
 
     def open_runtime(
-        self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
+        self,
+        *,
+        outbound: Outbound,
+        bot_id: str,
+        decode_raw: RawDecoder | None = None,
+        substitute_targets: Sequence[SubstituteTarget] | None = None,
     ) -> AbstractAsyncContextManager[Inbound]:
-        """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
+        """Open the bot's pipeline (resuming accepted-but-unfinished messages).
+
+        ``substitute_targets``: the configured substitute targets as the channel resolved
+        them (an email or another id filled in with the id mentions carry); None: the
+        configured ones."""
         ...
 
     async def serve(self, rt: Inbound, reader: Callable[[], Awaitable[None]]) -> None:
