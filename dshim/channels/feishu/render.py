@@ -141,7 +141,7 @@ def final_settings(text: str) -> str:
 
 def at_tag(user_open_id: str, name: str | None) -> str:
     """A text message's mention of one person (``<at user_id="ou_...">name</at>``)."""
-    shown = " ".join((name or "").replace("<", "").replace(">", "").split()) or "you"
+    shown = " ".join((name or "").replace("<", "").replace(">", "").split())
     return f'<at user_id="{user_open_id}">{shown}</at>'
 
 

@@ -135,6 +135,14 @@ class BotMessage:
     #: A reply sent with ``reply_in_thread`` (it opened or continued a thread).
     in_thread: bool = False
 
+    @property
+    def pinged(self) -> list[str]:
+        """The open_ids a text message's ``<at user_id="...">`` tags notify."""
+        return _AT_TAG.findall(self.text) if self.msg_type == "text" else []
+
+
+_AT_TAG = re.compile(r'<at user_id="([^"]+)">')
+
 
 _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
     (
