@@ -289,12 +289,18 @@ def group_answers(fake: FakeFeishu) -> list[BotMessage]:
     return fake.bot_messages(fake.group_chat)
 
 
-def block(mentioned_id: str = OLGA["open_id"], name: str = "Olga") -> str:
+def block(
+    target: tuple[str, str] = (OLGA["open_id"], "Olga (on call)"),
+    mentioned: dict[str, str] | None = None,
+) -> str:
+    """The exact ``<dsh_im_substitute>`` block: the target (id, name) as configured or
+    resolved, the mention as the event shows it."""
+    seen = mentioned or OLGA
     sub = {
         "note": PREFIX_NOTE,
-        "target": {"id": OLGA["open_id"], "name": "Olga (on call)"},
+        "target": {"id": target[0], "name": target[1]},
         "disclosure": "prefix",
-        "mentionedAs": {"id": mentioned_id, "name": name},
+        "mentionedAs": {"id": seen["open_id"], "name": seen["name"]},
     }
     return "<dsh_im_substitute>" + json.dumps(sub, separators=(",", ":")) + "</dsh_im_substitute>"
 
@@ -509,16 +515,6 @@ def directory(fake: FakeFeishu) -> None:
     fake.contacts[PAT["open_id"]] = {**PAT}
 
 
-def resolved_block(target_id: str, name: str, mentioned: dict[str, str]) -> str:
-    sub = {
-        "note": PREFIX_NOTE,
-        "target": {"id": target_id, "name": name},
-        "disclosure": "prefix",
-        "mentionedAs": {"id": mentioned["open_id"], "name": mentioned["name"]},
-    }
-    return "<dsh_im_substitute>" + json.dumps(sub, separators=(",", ":")) + "</dsh_im_substitute>"
-
-
 async def test_targets_by_email_and_union_id_resolve_to_open_ids_before_the_start(
     tmp_path: Path, autojump_clock: object
 ) -> None:
@@ -541,10 +537,8 @@ async def test_targets_by_email_and_union_id_resolve_to_open_ids_before_the_star
                 await fake.wait_until(lambda: len(group_answers(fake)) == 2)
     first, second = (m.text.split("\n\n")[1] for m in group_answers(fake))
     # The resolved open_id is the target's id; the profile names an unnamed target.
-    assert first == resolved_block(OLGA["open_id"], "Olga Petrova", only_open_id[0])
-    assert second == resolved_block(
-        PAT["open_id"], "Pat (ops)", {"open_id": PAT["open_id"], "name": "P"}
-    )
+    assert first == block((OLGA["open_id"], "Olga Petrova"), only_open_id[0])
+    assert second == block((PAT["open_id"], "Pat (ops)"), {"open_id": PAT["open_id"], "name": "P"})
     # Resolved with one batch call and the profiles, all before the long connection.
     [batch] = fake.calls_to(BATCH)
     assert batch.json == {"emails": ["olga@example.com", "ghost@example.com"]}

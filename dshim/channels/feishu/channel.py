@@ -6,8 +6,11 @@ backoff, rejected credentials fatal -- opens the pipeline, counts as started, th
 the long connection (see :mod:`.protocol`).  Each complete event is decoded by
 :class:`~.protocol.EventMapper`: messages and card clicks go to ``accept`` with the event
 JSON as received (the inbox decodes it again after a restart) and are acked once
-accepted; a recall goes to ``retract`` (never a turn).  Only AuthError,
-FatalChannelError and ConfigError escape ``run``.
+accepted; a recall goes to ``retract`` (never a turn), a control notice's button to
+``substitute_control`` (acked with the result as a toast).  Substitute targets given by
+email or union_id are resolved to open_ids before the start (:func:`startup_targets`,
+bounded, never fatal) and handed to the pipeline.  Only AuthError, FatalChannelError and
+ConfigError escape ``run``.
 """
 
 from __future__ import annotations

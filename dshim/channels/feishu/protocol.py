@@ -44,8 +44,11 @@ length checked).  States of :class:`FeishuSession`::
 
 Receiving (§4): ``im.message.receive_v1`` maps to :class:`~dshim.model.InboundMessage`
 (``p2p`` -> direct, else group; ``chat_id`` the conversation; ``thread_id`` the topic;
-mentions of the bot address it), ``im.message.recalled_v1`` to :class:`Recall`,
-``card.action.trigger`` to the clicker's answer message.  Quotes (§4, §6): the event
+mentions of the bot address it; the other people mentioned -- ``@_user_N`` placeholders
+with every id of their ``mentions`` entry, and post ``at`` nodes whose ``user_id`` holds an
+open_id -- become ``mentions`` in text order for substitute mode),
+``im.message.recalled_v1`` to :class:`Recall`, ``card.action.trigger`` to the clicker's
+answer message (or, for a substitute control notice's button, a :class:`ControlPress`).  Quotes (§4, §6): the event
 names only ``parent_id``; a topic reply whose ``parent_id == root_id`` is thread
 context, not a quote; else a loader fetches the message (one request) and
 :func:`fetched_reference` maps it (another chat -> ``not-found``, never its content).

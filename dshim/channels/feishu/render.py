@@ -25,6 +25,13 @@ While the agent works the user's message carries an ``OnIt`` reaction, replaced 
 ``DONE`` at the end (Feishu has no typing API).  Agent markdown is escaped so it cannot
 mention ``all`` or inject card elements (``&``, ``<``, ``>`` as character references).
 
+Substitute answers (``target.anchor`` set) are text messages that start with the asker's
+``<at user_id="ou_...">name</at>`` (only the first message of the answer), placed by
+:func:`placement`: thread -> reply with ``reply_in_thread``, quote -> reply without it,
+plain -> a message in the chat.  The operators' control notice
+(:meth:`FeishuOutbound.send_control_notice`) is a card with the two control buttons sent
+to their open_id.
+
 Approvals and questions (:meth:`FeishuOutbound.open_interaction`): an interactive card
 with the request and one button per option; a click comes back over the long
 connection as ``card.action.trigger`` and is mapped to a message with that option's
@@ -82,6 +89,8 @@ LIMITS = Limits(
 CLEANUP_TIMEOUT_S = 5.0
 #: A reaction (the "working" marker) that takes longer is given up.
 REACTION_TIMEOUT_S = 3.0
+#: Showing a press's result on its card is given up after this (the reader waits).
+CONTROL_PATCH_TIMEOUT_S = 2.0
 #: Control notices remembered for showing a press's result (cleared when full).
 MAX_NOTICES = 256
 #: Tries to show an approval card before the pipeline falls back to text.
@@ -579,7 +588,7 @@ class FeishuOutbound(EditOutbound):
         notice = self._notices.get(press.card_message_id) or ControlNotice(
             text="", conversation_id=press.conversation_id, thread_id=press.thread_id
         )
-        with trio.move_on_after(CLEANUP_TIMEOUT_S):
+        with trio.move_on_after(CONTROL_PATCH_TIMEOUT_S):  # the reader waits for it
             try:
                 await self.rest.patch_card(
                     press.card_message_id, control_card(notice, result=result)

@@ -15,7 +15,12 @@ Usage::
 Open API: token (``expire_tokens()`` makes every issued token fail with 99991663), bot
 info, ws endpoint (a fresh ticket per call), message get / reply / create / edit (20
 edits) / card patch, CardKit create, element content and settings (``sequence`` must
-increase: 300317), reactions, resources.  Every ``uuid`` is remembered: a repeated
+increase: 300317), reactions, resources, and the contact directory for substitute targets
+(``contact/v3/users/batch_get_id`` by email, ``contact/v3/users/{id}`` by open_id or
+union_id from :attr:`FakeFeishu.contacts`; ``contact_errors`` answers an id with a code
+such as 99992361 / 41050 / 41012 / 40003, ``contact_empty`` with code 0 and no user,
+``batch_get_id_error`` fails the batch).  A create with ``receive_id_type=open_id`` is a
+DM (:attr:`FakeFeishu.dm_chats`).  Every ``uuid`` is remembered: a repeated
 create/reply/update with the same uuid answers the first result and does nothing
 (Feishu's idempotency).  ``cardkit_enabled = False`` refuses CardKit with 99991672;
 ``lookup_denied`` (message ids) answers lookups with 99991672; the shared fault queue
@@ -32,7 +37,7 @@ connection, :meth:`close_connection` closes it cleanly; ``drop_after(k)`` after 
 events; ``max_connections`` refuses more with 514 / ``Handshake-Autherrcode: 1000040350``;
 ``global_rate_limit = n`` answers the next n Open API calls (any route) with 429;
 :meth:`lose_response_next` carries a call out and then drops its answer.  Injection: :meth:`user_message`
-(text, post, image, file...; mentions, replies, topics), :meth:`recall`,
+(text, post, image, file...; mentions of the bot, of ``people``, replies, topics), :meth:`recall`,
 :meth:`click` (a card button: ``card.action.trigger``), :meth:`push_event` (any event),
 :meth:`push_frame` (raw bytes).
 
