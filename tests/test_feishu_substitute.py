@@ -365,7 +365,7 @@ async def test_a_restart_between_triggers_keeps_each_anchor(
                 )
             )
             await trio.sleep(30)
-    parents = [m.parent_id for m in group_answers(fake) if "Stopped" not in m.text]
+    parents = [m.parent_id for m in group_answers(fake)]  # one answer each, none lost
     assert sorted(parents) == sorted([a["message_id"], b["message_id"], c["message_id"]])
     assert all(m.in_thread for m in group_answers(fake))
 
