@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import random
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,7 @@ from dshim.channels.base import (
     WebSocketHandler,
 )
 from dshim.channels.kit.http import counting_requests
-from dshim.config import BotConfig, Config, settings_of
+from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
 from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError, single_error
 from dshim.harness.base import Harness
 from dshim.http.app import Endpoint
@@ -150,7 +150,12 @@ class ServeHost:
 
     @asynccontextmanager
     async def open_runtime(
-        self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
+        self,
+        *,
+        outbound: Outbound,
+        bot_id: str,
+        decode_raw: RawDecoder | None = None,
+        substitute_targets: Sequence[SubstituteTarget] | None = None,
     ) -> AsyncIterator[Inbound]:
         """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
         async with open_bot_runtime(
@@ -164,6 +169,7 @@ class ServeHost:
             observer=self.observer,
             decode_raw=decode_raw,
             metrics=self.metrics,
+            substitute_targets=substitute_targets,
         ) as rt:
             self._runtime = rt
             try:

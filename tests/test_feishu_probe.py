@@ -92,3 +92,83 @@ async def test_probe_fails_on_a_bad_secret_and_sends_a_test(
             rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", "fs", True)
     no_dm = row(rows, "fs: send test")
     assert no_dm.result == "warn" and code == 0
+
+
+async def test_substitute_rows_resolve_each_target_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = {
+        name: f"ou_{name}" + "0" * 20 for name in ("ok", "xapp", "hidden", "bad", "flaky", "empty")
+    }
+    with trio.fail_after(DEADLINE):
+        async with open_fake_feishu() as fake:
+            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
+            fake.contacts[ids["ok"]] = {
+                "open_id": ids["ok"],
+                "union_id": "on_ok",
+                "name": "Olga",
+                "email": "olga@example.com",
+                "avatar": {"avatar_72": "", "avatar_240": "https://example.invalid/o240.png"},
+            }
+            fake.contact_errors[ids["xapp"]] = (403, 99992361)
+            fake.contact_errors[ids["hidden"]] = (400, 41050)
+            fake.contact_errors[ids["bad"]] = (400, 41012)
+            fake.contact_errors[ids["flaky"]] = (500, 40003)
+            fake.contact_empty.add(ids["empty"])
+            config = write_config(tmp_path, fake)
+            lines = ", ".join(f'{{name = "{n}", open_id = "{i}"}}' for n, i in ids.items())
+            with config.open("a", encoding="utf-8") as f:
+                f.write(
+                    "[bots.substitute]\nenabled = true\n"
+                    f'targets = [{lines}, {{name = "Mail", email = "OLGA@example.com"}},'
+                    ' {name = "Nobody", email = "nobody@example.com"},'
+                    ' {name = "Tenant", user_id = "u_tenant"}]\n'
+                )
+            rows, code = await _probe(config, tmp_path / "data", None, False)
+    table = format_table(rows)
+    assert row(rows, "fs: substitute: group messages").result == "warn"
+    assert row(rows, "fs: substitute: group messages").detail == (
+        'substitute triggers need group_messages = "all" (im:message.group_msg)'
+    )
+
+    def target(name: str) -> tuple[str, str]:
+        found = row(rows, f"fs: substitute target {name}")
+        return found.result, found.detail
+
+    assert target("ok") == (
+        "ok",
+        f"Olga (open_id {ids['ok']}, avatar https://example.invalid/o240.png)",
+    )
+    assert target("Mail") == target("ok")  # the email names the same person
+    for name, reason in (
+        ("xapp", "cross_app_open_id"),
+        ("hidden", "not_visible"),
+        ("empty", "not_visible"),
+        ("bad", "unresolvable"),
+        ("flaky", "resolve_failed"),
+        ("Nobody", "unresolvable"),
+    ):
+        result, detail = target(name)
+        assert result == "warn" and detail.startswith(reason + ": "), (name, detail)
+    assert target("Tenant") == ("ok", "user_id u_tenant: matched as is (no name lookup)")
+    assert code == 0, table
+    # One lookup per open_id: the email's person ("Mail" is "ok") comes from the cache.
+    profiles = [c.path for c in fake.calls_to("GET /open-apis/contact/v3/users/{user_id}")]
+    assert sorted(profiles) == sorted(f"/open-apis/contact/v3/users/{i}" for i in ids.values())
+
+
+async def test_the_group_messages_row_is_ok_with_all_group_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with open_fake_feishu() as fake:
+            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
+            config = write_config(tmp_path, fake)
+            with config.open("a", encoding="utf-8") as f:
+                f.write(
+                    'group_messages = "all"\n[bots.substitute]\nenabled = true\n'
+                    'targets = [{user_id = "u_1"}]\n'
+                )
+            rows, _ = await _probe(config, tmp_path / "data", None, False)
+    assert row(rows, "fs: substitute: group messages").result == "ok"
+    assert fake.calls_to("GET /open-apis/contact/v3/users/{user_id}") == []

@@ -102,6 +102,8 @@ __all__ = [
     "Identity",
     "Inbound",
     "InteractionPrompt",
+    "CONTROL_ACTIONS",
+    "ControlNotice",
     "LoggedMessage",
     "LoginContext",
     "LoginFn",
@@ -336,9 +338,18 @@ class BotHost(Protocol):
         ...
 
     def open_runtime(
-        self, *, outbound: Outbound, bot_id: str, decode_raw: RawDecoder | None = None
+        self,
+        *,
+        outbound: Outbound,
+        bot_id: str,
+        decode_raw: RawDecoder | None = None,
+        substitute_targets: Sequence[SubstituteTarget] | None = None,
     ) -> AbstractAsyncContextManager[Inbound]:
-        """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
+        """Open the bot's pipeline (resuming accepted-but-unfinished messages).
+
+        ``substitute_targets``: the configured substitute targets as the channel resolved
+        them (an email or another id filled in with the id mentions carry); None: the
+        configured ones."""
         ...
 
     async def serve(self, rt: Inbound, reader: Callable[[], Awaitable[None]]) -> None:

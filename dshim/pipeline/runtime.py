@@ -51,7 +51,7 @@ import structlog
 import trio
 
 from dshim import normalized
-from dshim.config import BotConfig, Config, backlog_max_age
+from dshim.config import BotConfig, Config, SubstituteTarget, backlog_max_age
 from dshim.errors import DshimError, HarnessError, single_error
 from dshim.harness import create_harness, open_harness
 from dshim.harness.base import ClosesSessions, Harness, HasAgentCommands
@@ -143,6 +143,7 @@ class BotRuntime:
         observer: Observer | None,
         decode_raw: RawDecoder | None,
         metrics: BotMetrics = NO_METRICS,
+        substitute_targets: Sequence[SubstituteTarget] | None = None,
     ) -> None:
         self.config = config
         self.bot = bot
@@ -160,7 +161,7 @@ class BotRuntime:
             outbound=outbound, store=store, bot=bot.name, clock=clock, activity=self.activity
         )
         self.interactions = Interactions(self.notifier, config.harness.interaction_timeout_s)
-        self.substitute = SubstituteGate(bot, store, clock)
+        self.substitute = SubstituteGate(bot, store, clock, targets=substitute_targets)
         self.batches = Batches()
         self.lanes = LaneSet(
             nursery,
@@ -803,8 +804,12 @@ async def open_bot_runtime(
     decode_raw: RawDecoder | None = None,
     restore: bool = True,
     metrics: BotMetrics = NO_METRICS,
+    substitute_targets: Sequence[SubstituteTarget] | None = None,
 ) -> AsyncIterator[BotRuntime]:
     """Open a bot's pipeline: its harness, lanes and notice sender.
+
+    ``substitute_targets``: the targets substitute triggers match, when the channel
+    resolved the configured ones (e.g. an email to the platform id); None: as configured.
 
     On exit everything still running is cancelled; call :meth:`BotRuntime.drain` first
     for a graceful stop.
@@ -834,6 +839,7 @@ async def open_bot_runtime(
                     observer=observer,
                     decode_raw=decode_raw,
                     metrics=metrics,
+                    substitute_targets=substitute_targets,
                 )
                 nursery.start_soon(rt.notifier.run_worker)
                 metrics.watch_lanes(rt.lanes)

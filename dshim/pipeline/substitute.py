@@ -33,8 +33,9 @@ turn's anchor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+import msgspec
 import structlog
 
 from dshim.config import BotConfig, SubstituteConfig, SubstituteTarget
@@ -156,9 +157,22 @@ def anchor_for(msg: InboundMessage, sub: SubstituteTurn, *, kept: bool) -> Ancho
 class SubstituteGate:
     """A bot's substitute state: the per-chat toggles (cached) and the anchors."""
 
-    def __init__(self, bot: BotConfig, store: Store, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        bot: BotConfig,
+        store: Store,
+        clock: Callable[[], float],
+        *,
+        targets: Sequence[SubstituteTarget] | None = None,
+    ) -> None:
         self.bot = bot
-        self.cfg = bot.substitute
+        #: ``targets``: the channel's resolved copy of the configured targets (matching
+        #: and the prompt's target id use it); the configuration itself is untouched.
+        self.cfg = (
+            bot.substitute
+            if targets is None
+            else msgspec.structs.replace(bot.substitute, targets=list(targets))
+        )
         self.store = store
         self.clock = clock
         self._toggles: dict[str, bool] = {}

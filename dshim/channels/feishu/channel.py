@@ -6,8 +6,11 @@ backoff, rejected credentials fatal -- opens the pipeline, counts as started, th
 the long connection (see :mod:`.protocol`).  Each complete event is decoded by
 :class:`~.protocol.EventMapper`: messages and card clicks go to ``accept`` with the event
 JSON as received (the inbox decodes it again after a restart) and are acked once
-accepted; a recall goes to ``retract`` (never a turn).  Only AuthError,
-FatalChannelError and ConfigError escape ``run``.
+accepted; a recall goes to ``retract`` (never a turn), a control notice's button to
+``substitute_control`` (acked with the result as a toast).  Substitute targets given by
+email or union_id are resolved to open_ids before the start (:func:`startup_targets`,
+bounded, never fatal) and handed to the pipeline.  Only AuthError, FatalChannelError and
+ConfigError escape ``run``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,14 @@ import random as _random
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Literal
 
 import structlog
 import trio
 
 from dshim.channels.base import (
+    BotConfig,
     BotHost,
     ChannelSettings,
     ChannelSpec,
@@ -33,6 +38,7 @@ from dshim.channels.base import (
     ProbeRows,
     ReplaySource,
     Secret,
+    SubstituteTarget,
     Verdict,
 )
 from dshim.channels.feishu import models as m
@@ -44,9 +50,11 @@ from dshim.channels.feishu.client import (
     next_ws_url,
     run_connection,
 )
+from dshim.channels.feishu.contact import Directory, Resolution, needs_lookup, resolve_targets
 from dshim.channels.feishu.protocol import (
     CARD_TOAST,
     MISSING_SCOPE,
+    ControlPress,
     EventMapper,
     FeishuEvent,
     FeishuSession,
@@ -68,6 +76,19 @@ from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 log = structlog.get_logger("dshim.feishu")
 
 PROBE_READY_TIMEOUT_S = 15.0
+#: Start-up resolution of substitute targets (email / union_id) gives up after this.
+RESOLVE_TIMEOUT_S = 10.0
+GROUP_MESSAGES_WARNING = 'substitute triggers need group_messages = "all" (im:message.group_msg)'
+#: A probe row's text per line reason (see :mod:`.contact`).
+REASON_TEXT = {
+    "cross_app_open_id": "the open_id belongs to another app: use the email or the union_id",
+    "not_visible": "outside the app's contact visibility: widen it, or use the email",
+    "unresolvable": "no such user: check the id or the email",
+    "resolve_failed": (
+        "the lookup failed (network, or contact:user.id:readonly / "
+        "contact:user.base:readonly missing): not a verdict on the target"
+    ),
+}
 TEST_TEXT = "✅ dshim connection test: the Feishu bot {name} can send messages here."
 #: A syntactically valid message id that exists nowhere (the probe's scope check).
 PROBE_MESSAGE_ID = "om_dshimprobe00000000000000000000"
@@ -173,6 +194,7 @@ async def run(
     async with _open_rest(settings, host.register_secret) as rest:
         info = await until_ok("GET bot/v3/info", rest.bot_info, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=info.app_name, bot_id=info.open_id)
+        targets = await startup_targets(rest, host.bot)
         outbound = FeishuOutbound(rest, host.store, host.clock)
         mapper = EventMapper(
             bot_open_id=info.open_id,
@@ -183,7 +205,10 @@ async def run(
         session = FeishuSession(random=rng.random)
 
         async with host.open_runtime(
-            outbound=outbound, bot_id=info.open_id, decode_raw=mapper.decode_raw
+            outbound=outbound,
+            bot_id=info.open_id,
+            decode_raw=mapper.decode_raw,
+            substitute_targets=targets,
         ) as rt:
             task_status.started()
 
@@ -194,6 +219,15 @@ async def run(
                     outcome = await rt.retract(item.conversation_id, item.message_id)
                     log.info("message_recalled", message_id=item.message_id, outcome=outcome)
                     verdict = None
+                elif isinstance(item, ControlPress):
+                    shown = await rt.substitute_control(
+                        item.action, item.conversation_id, item.thread_id, item.user_id
+                    )
+                    # The toast answers the click at once; the card keeps the result.
+                    toast = {"toast": {"type": "info", "content": shown[:200]}}
+                    session.acknowledge(event, trio.current_time(), data=m.encode(toast))
+                    await outbound.show_control_result(item, shown)
+                    return None
                 else:
                     if isinstance(item, InboundMessage) and item.message_id.startswith("card:"):
                         if isinstance(item.route, str):
@@ -214,6 +248,30 @@ async def run(
                 )
 
             await host.serve(rt, reader)
+
+
+async def startup_targets(rest: RestClient, bot: BotConfig) -> list[SubstituteTarget] | None:
+    """The substitute targets matching uses: those given by email or union_id resolved
+    to open_ids (bounded by :data:`RESOLVE_TIMEOUT_S`, never fatal; None: nothing to
+    resolve, the configured ones apply).  An unresolvable target is logged and dropped."""
+    sub = bot.substitute
+    if not sub.enabled or not needs_lookup(sub.targets):
+        return None
+    found: list[Resolution] | None = None
+    with trio.move_on_after(RESOLVE_TIMEOUT_S):
+        found = await resolve_targets(Directory(rest), sub.targets)
+    if found is None:
+        log.warning("substitute_targets_unresolved", reason="resolve_failed", timeout=True)
+        return [t for t in sub.targets if t.ids()]
+    for r in found:
+        if r.reason is not None:
+            log.warning(
+                "substitute_target_unresolved",
+                target=r.label,
+                reason=r.reason,
+                dropped=r.target is None,
+            )
+    return [r.target for r in found if r.target is not None]
 
 
 @asynccontextmanager
@@ -348,17 +406,59 @@ async def probe(rows: ProbeRows) -> None:
                 uuid=uuid_for("probe", conversation_id, str(time.time())),
             )
 
+        checks = [
+            Check("long connection", connection, timeout_s=PROBE_READY_TIMEOUT_S),
+            Check("message lookup", lookup_scope),
+            Check("cardkit scope", cardkit_scope),
+            Check("group messages scope", group_scope),
+        ]
+        sub = rows.bot.substitute
+        if sub.enabled:
+            checks.append(Check("substitute: group messages", partial(_group_messages, settings)))
+            resolved = _Resolutions(Directory(rest), sub.targets)
+            for index, target in enumerate(sub.targets):
+                label = f"substitute target {target.name or target.prompt_id()}"
+                checks.append(Check(label, partial(resolved.row, index)))
         await rows.standard(
             credentials=f"app_id {settings.app_id}, app_secret present",
             identity=identity,
-            checks=[
-                Check("long connection", connection, timeout_s=PROBE_READY_TIMEOUT_S),
-                Check("message lookup", lookup_scope),
-                Check("cardkit scope", cardkit_scope),
-                Check("group messages scope", group_scope),
-            ],
+            checks=checks,
             send_test=send_test,
         )
+
+
+async def _group_messages(settings: FeishuSettings) -> tuple[ProbeResult, str]:
+    if settings.group_messages == "all":
+        return "ok", (
+            'group_messages = "all": group messages that only mention a target arrive '
+            "(needs im:message.group_msg)"
+        )
+    return "warn", GROUP_MESSAGES_WARNING
+
+
+class _Resolutions:
+    """The probe's target rows: every target resolved once (typed open_ids checked too)."""
+
+    def __init__(self, directory: Directory, targets: list[SubstituteTarget]) -> None:
+        self.directory = directory
+        self.targets = targets
+        self.found: list[Resolution] | None = None
+
+    async def row(self, index: int) -> tuple[ProbeResult, str]:
+        if self.found is None:
+            self.found = await resolve_targets(self.directory, self.targets, check_open_ids=True)
+        r = self.found[index]
+        if r.reason is not None:
+            kept = "" if r.target is None else " (kept: it still matches by its other ids)"
+            return "warn", f"{r.reason}: {REASON_TEXT[r.reason]}{kept}"
+        target = r.target or r.configured
+        profile = r.profile
+        if target.open_id is None:
+            return "ok", f"user_id {target.user_id}: matched as is (no name lookup)"
+        if profile is None or profile.outcome != "ok":
+            return "ok", f"open_id {target.open_id} (no profile: name as configured)"
+        avatar = f", avatar {profile.avatar_url}" if profile.avatar_url else ""
+        return "ok", f"{profile.name} (open_id {target.open_id}{avatar})"
 
 
 #: key, settings, run, replay adapter, probe (see ChannelSpec).

@@ -146,6 +146,27 @@ class RestClient:
         )
         return self._decode(m.message_decoder, content, "message get")
 
+    async def user_profile(self, user_id: str, id_type: str = "open_id") -> m.ContactAnswer:
+        """``GET /open-apis/contact/v3/users/{id}`` (``user_id_type`` open_id / union_id)."""
+        content = await self.call(
+            "GET",
+            f"/open-apis/contact/v3/users/{_q(user_id)}",
+            params={"user_id_type": id_type},
+            what="GET contact/v3/users/{user_id}",
+        )
+        return self._decode(m.contact_decoder, content, "user get")
+
+    async def ids_by_email(self, emails: list[str]) -> m.IdAnswer:
+        """``POST /open-apis/contact/v3/users/batch_get_id`` for open_ids by email."""
+        content = await self.call(
+            "POST",
+            "/open-apis/contact/v3/users/batch_get_id",
+            json={"emails": emails},
+            params={"user_id_type": "open_id"},
+            what="POST contact/v3/users/batch_get_id",
+        )
+        return self._decode(m.ids_decoder, content, "batch_get_id")
+
     async def reply(
         self,
         message_id: str,
@@ -166,15 +187,24 @@ class RestClient:
             "POST im/v1/messages/{message_id}/reply",
         )
 
-    async def create(self, chat_id: str, msg_type: str, content: str, *, uuid: str) -> str:
-        """``POST messages?receive_id_type=chat_id``; returns the new message's id."""
+    async def create(
+        self,
+        chat_id: str,
+        msg_type: str,
+        content: str,
+        *,
+        uuid: str,
+        receive_id_type: str = "chat_id",
+    ) -> str:
+        """``POST messages?receive_id_type=chat_id`` (or ``open_id``: a person's DM);
+        returns the new message's id."""
         body = {"receive_id": chat_id, "msg_type": msg_type, "content": content, "uuid": uuid}
         return await self._sent(
             "POST",
             "/open-apis/im/v1/messages",
             body,
             "POST im/v1/messages",
-            params={"receive_id_type": "chat_id"},
+            params={"receive_id_type": receive_id_type},
         )
 
     async def edit(self, message_id: str, msg_type: str, content: str) -> None:

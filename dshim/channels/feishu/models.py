@@ -194,7 +194,50 @@ class SentAnswer(msgspec.Struct, kw_only=True):
     data: SentData | None = None
 
 
+class Avatar(msgspec.Struct, kw_only=True):
+    avatar_72: str = ""
+    avatar_240: str = ""
+
+
+class ContactUser(msgspec.Struct, kw_only=True):
+    """A user of ``GET /open-apis/contact/v3/users/{id}``."""
+
+    open_id: str = ""
+    union_id: str = ""
+    name: str = ""
+    avatar: Avatar | None = None
+
+
+class ContactData(msgspec.Struct, kw_only=True):
+    user: ContactUser | None = None
+
+
+class ContactAnswer(msgspec.Struct, kw_only=True):
+    code: int = -1
+    msg: str = ""
+    data: ContactData | None = None
+
+
+class IdEntry(msgspec.Struct, kw_only=True):
+    email: str = ""
+    user_id: str | None = None
+
+
+class IdList(msgspec.Struct, kw_only=True):
+    user_list: list[IdEntry] | None = None
+
+
+class IdAnswer(msgspec.Struct, kw_only=True):
+    """``POST /open-apis/contact/v3/users/batch_get_id``."""
+
+    code: int = -1
+    msg: str = ""
+    data: IdList | None = None
+
+
 envelope_decoder = msgspec.json.Decoder(Envelope)
+contact_decoder = msgspec.json.Decoder(ContactAnswer)
+ids_decoder = msgspec.json.Decoder(IdAnswer)
 receive_decoder = msgspec.json.Decoder(ReceiveEvent)
 recalled_decoder = msgspec.json.Decoder(RecalledEvent)
 card_action_decoder = msgspec.json.Decoder(CardActionEvent)

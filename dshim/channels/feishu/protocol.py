@@ -44,8 +44,11 @@ length checked).  States of :class:`FeishuSession`::
 
 Receiving (§4): ``im.message.receive_v1`` maps to :class:`~dshim.model.InboundMessage`
 (``p2p`` -> direct, else group; ``chat_id`` the conversation; ``thread_id`` the topic;
-mentions of the bot address it), ``im.message.recalled_v1`` to :class:`Recall`,
-``card.action.trigger`` to the clicker's answer message.  Quotes (§4, §6): the event
+mentions of the bot address it; the other people mentioned -- ``@_user_N`` placeholders
+with every id of their ``mentions`` entry, and post ``at`` nodes whose ``user_id`` holds an
+open_id -- become ``mentions`` in text order for substitute mode),
+``im.message.recalled_v1`` to :class:`Recall`, ``card.action.trigger`` to the clicker's
+answer message (or, for a substitute control notice's button, a :class:`ControlPress`).  Quotes (§4, §6): the event
 names only ``parent_id``; a topic reply whose ``parent_id == root_id`` is thread
 context, not a quote; else a loader fetches the message (one request) and
 :func:`fetched_reference` maps it (another chat -> ``not-found``, never its content).
@@ -62,7 +65,7 @@ import re
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from msgspec import UNSET
@@ -94,6 +97,7 @@ from dshim.model import (
     InboundMessage,
     Loader,
     MediaRef,
+    Mention,
     ReplyReference,
     Skip,
 )
@@ -658,6 +662,66 @@ def classify_error(
     return ChannelError(text, status=status, code=code)
 
 
+# --- contact lookups (substitute targets) ----------------------------------------------------
+
+#: ``contact/v3`` codes with a definite answer (cached); anything else is transient.
+CROSS_APP_CODE = 99992361  # the open_id belongs to another app
+NOT_VISIBLE_CODE = 41050  # outside the app's contact visibility
+INVALID_ID_CODES = frozenset({41012, 40001})  # invalid user id / invalid parameter
+
+ProfileOutcome = Literal["ok", "cross_app", "not_visible", "invalid_id", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """A strict user-profile lookup: ``ok`` (a named user), ``cross_app``,
+    ``not_visible`` (also code 0 without a user), ``invalid_id``, or ``error`` (any
+    other code, the network, a timeout: never a definite answer)."""
+
+    outcome: ProfileOutcome
+    open_id: str | None = None
+    name: str | None = None
+    avatar_url: str | None = None
+
+    @property
+    def definite(self) -> bool:
+        """Worth caching: every outcome but ``error``."""
+        return self.outcome != "error"
+
+
+def profile_of(answer: m.ContactAnswer) -> Profile:
+    """A code-0 profile answer: ``ok`` with the name and the 72 px avatar (else 240 px)."""
+    user = answer.data.user if answer.data is not None else None
+    if answer.code != 0:
+        return profile_failure(answer.code)
+    if user is None or not user.name or not user.open_id:
+        return Profile("not_visible")
+    avatar = user.avatar.avatar_72 or user.avatar.avatar_240 if user.avatar else ""
+    return Profile("ok", open_id=user.open_id, name=user.name, avatar_url=avatar or None)
+
+
+def profile_failure(code: int | str | None) -> Profile:
+    """A refused lookup by its business code (also inside a non-2xx answer: a 403 with
+    99992361 is ``cross_app``, not a transient failure)."""
+    if code == CROSS_APP_CODE:
+        return Profile("cross_app")
+    if code == NOT_VISIBLE_CODE:
+        return Profile("not_visible")
+    if code in INVALID_ID_CODES:
+        return Profile("invalid_id")
+    return Profile("error")
+
+
+#: A hand-typed open_id's profile outcome -> the line's reason (None: accepted).
+OPEN_ID_REASONS: dict[ProfileOutcome, str | None] = {
+    "ok": None,
+    "cross_app": "cross_app_open_id",
+    "not_visible": "not_visible",
+    "invalid_id": "unresolvable",
+    "error": "resolve_failed",
+}
+
+
 def endpoint_error(code: int, msg: str) -> ChannelError:
     """The endpoint call's codes: 1 and 1000040343 retry later, anything else is fatal."""
     if code in (1, 1000040343):
@@ -702,21 +766,66 @@ class Extracted:
     text: str
     media: list[Media]
     unsupported: bool = False
+    #: People mentioned in the text, in order (placeholders and post ``at`` nodes).
+    people: list[Mention] = field(default_factory=list)
+
+
+#: The id kinds a mention's ``id`` object carries (all kept: targets match any of them).
+_ID_KINDS = ("open_id", "user_id", "union_id")
+_PLACEHOLDER = re.compile(r"@_user_\d+")
+
+
+def mention_ids(mention: m.Mention) -> dict[str, str]:
+    """Every id of a structured mention by kind; a bare string id is typed by
+    ``id_type`` (default open_id, as the platform's)."""
+    if isinstance(mention.id, m.UserId):
+        found = {k: getattr(mention.id, k) for k in _ID_KINDS}
+        return {k: v for k, v in found.items() if isinstance(v, str) and v}
+    if isinstance(mention.id, str) and mention.id:
+        kind = mention.id_type if mention.id_type in _ID_KINDS else "open_id"
+        return {kind: mention.id}
+    return {}
 
 
 class MentionNames:
-    """``@_user_N`` placeholder -> ``@name`` (another user) or "" (the bot)."""
+    """``@_user_N`` placeholder -> ``@name`` (another user) or "" (the bot), and the
+    people behind the placeholders (substitute mode)."""
 
     def __init__(self, mentions: Sequence[m.Mention] | None, bot_open_id: str) -> None:
         self.names: dict[str, str] = {}
+        self.people: dict[str, Mention] = {}
         self.bot_mentioned = False
         for mention in mentions or ():
-            open_id = mention.id.open_id if isinstance(mention.id, m.UserId) else mention.id
-            is_bot = bool(bot_open_id) and open_id == bot_open_id
+            ids = mention_ids(mention)
+            is_bot = bool(bot_open_id) and ids.get("open_id") == bot_open_id
             if is_bot:
                 self.bot_mentioned = True
             if mention.key:
-                self.names[mention.key] = "" if is_bot else f"@{mention.name or 'user'}"
+                text = "" if is_bot else f"@{mention.name or 'user'}"
+                self.names[mention.key] = text
+                if ids and not is_bot:
+                    self.people[mention.key] = Mention(
+                        ids=ids, name=mention.name or None, text=text
+                    )
+
+    def in_order(self, text: str) -> list[Mention]:
+        """The people whose placeholders ``text`` holds, in text order."""
+        if "@_user_" not in text:
+            return []
+        return [self.people[key] for key in _PLACEHOLDER.findall(text) if key in self.people]
+
+    def at_node(self, uid: str, user_name: str) -> Mention | None:
+        """A post's ``at`` node: a placeholder, or an open_id in ``user_id`` (matched
+        as an open_id only, never as a tenant user id)."""
+        if uid in self.people:
+            return self.people[uid]
+        if uid in self.names or not uid.startswith("ou_"):
+            return None  # the bot itself, ``all``, or nothing usable
+        return Mention(
+            ids={"open_id": uid},
+            name=user_name or None,
+            text=f"@{user_name}" if user_name else None,
+        )
 
     def replace(self, text: str) -> str:
         """The text with every placeholder replaced; the bot's own goes with one space
@@ -748,6 +857,7 @@ def post_text(content: Any, names: MentionNames) -> Extracted:
                 body = body[loc]
                 break
     media: list[Media] = []
+    people: list[Mention] = []
     lines: list[str] = []
     title = _str(body.get("title")).strip()
     if title:
@@ -768,6 +878,9 @@ def post_text(content: Any, names: MentionNames) -> Extracted:
                     parts.append(_str(el.get("text")) or _str(el.get("href")))
                 elif tag == "at":
                     uid = _str(el.get("user_id"))
+                    person = names.at_node(uid, _str(el.get("user_name")))
+                    if person is not None:
+                        people.append(person)
                     if uid in names.names:
                         parts.append(names.names[uid])
                     elif uid == "all":
@@ -796,7 +909,7 @@ def post_text(content: Any, names: MentionNames) -> Extracted:
                 elif tag == "md":
                     parts.append(_str(el.get("text")))
             lines.append(names.replace("".join(parts)).strip(" "))
-    return Extracted(_tidy_post("\n".join(lines)), media)
+    return Extracted(_tidy_post("\n".join(lines)), media, people=people)
 
 
 def _tidy_post(text: str) -> str:
@@ -822,7 +935,8 @@ def content_of(
     if not isinstance(content, dict):
         content = {}
     if msg_type == "text":
-        return Extracted(names.replace(_str(content.get("text"))).strip(), [])
+        raw = _str(content.get("text"))
+        return Extracted(names.replace(raw).strip(), [], people=names.in_order(raw))
     if msg_type == "post":
         return post_text(content, names)
     if msg_type == "image":
@@ -991,6 +1105,17 @@ class Recall:
     message_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class ControlPress:
+    """A button of a substitute control notice (``card.action.trigger``): never a turn."""
+
+    action: Literal["stop", "disable"]
+    conversation_id: str
+    thread_id: str | None
+    user_id: str
+    card_message_id: str
+
+
 #: (chat id, quoted message id) -> the loader of that quote.
 LookupFactory = Callable[[str, str], Loader]
 #: (message id, media) -> the download handle of one resource of the current message.
@@ -1025,7 +1150,7 @@ class EventMapper:
         self.lookup = lookup
         self.media = media
 
-    def decode(self, raw: bytes) -> InboundMessage | Skip | Recall:
+    def decode(self, raw: bytes) -> InboundMessage | Skip | Recall | ControlPress:
         """One event (the DATA frame payload, reassembled)."""
         try:
             env = decode(m.envelope_decoder, raw)
@@ -1045,10 +1170,11 @@ class EventMapper:
             return Skip(reason="malformed", detail=str(exc)[:300])
 
     def decode_raw(self, raw: bytes) -> InboundMessage | Skip:
-        """As :meth:`decode`, for the durable inbox (a recall is never stored)."""
+        """As :meth:`decode`, for the durable inbox (a recall or a control press is never
+        stored)."""
         item = self.decode(raw)
-        if isinstance(item, Recall):
-            return Skip(reason="ignored", detail="recall")
+        if isinstance(item, (Recall, ControlPress)):
+            return Skip(reason="ignored", detail=type(item).__name__.lower())
         return item
 
     def _message(self, ev: m.ReceiveEvent, header: m.Header) -> InboundMessage | Skip:
@@ -1084,6 +1210,10 @@ class EventMapper:
             files=files,
             reply_to=self._reply_to(msg),
             received_at=created,
+            # Only the message's own text: a quoted message is not in the event, a
+            # forward (merge_forward) or a card carries no placeholders of its own.
+            mentions=extracted.people,
+            mentioned=names.bot_mentioned,
         )
 
     def _reply_to(self, msg: m.Message) -> ReplyReference | None:
@@ -1097,11 +1227,26 @@ class EventMapper:
             return ReplyReference(message_id=parent, unavailable_reason="not-delivered")
         return ReplyReference(message_id=parent, loader=loader)
 
-    def _card_action(self, ev: m.CardActionEvent, header: m.Header) -> InboundMessage | Skip:
+    def _card_action(
+        self, ev: m.CardActionEvent, header: m.Header
+    ) -> InboundMessage | Skip | ControlPress:
         value = ev.action.value if ev.action is not None else None
         ctx = ev.context
         if not isinstance(value, dict) or value.get("dshim") != 1 or ctx is None:
             return Skip(reason="ignored", detail="card action not from a dshim card")
+        control = value.get("control")
+        if control is not None:  # a substitute control notice's button
+            chat = _card_value_text(value.get("chat"))
+            presser = ev.operator.open_id if ev.operator is not None else None
+            if control not in ("stop", "disable") or not chat or not presser:
+                return Skip(reason="malformed", detail="control press without action or chat")
+            return ControlPress(
+                action="stop" if control == "stop" else "disable",
+                conversation_id=chat,
+                thread_id=_card_value_text(value.get("thread")) or None,
+                user_id=presser,
+                card_message_id=ctx.open_message_id,
+            )
         answer = _card_value_text(value.get("answer"))
         chat = ctx.open_chat_id or _card_value_text(value.get("chat"))
         sender = ev.operator.open_id if ev.operator is not None else None

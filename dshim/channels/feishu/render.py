@@ -25,6 +25,13 @@ While the agent works the user's message carries an ``OnIt`` reaction, replaced 
 ``DONE`` at the end (Feishu has no typing API).  Agent markdown is escaped so it cannot
 mention ``all`` or inject card elements (``&``, ``<``, ``>`` as character references).
 
+Substitute answers (``target.anchor`` set) are text messages that start with the asker's
+``<at user_id="ou_...">name</at>`` (only the first message of the answer), placed by
+:func:`placement`: thread -> reply with ``reply_in_thread``, quote -> reply without it,
+plain -> a message in the chat.  The operators' control notice
+(:meth:`FeishuOutbound.send_control_notice`) is a card with the two control buttons sent
+to their open_id.
+
 Approvals and questions (:meth:`FeishuOutbound.open_interaction`): an interactive card
 with the request and one button per option; a click comes back over the long
 connection as ``card.action.trigger`` and is mapped to a message with that option's
@@ -44,9 +51,15 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import ChannelStore, InteractionPrompt, OutboundEntry
+from dshim.channels.base import (
+    CONTROL_ACTIONS,
+    ChannelStore,
+    ControlNotice,
+    InteractionPrompt,
+    OutboundEntry,
+)
 from dshim.channels.feishu.client import RestClient
-from dshim.channels.feishu.protocol import CARD_PERMISSION_CODES
+from dshim.channels.feishu.protocol import CARD_PERMISSION_CODES, ControlPress
 from dshim.errors import (
     ChannelError,
     NotFound,
@@ -76,6 +89,10 @@ LIMITS = Limits(
 CLEANUP_TIMEOUT_S = 5.0
 #: A reaction (the "working" marker) that takes longer is given up.
 REACTION_TIMEOUT_S = 3.0
+#: Showing a press's result on its card is given up after this (the reader waits).
+CONTROL_PATCH_TIMEOUT_S = 2.0
+#: Control notices remembered for showing a press's result (cleared when full).
+MAX_NOTICES = 256
 #: Tries to show an approval card before the pipeline falls back to text.
 INTERACTION_ATTEMPTS = 3
 
@@ -131,8 +148,16 @@ def final_settings(text: str) -> str:
     )
 
 
-def text_content(text: str) -> str:
-    return json.dumps({"text": escape_text(text)}, ensure_ascii=False, separators=(",", ":"))
+def at_tag(user_open_id: str, name: str | None) -> str:
+    """A text message's mention of one person (``<at user_id="ou_...">name</at>``)."""
+    shown = " ".join((name or "").replace("<", "").replace(">", "").split())
+    return f'<at user_id="{user_open_id}">{shown}</at>'
+
+
+def text_content(text: str, *, at: str | None = None) -> str:
+    """A text message's content; ``at``: a mention (:func:`at_tag`) put before it."""
+    body = escape_text(text) if at is None else f"{at} {escape_text(text)}"
+    return json.dumps({"text": body}, ensure_ascii=False, separators=(",", ":"))
 
 
 def interaction_card(
@@ -177,6 +202,36 @@ def interaction_card(
     return json.dumps(card, ensure_ascii=False, separators=(",", ":"))
 
 
+def control_card(notice: ControlNotice, *, result: str | None = None) -> str:
+    """A substitute control notice: its text and the :data:`CONTROL_ACTIONS` buttons
+    (``result``: what the last press did, shown under the text; the buttons stay)."""
+    elements: list[dict[str, Any]] = [{"tag": "markdown", "content": escape_markdown(notice.text)}]
+    if result is not None:
+        elements.append({"tag": "markdown", "content": escape_markdown(result)})
+    for action, label in CONTROL_ACTIONS:
+        value = {
+            "dshim": 1,
+            "control": action,
+            "chat": notice.conversation_id,
+            "thread": notice.thread_id or "",
+        }
+        elements.append(
+            {
+                "tag": "button",
+                "text": {"tag": "plain_text", "content": label},
+                "type": "danger" if action == "disable" else "default",
+                "behaviors": [{"type": "callback", "value": value}],
+            }
+        )
+    card = {
+        "schema": "2.0",
+        "config": {"update_multi": True, "summary": {"content": notice.text[:SUMMARY_CHARS]}},
+        "header": {"title": {"tag": "plain_text", "content": "Answering for you"}},
+        "body": {"elements": elements},
+    }
+    return json.dumps(card, ensure_ascii=False, separators=(",", ":"))
+
+
 def _answer_text(prompt: InteractionPrompt, index: int) -> str:
     """What a button stands for: the option's label when that names it alone (and is not
     a number), else its 1-based number -- judged exactly like the typed answer."""
@@ -195,6 +250,30 @@ def reply_target_id(target: ReplyTarget) -> str | None:
     if mid is not None and mid.startswith("card:"):
         return target.route if isinstance(target.route, str) else None
     return mid
+
+
+def placement(target: ReplyTarget) -> tuple[str | None, bool]:
+    """(the message to reply to or None for a message in the chat, ``reply_in_thread``).
+
+    A substitute answer follows its anchor: ``thread`` replies to it in a thread (opened
+    or continued), ``quote`` replies without the flag (a quote in the main flow),
+    ``plain`` posts into the chat.  Inside a topic / thread the answer stays there
+    (replying in-thread to its trigger): Feishu's ``thread_id`` is no message to reply
+    to, and topic groups keep one session per topic.
+    """
+    anchor = target.anchor
+    if anchor is None:
+        return reply_target_id(target), target.thread_id is not None
+    if anchor.mode == "plain":
+        return None, False
+    if target.thread_id is not None:
+        return target.reply_to_message_id, True
+    return anchor.message_id, anchor.mode == "thread"
+
+
+def receive_id_type(conversation_id: str) -> str:
+    """A message to a person by open_id (an operator's DM), else to a chat."""
+    return "open_id" if conversation_id.startswith("ou_") else "chat_id"
 
 
 @dataclass
@@ -247,6 +326,14 @@ class FeishuTransport:
         self._slot = 0
         #: The text of the first attempt of each slot (what a repeat with its uuid gets).
         self._first_text: dict[int, str] = {}
+        #: A substitute answer: its first message mentions the asker (only them).
+        anchor = target.anchor
+        self._at = (
+            at_tag(anchor.mention_id, anchor.mention_name)
+            if anchor is not None and anchor.mention_id and anchor.mention_id.startswith("ou_")
+            else None
+        )
+        self._first_id: str | None = None
 
     async def send(self, text: str, *, reply: bool) -> str:
         slot = self._slot
@@ -257,11 +344,23 @@ class FeishuTransport:
         if first != text:
             await self.edit(mid, text)
         self._slot += 1
+        if self._first_id is None:
+            self._first_id = mid
         await self.outbound.remember(self.target, mid, text)
         return mid
 
+    def _at_for(self, message_id: str | None) -> str | None:
+        """The asker's mention for the answer's first message (None for the others)."""
+        if self._at is None or (self._first_id is not None and message_id != self._first_id):
+            return None
+        return self._at
+
     async def _send(self, text: str, slot: int, *, reply: bool) -> str:
         cardkit = self.outbound.cardkit
+        if self._at is not None:  # a substitute answer: text, like a person's message
+            return await self._post(
+                "text", text_content(text, at=self._at_for(None)), slot, reply=reply
+            )
         if reply and self.stream and cardkit.enabled:
             try:
                 card_id = await self.rest.create_card(
@@ -280,19 +379,20 @@ class FeishuTransport:
 
     async def _post(self, msg_type: str, content: str, slot: int, *, reply: bool) -> str:
         uuid = uuid_for(self.key, "send", str(slot))
-        parent = reply_target_id(self.target)
+        parent, in_thread = placement(self.target)
+        conversation = self.target.conversation_id
         for attempt in (1, 2):
             try:
                 if parent is not None:
                     return await self.rest.reply(
-                        parent,
-                        msg_type,
-                        content,
-                        uuid=uuid,
-                        in_thread=self.target.thread_id is not None,
+                        parent, msg_type, content, uuid=uuid, in_thread=in_thread
                     )
                 return await self.rest.create(
-                    self.target.conversation_id, msg_type, content, uuid=uuid
+                    conversation,
+                    msg_type,
+                    content,
+                    uuid=uuid,
+                    receive_id_type=receive_id_type(conversation),
                 )
             except NotFound:
                 if parent is None:
@@ -328,7 +428,9 @@ class FeishuTransport:
             raise NotFound("the message has used its edits", code=230072)
         self.edits[message_id] = done + 1
         try:
-            await self.rest.edit(message_id, "text", text_content(text))
+            await self.rest.edit(
+                message_id, "text", text_content(text, at=self._at_for(message_id))
+            )
         except ChannelError as exc:
             if exc.code in (230072, 230075):
                 raise NotFound(f"edit refused: {exc}", code=exc.code) from exc
@@ -400,6 +502,9 @@ class FeishuOutbound(EditOutbound):
         self.epoch = epoch
         self.cardkit = _Cardkit()
         self._interactions: dict[str, _Pending] = {}
+        #: Control notices sent since the start, by card message id (a press shows its
+        #: result under the notice's text; after a restart under an empty one).
+        self._notices: dict[str, ControlNotice] = {}
 
     def transport(self, target: ReplyTarget) -> FeishuTransport:
         key = target.reply_to_message_id or target.conversation_id
@@ -461,6 +566,35 @@ class FeishuOutbound(EditOutbound):
                 await self.rest.delete_reaction(mid, reaction)
             except ChannelError as exc:
                 log.info("reaction_failed", emoji="OnIt", error=str(exc)[:200])
+
+    # -- substitute control notices ----------------------------------------------------
+
+    async def send_control_notice(
+        self, target: ReplyTarget, notice: ControlNotice
+    ) -> list[Delivered]:
+        """The operator's DM: the notice as a card with the two control buttons (their
+        presses come back as ``card.action.trigger``, see :class:`.protocol.ControlPress`)."""
+        sent_at = self.epoch()
+        mid = await self.transport(target)._post(
+            "interactive", control_card(notice), 0, reply=False
+        )
+        if len(self._notices) >= MAX_NOTICES:
+            self._notices.clear()
+        self._notices[mid] = notice
+        return [Delivered(message_id=mid, text=notice.text, sent_at=sent_at, completed_at=sent_at)]
+
+    async def show_control_result(self, press: ControlPress, result: str) -> None:
+        """Put what a press did on its notice card (best effort, bounded)."""
+        notice = self._notices.get(press.card_message_id) or ControlNotice(
+            text="", conversation_id=press.conversation_id, thread_id=press.thread_id
+        )
+        with trio.move_on_after(CONTROL_PATCH_TIMEOUT_S):  # the reader waits for it
+            try:
+                await self.rest.patch_card(
+                    press.card_message_id, control_card(notice, result=result)
+                )
+            except ChannelError as exc:
+                log.info("card_update_failed", error=str(exc)[:200])
 
     # -- approvals and questions --------------------------------------------------------
 

@@ -15,7 +15,12 @@ Usage::
 Open API: token (``expire_tokens()`` makes every issued token fail with 99991663), bot
 info, ws endpoint (a fresh ticket per call), message get / reply / create / edit (20
 edits) / card patch, CardKit create, element content and settings (``sequence`` must
-increase: 300317), reactions, resources.  Every ``uuid`` is remembered: a repeated
+increase: 300317), reactions, resources, and the contact directory for substitute targets
+(``contact/v3/users/batch_get_id`` by email, ``contact/v3/users/{id}`` by open_id or
+union_id from :attr:`FakeFeishu.contacts`; ``contact_errors`` answers an id with a code
+such as 99992361 / 41050 / 41012 / 40003, ``contact_empty`` with code 0 and no user,
+``batch_get_id_error`` fails the batch).  A create with ``receive_id_type=open_id`` is a
+DM (:attr:`FakeFeishu.dm_chats`).  Every ``uuid`` is remembered: a repeated
 create/reply/update with the same uuid answers the first result and does nothing
 (Feishu's idempotency).  ``cardkit_enabled = False`` refuses CardKit with 99991672;
 ``lookup_denied`` (message ids) answers lookups with 99991672; the shared fault queue
@@ -32,7 +37,7 @@ connection, :meth:`close_connection` closes it cleanly; ``drop_after(k)`` after 
 events; ``max_connections`` refuses more with 514 / ``Handshake-Autherrcode: 1000040350``;
 ``global_rate_limit = n`` answers the next n Open API calls (any route) with 429;
 :meth:`lose_response_next` carries a call out and then drops its answer.  Injection: :meth:`user_message`
-(text, post, image, file...; mentions, replies, topics), :meth:`recall`,
+(text, post, image, file...; mentions of the bot, of ``people``, replies, topics), :meth:`recall`,
 :meth:`click` (a card button: ``card.action.trigger``), :meth:`push_event` (any event),
 :meth:`push_frame` (raw bytes).
 
@@ -132,6 +137,16 @@ class BotMessage:
     card_id: str | None = None
     parent_id: str | None = None
     edits: int = 0
+    #: A reply sent with ``reply_in_thread`` (it opened or continued a thread).
+    in_thread: bool = False
+
+    @property
+    def pinged(self) -> list[str]:
+        """The open_ids a text message's ``<at user_id="...">`` tags notify."""
+        return _AT_TAG.findall(self.text) if self.msg_type == "text" else []
+
+
+_AT_TAG = re.compile(r'<at user_id="([^"]+)">')
 
 
 _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
@@ -200,6 +215,18 @@ _ROUTES: list[tuple[str, re.Pattern[str], str, str]] = [
         "/open-apis/cardkit/v1/cards/{card_id}/settings",
         "_card_settings",
     ),
+    (
+        "POST",
+        re.compile(r"^/open-apis/contact/v3/users/batch_get_id$"),
+        "/open-apis/contact/v3/users/batch_get_id",
+        "_batch_get_id",
+    ),
+    (
+        "GET",
+        re.compile(r"^/open-apis/contact/v3/users/(?P<uid>[^/]+)$"),
+        "/open-apis/contact/v3/users/{user_id}",
+        "_user",
+    ),
 ]
 
 
@@ -243,6 +270,18 @@ class FakeFeishu(FakePlatform[RestCall]):
         self.max_connections: int | None = None
         #: The next this many Open API calls (any route) answer 429 (a global rate limit).
         self.global_rate_limit = 0
+        #: The contact directory (``contact/v3``): open_id -> a user (``open_id``,
+        #: ``union_id``, ``user_id``, ``name``, ``email``, ``avatar`` as Feishu has them).
+        self.contacts: dict[str, dict[str, Any]] = {}
+        #: An id (open_id / union_id) whose profile lookup answers (http status, code):
+        #: 99992361 cross-app, 41050 not visible, 41012 / 40001 invalid, 40003 internal.
+        self.contact_errors: dict[str, tuple[int, int]] = {}
+        #: Ids whose profile answers code 0 without a user.
+        self.contact_empty: set[str] = set()
+        #: ``batch_get_id`` answers (http status, code) when set.
+        self.batch_get_id_error: tuple[int, int] | None = None
+        #: open_id -> the p2p chat of the bot with that person (DMs by open_id).
+        self.dm_chats: dict[str, str] = {}
         # state
         self.tokens: set[str] = set()
         self.token_requests = 0
@@ -331,8 +370,14 @@ class FakeFeishu(FakePlatform[RestCall]):
         thread_id: str | None = None,
         msg_type: str = "text",
         content: dict[str, Any] | None = None,
+        people: list[dict[str, str]] | None = None,
     ) -> dict[str, Any]:
-        """A user's message, delivered as ``im.message.receive_v1`` (and kept for lookups)."""
+        """A user's message, delivered as ``im.message.receive_v1`` (and kept for lookups).
+
+        ``people``: more persons mentioned (``open_id``, ``name``, optional ``union_id`` /
+        ``user_id``); each placeholder goes where the text has ``{0}``, ``{1}`` ... (or
+        before the text when it has none).
+        """
         sender = sender or self.user
         mentions: list[dict[str, Any]] = []
         prefix = ""
@@ -344,6 +389,26 @@ class FakeFeishu(FakePlatform[RestCall]):
             key = f"@_user_{len(mentions) + 1}"
             mentions.append(self._mention(key, self.other_user["open_id"], self.other_user["name"]))
             prefix += key + " "
+        keys: list[str] = []
+        for person in people or []:
+            key = f"@_user_{len(mentions) + 1}"
+            mentions.append(
+                {
+                    "key": key,
+                    "id": {
+                        "open_id": person["open_id"],
+                        "union_id": person.get("union_id"),
+                        "user_id": person.get("user_id"),
+                    },
+                    "name": person["name"],
+                    "tenant_key": "tenant_fake",
+                }
+            )
+            keys.append(key)
+        if keys and "{0}" in text:
+            text = text.format(*keys)
+        elif keys:
+            prefix += " ".join(keys) + " "
         if content is None:
             content = {"text": prefix + text}
         mid = _id("om_")
@@ -788,15 +853,25 @@ class FakeFeishu(FakePlatform[RestCall]):
             raise _Fail(400, 230011, "The message has been withdrawn or does not exist.")
         chat = parent["chat_id"] if isinstance(parent, dict) else parent.chat_id
         new = self._new_bot_message(chat, body, parent_id=mid)
+        if body.get("reply_in_thread") is True:
+            self.bot_msgs[new["data"]["message_id"]].in_thread = True
         return self._remember(body, "send", new)
 
     def _create(self, body: Any, request: Request) -> Any:
         again = self._once(body, "send")
         if again is not None:
             return again
-        if request.query.get("receive_id_type") != "chat_id":
+        kind = request.query.get("receive_id_type")
+        chat = body["receive_id"]
+        if kind == "open_id":  # a DM: the bot's p2p chat with that person
+            if not str(chat).startswith("ou_"):
+                raise _Fail(400, 99992361, "open_id cross app")
+            if chat == self.user["open_id"]:
+                self.dm_chats.setdefault(chat, self.dm_chat)
+            chat = self.dm_chats.setdefault(chat, _id("oc_dm"))
+        elif kind != "chat_id":
             raise _Fail(400, 230001, "invalid receive_id_type")
-        new = self._new_bot_message(body["receive_id"], body, parent_id=None)
+        new = self._new_bot_message(chat, body, parent_id=None)
         return self._remember(body, "send", new)
 
     def _new_bot_message(self, chat: str, body: Any, *, parent_id: str | None) -> Any:
@@ -925,6 +1000,38 @@ class FakeFeishu(FakePlatform[RestCall]):
         card["card"].setdefault("config", {}).update(settings.get("config", {}))
         self.changed()
         return self._remember(body, f"settings:{cid}", {"code": 0, "msg": "success", "data": {}})
+
+    def _batch_get_id(self, body: Any, request: Request) -> Any:
+        """Emails -> ids (``user_id_type`` in the query); an unknown email has no id."""
+        if self.batch_get_id_error is not None:
+            status, code = self.batch_get_id_error
+            raise _Fail(status, code, "batch_get_id failed")
+        kind = request.query.get("user_id_type", "open_id")
+        out = []
+        for email in body.get("emails") or []:
+            user = next(
+                (
+                    u
+                    for u in self.contacts.values()
+                    if str(u.get("email", "")).lower() == email.lower()
+                ),
+                None,
+            )
+            out.append({"email": email, "user_id": user[kind]} if user else {"email": email})
+        return {"code": 0, "msg": "success", "data": {"user_list": out}}
+
+    def _user(self, body: Any, request: Request, uid: str) -> Any:
+        """A user's profile by ``user_id_type`` open_id / union_id."""
+        if uid in self.contact_errors:
+            status, code = self.contact_errors[uid]
+            raise _Fail(status, code, "contact lookup failed")
+        if uid in self.contact_empty:
+            return {"code": 0, "msg": "success", "data": {}}
+        kind = request.query.get("user_id_type", "open_id")
+        user = next((u for u in self.contacts.values() if u.get(kind) == uid), None)
+        if user is None:
+            raise _Fail(400, 41012, "invalid user id")
+        return {"code": 0, "msg": "success", "data": {"user": user}}
 
 
 def _card_visible(card: dict[str, Any]) -> str:
