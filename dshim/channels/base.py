@@ -102,8 +102,6 @@ __all__ = [
     "Identity",
     "Inbound",
     "InteractionPrompt",
-    "CONTROL_ACTIONS",
-    "ControlNotice",
     "LoggedMessage",
     "LoginContext",
     "LoginFn",
