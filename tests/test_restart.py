@@ -47,12 +47,16 @@ class Agent(EchoHarness):
         super().__init__()
         self.think_s = think_s
         self.prompts: list[str] = []
+        #: Set (and replaced) whenever a prompt arrives.
+        self.prompted = trio.Event()
 
     def prompt(
         self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
     ) -> AsyncGenerator[TurnEvent, None]:
         current = [p.text for p in parts if isinstance(p, TextPart)][-1]
         self.prompts.append(current)
+        self.prompted.set()
+        self.prompted = trio.Event()
         if current == "poison":
             return self._bug()
         if self.think_s:
@@ -92,6 +96,11 @@ class Chat:
 
     async def until(self, predicate: Callable[[], bool]) -> None:
         await self.fake.wait_until(predicate)
+
+    async def prompted(self, n: int) -> None:
+        """Until the agent got ``n`` prompts (the agent is no part of the fake)."""
+        while len(self.agent.prompts) < n:
+            await self.agent.prompted.wait()
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[trio.Event]:
@@ -141,7 +150,7 @@ async def test_a_turn_that_showed_nothing_is_answered_after_a_crash(
     async with ada_chat(tmp_path) as c:
         async with c.serving():
             c.say("echo:slow 10 the question")
-            await c.until(lambda: len(c.agent.prompts) == 1)
+            await c.prompted(1)
             await trio.sleep(0.5)  # typing shows, the first message is 0.5 s away
             assert c.texts == []
             # crash
@@ -212,7 +221,7 @@ async def test_an_answer_that_had_shown_nothing_at_shutdown_runs_after_the_resta
     async with ada_chat(tmp_path, Agent(think_s=30)) as c:  # thinks longer than the grace
         async with c.serving() as shutdown:
             c.say("a hard question")
-            await c.until(lambda: len(c.agent.prompts) == 1)
+            await c.prompted(1)
             shutdown.set()
             await trio.sleep(60)
             assert c.texts == []  # nothing to mark: nothing was shown
