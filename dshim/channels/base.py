@@ -81,7 +81,13 @@ import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
 from dshim.model import InboundMessage, Skip, Verdict
-from dshim.outbound import InteractionPrompt, Outbound, ReplyStream
+from dshim.outbound import (
+    CONTROL_ACTIONS,
+    ControlNotice,
+    InteractionPrompt,
+    Outbound,
+    ReplyStream,
+)
 from dshim.store.base import LoggedMessage, OutboundEntry
 
 if TYPE_CHECKING:
@@ -89,6 +95,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BotConfig",
+    "CONTROL_ACTIONS",
+    "ControlNotice",
     "SubstituteTarget",
     "BotHost",
     "Channel",
