@@ -686,12 +686,12 @@ class MessageMapper:
         if frame.op == OP_DISPATCH and frame.t in GUILD_EVENTS:
             return self.learn_guild_event(frame.t, frame.d)
         if frame.op == OP_DISPATCH and frame.t == "INTERACTION_CREATE":
+            # A press is answered live (within 3 s) or not at all: from a stored frame it
+            # is never a message (an answer press reaches the inbox normalized).
             press = self.decode_interaction(frame.d)
             if isinstance(press, Skip):
                 return press
-            if press.answer is None:
-                return Skip(reason="ignored", detail="a control notice button")
-            return press.answer
+            return Skip(reason="ignored", detail="a button press", message_id=press.id)
         if frame.op != OP_DISPATCH or frame.t != "MESSAGE_CREATE":
             return Skip(reason="ignored", detail=f"op {frame.op} {frame.t or ''}".strip()[:100])
         return self.decode_message(frame.d)
