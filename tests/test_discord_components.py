@@ -271,3 +271,22 @@ async def test_a_question_in_a_group_is_answered_by_the_starters_press_only(
         assert callbacks(mine) == [({"type": 6}, 204)]
         after = fake.messages[request["id"]]
         assert after["components"] == [] and after["content"].endswith("→ Blue")
+
+
+async def test_an_approval_inside_a_thread_is_decided_by_a_press_there(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        thread = fake.thread_channel
+        await fake.user_message(thread, "echo:approval", mention_bot=True)
+        request = await request_message(fake, thread)
+        assert {b["custom_id"] for b in buttons(request)} == {
+            f"dshim:opt:{n}:{thread}" for n in (1, 2, 3)
+        }
+        await fake.press(request, label="Reject")
+        await fake.wait_until(
+            lambda: any(
+                m["content"] == "Approval decision: reject_once" for m in fake.bot_messages(thread)
+            )
+        )
+        assert fake.messages[request["id"]]["content"].endswith("→ Reject")
