@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from dshim.outbound import CONTROL_ACTIONS
 from dshim.testing.fakes.discord import FakeDiscord, FakeInteraction
-from tests.test_discord_e2e import running_bot
+from tests.test_discord_e2e import answered, running_bot
 
 OWNER_ID = "111111111111111111"
 OPERATOR_ID = "222222222222222222"
@@ -189,9 +189,13 @@ def files_containing(root: Path, secret: bytes) -> list[Path]:
 # --- approvals and questions ---------------------------------------------------------------
 
 
-async def request_message(fake: FakeDiscord, channel: str) -> dict[str, Any]:
+async def ask(
+    fake: FakeDiscord, channel: str, text: str, **kw: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A user's message that makes the agent ask; returns it and the request with buttons."""
+    asked = await fake.user_message(channel, text, **kw)
     await fake.wait_until(lambda: any(buttons(m) for m in fake.bot_messages(channel)))
-    return next(m for m in fake.bot_messages(channel) if buttons(m))
+    return asked, next(m for m in fake.bot_messages(channel) if buttons(m))
 
 
 async def test_an_approval_shows_buttons_and_a_press_decides_it(
@@ -199,8 +203,7 @@ async def test_an_approval_shows_buttons_and_a_press_decides_it(
 ) -> None:
     async with running_bot(tmp_path) as (bot, fake):
         dm = fake.dm_channel
-        asked = await fake.user_message(dm, "echo:approval")
-        request = await request_message(fake, dm)
+        asked, request = await ask(fake, dm, "echo:approval")
         assert request["message_reference"]["message_id"] == asked["id"]
         assert [(b["label"], b["style"]) for b in buttons(request)] == [
             ("Allow once", 3),
@@ -209,11 +212,7 @@ async def test_an_approval_shows_buttons_and_a_press_decides_it(
         ]
         assert "run the scripted action" in request["content"]
         pressed = await fake.press(request, label="Allow always")
-        await fake.wait_until(
-            lambda: any(
-                m["content"] == "Approval decision: allow_always" for m in fake.bot_messages(dm)
-            )
-        )
+        await answered(fake, dm, "Approval decision: allow_always")
         assert callbacks(pressed) == [({"type": 6}, 204)]
         after = fake.messages[request["id"]]
         assert after["components"] == []
@@ -227,15 +226,10 @@ async def test_an_approval_answered_by_typing_closes_the_buttons(
 ) -> None:
     async with running_bot(tmp_path) as (bot, fake):
         dm = fake.dm_channel
-        await fake.user_message(dm, "echo:approval")
-        request = await request_message(fake, dm)
+        _, request = await ask(fake, dm, "echo:approval")
         shown = list(request["components"])
         await fake.user_message(dm, "no")
-        await fake.wait_until(
-            lambda: any(
-                m["content"] == "Approval decision: reject_once" for m in fake.bot_messages(dm)
-            )
-        )
+        await answered(fake, dm, "Approval decision: reject_once")
         await fake.wait_until(lambda: fake.messages[request["id"]]["components"] == [])
         assert fake.messages[request["id"]]["content"].endswith("This request is closed.")
         # A press on the closed request: buttons gone, nothing reaches the agent.
@@ -254,8 +248,7 @@ async def test_a_question_in_a_group_is_answered_by_the_starters_press_only(
 ) -> None:
     async with running_bot(tmp_path) as (bot, fake):
         chan = fake.text_channel
-        await fake.user_message(chan, "echo:question", mention_bot=True)
-        request = await request_message(fake, chan)
+        _, request = await ask(fake, chan, "echo:question", mention_bot=True)
         assert [b["label"] for b in buttons(request)] == ["Red", "Blue"]
         bob = fake.make_user("bob", global_name="Bob")
         other = await fake.press(request, label="Red", user=bob)
@@ -265,9 +258,7 @@ async def test_a_question_in_a_group_is_answered_by_the_starters_press_only(
         assert buttons(fake.messages[request["id"]])
         assert not any(m["content"].startswith("Answer:") for m in fake.bot_messages(chan))
         mine = await fake.press(request, label="Blue")
-        await fake.wait_until(
-            lambda: any(m["content"] == "Answer: Blue" for m in fake.bot_messages(chan))
-        )
+        await answered(fake, chan, "Answer: Blue")
         assert callbacks(mine) == [({"type": 6}, 204)]
         after = fake.messages[request["id"]]
         assert after["components"] == [] and after["content"].endswith("→ Blue")
@@ -278,15 +269,10 @@ async def test_an_approval_inside_a_thread_is_decided_by_a_press_there(
 ) -> None:
     async with running_bot(tmp_path) as (bot, fake):
         thread = fake.thread_channel
-        await fake.user_message(thread, "echo:approval", mention_bot=True)
-        request = await request_message(fake, thread)
+        _, request = await ask(fake, thread, "echo:approval", mention_bot=True)
         assert {b["custom_id"] for b in buttons(request)} == {
             f"dshim:opt:{n}:{thread}" for n in (1, 2, 3)
         }
         await fake.press(request, label="Reject")
-        await fake.wait_until(
-            lambda: any(
-                m["content"] == "Approval decision: reject_once" for m in fake.bot_messages(thread)
-            )
-        )
+        await answered(fake, thread, "Approval decision: reject_once")
         assert fake.messages[request["id"]]["content"].endswith("→ Reject")
