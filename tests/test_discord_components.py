@@ -276,3 +276,49 @@ async def test_an_approval_inside_a_thread_is_decided_by_a_press_there(
         await fake.press(request, label="Reject")
         await answered(fake, thread, "Approval decision: reject_once")
         assert fake.messages[request["id"]]["content"].endswith("→ Reject")
+
+
+async def test_a_late_press_on_a_request_still_answers_it(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        dm = fake.dm_channel
+        _, request = await ask(fake, dm, "echo:approval")
+        pressed = await fake.press(request, label="Allow once", delay_s=5)
+        await answered(fake, dm, "Approval decision: allow_once")
+        assert callbacks(pressed) == [({"type": 6}, 404)]  # Discord: Unknown interaction
+        assert fake.messages[request["id"]]["content"].endswith("→ Allow once")
+
+
+# --- the callback endpoint, as the REST client meets it -----------------------------------------
+
+
+async def test_the_fake_checks_the_token_the_window_and_a_single_answer(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    from dshim.channels.discord.client import USER_AGENT, RestClient
+    from dshim.channels.kit.http import open_http
+    from dshim.errors import ChannelError, NotFound
+
+    async with running_bot(tmp_path, **SUBSTITUTE) as (bot, fake):
+        notice, _ = await slow_after_notice(fake)
+        async with open_http(fake.api_base, user_agent=USER_AGENT) as http:
+            rest = RestClient(http, token="not-needed-here", api_base=fake.api_base)
+            pressed = await fake.press(notice, label=STOP_LABEL, user=OPERATOR)
+            await fake.wait_until(lambda: bool(pressed.callbacks))
+            update = {"type": 7, "data": {"content": "again"}}
+            errors: list[ChannelError] = []
+            for token in ("a-wrong-token", pressed.token):  # the bot has answered already
+                try:
+                    await rest.interaction_callback(pressed.id, token, update)
+                except ChannelError as exc:
+                    errors.append(exc)
+            assert [(e.status, e.code) for e in errors] == [(401, 50027), (400, 40060)]
+            fake.interactions[pressed.id].answered = False  # as if never answered, but late
+            await trio.sleep(5)
+            try:
+                await rest.interaction_callback(pressed.id, pressed.token, update)
+            except NotFound as exc:
+                assert exc.code == 10062 and pressed.token not in str(exc)
+            else:  # pragma: no cover - the assertion of this test
+                raise AssertionError("a callback after the 3 s was taken")
