@@ -7,11 +7,10 @@ websocket runner (see :mod:`.protocol` and :mod:`dshim.channels.kit.ws`).  Each
 MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly as
 received (the durable inbox keeps it and decodes it again after a restart); guild events
 go to the mapper only (it learns the bot's managed role there).  INTERACTION_CREATE
-button presses are answered here, within Discord's 3 s, see :func:`answer_press`.  A 401
-from any REST
-call, or a fatal gateway close code, stops the bot without a reconnect loop; other
-failures reconnect and resume inside ``run``.  Only AuthError, FatalChannelError and
-ConfigError escape it.
+button presses are answered here, within Discord's 3 s (see :func:`answer_press`).  A 401
+from any REST call, or a fatal gateway close code, stops the bot without a reconnect
+loop; other failures reconnect and resume inside ``run``.  Only AuthError,
+FatalChannelError and ConfigError escape it.
 """
 
 from __future__ import annotations
@@ -56,7 +55,7 @@ from dshim.channels.discord.protocol import (
     fetched_reference,
     intents,
 )
-from dshim.channels.discord.render import DiscordOutbound, cut, split
+from dshim.channels.discord.render import CLOSED_NOTE, DiscordOutbound, cut, split
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch, GatewayTuning
@@ -73,8 +72,6 @@ log = structlog.get_logger("dshim.discord")
 WANTED_DISPATCHES = frozenset({"MESSAGE_CREATE", "INTERACTION_CREATE"}) | GUILD_EVENTS
 #: Discord wants the answer to a press within 3 s of it; an attempt never takes longer.
 CALLBACK_TIMEOUT_S = 3.0
-#: Shown on a request's message when its buttons no longer count.
-CLOSED_NOTE = "This request is closed."
 PROBE_READY_TIMEOUT_S = 15.0
 TEST_TEXT = "✅ dshim connection test: the Discord bot {name} can send messages here."
 

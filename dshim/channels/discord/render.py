@@ -73,6 +73,8 @@ LABEL_MAX = 80
 CLOSE_TIMEOUT_S = 10.0
 #: The buttons' styles on a control notice.
 CONTROL_STYLES = {"stop": DANGER, "disable": SECONDARY}
+#: Shown on a request's message once its buttons no longer count (and no press decided).
+CLOSED_NOTE = "This request is closed."
 
 
 def split(text: str) -> list[str]:
@@ -236,8 +238,7 @@ class DiscordTransport:
 class _Shown:
     """A request shown with buttons: who may decide, and the option they pressed."""
 
-    def __init__(self, prompt: InteractionPrompt, starter: str | None) -> None:
-        self.prompt = prompt
+    def __init__(self, starter: str | None) -> None:
         self.starter = starter
         self.pressed: int | None = None
 
@@ -296,7 +297,7 @@ class DiscordButtons:
             components=option_components(prompt, target.thread_id),
         )
         starter = target.route.user_id if isinstance(target.route, Route) else None
-        shown = _Shown(prompt, starter)
+        shown = _Shown(starter)
         self._shown[created.id] = shown
         try:
             yield [
@@ -308,7 +309,7 @@ class DiscordButtons:
             if number is not None and number <= len(prompt.options):
                 note = f"→ {prompt.options[number - 1].label or number}"
             else:
-                note = "This request is closed."
+                note = CLOSED_NOTE
             with trio.CancelScope(shield=True), trio.move_on_after(CLOSE_TIMEOUT_S):
                 try:
                     await self.rest.edit_message(
