@@ -27,6 +27,7 @@ from typing import Any
 import trio
 from structlog.testing import capture_logs
 
+from dshim.channels.base import ChannelSpec
 from dshim.channels.discord import channel as discord_channel
 from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
@@ -43,10 +44,15 @@ DEADLINE = 900.0
 HEARTBEAT_S = 41.25
 CREATE = "POST /channels/{channel_id}/messages"
 EDIT = "PATCH /channels/{channel_id}/messages/{message_id}"
-#: The real channel with its jitter pinned.
-SEEDED = dataclasses.replace(
-    discord_channel.CHANNEL, run_fn=functools.partial(discord_channel.run, rng=random.Random(7))
-)
+
+
+def seeded() -> ChannelSpec:
+    """The real channel with its jitter pinned, a fresh seed each time: a bot sees the same
+    random draws whatever ran before it (a shared Random made tests order-dependent)."""
+    return dataclasses.replace(
+        discord_channel.CHANNEL,
+        run_fn=functools.partial(discord_channel.run, rng=random.Random(7)),
+    )
 
 
 class Bot:
@@ -111,7 +117,7 @@ async def running_bot(
                         config,
                         store,
                         shutdown=bot.shutdown,
-                        channels={"disco": SEEDED},
+                        channels={"disco": seeded()},
                         observer=bot.events,
                         harness=EchoHarness(slow_interval_s=0.4),
                     )

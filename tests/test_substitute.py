@@ -421,3 +421,31 @@ async def test_control_buttons_stop_the_answer_or_disable_the_chat_for_operators
         text = await rig.rt.substitute_control("disable", "g1", None, "900")
         assert text.startswith("Substitute mode is off")
         assert not await rig.rt.substitute.is_on("g1")
+
+
+async def test_discord_control_notice_with_buttons_once_per_session_not_to_the_asker(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    from tests.test_discord_e2e import running_bot as discord_bot
+
+    owner_id, operator_id, asker_id = "111111111111111111", "222222222222222222", "3" * 18
+    owner = {"id": owner_id, "username": "olga", "global_name": "Olga"}
+    asker = {"id": asker_id, "username": "ada", "global_name": "Ada"}  # an operator too
+    options = {
+        "substitute": {"enabled": True, "targets": [{"name": "Olga", "id": owner_id}]},
+        "access": {"operators": [operator_id, asker_id]},
+    }
+    async with discord_bot(tmp_path, **options) as (bot, fake):
+        chan = fake.text_channel
+        for text in ("deploy?", "and merge?"):
+            await fake.user_message(
+                chan, f"{text} <@{owner_id}>", author=asker, mention_users=[owner]
+            )
+            await trio.sleep(5)
+        assert list(fake.dm_channels) == [operator_id]
+        [notice] = fake.bot_messages(fake.dm_channels[operator_id])
+        assert "deploy?" in notice["content"]
+        assert [b["custom_id"] for row in notice["components"] for b in row["components"]] == [
+            f"dshim:ctl:stop:{chan}:-",
+            f"dshim:ctl:disable:{chan}:-",
+        ]

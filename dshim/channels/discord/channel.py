@@ -6,10 +6,11 @@ counts as started (authenticated) and then keeps one gateway session on the kit'
 websocket runner (see :mod:`.protocol` and :mod:`dshim.channels.kit.ws`).  Each
 MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly as
 received (the durable inbox keeps it and decodes it again after a restart); guild events
-go to the mapper only (it learns the bot's managed role there).  A 401 from any REST
-call, or a fatal gateway close code, stops the bot without a reconnect loop; other
-failures reconnect and resume inside ``run``.  Only AuthError, FatalChannelError and
-ConfigError escape it.
+go to the mapper only (it learns the bot's managed role there).  INTERACTION_CREATE
+button presses are answered here, within Discord's 3 s (see :func:`answer_press`).  A 401
+from any REST call, or a fatal gateway close code, stops the bot without a reconnect
+loop; other failures reconnect and resume inside ``run``.  Only AuthError,
+FatalChannelError and ConfigError escape it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dshim.channels.base import (
     ChannelSpec,
     Check,
     Identity,
+    Inbound,
     ProbeResult,
     ProbeRows,
     ReplaySource,
@@ -42,26 +44,34 @@ from dshim.channels.discord.client import (
     run_gateway,
 )
 from dshim.channels.discord.protocol import (
+    CALLBACK_DEFERRED_UPDATE,
+    CALLBACK_UPDATE_MESSAGE,
     GUILD_EVENTS,
+    UNKNOWN_INTERACTION_CODE,
     GatewayProtocol,
     MessageMapper,
+    Press,
+    RecentIds,
     fetched_reference,
     intents,
 )
-from dshim.channels.discord.render import DiscordOutbound, split
+from dshim.channels.discord.render import CLOSED_NOTE, DiscordOutbound, cut, split
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch, GatewayTuning
 from dshim.channels.kit.gateway_run import probe_ready
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
-from dshim.errors import AuthError, NotFound
+from dshim.errors import AuthError, ChannelError, NotFound
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 
 log = structlog.get_logger("dshim.discord")
 
-#: Dispatches read: messages for the pipeline, guild events for the mapper (the bot's role).
-WANTED_DISPATCHES = frozenset({"MESSAGE_CREATE"}) | GUILD_EVENTS
+#: Dispatches read: messages for the pipeline, guild events for the mapper (the bot's role),
+#: button presses (answered here).
+WANTED_DISPATCHES = frozenset({"MESSAGE_CREATE", "INTERACTION_CREATE"}) | GUILD_EVENTS
+#: Discord wants the answer to a press within 3 s of it; an attempt never takes longer.
+CALLBACK_TIMEOUT_S = 3.0
 PROBE_READY_TIMEOUT_S = 15.0
 TEST_TEXT = "✅ dshim connection test: the Discord bot {name} can send messages here."
 
@@ -162,7 +172,17 @@ async def run(
         ) as rt:
             task_status.started()
 
+            seen = RecentIds()
+
             async def deliver(dispatch: Dispatch) -> Verdict | None:
+                if dispatch.t == "INTERACTION_CREATE":
+                    press = mapper.decode_interaction(dispatch.d)
+                    if isinstance(press, Skip):
+                        return await rt.accept(press)
+                    if not seen.add(press.id):  # a Resume replayed it: answered already
+                        log.info("interaction_duplicate")
+                        return None
+                    return await answer_press(press, rest, outbound, rt)
                 if dispatch.t != "MESSAGE_CREATE":
                     mapper.learn_guild_event(dispatch.t, dispatch.d)  # not for the pipeline
                     return None
@@ -179,6 +199,67 @@ async def run(
                     await run_gateway(gw, rest, deliver, backoff=Backoff(rng=rng))
 
             await host.serve(rt, reader)
+
+
+async def answer_press(
+    press: Press, rest: RestClient, outbound: DiscordOutbound, rt: Inbound
+) -> Verdict | None:
+    """Answer a button press within Discord's 3 s.
+
+    * A control notice button: the core acts (``Inbound.substitute_control``: operators
+      only, anyone else gets the refusal) and the callback (type 7, UPDATE_MESSAGE)
+      replaces the notice with the returned text, without buttons.  A late press (the
+      callback refused: more than 3 s after the press) was still acted on; the notice
+      is then edited to the same text by ``PATCH`` so the operator sees the outcome
+      (Discord has shown them "This interaction failed").
+    * An option of a request that is still waiting: the callback acknowledges at once
+      (type 6, DEFERRED_UPDATE_MESSAGE), then the press goes to the pipeline as the
+      presser's message (judged like the typed answer; the starter-only rule applies).
+      It is stored normalized, without the frame (which carries the token).  A late
+      press still counts.
+    * An option of a request that no longer waits (answered, timed out, a restart):
+      type 7 takes the buttons away; nothing reaches the pipeline.
+    """
+    if press.control is not None:
+        c = press.control
+        text = cut(
+            await rt.substitute_control(c.action, c.conversation_id, c.thread_id, press.user_id)
+        )
+        update = {"type": CALLBACK_UPDATE_MESSAGE, "data": {"content": text, "components": []}}
+        if not await _callback(rest, press, update):
+            try:
+                await rest.edit_message(press.channel_id, press.message_id, text, components=[])
+            except ChannelError as exc:
+                log.info("control_notice_update_failed", code=exc.code, error=str(exc)[:200])
+        return None
+    answer = press.answer
+    assert answer is not None  # a Press is a control press or an answer
+    if not outbound.showing(press.message_id):
+        closed = cut(f"{press.message_content}\n\n{CLOSED_NOTE}".strip())
+        await _callback(
+            rest,
+            press,
+            {"type": CALLBACK_UPDATE_MESSAGE, "data": {"content": closed, "components": []}},
+        )
+        log.info("interaction_closed_press")
+        return None
+    await _callback(rest, press, {"type": CALLBACK_DEFERRED_UPDATE})
+    outbound.note_press(press.message_id, press.user_id, int(answer.content))
+    return await rt.accept(answer)
+
+
+async def _callback(rest: RestClient, press: Press, body: dict[str, object]) -> bool:
+    """One interaction callback attempt, within the 3 s; False when it did not take."""
+    with trio.move_on_after(CALLBACK_TIMEOUT_S):
+        try:
+            await rest.interaction_callback(press.id, press.token, body)
+        except ChannelError as exc:
+            late = exc.code == UNKNOWN_INTERACTION_CODE
+            log.info("interaction_callback_failed", code=exc.code, late=late, error=str(exc)[:200])
+            return False
+        return True
+    log.info("interaction_callback_failed", code=None, late=True, error="timed out")
+    return False
 
 
 class DiscordReplayAdapter:

@@ -130,17 +130,21 @@ class RestClient:
         nonce: str | None = None,
         retries: int | None = None,
         ping: str | None = None,
+        components: list[dict[str, Any]] | None = None,
     ) -> m.CreatedMessage:
         """``POST /channels/{channel_id}/messages``: never pings anyone but ``ping`` (a
         user id whose ``<@id>`` the content carries: a substitute answer's asker).
 
         With ``reply_to`` the message is a reply that still posts when the target is gone
         (``fail_if_not_exists: false``).  A ``nonce`` makes a retried create idempotent.
+        ``components``: action rows of buttons (see :mod:`.render`).
         """
         allowed: dict[str, Any] = {"parse": [], "replied_user": False}
         if ping is not None:
             allowed["users"] = [ping]
         body: dict[str, Any] = {"content": content, "allowed_mentions": allowed}
+        if components is not None:
+            body["components"] = components
         if reply_to is not None:
             body["message_reference"] = {"message_id": reply_to, "fail_if_not_exists": False}
         if nonce is not None:
@@ -180,18 +184,58 @@ class RestClient:
         )
 
     async def edit_message(
-        self, channel_id: str, message_id: str, content: str, *, retries: int | None = None
+        self,
+        channel_id: str,
+        message_id: str,
+        content: str,
+        *,
+        retries: int | None = None,
+        components: list[dict[str, Any]] | None = None,
     ) -> m.CreatedMessage:
-        """``PATCH /channels/{channel_id}/messages/{message_id}`` (mentions stay off)."""
+        """``PATCH /channels/{channel_id}/messages/{message_id}`` (mentions stay off;
+        ``components=[]`` removes the buttons)."""
+        body: dict[str, Any] = {
+            "content": content,
+            "allowed_mentions": {"parse": [], "replied_user": False},
+        }
+        if components is not None:
+            body["components"] = components
         return await self.request(
             "PATCH",
             "/channels/{channel_id}/messages/{message_id}",
             channel_id=channel_id,
             message_id=message_id,
-            json={"content": content, "allowed_mentions": {"parse": [], "replied_user": False}},
+            json=body,
             decoder=m.created_decoder,
             retries=retries,
         )
+
+    async def interaction_callback(
+        self, interaction_id: str, token: str, body: dict[str, Any]
+    ) -> None:
+        """``POST /interactions/{id}/{token}/callback``: answer a button press (once,
+        within 3 s of the press).
+
+        Authenticated by the interaction token in the path (a secret: it is never
+        logged and never in an error; errors name the route template).  Not subject to
+        the bot's rate limits, so it bypasses the limiter; one attempt, no retries (a
+        late answer is refused anyway).
+        """
+        route = "POST /interactions/{interaction_id}/{interaction_token}/callback"
+        path = "/interactions/{}/{}/callback".format(
+            urllib.parse.quote(interaction_id, safe=""), urllib.parse.quote(token, safe="")
+        )
+        resp = await counted(
+            route,
+            self._http.post(
+                self.api_base + path,
+                content=m.encode(body),
+                headers={"User-Agent": USER_AGENT, "Content-Type": "application/json"},
+            ),
+        )
+        if resp.status_code >= 400:
+            err = error_body(resp.content)
+            raise classify_error(resp.status_code, err.code, route, err.message)
 
     async def trigger_typing(self, channel_id: str, *, retries: int | None = None) -> None:
         """``POST /channels/{channel_id}/typing`` (lasts 10 s or until the bot posts)."""

@@ -171,7 +171,49 @@ class CreatedMessage(msgspec.Struct, kw_only=True, gc=False):
     content: str | None = None
 
 
+class InteractionData(msgspec.Struct, kw_only=True, gc=False):
+    """A component interaction's ``data``: which component (``custom_id``) was used."""
+
+    custom_id: str = ""
+    #: 2 = a button.
+    component_type: int = 0
+
+
+class InteractionMember(msgspec.Struct, kw_only=True, gc=False):
+    """The presser in a guild (``member.user``); in a DM it is the top-level ``user``."""
+
+    user: User | None = None
+    nick: str | None = None
+
+
+class InteractionMessage(msgspec.Struct, kw_only=True, gc=False):
+    """The bot message whose component was pressed."""
+
+    id: str
+    channel_id: str = ""
+    content: str = ""
+
+
+class Interaction(msgspec.Struct, kw_only=True, gc=False):
+    """An INTERACTION_CREATE ``d`` (resources/interactions.mdx, Interaction Object).
+
+    ``token`` is a secret (it answers the interaction for 15 minutes): it is used for the
+    one callback and never logged or stored.
+    """
+
+    id: str
+    type: int
+    token: str = ""
+    channel_id: str | None = None
+    guild_id: str | None = None
+    member: InteractionMember | None = None
+    user: User | None = None
+    message: InteractionMessage | None = None
+    data: InteractionData | None = None
+
+
 channel_decoder = msgspec.json.Decoder(CreatedChannel)
+interaction_decoder = msgspec.json.Decoder(Interaction)
 ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)
 quoted_decoder = msgspec.json.Decoder(QuotedMessage)
@@ -198,6 +240,10 @@ __all__ = [
     "Guild",
     "GuildRoleEvent",
     "Hello",
+    "Interaction",
+    "InteractionData",
+    "InteractionMember",
+    "InteractionMessage",
     "Member",
     "MentionedUser",
     "Message",

@@ -52,8 +52,26 @@ maps an HTTP status and Discord's JSON ``code`` to the error tree, :class:`RateL
 keeps the bucket state learned from the ``X-RateLimit-*`` headers.
 
 The last part maps MESSAGE_CREATE to :class:`~dshim.model.InboundMessage`
-(resources/message.mdx; see the rules on :class:`MessageMapper`).  Nothing here imports
-trio or httpx or reads a clock.
+(resources/message.mdx; see the rules on :class:`MessageMapper`), and INTERACTION_CREATE
+button presses to :class:`Press` (interactions/receiving-and-responding.mdx,
+interactions/message-components.mdx).  Nothing here imports trio or httpx or reads a
+clock.
+
+Button presses (message components)
+-----------------------------------
+The bot's buttons carry a ``custom_id`` (at most 100 characters) that says what they are:
+``dshim:ctl:<action>:<conversation>:<thread|->`` on a substitute control notice (the chat
+it is about travels in the button, the press happens in the operator's DM), and
+``dshim:opt:<n>:<thread|->`` on an approval or question (option ``n``; the press
+happens in the asking turn's channel, the turn's thread id travels in the button).  A
+press arrives as INTERACTION_CREATE type 3 (MESSAGE_COMPONENT) whatever the intents.
+Discord's guarantee: the interaction must be answered within **3 s** with
+``POST /interactions/{id}/{token}/callback`` or the presser sees "This interaction
+failed" and the token no longer answers (404, code 10062); nothing is redelivered except
+by a Resume replay, so presses are deduplicated in memory by interaction id
+(:class:`RecentIds`; a new session after a restart replays nothing).  The token is a
+secret: it is used for that one callback and never logged or stored (an answer press
+goes to the durable inbox normalized, without the frame).
 """
 
 from __future__ import annotations
@@ -63,9 +81,9 @@ import re
 import urllib.parse
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -667,9 +685,24 @@ class MessageMapper:
             return Skip(reason="malformed", detail=_short(exc))
         if frame.op == OP_DISPATCH and frame.t in GUILD_EVENTS:
             return self.learn_guild_event(frame.t, frame.d)
+        if frame.op == OP_DISPATCH and frame.t == "INTERACTION_CREATE":
+            # A press is answered live (within 3 s) or not at all: from a stored frame it
+            # is never a message (an answer press reaches the inbox normalized).
+            press = self.decode_interaction(frame.d)
+            if isinstance(press, Skip):
+                return press
+            return Skip(reason="ignored", detail="a button press", message_id=press.id)
         if frame.op != OP_DISPATCH or frame.t != "MESSAGE_CREATE":
             return Skip(reason="ignored", detail=f"op {frame.op} {frame.t or ''}".strip()[:100])
         return self.decode_message(frame.d)
+
+    def decode_interaction(self, d: msgspec.Raw | bytes | str) -> Press | Skip:
+        """An INTERACTION_CREATE ``d`` payload (see :func:`map_interaction`)."""
+        try:
+            inter = _decode_d(m.interaction_decoder, d)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return Skip(reason="malformed", detail=_short(exc))
+        return map_interaction(self.bot_id, inter)
 
     def decode_message(self, d: msgspec.Raw | bytes | str) -> InboundMessage | Skip:
         """A MESSAGE_CREATE ``d`` payload (a frame's Raw ``d``, or bytes/text)."""
@@ -749,6 +782,7 @@ class MessageMapper:
             received_at=received_at,
             mentions=mentions,
             mentioned=mentioned,
+            route=Route(user_id=msg.author.id),
         )
         if forwarded:
             item.forwarded = True
@@ -819,3 +853,200 @@ class MessageMapper:
         if self._lookup is None:
             return ReplyReference(message_id=ref_id, unavailable_reason="not-delivered")
         return ReplyReference(message_id=ref_id, loader=self._lookup(msg.channel_id, ref_id))
+
+
+# --- INTERACTION_CREATE -> Press ---------------------------------------------------------------
+
+#: Interaction type MESSAGE_COMPONENT, component type BUTTON.
+INTERACTION_MESSAGE_COMPONENT = 3
+COMPONENT_BUTTON = 2
+#: Interaction callback types: CHANNEL_MESSAGE_WITH_SOURCE, DEFERRED_UPDATE_MESSAGE,
+#: UPDATE_MESSAGE (interactions/receiving-and-responding.mdx).
+CALLBACK_DEFERRED_UPDATE = 6
+CALLBACK_UPDATE_MESSAGE = 7
+#: "Unknown interaction": the 3 s window (or the token) has expired.
+UNKNOWN_INTERACTION_CODE = 10062
+CUSTOM_ID_MAX = 100
+CONTROL_PREFIX = "dshim:ctl:"
+OPTION_PREFIX = "dshim:opt:"
+#: Buttons per action row, and in all (five rows).
+ROW_MAX = 5
+BUTTONS_MAX = 25
+#: Interaction tokens seen in practice are ~200 characters; anything far longer is no token.
+TOKEN_MAX = 1000
+ControlAction = Literal["stop", "disable"]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A mapped message's sender, for the requests a turn shows with buttons (only the
+    starter's press is shown as the decision)."""
+
+    user_id: str
+
+
+def _thread_part(thread_id: str | None) -> str:
+    return thread_id if thread_id is not None and is_snowflake(thread_id) else "-"
+
+
+def control_custom_id(action: str, conversation_id: str, thread_id: str | None) -> str:
+    """A control notice button's ``custom_id`` (at most 55 characters for snowflakes)."""
+    return f"{CONTROL_PREFIX}{action}:{conversation_id}:{_thread_part(thread_id)}"[:CUSTOM_ID_MAX]
+
+
+def option_custom_id(number: int, thread_id: str | None) -> str:
+    """The ``custom_id`` of option ``number`` (1-based) of a request's buttons."""
+    return f"{OPTION_PREFIX}{number}:{_thread_part(thread_id)}"
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPress:
+    """A control notice button: the action and the chat it is about."""
+
+    action: ControlAction
+    conversation_id: str
+    thread_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Press:
+    """A press of one of the bot's buttons, ready to be answered.
+
+    Exactly one of ``control`` (a substitute control notice) and ``answer`` (an option
+    of an approval or question: a message from the presser whose text is the option's
+    number, judged by the pipeline like the typed answer) is set.
+    """
+
+    id: str
+    #: The interaction token: a secret, for the one callback (not in ``repr``).
+    token: str = field(repr=False)
+    channel_id: str
+    message_id: str
+    message_content: str
+    user_id: str
+    control: ControlPress | None = None
+    answer: InboundMessage | None = None
+
+
+def _parse_thread(value: str) -> str | None | UnsetType:
+    if value == "-":
+        return None
+    return value if is_snowflake(value) else UNSET
+
+
+def parse_control(custom_id: str) -> ControlPress | None:
+    """``dshim:ctl:<action>:<conversation>:<thread|->``, or None."""
+    action, _, rest = custom_id[len(CONTROL_PREFIX) :].partition(":")
+    conversation, _, thread = rest.partition(":")
+    thread_id = _parse_thread(thread)
+    if action not in ("stop", "disable") or not is_snowflake(conversation):
+        return None
+    if isinstance(thread_id, UnsetType):
+        return None
+    return ControlPress("stop" if action == "stop" else "disable", conversation, thread_id)
+
+
+def parse_option(custom_id: str) -> tuple[int, str | None] | None:
+    """``dshim:opt:<n>:<thread|->`` -> (n, thread id), or None."""
+    number, _, thread = custom_id[len(OPTION_PREFIX) :].partition(":")
+    thread_id = _parse_thread(thread)
+    if not (number.isascii() and number.isdigit() and 1 <= int(number[:3]) <= BUTTONS_MAX):
+        return None
+    if isinstance(thread_id, UnsetType):
+        return None
+    return int(number), thread_id
+
+
+def _valid_token(token: str) -> bool:
+    return (
+        0 < len(token) <= TOKEN_MAX
+        and token.isascii()
+        and token.isprintable()
+        and ("/" not in token and " " not in token)
+    )
+
+
+def map_interaction(bot_id: str, inter: m.Interaction) -> Press | Skip:
+    """An INTERACTION_CREATE payload: a :class:`Press` of one of our buttons, or a Skip.
+
+    Only button presses (type 3, component type 2) on the bot's own messages with a
+    dshim ``custom_id`` are presses; other interactions (slash commands, other apps'
+    components) are ``ignored``.  Ids must be snowflakes and the token a plausible
+    token (it goes into a URL path), else ``malformed``.
+    """
+    if inter.type != INTERACTION_MESSAGE_COMPONENT:
+        return Skip(reason="ignored", detail=f"interaction type {inter.type}")
+    data = inter.data
+    if data is None or data.component_type != COMPONENT_BUTTON:
+        return Skip(reason="ignored", detail="not a button")
+    custom_id = data.custom_id
+    if not custom_id.startswith((CONTROL_PREFIX, OPTION_PREFIX)):
+        return Skip(reason="ignored", detail="not a dshim button")
+    presser = inter.member.user if inter.member is not None else None
+    presser = presser or inter.user
+    message = inter.message
+    channel_id = inter.channel_id or (message.channel_id if message is not None else "")
+    if (
+        presser is None
+        or message is None
+        or not is_snowflake(inter.id)
+        or not is_snowflake(presser.id)
+        or not is_snowflake(message.id)
+        or not is_snowflake(channel_id)
+        or (inter.guild_id is not None and not is_snowflake(inter.guild_id))
+        or not _valid_token(inter.token)
+        or len(custom_id) > CUSTOM_ID_MAX
+    ):
+        return Skip(reason="malformed", detail="a button press without valid ids or token")
+    base = Press(
+        id=inter.id,
+        token=inter.token,
+        channel_id=channel_id,
+        message_id=message.id,
+        message_content=message.content,
+        user_id=presser.id,
+    )
+    if custom_id.startswith(CONTROL_PREFIX):
+        control = parse_control(custom_id)
+        if control is None:
+            return Skip(reason="malformed", detail="a control button's custom_id")
+        return replace(base, control=control)
+    option = parse_option(custom_id)
+    if option is None:
+        return Skip(reason="malformed", detail="an option button's custom_id")
+    number, thread_id = option
+    member = inter.member
+    answer = InboundMessage(
+        channel=CHANNEL,
+        bot_id=bot_id,
+        message_id=inter.id,
+        conversation_id=channel_id,
+        conversation_type="direct" if inter.guild_id is None else "group",
+        thread_id=thread_id,
+        sender_id=presser.id,
+        sender_name=display_name(
+            presser, m.Member(nick=member.nick) if member is not None else None
+        ),
+        sender_is_bot=presser.bot,
+        addressed=True,
+        content=str(number),
+        received_at=snowflake_time(inter.id) or 0.0,
+    )
+    return replace(base, answer=answer)
+
+
+class RecentIds:
+    """The last ``limit`` interaction ids seen (a Resume may replay a press)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self._limit = limit
+        self._ids: dict[str, None] = {}
+
+    def add(self, item_id: str) -> bool:
+        """Remember ``item_id``; False when it was already there."""
+        if item_id in self._ids:
+            return False
+        if len(self._ids) >= self._limit:
+            del self._ids[next(iter(self._ids))]
+        self._ids[item_id] = None
+        return True

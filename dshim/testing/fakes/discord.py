@@ -51,6 +51,19 @@ its managed role (``bot_role``, listed in GUILD_CREATE with ``tags.bot_id``), fo
 (``forward=``: ``message_snapshots``), stickers; :meth:`dispatch` sends any event and
 ``conn.push("text", ...)`` any raw frame.
 
+Buttons (message components): a create or edit may carry ``components`` (action rows of
+at most 5 buttons, at most 5 rows, ``custom_id`` at most 100 characters, label at most
+80: anything else is 400 50035), kept on the message.  :meth:`press` is a user pressing
+one of a bot message's buttons: an INTERACTION_CREATE (type 3) with a fresh interaction
+id and token, as Discord sends it (``member`` in a guild, ``user`` in a DM, the pressed
+``message``).  The bot answers with ``POST /interactions/{id}/{token}/callback``
+(:attr:`interactions` records each): the token must match (else 401 50027), at most one
+answer (else 400 40060), within ``interaction_window_s`` (3 s; later: 404 10062
+Unknown interaction); type 7 (UPDATE_MESSAGE) edits the message (``content``,
+``components``), type 6 (DEFERRED_UPDATE_MESSAGE) only acknowledges.  ``press(...,
+delay_s=4)`` delivers the press that much after it was made (a slow gateway, a Resume
+replay).  The recorded call's path has the token replaced by ``{token}``.
+
 Reading what the bot did: :attr:`calls` (every REST request: method, path relative to
 the API base, JSON body, status; 0 for a dropped request), :meth:`bot_messages` (current
 state of the bot's messages after edits), :attr:`identifies`, :attr:`resumes`,
@@ -80,7 +93,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
-__all__ = ["FakeDiscord", "RestCall", "open_fake_discord", "snowflake"]
+__all__ = ["FakeDiscord", "FakeInteraction", "RestCall", "open_fake_discord", "snowflake"]
 
 API_PREFIX = "/api/v10"
 DISCORD_EPOCH_MS = 1420070400000
@@ -90,6 +103,8 @@ VALID_INTENTS = (1 << 26) - 1
 MAX_SEND_BYTES = 4096
 MAX_CONTENT = 2000
 OUTBOX = 100_000
+_CALLBACK = re.compile(r"^/interactions/(?P<id>[^/]+)/(?P<token>[^/]+)/callback$")
+CALLBACK_OP = "POST /interactions/{interaction_id}/{interaction_token}/callback"
 
 _counter = itertools.count()
 
@@ -148,6 +163,21 @@ class _Session:
     log: list[tuple[int, str, str]] = field(default_factory=list)
     conn: GatewayConnection | None = None
     valid: bool = True
+
+
+@dataclass
+class FakeInteraction:
+    """One button press: its token, when it was made, how the bot answered."""
+
+    id: str
+    token: str
+    message_id: str
+    custom_id: str
+    user_id: str
+    made_at: float  # trio time
+    #: (trio time, callback body, HTTP status) for every callback the bot made.
+    callbacks: list[tuple[float, Any, int]] = field(default_factory=list)
+    answered: bool = False
 
 
 @dataclass
@@ -275,6 +305,9 @@ class FakeDiscord(FakePlatform[RestCall]):
         self.bucket_limits: dict[str, tuple[int, float]] = {}
         self.forbidden: dict[str, int] = {}
         self.flood_on_ready = 0
+        self.interaction_window_s = 3.0
+        #: interaction id -> the press and the bot's callbacks
+        self.interactions: dict[str, FakeInteraction] = {}
         self._drop_after: int | None = None
         self._lost_responses: dict[str, int] = {}
         self._rate_rules: list[_RateRule] = []
@@ -514,6 +547,70 @@ class FakeDiscord(FakePlatform[RestCall]):
         msg = self.message(channel_id, content, **kw)
         await self.dispatch("MESSAGE_CREATE", msg)
         return msg
+
+    async def press(
+        self,
+        message: dict[str, Any] | str,
+        *,
+        label: str | None = None,
+        custom_id: str | None = None,
+        user: dict[str, Any] | None = None,
+        nick: str | None = None,
+        delay_s: float = 0.0,
+    ) -> FakeInteraction:
+        """A user presses a button of a bot message (by ``label`` or ``custom_id``; the
+        first button when neither is given): INTERACTION_CREATE, ``delay_s`` after the
+        press.  Raises LookupError when the message has no such (enabled) button."""
+        msg = self.messages[message if isinstance(message, str) else message["id"]]
+        buttons = [c for row in msg.get("components", []) for c in row.get("components", [])]
+        found = [
+            b
+            for b in buttons
+            if (label is None or b.get("label") == label)
+            and (custom_id is None or b.get("custom_id") == custom_id)
+            and not b.get("disabled")
+        ]
+        if not found:
+            raise LookupError(f"no button {label or custom_id!r} on message {msg['id']}")
+        pressed = found[0]
+        user = user or self.user
+        chan = self.channels[msg["channel_id"]]
+        now = time.time()
+        inter = FakeInteraction(
+            id=snowflake(now),
+            token="aW50ZXJhY3Rpb246" + secrets.token_urlsafe(48),
+            message_id=msg["id"],
+            custom_id=pressed["custom_id"],
+            user_id=str(user["id"]),
+            made_at=trio.current_time(),
+        )
+        self.interactions[inter.id] = inter
+        d: dict[str, Any] = {
+            "id": inter.id,
+            "application_id": self.bot_user["id"],
+            "type": 3,
+            "token": inter.token,
+            "version": 1,
+            "channel_id": msg["channel_id"],
+            "channel": {"id": msg["channel_id"], "type": chan["type"]},
+            "message": {k: v for k, v in msg.items() if k != "nonce"},
+            "data": {"custom_id": pressed["custom_id"], "component_type": 2},
+            "app_permissions": "2248473465835073",
+            "locale": "en-US",
+            "entitlements": [],
+            "authorizing_integration_owners": {"0": chan.get("guild_id", "0")},
+            "context": 0 if "guild_id" in chan else 1,
+        }
+        if "guild_id" in chan:
+            d["guild_id"] = chan["guild_id"]
+            d["guild_locale"] = "en-US"
+            d["member"] = {"user": user, "nick": nick, "roles": [], "permissions": "0"}
+        else:
+            d["user"] = user
+        if delay_s:
+            await trio.sleep(delay_s)
+        await self.dispatch("INTERACTION_CREATE", d)
+        return inter
 
     async def dispatch(self, t: str, d: Any) -> None:
         """Append a dispatch to the current session and send it if connected."""
@@ -784,6 +881,9 @@ class FakeDiscord(FakePlatform[RestCall]):
         except ValueError:
             body = None
         headers = {k: v for k, v in request.headers if k != "authorization"}
+        callback = _CALLBACK.match(rel) if request.method == "POST" else None
+        if callback is not None:
+            return await self._interaction_callback(body, headers, **callback.groupdict())
         for method, pattern, template, handler in _ROUTES:
             match = pattern.match(rel)
             if match is None or method != request.method:
@@ -875,6 +975,68 @@ class FakeDiscord(FakePlatform[RestCall]):
             ("x-ratelimit-bucket", _bucket_hash(method, template)),
         ]
 
+    async def _interaction_callback(
+        self, body: Any, headers: dict[str, str], id: str, token: str
+    ) -> Response:
+        """``POST /interactions/{id}/{token}/callback`` (no bot token needed: the
+        interaction token authenticates it)."""
+        delay = self.route_latency.get(CALLBACK_OP, self.latency_s)
+        if delay:
+            await trio.sleep(delay)
+        now = trio.current_time()
+        inter = self.interactions.get(id)
+        fault = await self.faults_for(CALLBACK_OP)
+        if fault is not None:
+            response = _fault_response(fault)
+        elif inter is None:
+            response = _error(404, 10062, "Unknown interaction")
+        elif not secrets.compare_digest(token, inter.token):
+            response = _error(401, 50027, "Invalid Webhook Token")
+        elif now - inter.made_at > self.interaction_window_s:
+            response = _error(404, 10062, "Unknown interaction")
+        elif inter.answered:
+            response = _error(400, 40060, "Interaction has already been acknowledged.")
+        else:
+            response = self._answer_interaction(inter, body)
+        if inter is not None:
+            inter.callbacks.append((now, body, response.status))
+        rel = f"/interactions/{id}/{{token}}/callback"
+        self.record(RestCall("POST", rel, body, response.status, now, headers))
+        return response
+
+    def _answer_interaction(self, inter: FakeInteraction, body: Any) -> Response:
+        kind = body.get("type") if isinstance(body, dict) else None
+        if kind == 6:
+            inter.answered = True
+            return Response(204)
+        if kind != 7:
+            return _error(400, 50035, "Invalid Form Body (type)")
+        data = body.get("data")
+        msg = self.messages.get(inter.message_id)
+        if not isinstance(data, dict) or msg is None:
+            return _error(400, 50035, "Invalid Form Body (data)")
+        bad = self._apply_edit(msg, data)
+        if bad is not None:
+            return bad
+        inter.answered = True
+        return Response(204)
+
+    def _apply_edit(self, msg: dict[str, Any], body: dict[str, Any]) -> Response | None:
+        """Apply ``content`` / ``components`` of an edit; an error response, or None."""
+        content = body.get("content")
+        if content is not None and (not isinstance(content, str) or len(content) > MAX_CONTENT):
+            return _error(400, 50035, "Invalid Form Body (content)")
+        if "components" in body:
+            problem = _components_problem(body["components"])
+            if problem is not None:
+                return _error(400, 50035, f"Invalid Form Body (components: {problem})")
+            msg["components"] = body["components"]
+        if content is not None:
+            msg["content"] = content
+            msg["edited_timestamp"] = iso_now()
+            self.edits.setdefault(msg["id"], []).append(content)
+        return None
+
     def _get_me(self, body: Any) -> Response:
         return json_response(self.bot_user)
 
@@ -923,6 +1085,9 @@ class FakeDiscord(FakePlatform[RestCall]):
             return _error(403, 50001, "Missing Access")
         if self.forbidden.get(channel) == 50013 and isinstance(ref, dict):
             return _error(400, 160002, "Cannot reply without permission to read message history")
+        problem = _components_problem(body.get("components", []))
+        if problem is not None:
+            return _error(400, 50035, f"Invalid Form Body (components: {problem})")
         nonce = body.get("nonce")
         if body.get("enforce_nonce") and nonce is not None:
             existing = self._nonces.get((channel, str(nonce)))
@@ -948,7 +1113,7 @@ class FakeDiscord(FakePlatform[RestCall]):
             "embeds": [],
             "pinned": False,
             "flags": 0,
-            "components": [],
+            "components": body.get("components", []),
         }
         if isinstance(ref, dict) and ref.get("message_id"):
             target = self.messages.get(str(ref["message_id"]))
@@ -985,14 +1150,7 @@ class FakeDiscord(FakePlatform[RestCall]):
             return _error(403, 50005, "Cannot edit a message authored by another user")
         if not isinstance(body, dict):
             return _error(400, 50035, "Invalid Form Body")
-        content = body.get("content")
-        if content is not None:
-            if not isinstance(content, str) or len(content) > MAX_CONTENT:
-                return _error(400, 50035, "Invalid Form Body (content)")
-            msg["content"] = content
-            msg["edited_timestamp"] = iso_now()
-            self.edits.setdefault(message, []).append(content)
-        return json_response(msg)
+        return self._apply_edit(msg, body) or json_response(msg)
 
     def _start_thread(self, body: Any, channel: str, message: str) -> Response:
         """A thread on a message: a public thread whose id is the message's id."""
@@ -1049,6 +1207,31 @@ class FakeDiscord(FakePlatform[RestCall]):
         if channel not in self.channels:
             return _error(404, 10003, "Unknown Channel")
         return Response(204)
+
+
+def _components_problem(rows: Any) -> str | None:
+    """What is wrong with a message's ``components`` (action rows of buttons), or None."""
+    if not isinstance(rows, list) or len(rows) > 5:
+        return "at most 5 action rows"
+    ids: set[str] = set()
+    for row in rows:
+        if not isinstance(row, dict) or row.get("type") != 1:
+            return "not an action row"
+        buttons = row.get("components")
+        if not isinstance(buttons, list) or not 1 <= len(buttons) <= 5:
+            return "1-5 buttons per row"
+        for b in buttons:
+            if not isinstance(b, dict) or b.get("type") != 2 or b.get("style") not in (1, 2, 3, 4):
+                return "not a button"
+            label, custom_id = b.get("label"), b.get("custom_id")
+            if not isinstance(label, str) or not 1 <= len(label) <= 80:
+                return "label: 1-80 characters"
+            if not isinstance(custom_id, str) or not 1 <= len(custom_id) <= 100:
+                return "custom_id: 1-100 characters"
+            if custom_id in ids:
+                return "custom_id: duplicate"
+            ids.add(custom_id)
+    return None
 
 
 def _bucket_hash(method: str, template: str) -> str:
