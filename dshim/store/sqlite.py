@@ -441,6 +441,11 @@ async def open_sqlite_store(
 _Job = tuple[Callable[..., Any], tuple[Any, ...], trio.lowlevel.TrioToken, trio.lowlevel.Task, bool]
 
 
+def _reschedule_all(done: list[tuple[trio.lowlevel.Task, outcome.Outcome[Any]]]) -> None:
+    for task, result in done:
+        trio.lowlevel.reschedule(task, result)
+
+
 class _DbThread:
     """One dedicated thread that runs store calls in order, off the trio thread.
 
@@ -509,11 +514,12 @@ class _DbThread:
         return results
 
     def _finish(self, results: list[tuple[_Job, outcome.Outcome[Any]]]) -> bool:
-        for (_, _, token, task, _), result in results:
-            try:
-                token.run_sync_soon(trio.lowlevel.reschedule, task, result)
-            except trio.RunFinishedError:  # pragma: no cover - the run ended under us
-                return False
+        """Hand the results back: one wake-up of the trio thread for the whole group."""
+        token = results[0][0][2]
+        try:
+            token.run_sync_soon(_reschedule_all, [(job[3], result) for job, result in results])
+        except trio.RunFinishedError:  # pragma: no cover - the run ended under us
+            return False
         return True
 
     async def run(self, fn: Callable[..., _T], *args: Any, group: bool = False) -> _T:
