@@ -62,13 +62,18 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._slots = trio.Semaphore(max_connections)
 
+    def handles(self, request: httpx.Request) -> bool:
+        """Is ``request`` one this transport serves itself (else: the fallback)?"""
+        url = request.url
+        return (
+            url.scheme == "http"
+            and url.raw_path.startswith(self._prefix)
+            and isinstance(request.stream, httpx.ByteStream)
+        )
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        if (
-            url.scheme != "http"
-            or not url.raw_path.startswith(self._prefix)
-            or not isinstance(request.stream, httpx.ByteStream)
-        ):
+        if not self.handles(request):
             return await self._fallback.handle_async_request(request)
         async with self._slots:
             return await self._request(request, url)

@@ -50,6 +50,7 @@ class BotApiClient:
     def __init__(self, http: httpx.AsyncClient, token: str) -> None:
         self._http = http
         self._token = token
+        self._poster = kit_http.JsonPoster(http)
 
     def __repr__(self) -> str:
         return f"BotApiClient(base={str(self._http.base_url)!r})"
@@ -60,8 +61,7 @@ class BotApiClient:
         self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
     ) -> httpx.Response:
         return await kit_http.counted(
-            method,
-            self._http.post(f"/bot{self._token}/{method}", json=params, timeout=http_timeout),
+            method, self._poster.post(f"/bot{self._token}/{method}", params, http_timeout)
         )
 
     async def call(
