@@ -36,7 +36,7 @@ StopReason = Literal["user", "shutdown"]
 #: A running turn this old means the agent is slow: the lane bound applies.
 SLOW_TURN_S = 1.0
 #: Items a lane holds at most, however fast its turns are.
-MAX_BACKLOG = 1000
+MAX_BACKLOG = 10_000
 
 
 class LaneItem(msgspec.Struct, kw_only=True):
