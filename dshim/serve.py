@@ -54,9 +54,8 @@ from dshim.channels.kit.http import counting_requests
 from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
 from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError, single_error
 from dshim.harness.base import Harness
-from dshim.http.app import Endpoint
+from dshim.http.app import GRACEFUL_S, Endpoint
 from dshim.http.ops import add_operator_routes
-from dshim.http.server import GRACEFUL_S, serve_endpoint
 from dshim.http.status import BotStatuses
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
@@ -477,6 +476,9 @@ async def _run_endpoint(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     try:
+        # hypercorn is imported only when the endpoint runs (a third of dshim's start-up).
+        from dshim.http.server import serve_endpoint
+
         await serve_endpoint(endpoint, listen, shutdown=stop, task_status=task_status)
     finally:
         done.set()

@@ -13,11 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from dshim.errors import single_error
-from dshim.harness.acp import AcpHarness
 from dshim.harness.base import Harness
-from dshim.harness.dsh import DshHarness
-from dshim.harness.echo import EchoHarness
-from dshim.harness.openai import OpenAIHarness
 
 if TYPE_CHECKING:
     from dshim.config import HarnessConfig
@@ -29,14 +25,23 @@ CLOSE_TIMEOUT_S = 15.0
 def create_harness(
     cfg: HarnessConfig, *, bot: str, store: Store | None, workspace: str | None = None
 ) -> Harness:
-    """Build the configured adapter for one bot."""
+    """Build the configured adapter for one bot (its module is imported only then: the
+    adapters nobody configured cost no start-up time)."""
     if cfg.kind == "echo":
+        from dshim.harness.echo import EchoHarness
+
         return EchoHarness()
     if cfg.kind == "openai":
+        from dshim.harness.openai import OpenAIHarness
+
         return OpenAIHarness(cfg, bot=bot, store=store)
     if cfg.kind == "acp":
+        from dshim.harness.acp import AcpHarness
+
         return AcpHarness(cfg, bot=bot, workspace=workspace)
     if cfg.kind == "dsh":
+        from dshim.harness.dsh import DshHarness
+
         return DshHarness(cfg, bot=bot, workspace=workspace)
     raise ValueError(f"unknown harness kind {cfg.kind!r}")
 

@@ -66,6 +66,8 @@ Send = Callable[[Message], Awaitable[None]]
 
 #: Request bodies above this answer 413 (webhook payloads and uploads stay far below).
 MAX_BODY = 32 * 1024 * 1024
+#: How long the server lets requests in flight finish when it stops (seconds).
+GRACEFUL_S = 3.0
 HOOKS = "/hooks/"
 LOGIN = "/login"
 #: Open without the token.

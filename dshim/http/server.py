@@ -19,13 +19,12 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from dshim.errors import ConfigError
-from dshim.http.app import MAX_BODY, Endpoint
+from dshim.http.app import GRACEFUL_S, MAX_BODY, Endpoint
 
 __all__ = ["GRACEFUL_S", "serve_endpoint"]
 
 log = structlog.get_logger("dshim.http")
 
-GRACEFUL_S = 3.0
 #: Websocket messages up to this size reach the handler (which answers an oversized one
 #: with an error frame and keeps the socket); only beyond it does the server close the
 #: socket (1009).  Twice the largest body a handler accepts.
