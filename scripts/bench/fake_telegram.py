@@ -18,6 +18,10 @@ Usage (the suite runs it; one JSON object per stdout line)::
    ms), the time from release to the last reply — when every update was answered or
    ``--timeout`` passed; then exits.
 
+Soak (B7): ``--window W`` keeps at most W updates unanswered (the next ones are made
+available as replies come in), ``--progress N`` prints ``{"progress": n, "t": ...}``
+every N replies (the suite samples the candidate's RSS then).
+
 Nothing here reaches the internet.
 """
 
@@ -86,6 +90,7 @@ async def main(args: argparse.Namespace) -> None:
     first_reply: dict[int, float] = {}
     duplicates = 0
     all_done = trio.Event()
+    room = [trio.Event()]
 
     def on_reply(msg: FakeMessage) -> None:
         nonlocal duplicates
@@ -100,6 +105,9 @@ async def main(args: argparse.Namespace) -> None:
         chat = msg.data["chat"]["id"]
         order.setdefault(chat, []).append(k)
         first_reply.setdefault(chat, answered[k])
+        room[0].set()
+        if args.progress and len(answered) % args.progress == 0:
+            emit({"progress": len(answered), "t": answered[k]})
         if len(answered) >= args.updates:
             all_done.set()
 
@@ -125,6 +133,9 @@ async def main(args: argparse.Namespace) -> None:
                     delay = due - time.perf_counter()
                     if delay > 0:
                         await trio.sleep(delay)
+                while args.window and k - len(answered) >= args.window:
+                    room[0] = trio.Event()
+                    await room[0].wait()
                 available[k] = time.perf_counter()
                 fake.user_message(chats[i], users[i], text)
             await all_done.wait()
@@ -164,6 +175,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--varied", action="store_true", help="latencies 1.0-3.0 s, not --sleep")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--token", default=TEST_TOKEN)
+    p.add_argument("--window", type=int, default=0, help="at most W unanswered (0: no bound)")
+    p.add_argument("--progress", type=int, default=0, help="print progress every N replies")
     return p.parse_args(argv)
 
 

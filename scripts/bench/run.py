@@ -122,6 +122,14 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
                     version=dshim_version(),
                 )
             )
+        elif name == "floor":
+            out.append(
+                Candidate(
+                    "floor",
+                    [sys.executable, str(BENCH / "peers" / "floor_echo.py")],
+                    version="reference loop (trio + httpx + msgspec)",
+                )
+            )
         elif name in ("ptb", "ptb-c8"):
             env = {"BENCH_CONCURRENT": "8"} if name == "ptb-c8" else {}
             out.append(
@@ -359,22 +367,102 @@ def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> No
 
 
 def scenario_paced(cands: list[Candidate], reps: int, rates: list[int], seconds: float) -> None:
+    """Paced B1; the harness floor (``floor``) always runs too, interleaved, so "p99
+    within 2 ms of the floor measured in the same run" reads off the last column."""
+    if not any(c.name == "floor" for c in cands):
+        cands = [*cands, *candidates(["floor"], {}, Path("."))]
     rows = []
     for rate in rates:
         n = int(rate * seconds)
-        for cand in cands:
-            p50, p99 = [], []
-            for _ in range(reps):
+        p50: dict[str, list[float]] = {c.name: [] for c in cands}
+        p99: dict[str, list[float]] = {c.name: [] for c in cands}
+        for _ in range(reps):
+            for cand in cands:  # interleaved: drift hits everyone alike
                 r = run_once(cand, ["--updates", str(n), "--rate", str(rate)], timeout=seconds + 60)
-                p50.append(r["p50_ms"])
-                p99.append(r["p99_ms"])
-            rows.append([f"{rate}/s", cand.name, fmt(p50, 2), fmt(p99, 2)])
-            print(f"  paced {rate}/s {cand.name}: p50 {fmt(p50, 2)} p99 {fmt(p99, 2)}", flush=True)
+                p50[cand.name].append(r["p50_ms"])
+                p99[cand.name].append(r["p99_ms"])
+        floor99 = med(p99["floor"])[0]
+        for cand in cands:
+            gap = med(p99[cand.name])[0] - floor99
+            rows.append(
+                [
+                    f"{rate}/s",
+                    cand.name,
+                    fmt(p50[cand.name], 2),
+                    fmt(p99[cand.name], 2),
+                    "—" if cand.name == "floor" or gap != gap else f"{gap:+.2f}",
+                ]
+            )
+            print(
+                f"  paced {rate}/s {cand.name}: p50 {fmt(p50[cand.name], 2)} "
+                f"p99 {fmt(p99[cand.name], 2)}",
+                flush=True,
+            )
     table(
-        f"B1 paced, 200 chats, {seconds:.0f} s each",
-        ["rate", "candidate", "p50 ms", "p99 ms"],
+        f"B1 paced, 200 chats, {seconds:.0f} s each (floor = the reference loop, same run)",
+        ["rate", "candidate", "p50 ms", "p99 ms", "p99 − floor p99 ms"],
         rows,
     )
+
+
+def scenario_soak(cands: list[Candidate], n: int, every: int, timeout: float) -> None:
+    """B7: ``n`` events through B1 (at most 2,000 unanswered at a time), the candidate's
+    RSS sampled every ``every`` replies; growth at every sample after the first counts
+    as monotonic growth (a failure)."""
+    rows = []
+    for cand in cands:
+        r = soak_once(cand, n, every, timeout)
+        series = r["rss_mb"]
+        steps = [b - a for a, b in zip(series[1:], series[2:], strict=False)]
+        monotonic = bool(steps) and all(s > 0 for s in steps)
+        rows.append(
+            [
+                cand.name,
+                f"{r['replies']:,}/{n:,}",
+                f"{r['replies'] / r['elapsed_s']:,.0f}" if r["elapsed_s"] else "—",
+                " ".join(f"{v:.1f}" for v in series),
+                f"{(series[-1] - series[0]):+.1f}" if len(series) > 1 else "—",
+                "YES (failure)" if monotonic else "no",
+                str(r["duplicates"]),
+            ]
+        )
+        print(f"  soak {cand.name}: {r['replies']}/{n}, RSS {series}", flush=True)
+    table(
+        f"B7 soak: {n:,} events through B1 (200 chats), RSS every {every:,}",
+        [
+            "candidate",
+            "answered",
+            "events/s",
+            f"RSS MB at each {every:,}",
+            "last − first MB",
+            "monotonic growth",
+            "dupes",
+        ],
+        rows,
+    )
+
+
+def soak_once(cand: Candidate, n: int, every: int, timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        args = ["--updates", str(n), "--window", "2000", "--progress", str(every)]
+        fake, url = start_fake([*args, "--hold", "1", "--timeout", str(timeout)])
+        proc = start_candidate(cand, workdir, url)
+        try:
+            assert fake.stdout is not None
+            limit = time.monotonic() + timeout + 60
+            series: list[float] = []
+            while True:
+                obj = read_line(fake.stdout, limit)
+                if "progress" in obj:
+                    series.append(rss_mb(proc.pid, "VmRSS"))
+                elif "done" in obj:
+                    done: dict[str, Any] = obj["done"]
+                    done["rss_mb"] = series
+                    return done
+        finally:
+            stop(proc)
+            stop(fake)
 
 
 def scenario_b2(cands: list[Candidate], reps: int) -> None:
@@ -472,13 +560,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--updates", type=int, default=4000)
-    p.add_argument("--only", default="B1,B1-1chat,paced,B2,idle")
+    p.add_argument("--updates", type=int, default=None, help="B1 updates (4,000; --quick 1,000)")
+    p.add_argument("--only", default="B1,B1-1chat,paced,B2,idle,B7")
+    p.add_argument("--soak", type=int, default=None, help="B7 events (100,000; --quick 20,000)")
     p.add_argument("--candidates", default="dshim,ptb,ptb-c8,aiogram,nonebot")
     p.add_argument("--no-install", action="store_true")
     args = p.parse_args(argv)
     reps = 1 if args.quick else args.reps
-    n = 1000 if args.quick else args.updates
+    n = args.updates or (1000 if args.quick else 4000)
+    soak = args.soak or (20_000 if args.quick else 100_000)
     names = [c.strip() for c in args.candidates.split(",") if c.strip()]
     versions = ensure_peers(
         {"ptb" if c.startswith("ptb") else c for c in names}, not args.no_install
@@ -496,6 +586,12 @@ def main(argv: list[str] | None = None) -> None:
         "paced": lambda: scenario_paced(cands, reps, [50, 200, 500], 5.0 if args.quick else 10.0),
         "B2": lambda: scenario_b2(cands, reps),
         "idle": lambda: scenario_idle(cands, reps, 5.0 if args.quick else 10.0),
+        "B7": lambda: scenario_soak(
+            [c for c in cands if c.name == "dshim"] or cands[:1],
+            soak,
+            max(1, soak // 10),
+            600.0,
+        ),
     }
     for key, fn in runs.items():
         if key in only:
