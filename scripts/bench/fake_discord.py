@@ -33,12 +33,16 @@ from ledger import Ledger, add_arguments, emit  # noqa: E402
 from dshim.testing.fakes.discord import open_fake_discord, snowflake  # noqa: E402
 
 
-async def main(args: argparse.Namespace) -> None:
-    ledger = Ledger(args)
-    # Discord's token shape (hikari reads the bot id from its first segment).
+def bench_identity() -> dict[str, str]:
+    """A bot id and a token of Discord's shape (hikari reads the id from its first part)."""
     bot_id = snowflake()
     token = base64.b64encode(bot_id.encode()).decode().rstrip("=") + ".fake.bench-only"
-    async with open_fake_discord(token=token, bot_id=bot_id) as fake:
+    return {"token": token, "bot_id": bot_id}
+
+
+async def main(args: argparse.Namespace) -> None:
+    ledger = Ledger(args)
+    async with open_fake_discord(**bench_identity()) as fake:
         fake.identify_window_s = 0.0
         dms = []
         for i in range(args.chats):

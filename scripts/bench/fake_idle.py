@@ -28,6 +28,9 @@ import httpx
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fake_discord import bench_identity  # noqa: E402
 
 from dshim.testing.fakes import (  # noqa: E402
     dingtalk,
@@ -50,7 +53,7 @@ PLATFORMS: dict[str, tuple[Opener, Callable[[Any], dict[str, Any]], Callable[[An
         lambda f: bool(f.calls_to("getUpdates")),
     ),
     "discord": (
-        discord.open_fake_discord,
+        lambda: discord.open_fake_discord(**bench_identity()),
         lambda f: {"token": f.token, "api_base": f.api_base},
         lambda f: f.ready_count > 0,
     ),
