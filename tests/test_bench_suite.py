@@ -4,9 +4,15 @@ that each scenario's table comes out with every event answered once."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import zlib
 from pathlib import Path
+
+import trio_websocket
+
+from dshim.testing.fakes.discord import open_fake_discord
 
 RUN = Path(__file__).resolve().parents[1] / "scripts" / "bench" / "run.py"
 
@@ -41,3 +47,22 @@ def test_b1_and_the_soak_answer_every_update_once_and_report_rss() -> None:
     assert soak[1] == "300/300" and soak[6] == "0", soak
     samples = soak[3].split()
     assert len(samples) == 10 and all(float(s) > 10 for s in samples), soak
+
+
+async def test_the_fake_discord_compresses_the_gateway_when_the_client_asks() -> None:
+    """hikari connects with ``compress=zlib-stream`` (as Discord's clients do by default):
+    every frame then comes binary, from one zlib stream, each ending in a sync flush."""
+    async with open_fake_discord(token="t") as fake:
+        url = f"{fake.gateway_url}/?v=10&encoding=json&compress=zlib-stream"
+        async with trio_websocket.open_websocket_url(url) as ws:
+            inflate = zlib.decompressobj()
+            hello = await ws.get_message()
+            assert isinstance(hello, bytes) and hello.endswith(b"\x00\x00\xff\xff")
+            assert json.loads(inflate.decompress(hello))["op"] == 10
+            await ws.send_message(json.dumps({"op": 1, "d": None}))
+            ack = await ws.get_message()
+            assert isinstance(ack, bytes) and ack.endswith(b"\x00\x00\xff\xff")
+            assert json.loads(inflate.decompress(ack)) == {"op": 11}
+        async with trio_websocket.open_websocket_url(f"{fake.gateway_url}/?v=10") as ws:
+            plain = await ws.get_message()
+            assert isinstance(plain, str) and json.loads(plain)["op"] == 10

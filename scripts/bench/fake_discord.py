@@ -22,13 +22,14 @@ import argparse
 import base64
 import sys
 from pathlib import Path
+from typing import Any
 
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ledger import Ledger, add_arguments, emit  # noqa: E402
+from ledger import Ledger, add_arguments, emit, watch_calls  # noqa: E402
 
 from dshim.testing.fakes.discord import open_fake_discord, snowflake  # noqa: E402
 
@@ -49,18 +50,12 @@ async def main(args: argparse.Namespace) -> None:
             channel = snowflake()
             fake.channels[channel] = {"id": channel, "type": 1}
             dms.append((channel, fake.make_user(f"user{i}")))
-        seen = 0
 
-        def replies() -> bool:
-            nonlocal seen
-            calls = fake.calls
-            for call in calls[seen:]:
-                if call.method == "POST" and call.status == 200 and isinstance(call.json, dict):
-                    parts = call.path.split("/")  # /channels/{id}/messages
-                    if len(parts) == 4 and parts[3] == "messages":
-                        ledger.reply(str(call.json.get("content", "")), parts[2])
-            seen = len(calls)
-            return False
+        def reply(call: Any) -> None:
+            if call.method == "POST" and call.status == 200 and isinstance(call.json, dict):
+                parts = call.path.split("/")  # /channels/{id}/messages
+                if len(parts) == 4 and parts[3] == "messages":
+                    ledger.reply(str(call.json.get("content", "")), parts[2])
 
         emit(
             {
@@ -75,15 +70,12 @@ async def main(args: argparse.Namespace) -> None:
         if waiting.cancelled_caught:
             emit({"error": "the candidate never identified"})
             return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(fake.wait_until, replies)
 
-            async def inject(k: int, chat: int, text: str) -> None:
-                channel, user = dms[chat]
-                await fake.user_message(channel, text, author=user)
+        async def inject(k: int, chat: int, text: str) -> None:
+            channel, user = dms[chat]
+            await fake.user_message(channel, text, author=user)
 
-            await ledger.run(inject)
-            nursery.cancel_scope.cancel()
+        await ledger.run(inject, watch=watch_calls(fake, reply))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -31,7 +31,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ledger import Ledger, add_arguments, emit, percentile  # noqa: E402
+from ledger import Ledger, add_arguments, emit, percentile, watch_calls  # noqa: E402
 
 from dshim.testing.fakes.slack import open_fake_slack  # noqa: E402
 
@@ -48,17 +48,11 @@ async def main(args: argparse.Namespace) -> None:
         for dm in dms:
             fake.channel_types[dm] = "im"
             fake.members.add(dm)
-        seen = 0
 
-        def replies() -> bool:
-            nonlocal seen
-            calls = fake.calls
-            for call in calls[seen:]:
-                if call.method in REPLIES and call.error is None:
-                    text = call.args.get("text") or call.args.get("markdown_text") or ""
-                    ledger.reply(str(text), call.args.get("channel"))
-            seen = len(calls)
-            return False
+        def reply(call: Any) -> None:
+            if call.method in REPLIES and call.error is None:
+                text = call.args.get("text") or call.args.get("markdown_text") or ""
+                ledger.reply(str(text), call.args.get("channel"))
 
         def acks() -> dict[str, Any]:
             waits = [(at - sent[eid]) * 1000 for at, eid in fake.acks if eid in sent]
@@ -74,16 +68,13 @@ async def main(args: argparse.Namespace) -> None:
         if waiting.cancelled_caught:
             emit({"error": "the candidate never said hello"})
             return
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(fake.wait_until, replies)
 
-            async def inject(k: int, chat: int, text: str) -> None:
-                envelope = fake.envelope(fake.event(dms[chat], text))
-                sent[envelope["envelope_id"]] = trio.current_time()
-                await fake.send_envelope(envelope)
+        async def inject(k: int, chat: int, text: str) -> None:
+            envelope = fake.envelope(fake.event(dms[chat], text))
+            sent[envelope["envelope_id"]] = trio.current_time()
+            await fake.send_envelope(envelope)
 
-            await ledger.run(inject, acks)
-            nursery.cancel_scope.cancel()
+        await ledger.run(inject, acks, watch_calls(fake, reply))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -51,6 +51,25 @@ def add_arguments(p: argparse.ArgumentParser, *, updates: int = 4000, chats: int
     p.add_argument("--progress", type=int, default=0, help="print progress every N replies")
 
 
+def watch_calls(fake: Any, each: Callable[[Any], None]) -> Callable[[], Awaitable[None]]:
+    """A task that hands every new entry of ``fake.calls`` to ``each`` as it is logged
+    (for fakes without a reply hook: the replies are read off the call log)."""
+    seen = 0
+
+    def new_calls() -> bool:
+        nonlocal seen
+        calls = fake.calls
+        for call in calls[seen:]:
+            each(call)
+        seen = len(calls)
+        return False
+
+    async def watch() -> None:
+        await fake.wait_until(new_calls)
+
+    return watch
+
+
 class Ledger:
     """Availability and reply times of updates ``0..n-1``; duplicates; per-chat order."""
 
@@ -108,9 +127,22 @@ class Ledger:
         self,
         inject: Callable[[int, int, str], Awaitable[None] | None],
         extra: Callable[[], dict[str, Any]] = dict,
+        watch: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Hold, release the updates through ``inject(k, chat, text)``, wait for every
-        reply (or ``--timeout``), print the summary (with ``extra()``'s figures)."""
+        reply (or ``--timeout``), print the summary (with ``extra()``'s figures);
+        ``watch`` (see :func:`watch_calls`) runs alongside until then."""
+        async with trio.open_nursery() as nursery:
+            if watch is not None:
+                nursery.start_soon(watch)
+            await self._run(inject, extra)
+            nursery.cancel_scope.cancel()
+
+    async def _run(
+        self,
+        inject: Callable[[int, int, str], Awaitable[None] | None],
+        extra: Callable[[], dict[str, Any]],
+    ) -> None:
         a = self.args
         emit({"first_poll": time.perf_counter()})
         await trio.sleep(a.hold)

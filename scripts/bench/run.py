@@ -52,6 +52,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
 VENVS = ROOT / ".bench" / "venvs"
+LOGS = ROOT / ".bench" / "logs"
 TOKEN = "123456:TEST-token-for-the-fake-only"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -249,7 +250,7 @@ def read_line(stream: IO[str], deadline: float) -> dict[str, Any]:
             raise TimeoutError("the fake said nothing in time")
         line = stream.readline()
         if not line:
-            raise RuntimeError("the fake exited early")
+            raise RuntimeError(f"the fake exited early (its stderr: {LOGS}/fake-*.err)")
         line = line.strip()
         if line.startswith("{"):
             obj: dict[str, Any] = json.loads(line)
@@ -261,12 +262,14 @@ def read_line(stream: IO[str], deadline: float) -> dict[str, Any]:
 def start_fake(args: list[str], platform: str = "telegram") -> tuple[subprocess.Popen[str], Any]:
     """Start a platform's benchmark fake; its first line is its settings (``info``)."""
     extra = ["--token", TOKEN] if platform == "telegram" else []
-    fake = subprocess.Popen(
-        [sys.executable, str(BENCH / FAKES[platform]), *extra, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / f"fake-{platform}.err", "w", encoding="utf-8") as err:  # the last one
+        fake = subprocess.Popen(
+            [sys.executable, str(BENCH / FAKES[platform]), *extra, *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     assert fake.stdout is not None
     info = read_line(fake.stdout, time.monotonic() + 30)
     if platform == "telegram":
