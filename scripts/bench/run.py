@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The side-by-side benchmark suite: dshim next to python-telegram-bot, aiogram and
-nonebot2 against one fake Bot API, each candidate in its own process.
+"""The side-by-side benchmark suite: dshim next to python-telegram-bot, aiogram, nonebot2,
+hikari and slack-sdk against dshim's own fakes, each candidate and fake in its own process.
 
 Usage::
 
@@ -10,9 +10,11 @@ Usage::
 
 The peers are installed by the suite itself into their own venvs under ``.bench/venvs``
 (benchmark-only dependencies, never dshim's): python-telegram-bot 22.x, aiogram 3,
-nonebot2 + nonebot-adapter-telegram with the aiohttp driver.  ``--no-install`` uses what
-is there.  The fake is dshim's own ``FakeTelegram`` in its own process
-(``scripts/bench/fake_telegram.py``), which counts the replies.
+nonebot2 + nonebot-adapter-telegram with the aiohttp driver, hikari 2, slack-sdk 3.
+``--no-install`` uses what is there.  The fakes are dshim's own, each in its own process
+(``fake_telegram.py``, ``fake_discord.py``, ``fake_slack.py`` count the replies through
+``ledger.py``; ``fake_idle.py`` runs any of the nine for the idle scenario).  ``floor``
+is the harness floor (``peers/floor_echo.py``: trio + httpx + msgspec, only to calibrate).
 
 Scenarios:
 
@@ -21,11 +23,17 @@ Scenarios:
   utime+stime from ``/proc`` between release and the last reply, after an idle hold),
   peak RSS (``VmHWM``), duplicates, per-chat order.
 * **B1 paced**: 50 / 200 / 500 updates/s over 200 chats; p50/p99 latency from an update's
-  availability to its reply.
+  availability to its reply, with ``floor`` always in the same run (the p99 gap to it).
 * **B2 head-of-line**: a 2 s agent; 20 chats send one message each and one of them 3 more;
   the time until every chat had an answer (ideal ~2 s) and per-chat order; uniform 2 s
   and varied 1-3 s latencies.
-* **idle**: RSS and CPU after 10 s idle; startup: process start to the first getUpdates.
+* **B3 Discord**: MESSAGE_CREATEs over 200 DMs through the fake gateway (zlib-stream when
+  asked) -> REST replies, dshim vs hikari: events/s, CPU ms/event, p50/p99.
+* **B4 Slack Socket Mode**: a burst of envelopes, dshim vs slack-sdk's SocketModeClient:
+  ack latency p99, replies/s.
+* **idle**: startup (process start to the last bot's first poll / READY / hello), RSS and
+  CPU after 10 s idle; dshim with 1 bot and with 9 bots of nine channels.
+* **B7 soak**: 100,000 events through B1, RSS every 10,000; monotonic growth is a failure.
 
 Every run is bounded in count and time; three repetitions give the median and the spread
 (min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
