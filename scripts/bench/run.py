@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The side-by-side benchmark suite: dshim next to python-telegram-bot, aiogram and
-nonebot2 against one fake Bot API, each candidate in its own process.
+"""The side-by-side benchmark suite: dshim next to python-telegram-bot, aiogram, nonebot2,
+hikari and slack-sdk against dshim's own fakes, each candidate and fake in its own process.
 
 Usage::
 
@@ -10,9 +10,11 @@ Usage::
 
 The peers are installed by the suite itself into their own venvs under ``.bench/venvs``
 (benchmark-only dependencies, never dshim's): python-telegram-bot 22.x, aiogram 3,
-nonebot2 + nonebot-adapter-telegram with the aiohttp driver.  ``--no-install`` uses what
-is there.  The fake is dshim's own ``FakeTelegram`` in its own process
-(``scripts/bench/fake_telegram.py``), which counts the replies.
+nonebot2 + nonebot-adapter-telegram with the aiohttp driver, hikari 2, slack-sdk 3.
+``--no-install`` uses what is there.  The fakes are dshim's own, each in its own process
+(``fake_telegram.py``, ``fake_discord.py``, ``fake_slack.py`` count the replies through
+``ledger.py``; ``fake_idle.py`` runs any of the nine for the idle scenario).  ``floor``
+is the harness floor (``peers/floor_echo.py``: trio + httpx + msgspec, only to calibrate).
 
 Scenarios:
 
@@ -21,11 +23,17 @@ Scenarios:
   utime+stime from ``/proc`` between release and the last reply, after an idle hold),
   peak RSS (``VmHWM``), duplicates, per-chat order.
 * **B1 paced**: 50 / 200 / 500 updates/s over 200 chats; p50/p99 latency from an update's
-  availability to its reply.
+  availability to its reply, with ``floor`` always in the same run (the p99 gap to it).
 * **B2 head-of-line**: a 2 s agent; 20 chats send one message each and one of them 3 more;
   the time until every chat had an answer (ideal ~2 s) and per-chat order; uniform 2 s
   and varied 1-3 s latencies.
-* **idle**: RSS and CPU after 10 s idle; startup: process start to the first getUpdates.
+* **B3 Discord**: MESSAGE_CREATEs over 200 DMs through the fake gateway (zlib-stream when
+  asked) -> REST replies, dshim vs hikari: events/s, CPU ms/event, p50/p99.
+* **B4 Slack Socket Mode**: a burst of envelopes, dshim vs slack-sdk's SocketModeClient:
+  ack latency p99, replies/s.
+* **idle**: startup (process start to the last bot's first poll / READY / hello), RSS and
+  CPU after 10 s idle; dshim with 1 bot and with 9 bots of nine channels.
+* **B7 soak**: 100,000 events through B1, RSS every 10,000; monotonic growth is a failure.
 
 Every run is bounded in count and time; three repetitions give the median and the spread
 (min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
@@ -36,8 +44,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import platform as py_platform
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -51,6 +60,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
 VENVS = ROOT / ".bench" / "venvs"
+LOGS = ROOT / ".bench" / "logs"
 TOKEN = "123456:TEST-token-for-the-fake-only"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -63,7 +73,13 @@ PEERS: dict[str, tuple[str, list[str], str]] = {
         ["nonebot2[aiohttp]~=2.4", "nonebot-adapter-telegram"],
         "nonebot_echo.py",
     ),
+    "hikari": ("hikari", ["hikari~=2.0"], "hikari_echo.py"),
+    "slack-sdk": ("slack", ["slack-sdk~=3.0"], "slack_sdk_echo.py"),
 }
+#: The platform each peer speaks (dshim and the floor: see :func:`candidates`).
+PLATFORM_OF = {"hikari": "discord", "slack-sdk": "slack"}
+#: Each platform's benchmark fake (a script of this folder, run in its own process).
+FAKES = {"telegram": "fake_telegram.py", "discord": "fake_discord.py", "slack": "fake_slack.py"}
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,10 @@ class Candidate:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     version: str = ""
+    platform: str = "telegram"  # "any" for dshim
+
+    def speaks(self, platform: str) -> bool:
+        return self.platform in ("any", platform)
 
 
 def venv_python(venv: str) -> Path:
@@ -120,6 +140,15 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
                     "dshim",
                     [sys.executable, "-m", "dshim", "--config", "{config}", "serve"],
                     version=dshim_version(),
+                    platform="any",
+                )
+            )
+        elif name == "floor":
+            out.append(
+                Candidate(
+                    "floor",
+                    [sys.executable, str(BENCH / "peers" / "floor_echo.py")],
+                    version="reference loop (trio + httpx + msgspec)",
                 )
             )
         elif name in ("ptb", "ptb-c8"):
@@ -139,6 +168,7 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
                     name,
                     [str(venv_python(venv)), str(BENCH / "peers" / script)],
                     version=versions.get(venv, ""),
+                    platform=PLATFORM_OF.get(name, "telegram"),
                 )
             )
         else:
@@ -146,31 +176,61 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
     return out
 
 
-def dshim_config(workdir: Path, api: str, *, bots: int = 1, apis: list[str] | None = None) -> Path:
-    """A dshim.toml with ``bots`` Telegram bots (echo harness, no HTTP endpoint)."""
+def bot_lines(platform: str, name: str, info: dict[str, Any]) -> list[str]:
+    """One ``[[bots]]`` table pointed at a fake (its printed settings; fake tokens only)."""
+    lines = ["", "[[bots]]", f'name = "{name}"', f'channel = "{platform}"']
+    if "settings" in info:  # fake_idle.py's
+        lines += [f"{k} = {json.dumps(v)}" for k, v in info["settings"].items()]
+    elif platform == "telegram":
+        lines += [f'token = "{info["token"]}"', f'api_base = "{info["url"]}"']
+    elif platform == "discord":
+        lines += [f'token = "{info["token"]}"', f'api_base = "{info["api_base"]}"']
+    elif platform == "slack":
+        lines += [
+            f'bot_token = "{info["bot_token"]}"',
+            f'app_token = "{info["app_token"]}"',
+            f'api_base = "{info["api_base"]}"',
+            "stream = false  # one chat.postMessage per answer, as the SDK peer does",
+        ]
+    else:
+        raise ValueError(platform)
+    return lines
+
+
+def dshim_config(workdir: Path, bots: list[tuple[str, dict[str, Any]]]) -> Path:
+    """A dshim.toml with one bot per ``(platform, fake info)`` (echo harness, no HTTP
+    endpoint unless a fake asks for one, e.g. WhatsApp's webhook)."""
+    http = next((info["http"] for _, info in bots if "http" in info), None)
     lines = [
         "[dshim]",
         f'data_dir = "{workdir / "data"}"',
         "",
         "[http]",
-        "enabled = false",
+        f'enabled = true\nlisten = "{http}"' if http else "enabled = false",
         "",
         "[harness]",
         'kind = "echo"',
     ]
-    for i in range(bots):
-        base = (apis or [api])[i % len(apis or [api])]
-        lines += [
-            "",
-            "[[bots]]",
-            f'name = "tg{i}"',
-            'channel = "telegram"',
-            'token = "${BENCH_TOKEN}"',
-            f'api_base = "{base}"',
-        ]
+    for i, (platform, info) in enumerate(bots):
+        lines += bot_lines(platform, f"{platform}{i}", info)
     path = workdir / "dshim.toml"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def peer_env(platform: str, info: dict[str, Any]) -> dict[str, str]:
+    """How a peer finds its fake: ``BENCH_API``, ``BENCH_TOKEN`` (, ``BENCH_APP_TOKEN``)."""
+    if "settings" in info:  # fake_idle.py's: the same keys as dshim's
+        info = {**info["settings"], "url": info["settings"].get("api_base")}
+    if platform == "telegram":
+        return {"BENCH_API": info["url"], "BENCH_TOKEN": info["token"]}
+    if platform == "discord":
+        return {"BENCH_API": info["api_base"], "BENCH_TOKEN": info["token"]}
+    return {
+        "BENCH_API": info["api_base"],
+        "BENCH_TOKEN": info["bot_token"],
+        "BENCH_APP_TOKEN": info["app_token"],
+    }
 
 
 # -- processes -----------------------------------------------------------------------------
@@ -198,7 +258,7 @@ def read_line(stream: IO[str], deadline: float) -> dict[str, Any]:
             raise TimeoutError("the fake said nothing in time")
         line = stream.readline()
         if not line:
-            raise RuntimeError("the fake exited early")
+            raise RuntimeError(f"the fake exited early (its stderr: {LOGS}/fake-*.err)")
         line = line.strip()
         if line.startswith("{"):
             obj: dict[str, Any] = json.loads(line)
@@ -207,24 +267,32 @@ def read_line(stream: IO[str], deadline: float) -> dict[str, Any]:
             return obj
 
 
-def start_fake(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    fake = subprocess.Popen(
-        [sys.executable, str(BENCH / "fake_telegram.py"), "--token", TOKEN, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+def start_fake(args: list[str], platform: str = "telegram") -> tuple[subprocess.Popen[str], Any]:
+    """Start a platform's benchmark fake; its first line is its settings (``info``)."""
+    extra = ["--token", TOKEN] if platform == "telegram" else []
+    LOGS.mkdir(parents=True, exist_ok=True)
+    with open(LOGS / f"fake-{platform}.err", "w", encoding="utf-8") as err:  # the last one
+        fake = subprocess.Popen(
+            [sys.executable, str(BENCH / FAKES[platform]), *extra, *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     assert fake.stdout is not None
-    url = read_line(fake.stdout, time.monotonic() + 30)["url"]
-    return fake, str(url)
+    info = read_line(fake.stdout, time.monotonic() + 30)
+    if platform == "telegram":
+        info["token"] = TOKEN
+    return fake, info
 
 
 def start_candidate(
-    cand: Candidate, workdir: Path, api: str, **config: Any
+    cand: Candidate, workdir: Path, bots: list[tuple[str, dict[str, Any]]]
 ) -> subprocess.Popen[str]:
-    env = {**os.environ, "BENCH_API": api, "BENCH_TOKEN": TOKEN, **cand.env}
+    """A candidate against its fake(s): dshim with one bot per fake, a peer with the
+    first fake's settings in its environment."""
+    env = {**os.environ, **cand.env, **peer_env(*bots[0])}
     env.pop("DSHIM_HTTP_LISTEN", None)
-    argv = [a.replace("{config}", str(dshim_config(workdir, api, **config))) for a in cand.argv]
+    argv = [a.replace("{config}", str(dshim_config(workdir, bots))) for a in cand.argv]
     return subprocess.Popen(
         argv,
         env=env,
@@ -245,13 +313,15 @@ def stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
-def run_once(cand: Candidate, fake_args: list[str], timeout: float) -> dict[str, Any]:
+def run_once(
+    cand: Candidate, fake_args: list[str], timeout: float, platform: str = "telegram"
+) -> dict[str, Any]:
     """One candidate against one fresh fake: the fake's figures plus CPU and RSS."""
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         workdir = Path(tmp)
-        fake, url = start_fake([*fake_args, "--timeout", str(timeout)])
+        fake, info = start_fake([*fake_args, "--timeout", str(timeout)], platform)
         spawned = time.perf_counter()
-        proc = start_candidate(cand, workdir, url)
+        proc = start_candidate(cand, workdir, [(platform, info)])
         try:
             assert fake.stdout is not None
             limit = time.monotonic() + timeout + 60
@@ -309,30 +379,45 @@ def ratio_row(name: str, figures: dict[str, list[float]], key: str, higher_is_be
 # -- scenarios -----------------------------------------------------------------------------
 
 
-def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> None:
-    args = ["--updates", str(n), "--chats", "1" if one_chat else "200"]
-    if one_chat:
-        args.append("--one-chat")
+def scenario_burst(
+    title: str,
+    cands: list[Candidate],
+    reps: int,
+    n: int,
+    args: list[str],
+    platform: str = "telegram",
+    latency: bool = False,
+) -> None:
+    """``n`` events available at once (B1 saturated, B3, B4): events/s, CPU ms/event,
+    peak RSS, duplicates, per-chat order, answered; with ``latency`` the p50/p99 from
+    an event's availability to its reply (queueing included: a burst) and, where the
+    fake measures acks (Slack), the ack p99."""
+    cands = [c for c in cands if c.speaks(platform)]
     results: dict[str, list[dict[str, Any]]] = {c.name: [] for c in cands}
     for rep in range(reps):
         for cand in cands:  # interleaved: drift hits everyone alike
-            r = run_once(cand, args, timeout=180)
+            r = run_once(cand, ["--updates", str(n), *args], 180, platform)
             results[cand.name].append(r)
             print(
-                f"  B1 {'1 chat' if one_chat else '200 chats'} rep {rep + 1} {cand.name}: "
+                f"  {title} rep {rep + 1} {cand.name}: "
                 f"{r['replies']}/{n} in {r['elapsed_s']:.2f} s",
                 flush=True,
             )
     eps = {k: [r["replies"] / r["elapsed_s"] for r in v] for k, v in results.items()}
     cpu = {k: [r["cpu_ms_per_event"] for r in v] for k, v in results.items()}
+    acks = any("ack_p99_ms" in r for v in results.values() for r in v)
     rows = []
     for cand in cands:
         v = results[cand.name]
+        lat = [fmt([r["p50_ms"] for r in v], 1), fmt([r["p99_ms"] for r in v], 1)]
+        ack = [fmt([r.get("ack_p99_ms", float("nan")) for r in v], 1)]
         rows.append(
             [
                 cand.name,
                 fmt(eps[cand.name]),
                 fmt(cpu[cand.name], 2),
+                *(lat if latency else []),
+                *(ack if acks else []),
                 fmt([r["peak_rss_mb"] for r in v]),
                 str(sum(r["duplicates"] for r in v)),
                 "yes" if all(r["in_order"] for r in v) else "NO",
@@ -342,11 +427,13 @@ def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> No
             ]
         )
     table(
-        f"B1 saturated echo, {n} updates, {'1 chat' if one_chat else '200 chats'}",
+        title,
         [
             "candidate",
             "events/s",
             "CPU ms/event",
+            *(["p50 ms", "p99 ms"] if latency else []),
+            *(["ack p99 ms"] if acks else []),
             "peak RSS MB",
             "dupes",
             "order",
@@ -358,26 +445,114 @@ def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> No
     )
 
 
+def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> None:
+    args = ["--chats", "1", "--one-chat"] if one_chat else ["--chats", "200"]
+    chats = "1 chat" if one_chat else "200 chats"
+    scenario_burst(f"B1 saturated echo, {n} updates, {chats}", cands, reps, n, args)
+
+
 def scenario_paced(cands: list[Candidate], reps: int, rates: list[int], seconds: float) -> None:
+    """Paced B1; the harness floor (``floor``) always runs too, interleaved, so "p99
+    within 2 ms of the floor measured in the same run" reads off the last column."""
+    cands = [c for c in cands if c.speaks("telegram")]
+    if not any(c.name == "floor" for c in cands):
+        cands = [*cands, *candidates(["floor"], {}, Path("."))]
     rows = []
     for rate in rates:
         n = int(rate * seconds)
-        for cand in cands:
-            p50, p99 = [], []
-            for _ in range(reps):
+        p50: dict[str, list[float]] = {c.name: [] for c in cands}
+        p99: dict[str, list[float]] = {c.name: [] for c in cands}
+        for _ in range(reps):
+            for cand in cands:  # interleaved: drift hits everyone alike
                 r = run_once(cand, ["--updates", str(n), "--rate", str(rate)], timeout=seconds + 60)
-                p50.append(r["p50_ms"])
-                p99.append(r["p99_ms"])
-            rows.append([f"{rate}/s", cand.name, fmt(p50, 2), fmt(p99, 2)])
-            print(f"  paced {rate}/s {cand.name}: p50 {fmt(p50, 2)} p99 {fmt(p99, 2)}", flush=True)
+                p50[cand.name].append(r["p50_ms"])
+                p99[cand.name].append(r["p99_ms"])
+        floor99 = med(p99["floor"])[0]
+        for cand in cands:
+            gap = med(p99[cand.name])[0] - floor99
+            rows.append(
+                [
+                    f"{rate}/s",
+                    cand.name,
+                    fmt(p50[cand.name], 2),
+                    fmt(p99[cand.name], 2),
+                    "—" if cand.name == "floor" or gap != gap else f"{gap:+.2f}",
+                ]
+            )
+            print(
+                f"  paced {rate}/s {cand.name}: p50 {fmt(p50[cand.name], 2)} "
+                f"p99 {fmt(p99[cand.name], 2)}",
+                flush=True,
+            )
     table(
-        f"B1 paced, 200 chats, {seconds:.0f} s each",
-        ["rate", "candidate", "p50 ms", "p99 ms"],
+        f"B1 paced, 200 chats, {seconds:.0f} s each (floor = the reference loop, same run)",
+        ["rate", "candidate", "p50 ms", "p99 ms", "p99 − floor p99 ms"],
         rows,
     )
 
 
+def scenario_soak(cands: list[Candidate], n: int, every: int, timeout: float) -> None:
+    """B7: ``n`` events through B1 (at most 2,000 unanswered at a time), the candidate's
+    RSS sampled every ``every`` replies; growth at every sample after the first counts
+    as monotonic growth (a failure)."""
+    rows = []
+    for cand in cands:
+        r = soak_once(cand, n, every, timeout)
+        series = r["rss_mb"]
+        steps = [b - a for a, b in zip(series[1:], series[2:], strict=False)]
+        monotonic = bool(steps) and all(s > 0 for s in steps)
+        rows.append(
+            [
+                cand.name,
+                f"{r['replies']:,}/{n:,}",
+                f"{r['replies'] / r['elapsed_s']:,.0f}" if r["elapsed_s"] else "—",
+                " ".join(f"{v:.1f}" for v in series),
+                f"{(series[-1] - series[0]):+.1f}" if len(series) > 1 else "—",
+                "YES (failure)" if monotonic else "no",
+                str(r["duplicates"]),
+            ]
+        )
+        print(f"  soak {cand.name}: {r['replies']}/{n}, RSS {series}", flush=True)
+    table(
+        f"B7 soak: {n:,} events through B1 (200 chats), RSS every {every:,}",
+        [
+            "candidate",
+            "answered",
+            "events/s",
+            f"RSS MB at each {every:,}",
+            "last − first MB",
+            "monotonic growth",
+            "dupes",
+        ],
+        rows,
+    )
+
+
+def soak_once(cand: Candidate, n: int, every: int, timeout: float) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        args = ["--updates", str(n), "--window", "2000", "--progress", str(every)]
+        fake, info = start_fake([*args, "--hold", "1", "--timeout", str(timeout)])
+        proc = start_candidate(cand, workdir, [("telegram", info)])
+        try:
+            assert fake.stdout is not None
+            limit = time.monotonic() + timeout + 60
+            series: list[float] = []
+            while True:
+                obj = read_line(fake.stdout, limit)
+                if "progress" in obj:
+                    series.append(rss_mb(proc.pid, "VmRSS"))
+                elif "done" in obj:
+                    done: dict[str, Any] = obj["done"]
+                    done["rss_mb"] = series
+                    return done
+        finally:
+            stop(proc)
+            stop(fake)
+
+
 def scenario_b2(cands: list[Candidate], reps: int) -> None:
+    cands = [c for c in cands if c.speaks("telegram") and c.name != "floor"]
     rows = []
     for varied in (False, True):
         args = ["--updates", "23", "--chats", "20", "--layout", "b2", "--sleep", "2"]
@@ -409,62 +584,103 @@ def scenario_b2(cands: list[Candidate], reps: int) -> None:
     )
 
 
+NINE = ["telegram", "discord", "slack", "feishu", "dingtalk", "wecom", "qq", "weixin", "whatsapp"]
+
+
 def scenario_idle(cands: list[Candidate], reps: int, idle_s: float) -> None:
+    """B6: process start to the first poll / READY / hello of every bot, then RSS and
+    CPU over ``idle_s`` idle seconds; dshim with one Telegram bot and with nine bots of
+    nine channels (each against its fake in its own process), each peer with one bot."""
     rows = []
     for cand in cands:
-        for bots in (1, 9) if cand.name == "dshim" else (1,):
+        if cand.name == "floor":
+            continue
+        setups = [["telegram"], NINE] if cand.platform == "any" else [[cand.platform]]
+        for platforms in setups:
             rss, cpu, start = [], [], []
+            slowest = ""
             for _ in range(reps):
-                r = idle_once(cand, bots, idle_s)
+                r = idle_once(cand, platforms, idle_s)
                 rss.append(r["rss_mb"])
                 cpu.append(r["cpu_pct"])
                 start.append(r["startup_ms"])
-            rows.append([cand.name, str(bots), fmt(start), fmt(rss, 1), fmt(cpu, 2)])
-            print(f"  idle {cand.name} x{bots}: {fmt(rss, 1)} MB", flush=True)
+                slowest = r["slowest"]
+            bots = f"{len(platforms)} ({', '.join(platforms)})" if len(platforms) > 1 else "1"
+            rows.append(
+                [
+                    cand.name,
+                    bots if len(platforms) > 1 else f"1 ({platforms[0]})",
+                    fmt(start),
+                    slowest,
+                    fmt(rss, 1),
+                    fmt(cpu, 2),
+                ]
+            )
+            print(f"  idle {cand.name} x{len(platforms)}: {fmt(rss, 1)} MB", flush=True)
     table(
         f"Idle and startup (after {idle_s:.0f} s idle)",
-        ["candidate", "bots", "start to first getUpdates ms", "RSS MB", "CPU %"],
+        [
+            "candidate",
+            "bots",
+            "start to the last bot's first poll/READY ms",
+            "last to be ready",
+            "RSS MB",
+            "CPU %",
+        ],
         rows,
     )
 
 
-def idle_once(cand: Candidate, bots: int, idle_s: float) -> dict[str, float]:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def idle_once(cand: Candidate, platforms: list[str], idle_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         workdir = Path(tmp)
-        fakes = [start_fake(["--updates", "0", "--hold", "3600"]) for _ in range(bots)]
-        urls = [u for _, u in fakes]
-        spawned = time.perf_counter()
-        if cand.name == "dshim":
-            env = {**os.environ, "BENCH_TOKEN": TOKEN}
-            config = dshim_config(workdir, urls[0], bots=bots, apis=urls)
-            proc = subprocess.Popen(
-                [a.replace("{config}", str(config)) for a in cand.argv],
-                env=env,
-                cwd=workdir,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                text=True,
-            )
-        else:
-            proc = start_candidate(cand, workdir, urls[0])
+        http = f"127.0.0.1:{free_port()}"
+        fakes: list[subprocess.Popen[str]] = []
+        bots: list[tuple[str, dict[str, Any]]] = []
         try:
-            firsts = []
-            for fake, _ in fakes:
+            for i, platform in enumerate(platforms):
+                argv = [sys.executable, str(BENCH / "fake_idle.py"), "--platform", platform]
+                argv += ["--lifetime", str(idle_s + 120)]
+                info: dict[str, Any] = {}
+                if platform == "whatsapp":
+                    argv += ["--webhook", f"http://{http}/hooks/{platform}{i}"]
+                    info["http"] = http
+                fake = subprocess.Popen(
+                    argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+                )
+                fakes.append(fake)
                 assert fake.stdout is not None
-                firsts.append(read_line(fake.stdout, time.monotonic() + 60)["first_poll"])
-            startup = (max(firsts) - spawned) * 1000
-            time.sleep(2.0)
-            c0, t0 = cpu_s(proc.pid), time.monotonic()
-            time.sleep(idle_s)
-            c1, t1 = cpu_s(proc.pid), time.monotonic()
-            return {
-                "rss_mb": rss_mb(proc.pid, "VmRSS"),
-                "cpu_pct": (c1 - c0) * 100 / (t1 - t0),
-                "startup_ms": startup,
-            }
+                info.update(read_line(fake.stdout, time.monotonic() + 30))
+                bots.append((platform, info))
+            spawned = time.perf_counter()
+            proc = start_candidate(cand, workdir, bots)
+            try:
+                firsts = []
+                for fake in fakes:
+                    assert fake.stdout is not None
+                    firsts.append(read_line(fake.stdout, time.monotonic() + 60)["first_poll"])
+                startup = (max(firsts) - spawned) * 1000
+                time.sleep(2.0)
+                c0, t0 = cpu_s(proc.pid), time.monotonic()
+                time.sleep(idle_s)
+                c1, t1 = cpu_s(proc.pid), time.monotonic()
+                return {
+                    "rss_mb": rss_mb(proc.pid, "VmRSS"),
+                    "cpu_pct": (c1 - c0) * 100 / (t1 - t0),
+                    "startup_ms": startup,
+                    "slowest": platforms[firsts.index(max(firsts))],
+                }
+            finally:
+                stop(proc)
         finally:
-            stop(proc)
-            for fake, _ in fakes:
+            for fake in fakes:
                 stop(fake)
 
 
@@ -472,13 +688,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--updates", type=int, default=4000)
-    p.add_argument("--only", default="B1,B1-1chat,paced,B2,idle")
-    p.add_argument("--candidates", default="dshim,ptb,ptb-c8,aiogram,nonebot")
+    p.add_argument("--updates", type=int, default=None, help="B1 updates (4,000; --quick 1,000)")
+    p.add_argument("--only", default="B1,B1-1chat,paced,B2,B3,B4,idle,B7")
+    p.add_argument("--soak", type=int, default=None, help="B7 events (100,000; --quick 20,000)")
+    p.add_argument(
+        "--candidates", default="dshim,floor,ptb,ptb-c8,aiogram,nonebot,hikari,slack-sdk"
+    )
     p.add_argument("--no-install", action="store_true")
     args = p.parse_args(argv)
     reps = 1 if args.quick else args.reps
-    n = 1000 if args.quick else args.updates
+    n = args.updates or (1000 if args.quick else 4000)
+    soak = args.soak or (20_000 if args.quick else 100_000)
     names = [c.strip() for c in args.candidates.split(",") if c.strip()]
     versions = ensure_peers(
         {"ptb" if c.startswith("ptb") else c for c in names}, not args.no_install
@@ -487,7 +707,7 @@ def main(argv: list[str] | None = None) -> None:
         cands = candidates(names, versions, Path(tmp))
     only = {s.strip() for s in args.only.split(",")}
     print(f"# dshim benchmark suite — {time.strftime('%Y-%m-%d %H:%M')}")
-    print(f"nproc {os.cpu_count()}, Python {platform.python_version()}, {platform.machine()}")
+    print(f"nproc {os.cpu_count()}, Python {py_platform.python_version()}, {py_platform.machine()}")
     print("candidates: " + "; ".join(f"{c.name} ({c.version})" for c in cands))
     print(f"repetitions: {reps} (median, spread min–max)")
     runs: dict[str, Callable[[], None]] = {
@@ -495,11 +715,38 @@ def main(argv: list[str] | None = None) -> None:
         "B1-1chat": lambda: scenario_b1(cands, reps, n, one_chat=True),
         "paced": lambda: scenario_paced(cands, reps, [50, 200, 500], 5.0 if args.quick else 10.0),
         "B2": lambda: scenario_b2(cands, reps),
+        "B3": lambda: scenario_burst(
+            f"B3 Discord gateway dispatch -> reply, {n // 4} MESSAGE_CREATEs over 200 DMs, ~1 KB",
+            cands,
+            reps,
+            n // 4,
+            ["--chats", "200"],
+            "discord",
+            latency=True,
+        ),
+        "B4": lambda: scenario_burst(
+            f"B4 Slack Socket Mode, a burst of {n // 2} envelopes in {n // 2} DMs, ~1 KB",
+            cands,
+            reps,
+            n // 2,
+            ["--chats", str(n // 2)],
+            "slack",
+            latency=True,
+        ),
         "idle": lambda: scenario_idle(cands, reps, 5.0 if args.quick else 10.0),
+        "B7": lambda: scenario_soak(
+            [c for c in cands if c.name == "dshim"] or cands[:1],
+            soak,
+            max(1, soak // 10),
+            600.0,
+        ),
     }
     for key, fn in runs.items():
         if key in only:
-            fn()
+            try:
+                fn()
+            except (OSError, RuntimeError, TimeoutError, KeyError) as exc:  # the others go on
+                print(f"\n### {key}: not measured ({type(exc).__name__}: {exc})\n", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@ against it unchanged (``api_base`` = :attr:`FakeDiscord.api_base`, ``gateway_url
         msg = await fake.user_message(fake.dm_channel, "hello")
         await fake.wait_until(lambda: fake.bot_messages(fake.dm_channel))
 
+Transport compression: a client that connects with ``compress=zlib-stream`` in the query
+gets every frame as a binary message from one zlib stream per connection, each ending
+with a ``Z_SYNC_FLUSH`` (``00 00 ff ff``), as Discord sends it.
+
 Gateway: Hello -> Identify (new session, READY, GUILD_CREATE) or Resume (missed dispatches
 replayed in order, then RESUMED) -> dispatches, heartbeats answered with op 11.  Resumes go
 to ``/resume`` (the READY's ``resume_gateway_url``), so a test can see that the client
@@ -81,11 +85,13 @@ import re
 import secrets
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import parse_qs
 
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
@@ -148,6 +154,8 @@ class GatewayConnection:
     closed_by: str | None = None  # "server" | "client" | "drop"
     closed_at: float | None = None  # trio time
     sends: list[float] = field(default_factory=list)
+    #: ``compress=zlib-stream``: the connection's one compressor (frames go out binary).
+    zlib_stream: Any = None
 
     def push(self, kind: str, value: Any = None) -> None:
         try:
@@ -643,6 +651,8 @@ class FakeDiscord(FakePlatform[RestCall]):
         conn = GatewayConnection(
             len(self.connections), path, trio.current_time(), ws, send, query=query
         )
+        if "zlib-stream" in parse_qs(query).get("compress", []):
+            conn.zlib_stream = zlib.compressobj()
         self.connections.append(conn)
         self.changed()
         async with trio.open_nursery() as nursery:
@@ -670,12 +680,20 @@ class FakeDiscord(FakePlatform[RestCall]):
         self, conn: GatewayConnection, recv: trio.MemoryReceiveChannel[tuple[str, Any]]
     ) -> None:
         ws = conn.ws
+
+        async def send(text: str) -> None:
+            if conn.zlib_stream is None:
+                await ws.send_message(text)
+            else:
+                z = conn.zlib_stream
+                await ws.send_message(z.compress(text.encode()) + z.flush(zlib.Z_SYNC_FLUSH))
+
         try:
             async for kind, value in recv:
                 if kind == "frame":
-                    await ws.send_message(json.dumps(value, separators=(",", ":")))
+                    await send(json.dumps(value, separators=(",", ":")))
                 elif kind == "text":
-                    await ws.send_message(value)
+                    await send(value)
                 elif kind == "close":
                     code, reason = value
                     conn.closed_by, conn.closed_code = "server", code
