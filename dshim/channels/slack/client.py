@@ -59,6 +59,9 @@ from dshim.model import Verdict
 
 log = structlog.get_logger("dshim.slack")
 
+#: Acked envelopes waiting for the pipeline at most (beyond it the reader waits).
+PENDING_MAX = 10_000
+
 DEFAULT_API_BASE = "https://slack.com/api"
 USER_AGENT = f"dshim/{__version__} (+https://github.com/dshim/dshim)"
 HTTP_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
@@ -405,12 +408,17 @@ class SocketRunner:
         self.options = options
         self.on_connected = on_connected
         self._delivery = trio.Lock()
+        # Acked envelopes wait here for the one delivering task: the reader acks the next
+        # envelope at once even while the pipeline takes the previous ones (a burst must
+        # not push acks past Slack's 3 s); order is read order, across handovers too.
+        self._pending_send, self._pending = trio.open_memory_channel[Any](PENDING_MAX)
         #: Connections opened so far (for tests and the probe).
         self.connections = 0
 
     async def run(self) -> NoReturn:
         """Forever: connect, hand over on refresh, reconnect.  Raises fatal errors."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._deliverer)
             current = await self._start(nursery)
             while True:
                 await _first(current.ended, current.handover)
@@ -424,6 +432,16 @@ class SocketRunner:
                     continue
                 await self._after(current)
                 current = await self._start(nursery)
+
+    async def _deliverer(self) -> None:
+        """Hand the acked envelopes to the pipeline, one at a time, in read order."""
+        async for conn, event in self._pending:
+            async with self._delivery:
+                conn.delivering = True
+                try:
+                    await self.deliver(event)
+                finally:
+                    conn.delivering = False
 
     async def _after(self, conn: _Conn) -> None:
         """A connection ended: raise for fatal ends, else wait as the backoff says."""
@@ -523,10 +541,12 @@ class SocketRunner:
         if isinstance(action, Deliver):
             if action.ack is not None:
                 await self._send(ws, action.ack)  # at once: Slack redelivers after 3 s
-            async with self._delivery:
+            try:
+                self._pending_send.send_nowait((conn, action.event))
+            except trio.WouldBlock:  # a flood: the reader waits (and is not judged dead)
                 conn.delivering = True
                 try:
-                    await self.deliver(action.event)
+                    await self._pending_send.send((conn, action.event))
                 finally:
                     conn.delivering = False
             return False
