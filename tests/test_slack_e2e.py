@@ -550,3 +550,32 @@ async def test_socket_url_failures_back_off_and_a_rejected_app_token_is_fatal(
         await fake.drop_connection()
         await bot.ended.wait()
     assert bot.results == {"slacky": "fatal"}
+
+
+async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
+    tmp_path: Path, autojump_clock: object, monkeypatch: Any
+) -> None:
+    """Each envelope is acknowledged when it is read, not after the ones before it went
+    through the pipeline: ten envelopes whose acceptance takes 0.5 s each are all acked
+    within Slack's 3 s, so none is redelivered, and all ten are answered once, in order."""
+    from dshim.pipeline.runtime import BotRuntime
+
+    slow_accept = BotRuntime.accept
+
+    async def accept(self: Any, item: Any, raw: Any = None) -> Any:
+        await trio.sleep(0.5)
+        return await slow_accept(self, item, raw)
+
+    monkeypatch.setattr(BotRuntime, "accept", accept)
+    async with running_bot(tmp_path) as (bot, fake):
+        t0 = trio.current_time()
+        for i in range(10):
+            await fake.user_message(fake.dm, f"burst {i}")
+        await fake.wait_until(lambda: len(fake.acks) >= 10)
+        acked_within = max(at for at, _ in fake.acks[:10]) - t0
+        await fake.wait_until(lambda: len(fake.bot_messages(fake.dm)) >= 10)
+        await trio.sleep(10)
+    assert acked_within < 1.0
+    assert [e for e in fake.sent_envelopes if e.get("retry_attempt")] == []
+    texts = [m.text for m in fake.bot_messages(fake.dm)]
+    assert [t.rsplit("\n\n", 1)[-1] for t in texts] == [f"burst {i}" for i in range(10)]
