@@ -16,6 +16,7 @@ import pytest
 from msgspec import UNSET
 
 from dshim.channels.dingtalk import models as m
+from dshim.channels.dingtalk.client import DEFAULT_API_BASE
 from dshim.channels.dingtalk.protocol import (
     MessageMapper,
     RobotCallback,
@@ -512,7 +513,7 @@ def test_settings_defaults() -> None:
     assert (settings.robot, settings.answer, settings.api_base) == (
         "dingx",
         "card",
-        "https://api.dingtalk.com",
+        DEFAULT_API_BASE,  # the platform's own host: named by the channel, never reached
     )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from dshim.channels.qq.channel import QQSettings
+from dshim.channels.qq.client import DEFAULT_API_BASE, DEFAULT_TOKEN_BASE
 from dshim.channels.qq.protocol import DEFAULT_INTENTS, intents
 from dshim.config import ConfigError, Secret, parse_config
 
@@ -47,8 +48,5 @@ def test_the_secret_comes_from_the_environment_and_stays_hidden() -> None:
     assert isinstance(settings, QQSettings)
     assert isinstance(settings.client_secret, Secret) and settings.client_secret.get() == SECRET
     assert SECRET not in repr(cfg) and cfg.secrets() == [SECRET]
-    assert (settings.api_base, settings.token_base) == (
-        "https://api.sgroup.qq.com",
-        "https://bots.qq.com",
-    )
+    assert (settings.api_base, settings.token_base) == (DEFAULT_API_BASE, DEFAULT_TOKEN_BASE)
     assert intents(settings.intents) == DEFAULT_INTENTS and settings.markdown
