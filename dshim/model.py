@@ -111,6 +111,12 @@ class MediaRef(msgspec.Struct, kw_only=True):
         return f"MediaRef(kind={self.kind!r}, name={self.name!r}, size={self.size!r})"
 
 
+#: How the final text of a turn whose agent failed carries the failure (the pipeline writes
+#: ``f"{AGENT_FAILED_NOTE} {error}"`` after the partial answer; a channel with a native
+#: error state, e.g. DingTalk's AI card, recognises it by this).
+AGENT_FAILED_NOTE = "⚠️ The agent failed:"
+
+
 class Mention(msgspec.Struct, kw_only=True, frozen=True):
     """A structured mention of a person in the message's own text (never one inside a
     quoted or forwarded message), in message order.

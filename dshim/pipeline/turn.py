@@ -41,6 +41,7 @@ from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
 from dshim.harness.base import Harness, ReadsHistory, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
+    AGENT_FAILED_NOTE,
     ApprovalRequest,
     Delivered,
     FilePart,
@@ -155,7 +156,7 @@ def compose_final(text: str, *, error: str | None, stopped: bool, cut: bool = Fa
     if stopped:
         return f"{body}\n\n{STOPPED_MARK}" if body else STOPPED_MARK
     if error is not None:
-        note = f"⚠️ The agent failed: {error}"
+        note = f"{AGENT_FAILED_NOTE} {error}"
         return f"{body}\n\n{note}" if body else note
     return body or EMPTY_ANSWER
 

@@ -44,7 +44,7 @@ from dshim.channels.dingtalk.client import DingTalkApi
 from dshim.channels.dingtalk.protocol import Route, card_markdown, new_track_id
 from dshim.channels.kit import Backoff
 from dshim.errors import ChannelError, PermissionDenied, RateLimited, TransportError
-from dshim.model import Delivered, ReplyTarget
+from dshim.model import AGENT_FAILED_NOTE, Delivered, ReplyTarget
 from dshim.render import split_text
 
 log = structlog.get_logger("dshim.dingtalk")
@@ -63,8 +63,6 @@ MAX_ATTEMPTS = 6
 #: How long cards are not tried again after DingTalk said they are not permitted.
 CARD_DENIED_RETRY_S = 600.0
 REACTION_TIMEOUT_S = 5.0
-#: How the pipeline's final text says the agent failed (the card then ends as failed).
-AGENT_FAILED_NOTE = "⚠️ The agent failed:"
 #: A card call refused for QPS is tried again once after the wait, if it is this short.
 QPS_RETRY_MAX_S = 5.0
 #: How long closing an abandoned card may take (it runs shielded, at shutdown).

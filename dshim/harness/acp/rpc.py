@@ -189,7 +189,10 @@ class Connection:
             return
         with trio.move_on_after(GROUP_TERM_S):
             # The OS offers no event for "a process group emptied": poll it.
-            while self._signal_group(0) and _group_has_live_members(self.proc.pid):  # noqa: ASYNC110
+            # The /proc scan runs off the trio thread (it reads every process's stat file).
+            while self._signal_group(0) and await trio.to_thread.run_sync(  # noqa: ASYNC110
+                _group_has_live_members, self.proc.pid
+            ):
                 await trio.sleep(0.05)
             return
         if self._signal_group(signal.SIGKILL):
