@@ -23,6 +23,10 @@ import random
 
 __all__ = ["Backoff"]
 
+#: The default source of jitter, shared: seeding a Random of its own reads os.urandom, a
+#: system call per Backoff (the streaming engine makes one per answer).
+_RNG = random.Random()
+
 
 class Backoff:
     """Exponential backoff with jitter.  See the module docstring for the formula."""
@@ -50,7 +54,7 @@ class Backoff:
         self.jitter = jitter
         #: Consecutive failures since the last :meth:`reset`.
         self.failures = 0
-        self._rng = rng if rng is not None else random.Random()
+        self._rng = rng if rng is not None else _RNG
 
     def next_delay(self, *, retry_after: float | None = None) -> float:
         """Count one more failure and return how long to wait before the next attempt.
