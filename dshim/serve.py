@@ -52,7 +52,14 @@ from dshim.channels.base import (
 )
 from dshim.channels.kit.http import counting_requests
 from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
-from dshim.errors import BUG_TYPES, AuthError, ConfigError, FatalChannelError, single_error
+from dshim.errors import (
+    BUG_TYPES,
+    AuthError,
+    ConfigError,
+    DshimError,
+    FatalChannelError,
+    single_error,
+)
 from dshim.harness.base import Harness
 from dshim.http.app import GRACEFUL_S, Endpoint
 from dshim.http.ops import add_operator_routes
@@ -74,6 +81,10 @@ BACKOFF_MAX_S = 30.0
 HEALTHY_RUN_S = 60.0
 #: The channel whose bot is the embedded default: its page and socket are also at the root.
 ROOT_CHANNEL = "webchat"
+#: The store's expired dedup keys and old outbound entries are swept this long after the
+#: start (not during it: start-up stays quick) and then at this interval.
+PRUNE_FIRST_S = 60.0
+PRUNE_INTERVAL_S = 3600.0
 
 
 class ServeHost:
@@ -401,6 +412,19 @@ def make_endpoint(config: Config, statuses: BotStatuses, metrics: ProcessMetrics
     return endpoint
 
 
+async def prune_periodically(store: Store, clock: Clock) -> None:
+    """Sweep what the store keeps only for a while (dedup keys past their TTL, outbound
+    entries past 30 days): :data:`PRUNE_FIRST_S` after the start, then every
+    :data:`PRUNE_INTERVAL_S`.  A failed sweep is logged and tried again next time."""
+    await trio.sleep(PRUNE_FIRST_S)
+    while True:
+        try:
+            await store.prune(now=clock())
+        except DshimError as exc:
+            log.warning("store_prune_failed", error=str(exc))
+        await trio.sleep(PRUNE_INTERVAL_S)
+
+
 async def serve_process(
     config: Config,
     store: Store,
@@ -446,6 +470,7 @@ async def serve_process(
                     stop_http.set()  # open chat sockets close, requests in flight finish
 
                 nursery.start_soon(follow_shutdown)
+                nursery.start_soon(prune_periodically, store, clock)
                 task_status.started(Running(url, endpoint, statuses, metrics))
                 results = await serve_bots(
                     config,

@@ -14,7 +14,15 @@ from structlog.testing import capture_logs
 from dshim.channels.base import BotHost, ProbeRows, ReplayAdapter, ReplaySource
 from dshim.config import Config, parse_config
 from dshim.errors import AuthError, TransportError
-from dshim.serve import ServeHost, classify_failure, serve_bots, supervise_bot
+from dshim.serve import (
+    PRUNE_FIRST_S,
+    PRUNE_INTERVAL_S,
+    ServeHost,
+    classify_failure,
+    prune_periodically,
+    serve_bots,
+    supervise_bot,
+)
 from dshim.store import open_store
 from dshim.testing.outbound import RecordingOutbound
 from tests.helpers import Clock, msg
@@ -190,3 +198,28 @@ async def test_a_bot_that_fails_right_after_starting_backs_off_ever_longer(
     assert len(ch.started_at) <= 9  # 1, 2, 4, 8, 16, 30, 30 ... s: never a tight loop
     assert all(gap >= 1.0 for gap in gaps)
     assert gaps[3] > gaps[0] and max(gaps) >= 15  # (jitter pinned: the same gaps every run)
+
+
+async def test_the_store_is_swept_a_minute_after_start_and_then_hourly(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    """Dedup keys past their TTL do not pile up in a long-running process."""
+    async with open_store(tmp_path, inline=True) as store:
+        clock = Clock()
+
+        async def kept() -> list[str]:  # seen as of time 0: whatever has a row at all
+            return [k for k in ("old", "new") if await store.seen("bot", "c1", k, now=0.0)]
+
+        assert await store.accept("bot", "c1", "old", now=clock(), ttl_s=30.0, raw=None)
+        assert await store.accept("bot", "c1", "new", now=clock(), ttl_s=7200.0, raw=None)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(prune_periodically, store, clock)
+            await trio.sleep(PRUNE_FIRST_S - 1)
+            assert await kept() == ["old", "new"]  # nothing swept during start-up
+            await trio.sleep(2)
+            assert await kept() == ["new"]  # the expired key is gone, the live one stays
+            await trio.sleep(PRUNE_INTERVAL_S)
+            assert await kept() == ["new"]  # an hour and a minute: it lives for two hours
+            await trio.sleep(PRUNE_INTERVAL_S)
+            assert await kept() == []
+            nursery.cancel_scope.cancel()

@@ -187,7 +187,7 @@ async def test_turns_count_their_attempts_and_delivered_is_durable(db_path: Path
         await store.begin_turn("bot", "c1", "", [("c1", "m1")])
         await store.inbox_set_state("bot", "c1", "m1", "delivered")
         # Written at once: another connection (a process after a crash) sees it.
-        assert query(db_path, "SELECT state, attempts FROM inbox") == [("delivered", 2)]
+        assert query(db_path, "SELECT state, attempts FROM inbox_state") == [("delivered", 2)]
     async with open_sqlite_store(db_path) as store:
         [e] = await store.inbox_pending("bot")
     assert (e.state, e.attempts) == ("delivered", 2)
@@ -206,6 +206,46 @@ async def test_a_version_1_inbox_gains_attempts(db_path: Path) -> None:
     assert (e.message_id, e.state, e.attempts) == ("m1", "running", 0)
 
 
+async def test_a_version_5_inbox_keeps_its_states_and_attempts(db_path: Path) -> None:
+    # Schema 5 kept state and attempts in the inbox row next to the raw event.
+    with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
+        for migration in sqlite_store.MIGRATIONS[:5]:
+            for statement in migration.statements:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 5")
+        rows = [("m1", "queued", 0), ("m2", "running", 2), ("m3", "delivered", 1)]
+        for i, (mid, state, attempts) in enumerate(rows):
+            conn.execute(
+                "INSERT INTO inbox VALUES ('bot', 'c1', ?, ?, ?, ?, ?)",
+                (mid, mid.encode() * 1000, state, T0 + i, attempts),
+            )
+    async with open_sqlite_store(db_path) as store:
+        assert await store.schema_version() == SCHEMA_VERSION
+        pending = await store.inbox_pending("bot")
+        assert [(e.message_id, e.state, e.attempts) for e in pending] == rows
+        assert [e.raw for e in pending] == [mid.encode() * 1000 for mid, _, _ in rows]
+        # The next turn counts on from the migrated attempts.
+        await store.begin_turn("bot", "c1", "", [("c1", "m2"), ("c1", "m1")])
+        after = {e.message_id: (e.state, e.attempts) for e in await store.inbox_pending("bot")}
+    assert after == {"m1": ("running", 1), "m2": ("running", 3), "m3": ("delivered", 1)}
+
+
+async def test_a_re_accepted_expired_key_starts_queued_again(store: SqliteStore) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"old")
+    await store.begin_turn("bot", "c1", "", [("c1", "m1")])
+    await store.inbox_set_state("bot", "c1", "m1", "delivered")
+    # The key expired; the platform sends the message again: a new entry, nothing carried over.
+    assert await store.accept("bot", "c1", "m1", now=T0 + 61, ttl_s=60, raw=b"new")
+    [e] = await store.inbox_pending("bot")
+    assert (e.raw, e.state, e.attempts) == (b"new", "queued", 0)
+    await store.inbox_done("bot", "c1", "m1")
+    assert await store.inbox_pending("bot") == []
+    # Done means gone, state included: a later entry under the same key starts afresh.
+    assert await store.accept("bot", "c1", "m1", now=T0 + 200, ttl_s=60, raw=b"again")
+    [e] = await store.inbox_pending("bot")
+    assert (e.state, e.attempts) == ("queued", 0)
+
+
 async def test_inbox_rejects_unknown_state(store: SqliteStore) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
     with pytest.raises(ValueError):
@@ -219,6 +259,17 @@ async def test_prune_drops_expired_dedup_keys_only(store: SqliteStore, db_path: 
     await store.prune(now=T0 + 10)
     assert query(db_path, "SELECT message_id FROM dedup") == [("long",)]
     assert await store.seen("bot", "c", "long", now=T0 + 10)
+
+
+async def test_prune_sweeps_more_than_one_batch(
+    store: SqliteStore, db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "PRUNE_BATCH", 3)
+    for i in range(10):
+        assert await store.accept("bot", "c", f"m{i}", now=T0, ttl_s=10, raw=None)
+    assert await store.accept("bot", "c", "live", now=T0, ttl_s=1000, raw=None)
+    await store.prune(now=T0 + 10)  # batches of 3: it goes on until none is left
+    assert query(db_path, "SELECT message_id FROM dedup") == [("live",)]
 
 
 # -- bindings, cursors, last direct ------------------------------------------------------------

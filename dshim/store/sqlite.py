@@ -1,14 +1,18 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 5; see :data:`MIGRATIONS`):
+Tables (schema version 6; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
-``inbox``        (bot, conversation_id, message_id) -> raw, state, accepted_at, attempts.
-                 Accepted messages whose handling has not finished; written in the same
-                 transaction as their dedup key, deleted by ``inbox_done``.  ``state`` is
-                 ``queued``, ``running`` (a turn started: ``attempts`` counts how often)
-                 or ``delivered`` (part of the answer may have reached the user).
+``inbox``        (bot, conversation_id, message_id) -> raw, accepted_at.  Accepted
+                 messages whose handling has not finished; written in the same
+                 transaction as their dedup key, deleted by ``inbox_done``.
+``inbox_state``  (bot, conversation_id, message_id) -> state, attempts.  The state of an
+                 inbox entry once it is not ``queued`` any more: ``running`` (a turn
+                 started: ``attempts`` counts how often) or ``delivered`` (part of the
+                 answer may have reached the user); no row means ``queued``, 0 attempts.
+                 Apart from ``inbox`` so that a state change rewrites a small row, not
+                 the raw event (a few KB) it belongs to.
 ``bindings``     (bot, conversation_id, thread_id) -> session_id, title, created_at,
                  updated_at.  ``thread_id`` is ``""`` for "no thread".
 ``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
@@ -95,6 +99,8 @@ _Ts = TypeVarTuple("_Ts")
 
 #: Queued store calls the worker thread commits together at most.
 GROUP_MAX = 64
+#: Rows one pruning transaction deletes at most (per table).
+PRUNE_BATCH = 2000
 #: Entries kept per bot + conversation in the outbound index.
 OUTBOUND_CAP = 200
 #: Outbound entries completed longer ago than this are dropped (30 days).
@@ -249,6 +255,24 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX anchors_recent ON anchors (bot, conversation_id, thread_id, updated_at)",
         ),
     ),
+    Migration(
+        "the inbox's states apart from its raw events",
+        (
+            """CREATE TABLE inbox_state (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                state TEXT NOT NULL,
+                attempts INTEGER NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            ) WITHOUT ROWID""",
+            """INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
+                SELECT bot, conversation_id, message_id, state, attempts FROM inbox
+                WHERE state != 'queued' OR attempts != 0""",
+            "ALTER TABLE inbox DROP COLUMN state",
+            "ALTER TABLE inbox DROP COLUMN attempts",
+        ),
+    ),
 )
 
 #: The schema version this code writes and understands.
@@ -264,8 +288,17 @@ _ACCEPT_KEY = """
     DO UPDATE SET expires_at = excluded.expires_at WHERE dedup.expires_at <= ?
 """
 _INBOX_PUT = """
-    INSERT OR REPLACE INTO inbox (bot, conversation_id, message_id, raw, state, accepted_at)
-    VALUES (?, ?, ?, ?, 'queued', ?)
+    INSERT OR REPLACE INTO inbox (bot, conversation_id, message_id, raw, accepted_at)
+    VALUES (?, ?, ?, ?, ?)
+"""
+# A new entry is queued: no state row (one left by an expired key's entry goes).
+_INBOX_FRESH = "DELETE FROM inbox_state WHERE bot = ? AND conversation_id = ? AND message_id = ?"
+_INBOX_RUNNING = """
+    INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
+    SELECT bot, conversation_id, message_id, 'running', 1 FROM inbox
+    WHERE bot = ? AND conversation_id = ? AND message_id = ?
+    ON CONFLICT (bot, conversation_id, message_id)
+    DO UPDATE SET state = 'running', attempts = inbox_state.attempts + 1
 """
 _SEEN = """
     SELECT 1 FROM dedup
@@ -827,8 +860,13 @@ class SqliteStore:
         return await self._call(_get_last_direct, bot)
 
     async def prune(self, *, now: float) -> None:
-        """Drop expired dedup keys and outbound entries completed more than 30 days ago."""
-        await self._call(_prune, now)
+        """Drop expired dedup keys and outbound entries completed more than 30 days ago.
+
+        In transactions of at most :data:`PRUNE_BATCH` rows, so that the turns' own calls
+        run in between even when a day's worth of keys expires at once.
+        """
+        while await self._call(_prune, now, PRUNE_BATCH) >= PRUNE_BATCH:
+            pass
 
     async def schema_version(self) -> int:
         """The schema version of the open file (:data:`SCHEMA_VERSION` once open)."""
@@ -872,6 +910,7 @@ def _accept(
             return False
         if raw is not None:
             conn.execute(_INBOX_PUT, (bot, conversation_id, message_id, raw, now))
+            conn.execute(_INBOX_FRESH, (bot, conversation_id, message_id))
     return True
 
 
@@ -889,6 +928,7 @@ def _accept_many(
             fresh = cur.rowcount == 1
             if fresh and raw is not None:
                 conn.execute(_INBOX_PUT, (bot, conversation_id, message_id, raw, now))
+                conn.execute(_INBOX_FRESH, (bot, conversation_id, message_id))
             out.append(fresh)
     return out
 
@@ -902,23 +942,39 @@ def _seen(
 def _inbox_set_state(
     conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str, state: str
 ) -> None:
+    key = (bot, conversation_id, message_id)
+    if state == "queued":  # no state row needed; the attempts counted so far are kept
+        conn.execute(
+            "UPDATE inbox_state SET state = 'queued'"
+            " WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+            key,
+        )
+        return
     conn.execute(
-        "UPDATE inbox SET state = ? WHERE bot = ? AND conversation_id = ? AND message_id = ?",
-        (state, bot, conversation_id, message_id),
+        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+        " SELECT bot, conversation_id, message_id, ?, 0 FROM inbox"
+        " WHERE bot = ? AND conversation_id = ? AND message_id = ?"
+        " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state",
+        (state, *key),
     )
 
 
 def _inbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str) -> None:
+    key = (bot, conversation_id, message_id)
+    conn.execute("DELETE FROM inbox WHERE bot = ? AND conversation_id = ? AND message_id = ?", key)
     conn.execute(
-        "DELETE FROM inbox WHERE bot = ? AND conversation_id = ? AND message_id = ?",
-        (bot, conversation_id, message_id),
+        "DELETE FROM inbox_state WHERE bot = ? AND conversation_id = ? AND message_id = ?", key
     )
 
 
 def _inbox_pending(conn: sqlite3.Connection, bot: str) -> list[InboxEntry]:
     rows = conn.execute(
-        "SELECT conversation_id, message_id, raw, state, accepted_at, attempts FROM inbox"
-        " WHERE bot = ? ORDER BY accepted_at, rowid",
+        "SELECT i.conversation_id, i.message_id, i.raw, coalesce(s.state, 'queued'),"
+        " i.accepted_at, coalesce(s.attempts, 0)"
+        " FROM inbox AS i LEFT JOIN inbox_state AS s"
+        " ON s.bot = i.bot AND s.conversation_id = i.conversation_id"
+        " AND s.message_id = i.message_id"
+        " WHERE i.bot = ? ORDER BY i.accepted_at, i.rowid",
         (bot,),
     )
     return [
@@ -1229,10 +1285,21 @@ def _get_last_direct(conn: sqlite3.Connection, bot: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _prune(conn: sqlite3.Connection, now: float) -> None:
+def _prune(conn: sqlite3.Connection, now: float, limit: int) -> int:
+    """Delete up to ``limit`` expired dedup keys and ``limit`` old outbound entries; returns
+    the larger of the two counts (``limit``: there may be more)."""
     with _transaction(conn):
-        conn.execute("DELETE FROM dedup WHERE expires_at <= ?", (now,))
-        conn.execute("DELETE FROM outbound WHERE completed_at < ?", (now - OUTBOUND_MAX_AGE_S,))
+        keys = conn.execute(
+            "DELETE FROM dedup WHERE (bot, conversation_id, message_id) IN ("
+            " SELECT bot, conversation_id, message_id FROM dedup WHERE expires_at <= ? LIMIT ?)",
+            (now, limit),
+        ).rowcount
+        entries = conn.execute(
+            "DELETE FROM outbound WHERE id IN ("
+            " SELECT id FROM outbound WHERE completed_at < ? LIMIT ?)",
+            (now - OUTBOUND_MAX_AGE_S, limit),
+        ).rowcount
+    return max(keys, entries)
 
 
 def _begin_turn(
@@ -1245,11 +1312,7 @@ def _begin_turn(
 ) -> Binding | None:
     with _transaction(conn):
         for conv, mid in inbox_keys:
-            conn.execute(
-                "UPDATE inbox SET state = 'running', attempts = attempts + 1"
-                " WHERE bot = ? AND conversation_id = ? AND message_id = ?",
-                (bot, conv, mid),
-            )
+            conn.execute(_INBOX_RUNNING, (bot, conv, mid))
         if last_direct is not None:
             _set_last_direct(conn, bot, last_direct[0], last_direct[1])
         return _get_binding(conn, bot, conversation_id, thread_id)
