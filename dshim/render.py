@@ -45,6 +45,12 @@ at paragraph, line or word boundaries (:func:`split_text`).  Texts that arrive w
 call or a wait is in progress are merged: only the newest is ever sent.  Until the first
 message is posted, ``typing()`` is repeated every ``typing_interval_s``.
 
+The background tasks start only when there is something for them to do: the typing task
+once ``typing_grace_s`` has passed without text (at once when the grace is 0), the pump
+once the first message is due.  Until then one timer task per trio run (:class:`_Starter`)
+holds their deadlines.  An answer that is complete before either deadline — the common
+case for a quick agent — costs no task at all: ``finish`` sends it directly.
+
 ``finish(final)`` stops the pump after its in-flight call (a call is never cancelled
 half-way, so a message the platform created is always known by id), then brings every
 message to its final chunk, waiting for pacing and retry-after as needed.  A message
@@ -69,10 +75,13 @@ intermediate text; ``finish`` still delivers the final text (or raises why it ca
 
 from __future__ import annotations
 
+import contextvars
+import heapq
+import itertools
 import math
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -316,6 +325,12 @@ class EditStream:
         self._typing_done = trio.Event()
         self._pump_done = trio.Event()
         self._pump_done.set()  # no pump until started
+        #: Where the background tasks run (open_edit_stream's nursery); None: not open.
+        self._nursery: trio.Nursery | None = None
+        #: The context they run in: the answer's own (log keys, request counters), also
+        #: when the starter's task starts them.
+        self._context: contextvars.Context | None = None
+        self._pump_started = False
         self._finished = False
         self._pump_failures = 0
         self._pump_backoff = self._backoff()
@@ -332,7 +347,9 @@ class EditStream:
             self._text = text
             self._note = None
             if self._first_text_at is None and text.strip():
-                self._first_text_at = trio.current_time()
+                self._first_text_at = now = trio.current_time()
+                if self._nursery is not None:  # the pump is due with the first message
+                    _start_at(now + self.limits.first_send_delay_s, self, _PUMP)
             self._wake()
 
     async def progress(self, note: str) -> None:
@@ -368,8 +385,25 @@ class EditStream:
     # -- background tasks ---------------------------------------------------------------
 
     def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+        # Set once until the pump looks again (it renews the event): an answer streamed in
+        # many small deltas does not make an event per delta.
+        changed = self._changed
+        if not changed.is_set():
+            changed.set()
+
+    def _start(self, what: str) -> None:
+        """A deadline of :class:`_Starter` passed: start the pump or the typing task, unless
+        the answer is finished (or no longer needs it) by now."""
+        nursery, context = self._nursery, self._context
+        if nursery is None or context is None or self._finishing.is_set():
+            return
+        if what == _PUMP:
+            if not self._pump_started:
+                self._pump_started = True
+                self._pump_done = trio.Event()
+                context.run(nursery.start_soon, _guard, self._pump)
+        elif not self._typing_done.is_set() and self._first_text_at is None:
+            context.run(nursery.start_soon, _guard, self._typing_loop)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but return at once when finish() is called."""
@@ -403,6 +437,8 @@ class EditStream:
         """Show intermediate text; ends when finish() is called or calls keep failing."""
         try:
             while not self._finishing.is_set():
+                if self._changed.is_set():
+                    self._changed = trio.Event()  # what changed so far is planned now
                 plan = self._plan()
                 if plan is None:
                     await self._changed.wait()  # finish() wakes it too
@@ -450,16 +486,13 @@ class EditStream:
             self._pump_backoff.reset()
         return True
 
-    async def _typing(self) -> None:
+    async def _typing_loop(self) -> None:
+        """Typing until the first message is posted; started at once (no grace) or once the
+        grace passed without text (see :meth:`_start`)."""
         interval = self.limits.typing_interval_s
         if interval is None:
             return
         grace = self.limits.typing_grace_s
-        if grace > 0:
-            with trio.move_on_after(grace):
-                await self._typing_done.wait()
-            if self._first_text_at is not None:
-                return  # text arrived within the grace: the first message is on its way
         while not self._typing_done.is_set():
             # One indicator per interval per chat, also across answers (it lasts that long).
             wait = self.pacer.typing_at + interval - trio.current_time()
@@ -601,20 +634,78 @@ async def open_edit_stream(
     unchanged (never wrapped in an ExceptionGroup).
     """
     stream = EditStream(transport, limits, clock=clock, pacer=pacer)
-    stream._pump_done = trio.Event()
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_guard, stream._pump)
-            nursery.start_soon(_guard, stream._typing)
+            stream._nursery = nursery
+            stream._context = contextvars.copy_context()
+            if limits.typing_interval_s is not None:
+                if limits.typing_grace_s > 0:
+                    _start_at(trio.current_time() + limits.typing_grace_s, stream, _TYPING)
+                else:
+                    nursery.start_soon(_guard, stream._typing_loop)
             try:
                 yield stream
             finally:
+                stream._nursery = None  # nothing starts any more
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as eg:
         inner = _unwrap(eg)
         if inner is eg:
             raise
         raise inner from None
+
+
+_PUMP = "pump"
+_TYPING = "typing"
+
+
+class _Starter:
+    """The deadlines at which streams start their background tasks: one heap and one
+    system task per trio run (see the module docstring).  A deadline of an answer that
+    finished meanwhile is dropped when it comes up."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, EditStream, str]] = []
+        self._order = itertools.count()  # ties: first come, first started
+        self._wakeup = trio.Event()
+        self._sleeping_until = math.inf
+
+    def at(self, when: float, stream: EditStream, what: str) -> None:
+        heapq.heappush(self._heap, (when, next(self._order), stream, what))
+        if when < self._sleeping_until:
+            self._sleeping_until = when
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        heap = self._heap
+        while True:
+            now = trio.current_time()
+            while heap and heap[0][0] <= now:
+                _, _, stream, what = heapq.heappop(heap)
+                try:
+                    stream._start(what)
+                except Exception:  # a bug: logged, and this run's other answers go on
+                    log.exception("stream_start_failed", task=what)
+            self._sleeping_until = heap[0][0] if heap else math.inf
+            self._wakeup = trio.Event()
+            with trio.move_on_at(self._sleeping_until):
+                await self._wakeup.wait()
+
+
+_STARTER: trio.lowlevel.RunVar[_Starter] = trio.lowlevel.RunVar("dshim_render_starter")
+
+
+def _start_at(when: float, stream: EditStream, what: str) -> None:
+    if when <= trio.current_time():
+        stream._start(what)
+        return
+    try:
+        starter = _STARTER.get()
+    except LookupError:
+        starter = _Starter()
+        _STARTER.set(starter)
+        trio.lowlevel.spawn_system_task(starter.run, name="dshim.render.starter")
+    starter.at(when, stream, what)
 
 
 async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
@@ -673,10 +764,8 @@ class EditOutbound:
             self.transport(target), self.limits, text, clock=self.clock, pacer=self.pacer(target)
         )
 
-    @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[EditStream]:
+    def open_stream(self, target: ReplyTarget) -> AbstractAsyncContextManager[EditStream]:
         """Stream an answer by editing: typing, then the first message, then edits."""
-        async with open_edit_stream(
+        return open_edit_stream(
             self.transport(target), self.limits, clock=self.clock, pacer=self.pacer(target)
-        ) as stream:
-            yield stream
+        )

@@ -447,3 +447,53 @@ def test_split_chunks_fit_and_lose_only_whitespace(text: str, limit: int) -> Non
     chunks = split_text(text, limit, utf16_len)
     assert all(0 < utf16_len(c) <= limit for c in chunks)
     assert "".join("".join(c.split()) for c in chunks) == "".join(text.split())
+
+
+async def test_a_stream_started_late_still_logs_and_counts_as_its_answer(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The preview and the typing indicator start only when due, from a timer task of the
+    run; their calls still carry the answer's context (log keys, request counters)."""
+    import structlog
+
+    seen: list[tuple[str, object]] = []
+
+    class Recording(Transport):
+        async def send(self, text: str, *, reply: bool) -> str:
+            seen.append(("send", structlog.contextvars.get_contextvars().get("turn")))
+            return await super().send(text, reply=reply)
+
+        async def typing(self) -> None:
+            seen.append(("typing", structlog.contextvars.get_contextvars().get("turn")))
+            await super().typing()
+
+    limits = Limits(max_len=100, first_send_delay_s=1.0, typing_interval_s=5.0, typing_grace_s=2.0)
+    with trio.fail_after(DEADLINE):
+        t = Recording()
+        with structlog.contextvars.bound_contextvars(turn="t-1"):
+            async with open_edit_stream(t, limits, clock=clock) as stream:
+                await trio.sleep(3)  # silent past the grace: typing
+                await stream.update("first words")
+                await trio.sleep(2)  # past the first-send delay: the preview
+                assert t.final == ["first words"]
+                delivered = await stream.finish("first words and the rest")
+        assert t.final == ["first words and the rest"]
+        assert len(delivered) == 1
+        assert t.typing_at == [2.0]
+        assert seen == [("typing", "t-1"), ("send", "t-1")]
+
+
+async def test_a_quick_answer_gets_no_typing_and_one_message(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    limits = Limits(max_len=500, first_send_delay_s=1.0, typing_interval_s=5.0, typing_grace_s=1.0)
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, limits, clock=clock) as stream:
+            for i in range(50):  # many small deltas, no wait in between
+                await stream.update("word " * (i + 1))
+            await stream.finish("word " * 50)
+        await trio.sleep(10)  # the deadlines the answer left behind come and go
+        assert t.typing_at == []
+        assert [kind for _, kind, _, _ in t.calls] == ["send"]
+        assert t.final == [("word " * 50).strip()]

@@ -160,8 +160,13 @@ class LaneSet:
     async def _work(self, lane: Lane) -> None:
         while True:
             item: Any = None
-            with trio.move_on_after(self._idle_exit_s):
-                item = await lane.receive.receive()
+            try:
+                item = lane.receive.receive_nowait()  # a busy lane: no timer to set up
+            except trio.WouldBlock:
+                with trio.move_on_after(self._idle_exit_s):
+                    item = await lane.receive.receive()
+            else:
+                await trio.lowlevel.checkpoint()  # one turn after another still yields
             if item is None:
                 # Idle: leave only if nothing arrived meanwhile (no await since the check).
                 try:

@@ -7,6 +7,8 @@ Usage::
     python scripts/bench/run.py                 # every scenario, 3 repetitions
     python scripts/bench/run.py --quick         # 1 repetition, smaller counts
     python scripts/bench/run.py --only B1,B2 --candidates dshim,ptb
+    python scripts/bench/run.py --only B1 --candidates dshim,dshim@../before  # a lever's
+                                            # before/after: another checkout (git worktree)
 
 The peers are installed by the suite itself into their own venvs under ``.bench/venvs``
 (benchmark-only dependencies, never dshim's): python-telegram-bot 22.x, aiogram 3,
@@ -140,6 +142,17 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
                     "dshim",
                     [sys.executable, "-m", "dshim", "--config", "{config}", "serve"],
                     version=dshim_version(),
+                    platform="any",
+                )
+            )
+        elif name.startswith("dshim@"):  # another checkout of dshim: before/after a change
+            tree = Path(name.split("@", 1)[1]).resolve()
+            out.append(
+                Candidate(
+                    name,
+                    [sys.executable, "-m", "dshim", "--config", "{config}", "serve"],
+                    {"PYTHONPATH": str(tree)},
+                    version=f"dshim from {tree}",
                     platform="any",
                 )
             )
