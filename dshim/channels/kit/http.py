@@ -247,10 +247,14 @@ R = TypeVar("R", bound=_HasStatus)
 
 async def counted(what: str, request: Awaitable[R]) -> R:
     """Await one platform request: its httpx failures mapped (:func:`map_httpx_errors`)
-    and the request counted with its status."""
-    with map_httpx_errors(what), _counting(what) as answered:
+    and the request counted with its status (a network failure counts as ``error``)."""
+    # Spelled out rather than map_httpx_errors + _counting: it runs on every API call.
+    try:
         resp = await request
-        answered(resp.status_code)
+    except httpx.TransportError as exc:
+        count_request(what, "error")
+        raise transport_error(what, exc) from exc
+    count_request(what, resp.status_code)
     return resp
 
 
