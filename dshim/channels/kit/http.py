@@ -262,25 +262,26 @@ class JsonPoster:
     """POSTs JSON bodies to the API paths of one client, on its hot path.
 
     Through an :class:`~dshim.channels.kit.h11transport.H11Transport` (``open_http(...,
-    fast_prefix=...)``) each path is prepared once (its request head as bytes, see
-    :meth:`~dshim.channels.kit.h11transport.H11Transport.prepare_post`) and a call is
-    handed to the transport directly, without an ``httpx.Request`` or ``httpx.Response``:
-    httpx's client layers (URL merging, redirects, auth, cookies, event hooks) and its
-    models cost about as much CPU again as the transport itself.  Paths the transport
-    does not serve go through ``http.post`` with the same body (msgspec-encoded) and
-    headers; without the transport a call is ``http.post(path, json=body)``.  The answer
-    is an :class:`Answer` (status, body, headers).
+    fast_prefix=...)``) each path is prepared once: the paths the transport serves get
+    their request head as bytes (see
+    :meth:`~dshim.channels.kit.h11transport.H11Transport.prepare_post`) and a call goes to
+    the transport without an ``httpx.Request`` or ``httpx.Response``; the others (https)
+    get their URL, and a call builds its request from it and hands it to the client's
+    transport — httpx's client layers (URL merging, redirects, auth, cookies, event
+    hooks) and its models cost about as much CPU again as the transport itself.  Without
+    the transport a call is ``http.post(path, json=body)``.  The body is encoded with
+    msgspec.  The answer is an :class:`Answer` (status, body, headers).
     """
 
-    __slots__ = ("_http", "_fast", "_base", "_prepared", "_headers")
+    __slots__ = ("_http", "_fast", "_base", "_targets", "_headers")
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
         transport = getattr(http, "_transport", None)
         self._fast = transport if isinstance(transport, H11Transport) else None
         self._base = str(http.base_url).rstrip("/")
-        #: path -> its prepared POST, or None when the fast transport does not serve it.
-        self._prepared: dict[str, PreparedPost | None] = {}
+        #: path -> its prepared POST, or its URL when the fast transport does not serve it.
+        self._targets: dict[str, PreparedPost | httpx.URL] = {}
         ua = http.headers.get("user-agent", "dshim")
         self._headers = [
             ("user-agent", ua),
@@ -293,18 +294,22 @@ class JsonPoster:
         fast = self._fast
         if fast is None:
             return await self._http.post(path, json=body, timeout=timeout)
-        try:
-            prepared = self._prepared[path]
-        except KeyError:
-            prepared = fast.prepare_post(httpx.URL(self._base + path), self._headers)
-            if len(self._prepared) < 256:
-                self._prepared[path] = prepared
-        content = _json_body.encode(body)
-        if prepared is None:
-            return await self._http.post(
-                path, content=content, headers=self._headers, timeout=timeout
-            )
-        return await fast.post(prepared, content, timeout)
+        target = self._targets.get(path)
+        if target is None:
+            url = httpx.URL(self._base + path)
+            target = fast.prepare_post(url, self._headers) or url
+            if len(self._targets) < 256:
+                self._targets[path] = target
+        if isinstance(target, PreparedPost):
+            return await fast.post(target, _json_body.encode(body), timeout)
+        request = httpx.Request(
+            "POST",
+            target,
+            content=_json_body.encode(body),
+            headers=self._headers,
+            extensions={"timeout": timeout.as_dict()},
+        )
+        return await self._http.send(request)
 
 
 _json_body = msgspec.json.Encoder()
