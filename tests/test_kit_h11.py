@@ -1,20 +1,39 @@
 """The h11 transport for a platform's API calls, against a real HTTP server on 127.0.0.1:
 answers arrive whole, connections are reused, a connection the server closed while idle
 is not, failures are httpx's own errors (so the kit maps them like any other), and other
-paths go to the default transport."""
+paths go to the default transport — through httpx's interface and through JsonPoster's
+prepared path alike."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
+from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 import trio
 
 from dshim.channels.kit.h11transport import H11Transport
-from dshim.channels.kit.http import map_httpx_errors, open_http
+from dshim.channels.kit.http import (
+    DEFAULT_TIMEOUT,
+    Answer,
+    JsonPoster,
+    counted,
+    counting_requests,
+    map_httpx_errors,
+    open_http,
+    parse_retry_after,
+)
 from dshim.errors import TransportError
-from dshim.testing.fakes.http import Request, Response, json_response, open_http_server
+from dshim.testing.fakes.http import (
+    DropConnection,
+    Request,
+    Response,
+    json_response,
+    open_http_server,
+)
 
 
 class Server:
@@ -120,3 +139,235 @@ async def test_an_idle_connection_the_server_dropped_silently_is_replaced() -> N
                 await trio.sleep(0.05)  # the close reaches us while the connection is idle
         nursery.cancel_scope.cancel()
     assert accepted == 3
+
+
+# --- the prepared path: JsonPoster's calls, answered without httpx's models -----------------
+
+
+async def posted(poster: JsonPoster, path: str, body: object, limits: httpx.Timeout) -> Answer:
+    return await counted("send", poster.post(path, body, limits))
+
+
+class Recorder(Server):
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[Request] = []
+
+    async def app(self, request: Request) -> Response:
+        self.requests.append(request)
+        return await super().app(request)
+
+
+async def test_prepared_posts_send_the_head_and_body_and_reuse_one_connection() -> None:
+    server = Recorder()
+    async with open_http_server(server.app) as srv:
+        async with open_http(srv.url, user_agent="ua/1", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            for i in range(3):
+                resp = await posted(poster, "/api/send", {"n": i, "t": "é" * i}, DEFAULT_TIMEOUT)
+                assert resp.status_code == 200
+                assert json.loads(resp.content)["echo"] == json.dumps(
+                    {"n": i, "t": "é" * i}, ensure_ascii=False, separators=(",", ":")
+                )
+                assert resp.headers.get("Content-Type") == "application/json"
+            resp = await posted(poster, "/api/other", {}, DEFAULT_TIMEOUT)  # a second target
+            assert resp.status_code == 200
+    assert srv.connections == 1
+    first = server.requests[1]
+    assert first.method == "POST" and first.path == "/api/send"
+    assert first.header("host") == f"127.0.0.1:{srv.port}"
+    assert first.header("user-agent") == "ua/1"
+    assert first.header("accept") == first.header("content-type") == "application/json"
+    assert first.header("content-length") == str(len(first.body))
+    assert [r.path for r in server.requests] == ["/api/send"] * 3 + ["/api/other"]
+
+
+async def test_a_prepared_post_outside_the_prefix_goes_through_httpx() -> None:
+    server = Recorder()
+    async with open_http_server(server.app) as srv:
+        async with open_http(srv.url, user_agent="ua/1", fast_prefix="/api") as http:
+            resp = await posted(JsonPoster(http), "/files/x", {"a": 1}, DEFAULT_TIMEOUT)
+    assert resp.status_code == 200 and json.loads(resp.content)["echo"] == '{"a":1}'
+    assert server.requests[0].header("content-type") == "application/json"
+
+
+async def serve_raw(
+    nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
+) -> str:
+    serve = functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+    [listener] = await nursery.start(serve)
+    return f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+
+
+async def read_request(stream: trio.SocketStream, buffered: bytearray) -> bytes:
+    """One request's bytes (head and Content-Length body) from ``buffered`` + the stream."""
+    while b"\r\n\r\n" not in buffered:
+        data = await stream.receive_some(65536)
+        if not data:
+            raise EOFError
+        buffered += data
+    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(rest) < length:
+        rest += await stream.receive_some(65536)
+    buffered[:] = rest[length:]
+    return head + b"\r\n\r\n" + rest[:length]
+
+
+async def test_a_chunked_answer_sent_in_pieces_is_read_whole_and_the_connection_kept() -> None:
+    connections = 0
+
+    async def chunked(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        buffered = bytearray()
+        with contextlib.suppress(EOFError, trio.BrokenResourceError):
+            while True:
+                await read_request(stream, buffered)
+                await stream.send_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n5\r\n"
+                )
+                for piece in (b'{"ok"', b"\r\n4\r\n:tru", b"\r\n2\r\ne}\r\n", b"0\r\n\r\n"):
+                    await trio.sleep(0.01)  # each piece its own read
+                    await stream.send_all(piece)
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, chunked)
+        async with open_http(url, user_agent="t", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            for _ in range(3):
+                resp = await posted(poster, "/api/x", {}, DEFAULT_TIMEOUT)
+                assert resp.status_code == 200 and resp.content == b'{"ok":true}'
+        nursery.cancel_scope.cancel()
+    assert connections == 1
+
+
+async def test_a_prepared_post_on_a_connection_the_server_closes_is_not_reused() -> None:
+    server = Server()
+    server.close_after = True
+    async with open_http_server(server.app) as srv:
+        async with open_http(srv.url, user_agent="t", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            for _ in range(3):
+                assert (await posted(poster, "/api/send", {}, DEFAULT_TIMEOUT)).status_code == 200
+            assert srv.connections == 3  # "connection: close": a new one each time
+
+
+async def test_a_prepared_post_replaces_an_idle_connection_the_server_dropped() -> None:
+    accepted = 0
+
+    async def one_answer_then_drop(stream: trio.SocketStream) -> None:
+        nonlocal accepted
+        accepted += 1
+        await read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await stream.aclose()  # keep-alive promised, then gone while idle
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, one_answer_then_drop)
+        async with open_http(url, user_agent="t", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            for _ in range(3):
+                assert (await posted(poster, "/api/x", {}, DEFAULT_TIMEOUT)).content == b"{}"
+                await trio.sleep(0.05)  # the close reaches us while the connection is idle
+        nursery.cancel_scope.cancel()
+    assert accepted == 3
+
+
+async def test_prepared_post_failures_are_mapped_and_counted_as_errors() -> None:
+    seen: list[tuple[str, str]] = []
+
+    async def drop(request: Request) -> Response:
+        if request.path == "/api/drop":
+            raise DropConnection
+        await trio.sleep(30)
+        raise AssertionError("unreachable")
+
+    async with open_http_server(drop) as srv:
+        async with open_http(srv.url, user_agent="t", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            with counting_requests(lambda what, status: seen.append((what, status))):
+                with pytest.raises(TransportError) as dropped:
+                    await posted(poster, "/api/drop", {}, DEFAULT_TIMEOUT)
+                with pytest.raises(TransportError) as slow:
+                    await posted(poster, "/api/slow", {}, httpx.Timeout(5.0, read=0.2))
+    with trio.socket.socket() as sock:
+        await sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens here
+    async with open_http(f"http://127.0.0.1:{port}", user_agent="t", fast_prefix="/api") as http:
+        with pytest.raises(TransportError) as refused:
+            await posted(JsonPoster(http), "/api/x", {}, DEFAULT_TIMEOUT)
+    assert dropped.value.request_sent and "RemoteProtocolError" in str(dropped.value)
+    assert slow.value.request_sent and "ReadTimeout" in str(slow.value)
+    assert not refused.value.request_sent and "ConnectError" in str(refused.value)
+    assert seen == [("send", "error"), ("send", "error")]
+
+
+async def test_a_body_the_server_never_reads_is_a_write_timeout() -> None:
+    async def never_reads(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, never_reads)
+        async with open_http(url, user_agent="t", fast_prefix="/api") as http:
+            with pytest.raises(TransportError) as info:
+                # Far more than the socket buffers hold: the send blocks.
+                await posted(
+                    JsonPoster(http), "/api/x", "x" * 32_000_000, httpx.Timeout(5.0, write=0.3)
+                )
+        nursery.cancel_scope.cancel()
+    assert info.value.request_sent and "WriteTimeout" in str(info.value)
+
+
+async def test_the_read_timeout_is_between_reads_not_for_the_whole_answer() -> None:
+    async def trickle(stream: trio.SocketStream) -> None:
+        await read_request(stream, bytearray())
+        await stream.send_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n")
+        for piece in (b"a", b"b", b"c", b"d"):
+            await trio.sleep(0.3)  # 1.2 s in all, each read well within 1.0 s
+            await stream.send_all(piece)
+
+    async with trio.open_nursery() as nursery:
+        url = await serve_raw(nursery, trickle)
+        async with open_http(url, user_agent="t", fast_prefix="/api") as http:
+            resp = await posted(JsonPoster(http), "/api/x", {}, httpx.Timeout(5.0, read=1.0))
+        nursery.cancel_scope.cancel()
+    assert resp.content == b"abcd"
+
+
+async def test_a_call_cancelled_mid_answer_never_leaves_its_answer_to_the_next_call() -> None:
+    release = trio.Event()
+
+    async def app(request: Request) -> Response:
+        if request.path == "/api/slow":
+            await release.wait()
+        return json_response({"path": request.path})
+
+    async with open_http_server(app) as srv:
+        async with open_http(srv.url, user_agent="t", fast_prefix="/api") as http:
+            poster = JsonPoster(http)
+            assert (await posted(poster, "/api/first", {}, DEFAULT_TIMEOUT)).status_code == 200
+            with trio.move_on_after(0.2):
+                await posted(poster, "/api/slow", {}, DEFAULT_TIMEOUT)
+            release.set()  # the slow answer now arrives on the abandoned connection
+            resp = await posted(poster, "/api/next", {}, DEFAULT_TIMEOUT)
+    assert json.loads(resp.content) == {"path": "/api/next"}
+
+
+async def test_a_rate_limited_answer_keeps_its_status_and_retry_after() -> None:
+    async def limited(request: Request) -> Response:
+        return Response(
+            429, b'{"ok":false}', [("Retry-After", "7"), ("x-two", "a"), ("x-two", "b")]
+        )
+
+    async with open_http_server(limited) as srv:
+        async with open_http(srv.url, user_agent="t", fast_prefix="/api") as http:
+            resp = await posted(JsonPoster(http), "/api/x", {}, DEFAULT_TIMEOUT)
+    assert resp.status_code == 429
+    assert parse_retry_after(resp.headers) == 7.0
+    assert resp.headers["X-Two"] == "a, b" and "retry-after" in resp.headers

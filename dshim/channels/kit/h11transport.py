@@ -3,7 +3,7 @@
 httpx's default transport (httpcore) costs about 0.4 ms of CPU per call on this stack; most
 of it is pool bookkeeping and the general-purpose connection machinery.  A bot talks to one
 or two hosts over keep-alive connections, so this transport keeps exactly that: a pool of
-idle HTTP/1.1 connections per (scheme, host, port), one h11 state machine per connection,
+idle HTTP/1.1 connections per (host, port), one h11 state machine per connection,
 request and response bodies read whole (platform API calls are small JSON; downloads use
 the default transport), and httpx's own error types, so
 :func:`dshim.channels.kit.http.map_httpx_errors` maps its failures like any other.
@@ -14,37 +14,123 @@ their size caps); everything else goes to the default transport, which this one 
 At most ``max_connections`` calls are in flight; an idle connection the server has closed
 meanwhile (readable before reuse) is dropped, not used.
 
-Timeouts: the request's ``timeout`` extension (connect, read, write), as httpx sets it.
-A connection that the server closed, or that failed mid-call, is dropped; a request is
-never retried here (the callers decide, and they know whether it was sent).
+Two ways in:
+
+- :meth:`H11Transport.handle_async_request`, httpx's transport interface: h11 writes the
+  request from the ``httpx.Request`` and the answer is an ``httpx.Response``;
+- :meth:`H11Transport.prepare_post` once per target, then :meth:`H11Transport.post` per
+  call (:class:`~dshim.channels.kit.http.JsonPoster`'s hot path): the request head is
+  bytes built once, so a call is one concatenation, one ``send`` and h11 reading the
+  answer, which comes back as a light :class:`ApiResponse`.  h11 is handed the prepared
+  head's event (validated once) so that its state machine knows a request is out — the
+  method for the response's framing, keep-alive — but not the body, whose length only
+  the wire carries: h11 never writes on this path.
+
+Timeouts: connect, write and read as httpx defines them (read: between two reads), from
+the request's ``timeout`` extension or the ``httpx.Timeout`` given to ``post``; one cancel
+scope per call, its deadline moved from phase to phase.  A connection that the server
+closed, or that failed mid-call, is dropped; a request is never retried here (the callers
+decide, and they know whether it was sent).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import h11
 import httpx
 import trio
 
-__all__ = ["H11Transport"]
+__all__ = ["ApiResponse", "H11Transport", "PreparedPost"]
 
 _MAX_IDLE_PER_HOST = 32
 _READ_CHUNK = 65536
+_END = h11.EndOfMessage()
+_Head = Sequence[tuple[bytes, bytes]]
 
 
 class _Conn:
-    __slots__ = ("stream", "h11")
+    __slots__ = ("sock", "h11")
 
-    def __init__(self, stream: trio.SocketStream) -> None:
-        self.stream = stream
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self.sock = sock
         self.h11 = h11.Connection(h11.CLIENT)
 
 
-def _timeout(request: httpx.Request, key: str) -> float:
-    value = request.extensions.get("timeout", {}).get(key)
+class ResponseHeaders(Mapping[str, str]):
+    """A response's headers, looked up case-insensitively (repeated ones joined by ``, ``,
+    as httpx does)."""
+
+    __slots__ = ("_map",)
+
+    def __init__(self, raw: Iterable[tuple[bytes, bytes]]) -> None:
+        found: dict[str, str] = {}
+        for name, value in raw:
+            key, text = name.decode("latin-1").lower(), value.decode("latin-1")
+            found[key] = f"{found[key]}, {text}" if key in found else text
+        self._map = found
+
+    def __getitem__(self, key: str) -> str:
+        return self._map[key.lower()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.lower() in self._map
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._map)
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def __repr__(self) -> str:
+        return f"ResponseHeaders({self._map!r})"
+
+
+class ApiResponse:
+    """What an API call answered: ``status_code``, ``content`` (the whole body) and
+    ``headers`` (parsed when first read)."""
+
+    __slots__ = ("status_code", "content", "_raw", "_headers")
+
+    def __init__(self, status_code: int, raw_headers: _Head, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+        self._raw = raw_headers
+        self._headers: ResponseHeaders | None = None
+
+    @property
+    def headers(self) -> ResponseHeaders:
+        if self._headers is None:
+            self._headers = ResponseHeaders(self._raw)
+        return self._headers
+
+    def __repr__(self) -> str:
+        return f"<ApiResponse [{self.status_code}]>"
+
+
+class PreparedPost:
+    """A POST target prepared by :meth:`H11Transport.prepare_post`: its connection key,
+    its head on the wire up to the ``Content-Length`` value, and h11's event for it."""
+
+    __slots__ = ("key", "head", "event")
+
+    def __init__(self, key: tuple[str, int], head: bytes, event: h11.Request) -> None:
+        self.key = key
+        self.head = head
+        self.event = event
+
+
+def _seconds(value: float | None) -> float:
     return math.inf if value is None else float(value)
+
+
+def _host_header(url: httpx.URL) -> bytes:
+    port = url.port
+    host = url.raw_host
+    if b":" in host:  # an IPv6 literal
+        host = b"[" + host + b"]"
+    return host if port is None or port == 80 else host + b":%d" % port
 
 
 class H11Transport(httpx.AsyncBaseTransport):
@@ -71,124 +157,215 @@ class H11Transport(httpx.AsyncBaseTransport):
             and isinstance(request.stream, httpx.ByteStream)
         )
 
+    # -- the prepared path -----------------------------------------------------------------
+
+    def prepare_post(
+        self, url: httpx.URL, headers: Sequence[tuple[str, str]]
+    ) -> PreparedPost | None:
+        """Prepare POSTs of a body to ``url`` with ``headers`` (no Host, no Content-Length):
+        None when ``url`` is not one this transport serves (see :meth:`handles`)."""
+        if url.scheme != "http" or not url.raw_path.startswith(self._prefix):
+            return None
+        fields = [(b"Host", _host_header(url))]
+        fields += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        if any(
+            k.lower() in (b"host", b"content-length", b"transfer-encoding") for k, _ in fields[1:]
+        ):
+            raise ValueError("prepare_post: the transport writes Host and the body's framing")
+        event = h11.Request(method="POST", target=url.raw_path, headers=fields)  # validates
+        # The head exactly as h11 writes it, its blank line cut to append Content-Length.
+        written = h11.Connection(h11.CLIENT).send(event)
+        assert written is not None and written.endswith(b"\r\n\r\n")
+        head = written[:-2] + b"Content-Length: "
+        return PreparedPost((url.host, url.port or 80), head, event)
+
+    async def post(
+        self,
+        prepared: PreparedPost,
+        body: bytes,
+        timeout: httpx.Timeout,  # noqa: ASYNC109 - httpx's per-request limits
+    ) -> ApiResponse:
+        """POST ``body`` to a prepared target; raises httpx's transport errors."""
+        wire = b"".join((prepared.head, b"%d\r\n\r\n" % len(body), body))
+        status, headers, content = await self._call(
+            prepared.key,
+            prepared.event,
+            wire,
+            _seconds(timeout.connect),
+            _seconds(timeout.write),
+            _seconds(timeout.read),
+            None,
+        )
+        return ApiResponse(status, headers, content)
+
+    # -- httpx's interface -------------------------------------------------------------------
+
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        url = request.url
         if not self.handles(request):
             return await self._fallback.handle_async_request(request)
-        async with self._slots:
-            return await self._request(request, url)
+        url = request.url
+        body = b"".join(request.stream)  # type: ignore[arg-type]  # ByteStream: bytes
+        headers: list[tuple[bytes, bytes]] = [
+            (k, v) for k, v in request.headers.raw if k.lower() not in (b"host", b"content-length")
+        ]
+        headers.insert(0, (b"Host", _host_header(url)))
+        if body or request.method in ("POST", "PUT", "PATCH"):
+            headers.append((b"Content-Length", str(len(body)).encode("ascii")))
+        event = h11.Request(method=request.method, target=url.raw_path, headers=headers)
+        limits = request.extensions.get("timeout", {})
+        status, raw, content = await self._call(
+            (url.host, url.port or 80),
+            event,
+            body,
+            _seconds(limits.get("connect")),
+            _seconds(limits.get("write")),
+            _seconds(limits.get("read")),
+            request,
+        )
+        return httpx.Response(
+            status,
+            headers=list(raw),
+            content=content,
+            request=request,
+            extensions={"http_version": b"HTTP/1.1"},
+        )
 
-    async def _request(self, request: httpx.Request, url: httpx.URL) -> httpx.Response:
-        host, port = url.host, url.port or 80
-        key = (host, port)
-        conn = self._take(key)
-        if conn is None:
-            conn = await self._connect(request, host, port)
+    # -- one call ------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        key: tuple[str, int],
+        event: h11.Request,
+        payload: bytes,
+        connect_s: float,
+        write_s: float,
+        read_s: float,
+        request: httpx.Request | None,
+    ) -> tuple[int, _Head, bytes]:
+        """One exchange on a pooled connection.  ``request`` given: h11 writes ``event``
+        with ``payload`` as its body; else ``payload`` is the whole request on the wire and
+        ``event`` its head (see the module docstring)."""
+        slots = self._slots
         try:
-            response = await self._exchange(conn, request, host, port)
-        except BaseException:
-            await self._drop(conn)
-            raise
-        if conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
-            conn.h11.start_next_cycle()
-            idle = self._idle.setdefault(key, [])
-            if len(idle) < _MAX_IDLE_PER_HOST:
-                idle.append(conn)
-            else:
-                await self._drop(conn)
-        else:
-            await self._drop(conn)
-        return response
+            slots.acquire_nowait()  # the common case: a free slot, no extra schedule point
+        except trio.WouldBlock:
+            await slots.acquire()
+        try:
+            conn = self._take(key)
+            if conn is None:
+                conn = await self._connect(key, connect_s, request)
+            try:
+                answer = await self._exchange(conn, event, payload, write_s, read_s, request)
+            except BaseException:
+                conn.sock.close()
+                raise
+            self._keep_or_close(key, conn)
+            return answer
+        finally:
+            slots.release()
 
     def _take(self, key: tuple[str, int]) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             # Readable while idle: the server closed it (or sent garbage): not reusable.
-            if conn.h11.our_state is h11.IDLE and not conn.stream.socket.is_readable():
+            if conn.h11.our_state is h11.IDLE and not conn.sock.is_readable():
                 return conn
-            conn.stream.socket.close()
+            conn.sock.close()
         return None
 
-    async def _connect(self, request: httpx.Request, host: str, port: int) -> _Conn:
+    def _keep_or_close(self, key: tuple[str, int], conn: _Conn) -> None:
+        # Both sides DONE: keep-alive agreed (h11 says MUST_CLOSE after "Connection: close").
+        state = conn.h11
+        if state.our_state is h11.DONE and state.their_state is h11.DONE:
+            state.start_next_cycle()
+            idle = self._idle.get(key)
+            if idle is None:
+                idle = self._idle[key] = []
+            if len(idle) < _MAX_IDLE_PER_HOST:
+                idle.append(conn)
+                return
+        conn.sock.close()
+
+    async def _connect(
+        self, key: tuple[str, int], connect_s: float, request: httpx.Request | None
+    ) -> _Conn:
         try:
-            with trio.fail_after(_timeout(request, "connect")):
-                stream = await trio.open_tcp_stream(host, port)
+            with trio.fail_after(connect_s):
+                stream = await trio.open_tcp_stream(*key)
         except trio.TooSlowError:
             raise httpx.ConnectTimeout("connect timed out", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc), request=request) from exc
-        return _Conn(stream)
+        return _Conn(stream.socket)
 
     async def _exchange(
-        self, conn: _Conn, request: httpx.Request, host: str, port: int
-    ) -> httpx.Response:
-        body = b"".join(request.stream)  # type: ignore[arg-type]  # ByteStream: bytes
-        headers: list[tuple[bytes, bytes]] = [
-            (k, v) for k, v in request.headers.raw if k.lower() not in (b"host", b"content-length")
-        ]
-        hostport = host if port == 80 else f"{host}:{port}"
-        headers.insert(0, (b"Host", hostport.encode("ascii")))
-        if body or request.method in ("POST", "PUT", "PATCH"):
-            headers.append((b"Content-Length", str(len(body)).encode("ascii")))
-        target = request.url.raw_path
-        out = conn.h11.send(h11.Request(method=request.method, target=target, headers=headers))
-        if body:
-            out = (out or b"") + (conn.h11.send(h11.Data(data=body)) or b"")
-        out = (out or b"") + (conn.h11.send(h11.EndOfMessage()) or b"")
-        try:
-            with trio.fail_after(_timeout(request, "write")):
-                await conn.stream.send_all(out)
-        except trio.TooSlowError:
-            raise httpx.WriteTimeout("write timed out", request=request) from None
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.WriteError(str(exc) or "connection lost", request=request) from exc
-        return await self._read_response(conn, request)
-
-    async def _read_response(self, conn: _Conn, request: httpx.Request) -> httpx.Response:
+        self,
+        conn: _Conn,
+        event: h11.Request,
+        payload: bytes,
+        write_s: float,
+        read_s: float,
+        request: httpx.Request | None,
+    ) -> tuple[int, _Head, bytes]:
+        state, sock = conn.h11, conn.sock
+        if request is None:
+            state.send(event)  # its bytes are in payload already
+            state.send(_END)
+            wire = payload
+        else:
+            wire = state.send(event) or b""
+            if payload:
+                wire += state.send(h11.Data(data=payload)) or b""
+            wire += state.send(_END) or b""
+        reading = False
         status = 0
-        headers: Sequence[tuple[bytes, bytes]] = ()
+        headers: _Head = ()
         chunks: list[bytes] = []
-        read_timeout = _timeout(request, "read")
+        # One scope for the call; its deadline is the current phase's (write, then each read).
+        scope = trio.CancelScope(deadline=trio.current_time() + write_s)
         try:
-            while True:
-                event = conn.h11.next_event()
-                if event is h11.NEED_DATA:
-                    with trio.fail_after(read_timeout):
-                        data = await conn.stream.receive_some(_READ_CHUNK)
-                    conn.h11.receive_data(data)  # b"" is the peer's EOF
-                    continue
-                if isinstance(event, h11.Response):
-                    status, headers = event.status_code, list(event.headers)
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise httpx.RemoteProtocolError(
-                        "server closed the connection before answering", request=request
-                    )
-        except trio.TooSlowError:
-            raise httpx.ReadTimeout("read timed out", request=request) from None
+            with scope:
+                sent = await sock.send(wire)
+                while sent < len(wire):
+                    sent += await sock.send(memoryview(wire)[sent:])
+                reading = True
+                scope.deadline = trio.current_time() + read_s
+                fresh = True
+                while True:
+                    got = state.next_event()
+                    if got is h11.NEED_DATA:
+                        if not fresh:
+                            scope.deadline = trio.current_time() + read_s
+                        fresh = False
+                        state.receive_data(await sock.recv(_READ_CHUNK))  # b"": the peer's EOF
+                        continue
+                    kind = type(got)
+                    if kind is h11.Data:
+                        chunks.append(got.data)  # type: ignore[union-attr]
+                    elif kind is h11.Response:
+                        status, headers = got.status_code, got.headers  # type: ignore[union-attr]
+                    elif kind is h11.EndOfMessage:
+                        break
+                    elif kind is h11.ConnectionClosed:
+                        raise httpx.RemoteProtocolError(
+                            "server closed the connection before answering", request=request
+                        )
         except h11.RemoteProtocolError as exc:
             raise httpx.RemoteProtocolError(str(exc), request=request) from exc
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            raise httpx.ReadError(str(exc) or "connection lost", request=request) from exc
-        return httpx.Response(
-            status,
-            headers=headers,
-            content=b"".join(chunks),
-            request=request,
-            extensions={"http_version": b"HTTP/1.1"},
-        )
-
-    async def _drop(self, conn: _Conn) -> None:
-        with trio.CancelScope(shield=True):
-            await conn.stream.aclose()
+            error = httpx.ReadError if reading else httpx.WriteError
+            raise error(str(exc) or "connection lost", request=request) from exc
+        if scope.cancelled_caught:
+            if reading:
+                raise httpx.ReadTimeout("read timed out", request=request)
+            raise httpx.WriteTimeout("write timed out", request=request)
+        content = bytes(chunks[0]) if len(chunks) == 1 else b"".join(chunks)
+        return status, headers, content
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
-                await self._drop(conn)
+                conn.sock.close()
         await self._fallback.aclose()

@@ -30,14 +30,14 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import aclosing, asynccontextmanager
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import httpx
 import msgspec
 import structlog
 import trio
 
-from dshim.channels.kit.h11transport import H11Transport
+from dshim.channels.kit.h11transport import H11Transport, PreparedPost
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -49,6 +49,7 @@ from dshim.errors import (
 
 __all__ = [
     "AccessToken",
+    "Answer",
     "RequestCounter",
     "TokenState",
     "JsonPoster",
@@ -224,12 +225,36 @@ def _counting(what: str) -> Iterator[Callable[[int], None]]:
         raise
 
 
-async def counted(what: str, request: Awaitable[httpx.Response]) -> httpx.Response:
+class Answer(Protocol):
+    """What callers read from an API call's response: an ``httpx.Response``, or the
+    transport's light :class:`~dshim.channels.kit.h11transport.ApiResponse`."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+class _HasStatus(Protocol):
+    @property
+    def status_code(self) -> int: ...
+
+
+R = TypeVar("R", bound=_HasStatus)
+
+
+async def counted(what: str, request: Awaitable[R]) -> R:
     """Await one platform request: its httpx failures mapped (:func:`map_httpx_errors`)
-    and the request counted with its status."""
-    with map_httpx_errors(what), _counting(what) as answered:
+    and the request counted with its status (a network failure counts as ``error``)."""
+    # Spelled out rather than map_httpx_errors + _counting: it runs on every API call.
+    try:
         resp = await request
-        answered(resp.status_code)
+    except httpx.TransportError as exc:
+        count_request(what, "error")
+        raise transport_error(what, exc) from exc
+    count_request(what, resp.status_code)
     return resp
 
 
@@ -237,20 +262,26 @@ class JsonPoster:
     """POSTs JSON bodies to the API paths of one client, on its hot path.
 
     Through an :class:`~dshim.channels.kit.h11transport.H11Transport` (``open_http(...,
-    fast_prefix=...)``) the request is built once per call from a URL prebuilt per path
-    and handed to the transport directly: httpx's client layers (URL merging, redirects,
-    auth, cookies, event hooks) cost about as much CPU again as the transport itself.
-    Otherwise it is ``http.post(path, json=body)``.  The body is encoded with msgspec.
+    fast_prefix=...)``) each path is prepared once: the paths the transport serves get
+    their request head as bytes (see
+    :meth:`~dshim.channels.kit.h11transport.H11Transport.prepare_post`) and a call goes to
+    the transport without an ``httpx.Request`` or ``httpx.Response``; the others (https)
+    get their URL, and a call builds its request from it and hands it to the client's
+    transport — httpx's client layers (URL merging, redirects, auth, cookies, event
+    hooks) and its models cost about as much CPU again as the transport itself.  Without
+    the transport a call is ``http.post(path, json=body)``.  The body is encoded with
+    msgspec.  The answer is an :class:`Answer` (status, body, headers).
     """
 
-    __slots__ = ("_http", "_fast", "_base", "_urls", "_headers")
+    __slots__ = ("_http", "_fast", "_base", "_targets", "_headers")
 
     def __init__(self, http: httpx.AsyncClient) -> None:
         self._http = http
         transport = getattr(http, "_transport", None)
         self._fast = transport if isinstance(transport, H11Transport) else None
         self._base = str(http.base_url).rstrip("/")
-        self._urls: dict[str, httpx.URL] = {}
+        #: path -> its prepared POST, or its URL when the fast transport does not serve it.
+        self._targets: dict[str, PreparedPost | httpx.URL] = {}
         ua = http.headers.get("user-agent", "dshim")
         self._headers = [
             ("user-agent", ua),
@@ -258,25 +289,27 @@ class JsonPoster:
             ("content-type", "application/json"),
         ]
 
-    async def post(self, path: str, body: Any, timeout: httpx.Timeout) -> httpx.Response:  # noqa: ASYNC109 - httpx per-request limits
+    async def post(self, path: str, body: Any, timeout: httpx.Timeout) -> Answer:  # noqa: ASYNC109 - httpx per-request limits
+        """POST ``body`` as JSON to ``path``; raises httpx's errors (see :func:`counted`)."""
         fast = self._fast
         if fast is None:
             return await self._http.post(path, json=body, timeout=timeout)
-        url = self._urls.get(path)
-        if url is None:
+        target = self._targets.get(path)
+        if target is None:
             url = httpx.URL(self._base + path)
-            if len(self._urls) < 256:
-                self._urls[path] = url
+            target = fast.prepare_post(url, self._headers) or url
+            if len(self._targets) < 256:
+                self._targets[path] = target
+        if isinstance(target, PreparedPost):
+            return await fast.post(target, _json_body.encode(body), timeout)
         request = httpx.Request(
             "POST",
-            url,
+            target,
             content=_json_body.encode(body),
             headers=self._headers,
             extensions={"timeout": timeout.as_dict()},
         )
-        if not fast.handles(request):
-            return await self._http.send(request)
-        return await fast.handle_async_request(request)
+        return await self._http.send(request)
 
 
 _json_body = msgspec.json.Encoder()

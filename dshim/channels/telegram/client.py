@@ -59,7 +59,7 @@ class BotApiClient:
 
     async def _post(
         self, method: str, params: dict[str, Any], http_timeout: httpx.Timeout
-    ) -> httpx.Response:
+    ) -> kit_http.Answer:
         return await kit_http.counted(
             method, self._poster.post(f"/bot{self._token}/{method}", params, http_timeout)
         )
