@@ -748,3 +748,60 @@ async def test_concurrent_writes_commit_together_and_one_failure_spoils_only_its
                     nursery.start_soon(broken)
     assert query(db_path, "SELECT COUNT(*) FROM inbox") == [(200,)]
     assert query(db_path, "SELECT COUNT(*) FROM dedup") == [(200,)]
+
+
+async def test_another_process_holding_the_write_lock_never_stalls_the_trio_thread(
+    db_path: Path,
+) -> None:
+    """Quick calls run on the trio thread, but never wait there: while another connection
+    (a second process, a backup tool) holds the write lock, they wait on the worker thread
+    and the bot's other tasks keep running."""
+    async with open_sqlite_store(db_path) as store:
+        assert await store.accept("bot", "c1", "before", now=T0, ttl_s=60, raw=b"r")
+        other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")  # the write lock, held by someone else
+        ticks = 0
+
+        async def ticking() -> None:
+            nonlocal ticks
+            while True:
+                await trio.sleep(0.01)
+                ticks += 1
+
+        async def release_later() -> None:
+            await trio.sleep(0.5)
+            other.execute("COMMIT")
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ticking)
+                nursery.start_soon(release_later)
+                started = trio.current_time()
+                assert await store.accept("bot", "c1", "during", now=T0, ttl_s=60, raw=b"r")
+                waited = trio.current_time() - started
+                nursery.cancel_scope.cancel()
+        other.close()
+        assert waited >= 0.4  # it did wait for the lock ...
+        assert ticks >= 20  # ... and the trio thread ran everything else meanwhile
+        assert {e.message_id for e in await store.inbox_pending("bot")} == {"before", "during"}
+
+
+async def test_commits_reach_the_database_file_through_checkpoints(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The WAL is copied into the database file by the worker thread every few commits:
+    the file itself (read without the WAL) holds what was written."""
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_EVERY", 3)
+    async with open_sqlite_store(db_path) as store:
+        for i in range(6):
+            assert await store.accept("bot", "c1", f"m{i}", now=T0, ttl_s=60, raw=None)
+        await store.get_cursor("bot", "sync")  # a later call: the checkpoint job ran before
+        with trio.fail_after(10):
+            while True:
+                with contextlib.closing(
+                    sqlite3.connect(f"file:{db_path}?immutable=1", uri=True)
+                ) as plain:  # the database file alone, the WAL ignored
+                    found = plain.execute("SELECT COUNT(*) FROM dedup").fetchone()[0]
+                if found == 6:
+                    break
+                await trio.sleep(0.05)
