@@ -46,6 +46,7 @@ import logging
 import re
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
@@ -420,6 +421,28 @@ class _BoundLogger(structlog.stdlib.BoundLogger):
         return None
 
 
+class _IsoUtcStamper:
+    """``TimeStamper(fmt="iso", utc=True)``'s ``timestamp`` for half its cost: the same text
+    (``2024-05-01T12:00:00.123456Z``; no fraction on a whole second, as
+    ``datetime.isoformat`` writes it), with the date and time of day formatted once a
+    second."""
+
+    __slots__ = ("_second",)
+
+    def __init__(self) -> None:
+        self._second: tuple[int, str] = (-1, "")  # one tuple: threads swap it whole
+
+    def __call__(self, logger: WrappedLogger, method_name: str, event_dict: EventDict) -> EventDict:
+        # Truncated to microseconds, as datetime.now() truncates the same clock.
+        second, micro = divmod(time.time_ns() // 1000, 1_000_000)
+        cached, text = self._second
+        if second != cached:
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        event_dict["timestamp"] = f"{text}.{micro:06d}Z" if micro else f"{text}Z"
+        return event_dict
+
+
 def _isatty(stream: TextIO) -> bool:
     try:
         return stream.isatty()
@@ -483,7 +506,7 @@ def configure_logging(
 
     _redactor.reset(secrets)
 
-    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    timestamper = _IsoUtcStamper()
     handler = _DshimHandler(out)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(

@@ -102,6 +102,33 @@ def test_json_emits_one_object_per_line_with_event_level_timestamp() -> None:
     assert recs[0]["lane"] == 3
 
 
+def test_timestamps_are_iso_utc_to_the_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``datetime.isoformat`` writes them: truncated to microseconds, no fraction on a
+    whole second, ``Z`` for UTC; dshim and stdlib records alike."""
+    import time
+
+    stream = capture()
+    clock = iter(
+        [
+            1_700_000_000_000_000_000,  # a whole second
+            1_700_000_000_000_123_999,
+            1_700_000_001_999_999_999,  # the next second
+            1_700_000_001_999_999_999,
+        ]
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "time_ns", lambda: next(clock))
+        for n in range(3):
+            get_logger().info("stamped", n=n)
+        logging.getLogger("somelib").warning("stamped_too")
+    assert [r["timestamp"] for r in records(stream)] == [
+        "2023-11-14T22:13:20Z",
+        "2023-11-14T22:13:20.000123Z",
+        "2023-11-14T22:13:21.999999Z",
+        "2023-11-14T22:13:21.999999Z",
+    ]
+
+
 def test_get_logger_defaults_to_calling_module_name() -> None:
     stream = capture()
     get_logger().info("module_named")
