@@ -97,6 +97,10 @@ _SHORTEST_MATCH = MIN_SECRET_LEN
 # Set by add_log_level, add_logger_name and the timestamper, which overwrite a caller's
 # value of the same key: never a secret by the time the redactor sees a dshim record.
 _OWN_KEYS = frozenset(("level", "logger", "timestamp"))
+# What the redactor remembers: strings up to _MEMO_MAX_LEN characters, at most
+# _MEMO_ENTRIES of them (then it starts over): about a megabyte at most.
+_MEMO_MAX_LEN = 64
+_MEMO_ENTRIES = 4096
 
 # Built-in patterns.  Each alternative owns exactly one named group, which tells _mask what
 # to keep; everything else in the match is replaced.
@@ -204,7 +208,22 @@ class Redactor:
             literals = sorted(self._secrets, key=len, reverse=True)
             alternatives.insert(0, "(?P<secret>" + "|".join(map(re.escape, literals)) + ")")
         pattern = re.compile("|".join(alternatives))
-        return lambda text: pattern.sub(_mask, text)
+        # Short strings repeat (event names, conversation ids): each is masked once per
+        # compiled pattern.  A new secret compiles a new pattern, with an empty memo.
+        memo: dict[str, str] = {}
+
+        def sub(text: str) -> str:
+            if len(text) > _MEMO_MAX_LEN:
+                return pattern.sub(_mask, text)
+            masked = memo.get(text)
+            if masked is None:
+                masked = pattern.sub(_mask, text)
+                if len(memo) >= _MEMO_ENTRIES:
+                    memo.clear()
+                memo[text] = masked
+            return masked
+
+        return sub
 
 
 def _walk(value: Any, sub: Callable[[str], str], depth: int) -> Any:

@@ -414,6 +414,16 @@ def test_runtime_secret_registered_after_configure() -> None:
     assert rec["note"] == "abc12 stays"
 
 
+def test_a_value_seen_before_its_registration_is_masked_after_it() -> None:
+    stream = capture()
+    token = "t-late-registered-token"
+    for _ in range(2):
+        get_logger().info("token_used", token=token)
+    register_secret(token)
+    get_logger().info("token_used", token=token)
+    assert [r["token"] for r in records(stream)] == [token, token, "***"]
+
+
 def test_url_quoted_secret_is_masked() -> None:
     stream = capture(secrets=["p@ss/w0rd+x"])
     get_logger().info("url_built", url="https://h/x?pw=p%40ss%2Fw0rd%2Bx&y=1")
