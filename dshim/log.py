@@ -22,7 +22,9 @@ Loggers are not cached, so :func:`configure_logging` again and
 Redaction runs after exceptions are rendered to text, so tracebacks and exception messages
 are masked too.  It is a backstop: secrets should never be handed to a logger in the first
 place.  What it masks, in every string of the event dict (recursively through dicts, lists
-and tuples; other objects are replaced by the ``repr`` the renderer would have printed):
+and tuples; other objects are replaced by the ``repr`` the renderer would have printed;
+in a dshim record, the level, logger name and timestamp its own chain wrote are not
+scanned):
 
 - every registered secret value of 6 characters or more (``configure_logging(secrets=...)``
   and :func:`register_secret` for tokens learned at runtime), also URL-quoted and
