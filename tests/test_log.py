@@ -36,6 +36,9 @@ SECRET = "s3cr3t-platform-app-secret"
 TG_TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw1"
 TG_SECRET_PART = TG_TOKEN.split(":", 1)[1]
 
+# Made at import, before any configure_logging, as dshim's modules make theirs.
+EARLY = structlog.get_logger("dshim.early")
+
 
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
@@ -97,6 +100,33 @@ def test_json_emits_one_object_per_line_with_event_level_timestamp() -> None:
         assert r["logger"] == "dshim.test"
         assert datetime.fromisoformat(r["timestamp"]).tzinfo is not None
     assert recs[0]["lane"] == 3
+
+
+def test_timestamps_are_iso_utc_to_the_microsecond(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As ``datetime.isoformat`` writes them: truncated to microseconds, no fraction on a
+    whole second, ``Z`` for UTC; dshim and stdlib records alike."""
+    import time
+
+    stream = capture()
+    clock = iter(
+        [
+            1_700_000_000_000_000_000,  # a whole second
+            1_700_000_000_000_123_999,
+            1_700_000_001_999_999_999,  # the next second
+            1_700_000_001_999_999_999,
+        ]
+    )
+    with monkeypatch.context() as patch:
+        patch.setattr(time, "time_ns", lambda: next(clock))
+        for n in range(3):
+            get_logger().info("stamped", n=n)
+        logging.getLogger("somelib").warning("stamped_too")
+    assert [r["timestamp"] for r in records(stream)] == [
+        "2023-11-14T22:13:20Z",
+        "2023-11-14T22:13:20.000123Z",
+        "2023-11-14T22:13:21.999999Z",
+        "2023-11-14T22:13:21.999999Z",
+    ]
 
 
 def test_get_logger_defaults_to_calling_module_name() -> None:
@@ -191,6 +221,114 @@ def test_unknown_level_or_format_is_a_config_error() -> None:
         configure_logging("info", "xml", stream=io.StringIO())
 
 
+def test_a_logger_made_at_import_follows_every_reconfiguration() -> None:
+    first = capture(level="warning")
+    EARLY.info("info_dropped")
+    EARLY.warning("warning_kept")
+    second = capture("console", level="debug")
+    EARLY.debug("debug_shown")
+
+    assert [(r["event"], r["logger"]) for r in records(first)] == [("warning_kept", "dshim.early")]
+    [line] = second.getvalue().splitlines()
+    assert "debug_shown" in line and "[debug" in line
+
+
+def test_stdlib_levels_set_at_runtime_apply_to_the_next_record() -> None:
+    stream = capture(level="info")
+    chatty = logging.getLogger("dshim.chatty")
+    try:
+        chatty.setLevel(logging.DEBUG)  # one module's debug records, the rest at info
+        get_logger("dshim.chatty").debug("chatty_debug")
+        get_logger("dshim.quiet").debug("quiet_debug")
+        logging.getLogger().setLevel(logging.WARNING)
+        get_logger("dshim.quiet").info("quiet_info")
+        get_logger("dshim.quiet").warning("quiet_warning")
+    finally:
+        chatty.setLevel(logging.NOTSET)
+    assert [r["event"] for r in records(stream)] == ["chatty_debug", "quiet_warning"]
+
+
+def test_capture_logs_sees_every_level_and_output_resumes_after() -> None:
+    stream = capture(level="info")
+    log = get_logger("dshim.captured")
+    with structlog.testing.capture_logs() as logs:
+        log.debug("debug_captured", n=1)
+        log.info("info_captured")
+    log.debug("debug_dropped")
+    log.info("info_written")
+
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("debug_captured", "debug"),
+        ("info_captured", "info"),
+    ]
+    assert logs[0]["n"] == 1
+    assert [r["event"] for r in records(stream)] == ["info_written"]
+
+
+def test_a_logger_without_a_name_is_named_after_the_calling_module() -> None:
+    stream = capture()
+    structlog.get_logger().info("anonymous_logged")
+    assert only(stream, "anonymous_logged")["logger"] == __name__
+
+
+def test_stack_info_ends_at_the_caller() -> None:
+    stream = capture()
+    get_logger().info("stack_wanted", stack_info=True)
+    stack = only(stream, "stack_wanted")["stack"].splitlines()
+    assert stack[0] == "Stack (most recent call last):"
+    assert stack[-2].endswith("in test_stack_info_ends_at_the_caller")
+    assert "stack_wanted" in stack[-1]
+
+
+def test_lines_from_threads_never_interleave() -> None:
+    """dshim records and stdlib records logged at once from several threads: every line is
+    one whole record."""
+    import threading
+
+    stream = capture()
+    text = "x" * 4000  # far above any write buffer a thread switch could split
+
+    def work(n: int) -> None:
+        for i in range(200):
+            get_logger("dshim.thread").info("thread_logged", n=n, i=i, text=text)
+            logging.getLogger("somelib").warning("stdlib %d %d %s", n, i, text)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not any(thread.is_alive() for thread in threads)
+
+    recs = records(stream)
+    ours = {(r["n"], r["i"]) for r in recs if r["event"] == "thread_logged"}
+    assert ours == {(n, i) for n in range(4) for i in range(200)}
+    assert all(r["text"] == text for r in recs if r["event"] == "thread_logged")
+    assert sum(r["logger"] == "somelib" for r in recs) == 800
+    assert len(recs) == 1600
+
+
+def test_a_closed_stream_is_reported_not_raised(capsys: pytest.CaptureFixture[str]) -> None:
+    stream = capture()
+    stream.close()
+    get_logger().info("after_close")  # must not raise into the caller
+    logging.getLogger("somelib").warning("after_close_too")
+    err = capsys.readouterr().err
+    assert err.count("--- Logging error ---") == 2
+    assert "after_close" in err
+
+
+def test_records_stop_once_the_handler_is_removed() -> None:
+    """Another configuration of stdlib logging (``dictConfig``) takes the stream away."""
+    stream = capture()
+    get_logger().info("before_removal")
+    for handler in logging.getLogger().handlers[:]:
+        if type(handler).__module__ == "dshim.log":
+            logging.getLogger().removeHandler(handler)
+    get_logger().info("after_removal")
+    assert [r["event"] for r in records(stream)] == ["before_removal"]
+
+
 # --- secrets ------------------------------------------------------------------------------
 
 
@@ -274,6 +412,16 @@ def test_runtime_secret_registered_after_configure() -> None:
     rec = only(stream, "token_refreshed")
     assert rec["token"] == "***"
     assert rec["note"] == "abc12 stays"
+
+
+def test_a_value_seen_before_its_registration_is_masked_after_it() -> None:
+    stream = capture()
+    token = "t-late-registered-token"
+    for _ in range(2):
+        get_logger().info("token_used", token=token)
+    register_secret(token)
+    get_logger().info("token_used", token=token)
+    assert [r["token"] for r in records(stream)] == [token, token, "***"]
 
 
 def test_url_quoted_secret_is_masked() -> None:
@@ -385,6 +533,13 @@ def test_ordinary_text_is_left_alone() -> None:
     text = "turn 12:30 took 1500 ms; see https://example.com/a?b=c#d, bearer-less xox"
     get_logger().info("turn_finished", text=text)
     assert only(stream, "turn_finished")["text"] == text
+
+
+def test_the_shortest_maskable_values_are_masked() -> None:
+    stream = capture(secrets=["abc123"])
+    get_logger().info("abc123", value="abc123", slack="xoxb-1", short="abc12")
+    rec = only(stream, "***")
+    assert (rec["value"], rec["slack"], rec["short"]) == ("***", "xoxb-***", "abc12")
 
 
 # --- context ------------------------------------------------------------------------------
