@@ -8,11 +8,22 @@ request and response bodies read whole (platform API calls are small JSON; downl
 the default transport), and httpx's own error types, so
 :func:`dshim.channels.kit.http.map_httpx_errors` maps its failures like any other.
 
-Plain ``http`` only (the fakes, a local Bot API server), and only for paths under
-``prefix`` (a platform's API methods, never its file downloads, which must stream within
-their size caps); everything else goes to the default transport, which this one wraps.
-At most ``max_connections`` calls are in flight; an idle connection the server has closed
-meanwhile (readable before reuse) is dropped, not used.
+Only paths under ``prefix`` (a platform's API methods, never its file downloads, which
+must stream within their size caps), over ``http`` (the fakes, a local Bot API server) and,
+given an ``ssl_context``, ``https``; everything else goes to the default transport, which
+this one wraps.  At most ``max_connections`` calls are in flight; an idle connection the
+server has closed meanwhile (readable before reuse) is dropped, not used.
+
+TLS: :class:`trio.SSLStream` over the TCP stream, as httpcore's trio backend does it —
+the same ``ssl.SSLContext`` as the wrapped transport (:func:`~dshim.channels.kit.http.open_http`
+hands one to both), so certificates, SNI and the host name are checked identically; SNI
+and the host name are the URL's host (IDNA-encoded); ALPN offers ``http/1.1`` only;
+``https_compatible`` (a ragged EOF is an EOF: the HTTP framing tells a truncated answer).
+The connect timeout covers the TCP connect and the handshake together; a failed handshake
+(a certificate refused, the peer gone) is ``httpx.ConnectError`` as with httpcore, so
+nothing was sent.  An idle TLS connection is dropped when its socket is readable or TLS
+holds bytes it has not handed out (a ``close_notify`` or anything else the server sent
+after its answer).
 
 Two ways in:
 
@@ -36,6 +47,7 @@ decide, and they know whether it was sent).
 from __future__ import annotations
 
 import math
+import ssl
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import h11
@@ -48,14 +60,30 @@ _MAX_IDLE_PER_HOST = 32
 _READ_CHUNK = 65536
 _END = h11.EndOfMessage()
 _Head = Sequence[tuple[bytes, bytes]]
+#: A pool's key: host (ASCII, IDNA-encoded), port, TLS or not.
+_Key = tuple[str, int, bool]
 
 
 class _Conn:
-    __slots__ = ("sock", "h11")
+    """One connection: its socket, its TLS layer over that socket (https), its h11 state."""
 
-    def __init__(self, sock: trio.socket.SocketType) -> None:
+    __slots__ = ("sock", "tls", "h11")
+
+    def __init__(
+        self, sock: trio.socket.SocketType, tls: trio.SSLStream[trio.SocketStream] | None
+    ) -> None:
         self.sock = sock
+        self.tls = tls
         self.h11 = h11.Connection(h11.CLIENT)
+
+    def idle_and_quiet(self) -> bool:
+        """Reusable: idle, and the server has sent nothing since its last answer."""
+        if self.h11.our_state is not h11.IDLE or self.sock.is_readable():
+            return False
+        # TLS may have read more from the socket than the answer's records: what is left in
+        # SSLStream's incoming buffer (a close_notify that came with the answer, say) means
+        # the server spoke after answering.  Bytes h11 holds were checked on the way back.
+        return self.tls is None or not self.tls._incoming.pending
 
 
 class ResponseHeaders(Mapping[str, str]):
@@ -115,7 +143,7 @@ class PreparedPost:
 
     __slots__ = ("key", "head", "event")
 
-    def __init__(self, key: tuple[str, int], head: bytes, event: h11.Request) -> None:
+    def __init__(self, key: _Key, head: bytes, event: h11.Request) -> None:
         self.key = key
         self.head = head
         self.event = event
@@ -125,16 +153,9 @@ def _seconds(value: float | None) -> float:
     return math.inf if value is None else float(value)
 
 
-def _host_header(url: httpx.URL) -> bytes:
-    port = url.port
-    host = url.raw_host
-    if b":" in host:  # an IPv6 literal
-        host = b"[" + host + b"]"
-    return host if port is None or port == 80 else host + b":%d" % port
-
-
 class H11Transport(httpx.AsyncBaseTransport):
-    """See the module docstring.  ``fallback`` serves https and streamed requests."""
+    """See the module docstring.  ``fallback`` serves streamed requests, other paths, and
+    https when no ``ssl_context`` is given; give it the same context as ``fallback``."""
 
     def __init__(
         self,
@@ -142,20 +163,31 @@ class H11Transport(httpx.AsyncBaseTransport):
         *,
         prefix: str,
         max_connections: int = 16,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._fallback = fallback
         self._prefix = prefix.encode("ascii")
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[_Key, list[_Conn]] = {}
         self._slots = trio.Semaphore(max_connections)
+        if ssl_context is not None:
+            # HTTP/1.1 is all h11 speaks (httpcore sets the same on this context for http1).
+            ssl_context.set_alpn_protocols(["http/1.1"])
+        self._ssl_context = ssl_context
+
+    def _key(self, url: httpx.URL) -> _Key | None:
+        """The pool key of ``url`` when this transport serves it, else None."""
+        if not url.raw_path.startswith(self._prefix):
+            return None
+        scheme = url.scheme
+        if scheme == "http":
+            return url.raw_host.decode("ascii"), url.port or 80, False
+        if scheme == "https" and self._ssl_context is not None:
+            return url.raw_host.decode("ascii"), url.port or 443, True
+        return None
 
     def handles(self, request: httpx.Request) -> bool:
         """Is ``request`` one this transport serves itself (else: the fallback)?"""
-        url = request.url
-        return (
-            url.scheme == "http"
-            and url.raw_path.startswith(self._prefix)
-            and isinstance(request.stream, httpx.ByteStream)
-        )
+        return self._key(request.url) is not None and isinstance(request.stream, httpx.ByteStream)
 
     # -- the prepared path -----------------------------------------------------------------
 
@@ -164,9 +196,10 @@ class H11Transport(httpx.AsyncBaseTransport):
     ) -> PreparedPost | None:
         """Prepare POSTs of a body to ``url`` with ``headers`` (no Host, no Content-Length):
         None when ``url`` is not one this transport serves (see :meth:`handles`)."""
-        if url.scheme != "http" or not url.raw_path.startswith(self._prefix):
+        key = self._key(url)
+        if key is None:
             return None
-        fields = [(b"Host", _host_header(url))]
+        fields = [(b"Host", url.netloc)]  # no port when it is the scheme's default
         fields += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         if any(
             k.lower() in (b"host", b"content-length", b"transfer-encoding") for k, _ in fields[1:]
@@ -177,7 +210,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         written = h11.Connection(h11.CLIENT).send(event)
         assert written is not None and written.endswith(b"\r\n\r\n")
         head = written[:-2] + b"Content-Length: "
-        return PreparedPost((url.host, url.port or 80), head, event)
+        return PreparedPost(key, head, event)
 
     async def post(
         self,
@@ -201,20 +234,21 @@ class H11Transport(httpx.AsyncBaseTransport):
     # -- httpx's interface -------------------------------------------------------------------
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not self.handles(request):
-            return await self._fallback.handle_async_request(request)
         url = request.url
-        body = b"".join(request.stream)  # type: ignore[arg-type]  # ByteStream: bytes
+        key = self._key(url)
+        if key is None or not isinstance(request.stream, httpx.ByteStream):
+            return await self._fallback.handle_async_request(request)
+        body = b"".join(request.stream)  # ByteStream: bytes
         headers: list[tuple[bytes, bytes]] = [
             (k, v) for k, v in request.headers.raw if k.lower() not in (b"host", b"content-length")
         ]
-        headers.insert(0, (b"Host", _host_header(url)))
+        headers.insert(0, (b"Host", url.netloc))
         if body or request.method in ("POST", "PUT", "PATCH"):
             headers.append((b"Content-Length", str(len(body)).encode("ascii")))
         event = h11.Request(method=request.method, target=url.raw_path, headers=headers)
         limits = request.extensions.get("timeout", {})
         status, raw, content = await self._call(
-            (url.host, url.port or 80),
+            key,
             event,
             body,
             _seconds(limits.get("connect")),
@@ -234,7 +268,7 @@ class H11Transport(httpx.AsyncBaseTransport):
 
     async def _call(
         self,
-        key: tuple[str, int],
+        key: _Key,
         event: h11.Request,
         payload: bytes,
         connect_s: float,
@@ -264,20 +298,25 @@ class H11Transport(httpx.AsyncBaseTransport):
         finally:
             slots.release()
 
-    def _take(self, key: tuple[str, int]) -> _Conn | None:
+    def _take(self, key: _Key) -> _Conn | None:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             # Readable while idle: the server closed it (or sent garbage): not reusable.
-            if conn.h11.our_state is h11.IDLE and not conn.sock.is_readable():
+            if conn.idle_and_quiet():
                 return conn
             conn.sock.close()
         return None
 
-    def _keep_or_close(self, key: tuple[str, int], conn: _Conn) -> None:
-        # Both sides DONE: keep-alive agreed (h11 says MUST_CLOSE after "Connection: close").
+    def _keep_or_close(self, key: _Key, conn: _Conn) -> None:
+        # Both sides DONE: keep-alive agreed (h11 says MUST_CLOSE after "Connection: close");
+        # bytes after the answer would be read as the next call's answer: not reusable.
         state = conn.h11
-        if state.our_state is h11.DONE and state.their_state is h11.DONE:
+        if (
+            state.our_state is h11.DONE
+            and state.their_state is h11.DONE
+            and not state.trailing_data[0]
+        ):
             state.start_next_cycle()
             idle = self._idle.get(key)
             if idle is None:
@@ -287,17 +326,30 @@ class H11Transport(httpx.AsyncBaseTransport):
                 return
         conn.sock.close()
 
-    async def _connect(
-        self, key: tuple[str, int], connect_s: float, request: httpx.Request | None
-    ) -> _Conn:
+    async def _connect(self, key: _Key, connect_s: float, request: httpx.Request | None) -> _Conn:
+        host, port, tls = key
         try:
-            with trio.fail_after(connect_s):
-                stream = await trio.open_tcp_stream(*key)
+            with trio.fail_after(connect_s):  # the TCP connect and the TLS handshake
+                stream = await trio.open_tcp_stream(host, port)
+                if not tls:
+                    return _Conn(stream.socket, None)
+                assert self._ssl_context is not None  # _key() gives no TLS key without one
+                secure = trio.SSLStream(
+                    stream, self._ssl_context, server_hostname=host, https_compatible=True
+                )
+                try:
+                    await secure.do_handshake()
+                except BaseException:
+                    stream.socket.close()
+                    raise
+                return _Conn(stream.socket, secure)
         except trio.TooSlowError:
             raise httpx.ConnectTimeout("connect timed out", request=request) from None
         except OSError as exc:
             raise httpx.ConnectError(str(exc), request=request) from exc
-        return _Conn(stream.socket)
+        except trio.BrokenResourceError as exc:  # the handshake failed: its ssl error is the cause
+            reason = str(exc.__cause__ or "") or "TLS handshake failed"
+            raise httpx.ConnectError(reason, request=request) from exc
 
     async def _exchange(
         self,
@@ -308,7 +360,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         read_s: float,
         request: httpx.Request | None,
     ) -> tuple[int, _Head, bytes]:
-        state, sock = conn.h11, conn.sock
+        state, sock, tls = conn.h11, conn.sock, conn.tls
         if request is None:
             state.send(event)  # its bytes are in payload already
             state.send(_END)
@@ -326,9 +378,12 @@ class H11Transport(httpx.AsyncBaseTransport):
         scope = trio.CancelScope(deadline=trio.current_time() + write_s)
         try:
             with scope:
-                sent = await sock.send(wire)
-                while sent < len(wire):
-                    sent += await sock.send(memoryview(wire)[sent:])
+                if tls is not None:
+                    await tls.send_all(wire)
+                else:
+                    sent = await sock.send(wire)
+                    while sent < len(wire):
+                        sent += await sock.send(memoryview(wire)[sent:])
                 reading = True
                 scope.deadline = trio.current_time() + read_s
                 fresh = True
@@ -338,7 +393,12 @@ class H11Transport(httpx.AsyncBaseTransport):
                         if not fresh:
                             scope.deadline = trio.current_time() + read_s
                         fresh = False
-                        state.receive_data(await sock.recv(_READ_CHUNK))  # b"": the peer's EOF
+                        # b"": the peer's EOF (over TLS also one without close_notify)
+                        if tls is not None:
+                            data = await tls.receive_some(_READ_CHUNK)
+                            state.receive_data(data)  # type: ignore[arg-type]  # SSLObject.read: bytes
+                        else:
+                            state.receive_data(await sock.recv(_READ_CHUNK))
                         continue
                     kind = type(got)
                     if kind is h11.Data:

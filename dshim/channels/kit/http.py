@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import email.utils
 import math
+import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -82,15 +83,21 @@ async def open_http(
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - httpx's per-request limits
     max_connections: int = 16,
     fast_prefix: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The one HTTP client of a bot: a connection pool shared by receiving and sending.
 
     No redirects are followed (a redirect could carry credentials elsewhere) and the
     environment's proxy settings are not read.  Paths are relative to ``api_base`` when
-    it is given.  ``fast_prefix``: plain-http calls under this path (a platform's API
-    methods) go through :class:`~dshim.channels.kit.h11transport.H11Transport`, about a
-    third of httpcore's CPU per call.
+    it is given.  ``fast_prefix``: calls under this path (a platform's API methods), http
+    and https, go through :class:`~dshim.channels.kit.h11transport.H11Transport`, about a
+    third of httpcore's CPU per call.  ``ssl_context`` verifies servers; by default it is
+    httpx's (certifi's CA bundle, host names checked; the environment's ``SSL_CERT_FILE``
+    is not read, as before).  One context serves both transports, so https is verified
+    the same way on either.
     """
+    if ssl_context is None:
+        ssl_context = httpx.create_ssl_context(trust_env=False)
     limits = httpx.Limits(
         # Every connection may stay alive: httpcore closes idle connections whenever the
         # pool holds more than max_keepalive (busy ones count), which under load opened a
@@ -98,9 +105,13 @@ async def open_http(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
     )
-    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(
+        verify=ssl_context, limits=limits, trust_env=False
+    )
     if fast_prefix is not None:
-        transport = H11Transport(transport, prefix=fast_prefix, max_connections=max_connections)
+        transport = H11Transport(
+            transport, prefix=fast_prefix, max_connections=max_connections, ssl_context=ssl_context
+        )
     async with httpx.AsyncClient(
         base_url=(api_base or "").rstrip("/"),
         timeout=timeout,
@@ -265,10 +276,10 @@ class JsonPoster:
     fast_prefix=...)``) each path is prepared once: the paths the transport serves get
     their request head as bytes (see
     :meth:`~dshim.channels.kit.h11transport.H11Transport.prepare_post`) and a call goes to
-    the transport without an ``httpx.Request`` or ``httpx.Response``; the others (https)
-    get their URL, and a call builds its request from it and hands it to the client's
-    transport — httpx's client layers (URL merging, redirects, auth, cookies, event
-    hooks) and its models cost about as much CPU again as the transport itself.  Without
+    the transport without an ``httpx.Request`` or ``httpx.Response``; the others (outside
+    its prefix) get their URL, and a call builds its request from it and hands it to the
+    client's transport — httpx's client layers (URL merging, redirects, auth, cookies,
+    event hooks) and its models cost about as much CPU again as the transport itself.  Without
     the transport a call is ``http.post(path, json=body)``.  The body is encoded with
     msgspec.  The answer is an :class:`Answer` (status, body, headers).
     """
