@@ -25,6 +25,7 @@ from dshim.store import DB_FILENAME, open_store
 from dshim.store.base import Binding, InboxEntry, OutboundEntry
 from dshim.store.sqlite import (
     OUTBOUND_CAP,
+    OUTBOUND_CUT_SLACK,
     OUTBOUND_MAX_AGE_S,
     OUTBOUND_TEXT_MAX,
     SCHEMA_VERSION,
@@ -346,8 +347,14 @@ async def test_outbound_keeps_newest_200_per_conversation(
     assert listed[-1] == entry(5, sent_at=T0 + 5)
     assert [e.sent_at for e in listed] == [T0 + i for i in range(204, 4, -1)]
 
-    # Pruned from the file, not just hidden; other conversations are untouched.
-    assert query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c1'") == [(200,)]
+    # Pruned from the file, not just hidden (at most a few beyond the cap wait for the next
+    # cut); other conversations are untouched.
+    for i in range(205, 500):
+        await store.add_outbound("bot", "c1", entry(i, sent_at=T0 + i), now=T0 + i)
+    [(kept,)] = query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c1'")
+    assert OUTBOUND_CAP <= kept <= OUTBOUND_CAP + OUTBOUND_CUT_SLACK
+    listed = await store.list_outbound("bot", "c1", now=T0 + 500)
+    assert [e.sent_at for e in listed] == [T0 + i for i in range(499, 299, -1)]
     assert await store.list_outbound("bot", "elsewhere", now=T0 + 205) == [
         entry(-1, sent_at=T0 - 1)
     ]

@@ -73,8 +73,8 @@ import os
 import queue
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, NamedTuple, TypeVar, TypeVarTuple
 
 import msgspec
@@ -123,6 +123,9 @@ CHECKPOINT_EVERY = 20
 PRUNE_BATCH = 2000
 #: Entries kept per bot + conversation in the outbound index.
 OUTBOUND_CAP = 200
+#: A conversation's index may briefly hold this many entries beyond the cap (see
+#: _insert_outbound); they are never listed.
+OUTBOUND_CUT_SLACK = 32
 #: Outbound entries completed longer ago than this are dropped (30 days).
 OUTBOUND_MAX_AGE_S = 30 * 24 * 3600.0
 #: Outbound text is cut to this many Unicode code points.
@@ -371,33 +374,59 @@ _ids_decoder = msgspec.json.Decoder(list[str])
 _attachments_decoder = msgspec.json.Decoder(list[Attachment])
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+class _Flat(threading.local):
+    #: This thread runs gathered calls in one plain transaction (see _run_gathered).
+    on = False
+
+
+_flat = _Flat()
+
+
+class _transaction:  # noqa: N801 - used like the function it replaced: `with _transaction(c):`
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception.
 
-    Inside a group commit (the worker thread runs several queued calls in one
-    transaction, see :class:`_DbThread`) it is a savepoint instead: a failing call rolls
-    back only its own writes, and the group's COMMIT makes all of them durable at once.
+    Inside a group commit on the worker thread (several queued calls in one transaction,
+    see :class:`_DbThread`) it is a savepoint instead: a failing call rolls back only its
+    own writes, and the group's COMMIT makes all of them durable at once.  Inside the
+    trio thread's gathered transaction it is nothing at all: a failure there rolls the
+    whole transaction back and every call runs again on its own (see
+    :meth:`SqliteStore._run_gathered`), which keeps the same rule without a savepoint per
+    call.  A class, not a generator: it wraps every write.
     """
-    if conn.in_transaction:
-        conn.execute("SAVEPOINT call")
-        try:
-            yield
-        except BaseException:
-            conn.execute("ROLLBACK TO call")
-            conn.execute("RELEASE call")
-            raise
-        conn.execute("RELEASE call")
-        return
-    # IMMEDIATE takes the write lock up front: no deadlock upgrading a read lock later.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
+
+    __slots__ = ("_conn", "_mode")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self._mode = 0  # 0: nothing, 1: savepoint, 2: own transaction
+
+    def __enter__(self) -> None:
+        conn = self._conn
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+            if not _flat.on:
+                conn.execute("SAVEPOINT call")
+                self._mode = 1
+            return
+        # IMMEDIATE takes the write lock up front: no deadlock upgrading a read lock later.
+        conn.execute("BEGIN IMMEDIATE")
+        self._mode = 2
+
+    def __exit__(self, typ: type[BaseException] | None, exc: object, tb: object) -> None:
+        conn, mode = self._conn, self._mode
+        if mode == 1:
+            if typ is not None:
+                conn.execute("ROLLBACK TO call")
+            conn.execute("RELEASE call")
+        elif mode == 2:
+            if typ is None:
+                try:
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            elif conn.in_transaction:
+                conn.execute("ROLLBACK")
 
 
 def _user_version(conn: sqlite3.Connection) -> int:
@@ -437,10 +466,20 @@ def _migrate(conn: sqlite3.Connection, where: str) -> None:
         version = target
 
 
+class _Connection(sqlite3.Connection):
+    """The store's connection, with what its writers estimate (see _insert_outbound)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outbound_counts: dict[tuple[str, str], int] = {}
+
+
 def _open_connection(path: str) -> sqlite3.Connection:
     """Connect, configure and migrate; StoreError on any failure (connection closed)."""
     try:
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        conn = sqlite3.connect(
+            path, check_same_thread=False, isolation_level=None, factory=_Connection
+        )
     except sqlite3.Error as exc:
         raise StoreError(f"cannot open store {path}: {exc}") from exc
     try:
@@ -701,9 +740,18 @@ class SqliteStore:
                 conn.execute("BEGIN IMMEDIATE")  # busy timeout 0: fails at once if locked
             except sqlite3.OperationalError:
                 return None
-            results: list[outcome.Outcome[Any]] = [
-                outcome.capture(self._guarded, f, *a) for f, a, _ in calls
-            ]
+            _flat.on = True
+            try:
+                results: list[outcome.Outcome[Any]] = [
+                    outcome.capture(self._guarded, f, *a) for f, a, _ in calls
+                ]
+            finally:
+                _flat.on = False
+            if any(type(r) is outcome.Error for r in results):
+                # One call failed (rare): undo them all, then each on its own, so that
+                # only the failing one's writes are lost.
+                conn.execute("ROLLBACK")
+                return [outcome.capture(self._guarded, f, *a) for f, a, _ in calls]
             try:
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
@@ -1197,7 +1245,8 @@ def _insert_outbound(
 ) -> None:
     """Insert and prune; the caller holds the transaction."""
     ids = _ids_encoder.encode(entry.message_ids).decode()
-    text = entry.text[:OUTBOUND_TEXT_MAX]  # str indexes code points, so no pair is split
+    text = entry.text[:OUTBOUND_TEXT_MAX]
+    key = (bot, conversation_id)  # str indexes code points, so no pair is split
     conn.execute(
         f"INSERT INTO outbound (bot, conversation_id, {_OUTBOUND_COLUMNS})"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1215,7 +1264,21 @@ def _insert_outbound(
             entry.state,
         ),
     )
-    conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
+    # The cap: entries past the newest OUTBOUND_CAP go.  The cut walks the cap's worth of
+    # index entries, so it runs only once a conversation may hold OUTBOUND_CUT_SLACK more
+    # (listing reads the newest OUTBOUND_CAP anyway); the count is this connection's
+    # estimate, from above (unknown after a restart: cut at once).
+    counts = getattr(conn, "outbound_counts", None)
+    n = counts.get(key) if counts is not None else None
+    if n is None or n >= OUTBOUND_CAP + OUTBOUND_CUT_SLACK:
+        conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
+        n = OUTBOUND_CAP
+    else:
+        n += 1
+    if counts is not None:
+        if len(counts) >= 10_000:
+            counts.clear()
+        counts[key] = n
     # Only this conversation: bounded work per insert; prune() sweeps the rest.  An entry
     # completed before the cutoff was sent before it too, so the sent_at range of the
     # index finds the candidates without reading the whole conversation.
