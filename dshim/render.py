@@ -80,9 +80,10 @@ import heapq
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Protocol
 
 import structlog
@@ -619,40 +620,63 @@ def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException:
     return exc
 
 
-@asynccontextmanager
-async def open_edit_stream(
-    transport: StreamTransport,
-    limits: Limits,
-    *,
-    clock: Callable[[], float],
-    pacer: ChatPacer | None = None,
-) -> AsyncIterator[EditStream]:
-    """Run one streamed answer: typing until the first text, paced edits, then finish.
+class open_edit_stream:  # noqa: N801 - a context manager used like a function
+    """Run one streamed answer: typing until the first text, paced edits, then finish::
+
+        async with open_edit_stream(transport, limits, clock=clock) as stream: ...
 
     Leaving the block without ``finish`` (stop, failure, shutdown) stops the background
     tasks and raises nothing of its own.  Exceptions from the block pass through
-    unchanged (never wrapped in an ExceptionGroup).
+    unchanged (never wrapped in an ExceptionGroup).  A class rather than a generator
+    context manager: every answer opens one.
     """
-    stream = EditStream(transport, limits, clock=clock, pacer=pacer)
-    try:
-        async with trio.open_nursery() as nursery:
-            stream._nursery = nursery
-            stream._context = contextvars.copy_context()
-            if limits.typing_interval_s is not None:
-                if limits.typing_grace_s > 0:
-                    _start_at(trio.current_time() + limits.typing_grace_s, stream, _TYPING)
-                else:
-                    nursery.start_soon(_guard, stream._typing_loop)
-            try:
-                yield stream
-            finally:
-                stream._nursery = None  # nothing starts any more
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as eg:
-        inner = _unwrap(eg)
-        if inner is eg:
-            raise
-        raise inner from None
+
+    __slots__ = ("_stream", "_nursery_manager", "_nursery")
+
+    def __init__(
+        self,
+        transport: StreamTransport,
+        limits: Limits,
+        *,
+        clock: Callable[[], float],
+        pacer: ChatPacer | None = None,
+    ) -> None:
+        self._stream = EditStream(transport, limits, clock=clock, pacer=pacer)
+        self._nursery_manager: AbstractAsyncContextManager[trio.Nursery] | None = None
+        self._nursery: trio.Nursery | None = None
+
+    async def __aenter__(self) -> EditStream:
+        stream = self._stream
+        manager = trio.open_nursery()
+        nursery = await manager.__aenter__()
+        self._nursery_manager, self._nursery = manager, nursery
+        stream._nursery = nursery
+        stream._context = contextvars.copy_context()
+        limits = stream.limits
+        if limits.typing_interval_s is not None:
+            if limits.typing_grace_s > 0:
+                _start_at(trio.current_time() + limits.typing_grace_s, stream, _TYPING)
+            else:
+                nursery.start_soon(_guard, stream._typing_loop)
+        return stream
+
+    async def __aexit__(
+        self,
+        typ: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        manager, nursery = self._nursery_manager, self._nursery
+        assert manager is not None and nursery is not None
+        self._stream._nursery = None  # nothing starts any more
+        nursery.cancel_scope.cancel()
+        try:
+            return await manager.__aexit__(typ, exc, tb)
+        except BaseExceptionGroup as eg:
+            inner = _unwrap(eg)
+            if inner is eg:
+                raise
+            raise inner from None
 
 
 _PUMP = "pump"

@@ -275,7 +275,9 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     msg = turn.msg
-    with structlog.contextvars.bound_contextvars(conversation=msg.conversation_id, turn=turn.id):
+    # Bound by hand (bound_contextvars is a generator context manager: every turn pays it).
+    tokens = structlog.contextvars.bind_contextvars(conversation=msg.conversation_id, turn=turn.id)
+    try:
         log.debug("turn_started", message_id=msg.message_id)
         try:
             if msg.substitute is not None and deps.substitute is not None:
@@ -315,6 +317,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                 turn.target, f"⚠️ Something went wrong while answering: {type(exc).__name__}"
             )
         await _record(deps, turn, stopped=stop_scope.cancelled_caught)
+    finally:
+        structlog.contextvars.reset_contextvars(**tokens)
 
 
 async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
