@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -175,10 +176,24 @@ async def test_streamed_answer_replies_edits_and_ends_with_the_exact_text(
     assert all(p.json["allowed_mentions"] == {"parse": [], "replied_user": False} for p in patches)
     times = [create.at] + [p.at for p in patches]
     assert all(b - a >= 1.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))  # <= 1/s
-    typing = fake.calls_to("POST", f"/channels/{fake.dm_channel}/typing")
-    assert typing and typing[0].at < create.at  # typing shows before the first text
+    # The agent's text came at once: no typing call was spent before the first message.
+    assert fake.calls_to("POST", f"/channels/{fake.dm_channel}/typing") == []
     # shutdown ended the session cleanly
     assert (fake.connections[-1].closed_by, fake.connections[-1].closed_code) == ("client", 1000)
+
+
+async def test_typing_shows_when_the_agent_is_slow_and_is_renewed_every_8_seconds(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        t0 = trio.current_time()
+        await fake.user_message(fake.dm_channel, "echo:sleep 12 think first")
+        await fake.wait_until(lambda: len(fake.bot_messages(fake.dm_channel)) == 1)
+    typing = [c.at - t0 for c in fake.calls_to("POST", f"/channels/{fake.dm_channel}/typing")]
+    [create] = fake.calls_to("POST", f"/channels/{fake.dm_channel}/messages")
+    # After 1 s of silence, then every 8 s (Discord shows it for 10 s) until the answer.
+    assert typing == [pytest.approx(1.0, abs=0.2), pytest.approx(9.0, abs=0.2)]
+    assert typing[-1] < create.at - t0
 
 
 async def test_long_answer_is_split_into_follow_ups(tmp_path: Path, autojump_clock: object) -> None:

@@ -63,7 +63,9 @@ CANNOT_REPLY_CODE = 160002
 
 #: 2,000 code points; the first message after ~1 s of text, then at most one edit a
 #: second (the engine's defaults); typing lasts 10 s on Discord, so it is renewed every 8 s.
-LIMITS = Limits(max_len=MAX_MESSAGE_LEN, typing_interval_s=8.0)
+#: Typing only for a slow answer (1 s without text) and at most once per 8 s per channel:
+#: a quick answer costs one REST call, not two, of the global 50 requests per second.
+LIMITS = Limits(max_len=MAX_MESSAGE_LEN, typing_interval_s=8.0, typing_grace_s=1.0)
 
 
 #: Button styles (interactions/message-components.mdx): primary, secondary, success, danger.
