@@ -455,3 +455,16 @@ async def test_a_handshake_that_never_completes_is_the_connect_timeout() -> None
                 await posted(JsonPoster(http), "/api/x", {}, httpx.Timeout(30.0, connect=0.3))
         nursery.cancel_scope.cancel()
     assert not info.value.request_sent and "ConnectTimeout" in str(info.value)
+
+
+def test_every_client_shares_one_verifying_tls_context() -> None:
+    """Nine bots and their websocket reconnects load the CA bundle once, and what they share
+    still verifies certificates and host names."""
+    import ssl
+
+    from dshim.channels.kit.http import default_ssl_context
+
+    ctx = default_ssl_context()
+    assert ctx is default_ssl_context()
+    assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
+    assert ctx.cert_store_stats()["x509_ca"] > 50  # a real CA bundle, not an empty store

@@ -62,7 +62,6 @@ by their ``kind``.
 
 from __future__ import annotations
 
-import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -80,6 +79,7 @@ from trio_websocket import (
 )
 
 from dshim.backoff import Backoff
+from dshim.channels.kit.http import default_ssl_context
 from dshim.channels.kit.ws_session import (
     Action,
     Close,
@@ -348,7 +348,7 @@ async def open_client_websocket(
         stream: Stream
         if secure:
             stream = await trio.open_ssl_over_tcp_stream(
-                host, port, ssl_context=ssl.create_default_context(), https_compatible=True
+                host, port, ssl_context=default_ssl_context(), https_compatible=True
             )
         else:
             stream = await trio.open_tcp_stream(host, port)
