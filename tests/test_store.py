@@ -815,3 +815,25 @@ async def test_commits_reach_the_database_file_through_checkpoints(
                 if found == 6:
                     break
                 await trio.sleep(0.05)
+
+
+async def test_the_wal_starts_over_under_a_steady_stream_of_commits(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpoints run between commits, so the WAL is reused from its start instead of
+    growing with every write while the bot is busy (and its index with it, in memory)."""
+    monkeypatch.setattr(sqlite_store, "CHECKPOINT_EVERY", 5)
+    raw = b"x" * 4000
+    async with open_sqlite_store(db_path) as store:
+
+        async def accept(i: int) -> None:
+            assert await store.accept("bot", f"c{i % 50}", f"m{i}", now=T0, ttl_s=60, raw=raw)
+            await store.inbox_done("bot", f"c{i % 50}", f"m{i}")
+
+        with trio.fail_after(60):
+            for start in range(0, 6000, 100):  # ~24 MB of rows written in all
+                async with trio.open_nursery() as nursery:
+                    for i in range(start, start + 100):
+                        nursery.start_soon(accept, i)
+        wal = db_path.with_name(db_path.name + "-wal").stat().st_size
+    assert wal < 6_000_000, f"the WAL grew to {wal:,} bytes"

@@ -51,7 +51,8 @@ own worker thread (:class:`_DbThread`), never by both at once (a lock).
   holds the connection) the gathered calls go to the worker thread instead, which waits
   up to :data:`BUSY_TIMEOUT_MS` for the lock.  The WAL is not checkpointed by a commit
   (``wal_autocheckpoint = 0``): the worker thread checkpoints it every
-  :data:`CHECKPOINT_EVERY` commits, so the one write that syncs the disk happens there.
+  :data:`CHECKPOINT_EVERY` commits, between two of them, so the one write that syncs the
+  disk happens there and the WAL starts over after each.
 - Calls that can read or write many rows (the inbox at start-up, transcript and message
   log pages, pruning) and opening and closing run on the worker thread.
 
@@ -429,6 +430,10 @@ class _transaction:  # noqa: N801 - used like the function it replaced: `with _t
                 conn.execute("ROLLBACK")
 
 
+def _wal_checkpoint(conn: sqlite3.Connection) -> None:
+    conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
 def _user_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
@@ -534,12 +539,10 @@ async def open_sqlite_store(
             worker.stop()
 
 
-#: (fn, args, token, waiting task or None, groupable: True, False or _UNLOCKED)
+#: (fn, args, token, waiting task or None, groupable)
 _Job = tuple[
-    Callable[..., Any], tuple[Any, ...], trio.lowlevel.TrioToken, trio.lowlevel.Task | None, object
+    Callable[..., Any], tuple[Any, ...], trio.lowlevel.TrioToken, trio.lowlevel.Task | None, bool
 ]
-#: A job that runs alone and without the connection lock (it has a connection of its own).
-_UNLOCKED = object()
 
 
 def _no_abort(_: Any) -> trio.lowlevel.Abort:
@@ -584,7 +587,7 @@ class _DbThread:
                 return
             group = [job]
             stop = False
-            while job[4] is True and len(group) < GROUP_MAX:
+            while job[4] and len(group) < GROUP_MAX:
                 try:
                     nxt = self._jobs.get_nowait()
                 except queue.Empty:
@@ -592,7 +595,7 @@ class _DbThread:
                 if nxt is None:
                     stop = True
                     break
-                if nxt[4] is not True:  # not groupable (open, close, checkpoint): alone, after
+                if not nxt[4]:  # not groupable (open, close, checkpoint): alone, after
                     self._finish(self._run_group(group))
                     group = [nxt]
                     break
@@ -601,8 +604,6 @@ class _DbThread:
                 return
 
     def _run_group(self, group: list[_Job]) -> list[tuple[_Job, outcome.Outcome[Any]]]:
-        if group[0][4] is _UNLOCKED:  # a checkpoint: its own connection, alongside
-            return [(job, outcome.capture(job[0], *job[1])) for job in group]
         with self.lock:
             conn = self.conn
             if conn is None:
@@ -687,8 +688,6 @@ class SqliteStore:
         #: The quick calls of the current scheduling batch (see the module docstring).
         self._gathering: list[tuple[Callable[..., Any], tuple[Any, ...], Any]] | None = None
         self._commits = 0
-        #: The worker thread's second connection, for checkpoints only.
-        self._checkpointer: sqlite3.Connection | None = None
 
     @property
     def path(self) -> str:
@@ -766,27 +765,17 @@ class SqliteStore:
         self._commits += 1
         if self._commits % CHECKPOINT_EVERY == 0:
             token = trio.lowlevel.current_trio_token()
-            worker.submit([(self._checkpoint, (), token, None, _UNLOCKED)])
+            worker.submit([(self._checkpoint, (), token, None, False)])
         return results
 
     def _checkpoint(self) -> None:
-        """On the worker thread: copy the WAL into the database file.
-
-        On a connection of its own, without the lock: a checkpoint runs alongside the
-        commits of the trio thread (WAL allows one writer and a checkpointer at once), so
-        the copy and its fsync never hold up a turn.  PASSIVE: it never waits for readers
-        or writers; what it cannot copy now, the next one does.
-        """
-        if self._conn is None:
-            return
-        conn = self._checkpointer
-        try:
-            if conn is None:
-                conn = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None)
-                self._checkpointer = conn
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except sqlite3.Error as exc:
-            raise StoreError(f"store {self._path}: checkpoint: {exc}") from exc
+        """On the worker thread, holding the connection: copy the WAL into the database
+        file.  Between two commits, so it copies every frame and the next commit starts
+        the WAL over from its beginning (a checkpoint running alongside the commits never
+        caught up with them, and the WAL grew without end).  Meanwhile the trio thread's
+        calls wait on the worker thread behind it.  PASSIVE: it never waits for another
+        process's readers or writers; what it cannot copy now, the next one does."""
+        self._guarded(_wal_checkpoint)
 
     async def _call_off(self, fn: Callable[[sqlite3.Connection, *_Ts], _T], *args: *_Ts) -> _T:
         """Run ``fn(conn, *args)`` on the worker thread: calls that may touch many rows."""
@@ -1081,9 +1070,6 @@ class SqliteStore:
         conn, self._conn = self._conn, None
         if self._worker is not None:
             self._worker.conn = None
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
         if conn is None:
             return
         try:
