@@ -199,7 +199,7 @@ async def serve_raw(
     return f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
 
 
-async def read_request(stream: trio.SocketStream, buffered: bytearray) -> bytes:
+async def read_request(stream: trio.abc.ReceiveStream, buffered: bytearray) -> bytes:
     """One request's bytes (head and Content-Length body) from ``buffered`` + the stream."""
     while b"\r\n\r\n" not in buffered:
         data = await stream.receive_some(65536)
@@ -208,9 +208,12 @@ async def read_request(stream: trio.SocketStream, buffered: bytearray) -> bytes:
         buffered += data
     head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
     length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
+        (
+            int(line.split(b":", 1)[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length:")
+        ),
+        0,
     )
     while len(rest) < length:
         rest += await stream.receive_some(65536)

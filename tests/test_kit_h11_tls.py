@@ -37,6 +37,7 @@ from dshim.channels.kit.http import (
     open_http,
 )
 from dshim.errors import TransportError
+from tests.test_kit_h11 import read_request
 
 # --- certificates ------------------------------------------------------------------------------
 
@@ -131,26 +132,16 @@ class Authority:
 # --- servers -----------------------------------------------------------------------------------
 
 
-async def read_request(stream: trio.abc.ReceiveStream, buffered: bytearray) -> bytes:
-    """One request's bytes (head and Content-Length body) from ``buffered`` + the stream."""
-    while b"\r\n\r\n" not in buffered:
-        data = await stream.receive_some(65536)
-        if not data:
-            raise EOFError
-        buffered += data
-    head, _, rest = bytes(buffered).partition(b"\r\n\r\n")
-    length = next(
-        (
-            int(line.split(b":", 1)[1])
-            for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length:")
-        ),
-        0,
+def tls_client(
+    ca: Authority, port: int
+) -> contextlib.AbstractAsyncContextManager[httpx.AsyncClient]:
+    """A bot's HTTP client for the local TLS server, trusting only the test CA."""
+    return open_http(
+        f"https://localhost:{port}",
+        user_agent="t",
+        fast_prefix="/api",
+        ssl_context=ca.client_context(),
     )
-    while len(rest) < length:
-        rest += await stream.receive_some(65536)
-    buffered[:] = rest[length:]
-    return head + b"\r\n\r\n" + rest[:length]
 
 
 def header(request: bytes, name: str) -> str | None:
@@ -282,12 +273,7 @@ async def test_a_certificate_for_another_host_name_is_refused_before_sending(
     ca = Authority("test CA")
     server = TlsServer(ca.server_context(tmp_path, "other.example", "127.0.0.2"))
     async with server.running() as port:
-        async with open_http(
-            f"https://localhost:{port}",
-            user_agent="t",
-            fast_prefix="/api",
-            ssl_context=ca.client_context(),
-        ) as http:
+        async with tls_client(ca, port) as http:
             with pytest.raises(TransportError) as fast:
                 await posted(JsonPoster(http), "/api/send", {}, DEFAULT_TIMEOUT)
             with pytest.raises(httpx.ConnectError) as raw:
@@ -327,12 +313,7 @@ async def test_an_idle_connection_the_server_closed_is_replaced(tmp_path: Path) 
     server = TlsServer(ca.server_context(tmp_path, "localhost"))
     server.close_after_answer = True  # answers with keep-alive, then close_notify and FIN
     async with server.running() as port:
-        async with open_http(
-            f"https://localhost:{port}",
-            user_agent="t",
-            fast_prefix="/api",
-            ssl_context=ca.client_context(),
-        ) as http:
+        async with tls_client(ca, port) as http:
             poster = JsonPoster(http)
             for _ in range(3):
                 assert (await posted(poster, "/api/x", {}, DEFAULT_TIMEOUT)).status_code == 200
@@ -420,12 +401,7 @@ async def test_chunked_answers_and_connection_close_over_tls(tmp_path: Path) -> 
 
     server.answer = chunked
     async with server.running() as port:
-        async with open_http(
-            f"https://localhost:{port}",
-            user_agent="t",
-            fast_prefix="/api",
-            ssl_context=ca.client_context(),
-        ) as http:
+        async with tls_client(ca, port) as http:
             poster = JsonPoster(http)
             for _ in range(2):
                 resp = await posted(poster, "/api/x", {}, DEFAULT_TIMEOUT)
