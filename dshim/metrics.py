@@ -192,8 +192,6 @@ class ProcessMetrics:
     """
 
     def __init__(self, bots_up: Callable[[], Iterable[tuple[str, bool]]] = tuple) -> None:
-        from prometheus_client import CollectorRegistry
-
         self.events: dict[tuple[str, str], dict[str, int]] = {}
         self.turns: dict[str, dict[str, int]] = {}
         self.lookups: dict[tuple[str, str], dict[str, int]] = {}
@@ -202,8 +200,19 @@ class ProcessMetrics:
         self.duration = _Histogram(DURATION_BUCKETS)
         self.lanes: set[LaneStats] = set()
         self._bots_up = bots_up
-        self.registry: CollectorRegistry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(self))
+        #: Made at the first scrape: prometheus_client is imported only then (importing it
+        #: costs a process ~35 ms of start-up and a few MB, for a page nobody may read).
+        self._registry: CollectorRegistry | None = None
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The registry ``/metrics`` renders (this process's own, not the global one)."""
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry
+
+            self._registry = CollectorRegistry(auto_describe=False)
+            self._registry.register(_Collector(self))
+        return self._registry
 
     def for_bot(self, bot: str, channel: str) -> BotMetrics:
         """The hooks of one bot (its counters start at zero in this process)."""
