@@ -837,3 +837,35 @@ async def test_the_wal_starts_over_under_a_steady_stream_of_commits(
                         nursery.start_soon(accept, i)
         wal = db_path.with_name(db_path.name + "-wal").stat().st_size
     assert wal < 6_000_000, f"the WAL grew to {wal:,} bytes"
+
+
+async def test_calls_sent_to_the_worker_thread_commit_together_and_a_failure_spoils_only_itself(
+    db_path: Path,
+) -> None:
+    """While another process holds the write lock, the batch waits on the worker thread;
+    there too a failing call loses only its own writes."""
+    async with open_sqlite_store(db_path) as store:
+        other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+        other.execute("BEGIN IMMEDIATE")
+
+        async def accept(i: int) -> None:
+            assert await store.accept("bot", f"c{i}", f"m{i}", now=T0, ttl_s=60, raw=b"r")
+
+        async def broken() -> None:
+            with pytest.raises(StoreError):
+                await store.set_cursor("bot", "broken", object())  # type: ignore[arg-type]
+
+        async def release_later() -> None:
+            await trio.sleep(0.3)
+            other.execute("COMMIT")
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(release_later)
+                for i in range(50):
+                    nursery.start_soon(accept, i)
+                    if i == 25:
+                        nursery.start_soon(broken)
+        other.close()
+        assert await store.get_cursor("bot", "broken") is None
+    assert query(db_path, "SELECT COUNT(*) FROM inbox") == [(50,)]

@@ -41,8 +41,8 @@ own worker thread (:class:`_DbThread`), never by both at once (a lock).
 - The quick calls (everything bounded to a few rows: accepting a batch, a turn's begin,
   delivery mark and record, cursors, bindings, index entries) run *on the trio thread*,
   gathered: the first call of a trio scheduling batch lets the rest of the batch run, then
-  runs every call made meanwhile in one transaction (each call's own transaction is a
-  savepoint) and hands each caller its result after that one COMMIT.  A transaction of a
+  runs every call made meanwhile in one transaction (a failure in it reruns each call
+  alone) and hands each caller its result after that one COMMIT.  A transaction of a
   few small rows costs tens of microseconds of CPU; running it here instead of handing it
   to a thread saves the thread's share of the GIL traffic (each SQLite statement releases
   and takes the GIL again), which costs more than the work itself.
@@ -383,16 +383,46 @@ class _Flat(threading.local):
 _flat = _Flat()
 
 
+def _commit_together(
+    conn: sqlite3.Connection, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]
+) -> list[outcome.Outcome[Any]] | None:
+    """Run ``fn(*args)`` for each call in one transaction and commit once; each outcome
+    is final (durable) when this returns.  None when BEGIN fails (nothing ran).
+
+    The calls' own transactions are nothing inside it (:class:`_transaction`).  When one
+    call fails (rare), the whole transaction is rolled back and every call runs again on
+    its own, so that only the failing one's writes are lost.  A failed COMMIT fails them
+    all (none of their writes happened)."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    except sqlite3.Error:
+        return None
+    _flat.on = True
+    try:
+        results: list[outcome.Outcome[Any]] = [outcome.capture(f, *a) for f, a in calls]
+    finally:
+        _flat.on = False
+    if any(type(r) is outcome.Error for r in results):
+        conn.execute("ROLLBACK")
+        return [outcome.capture(f, *a) for f, a in calls]
+    try:
+        conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        failed: outcome.Outcome[Any] = outcome.Error(StoreError(f"store commit failed: {exc}"))
+        return [failed] * len(calls)
+    return results
+
+
 class _transaction:  # noqa: N801 - used like the function it replaced: `with _transaction(c):`
     """BEGIN IMMEDIATE ... COMMIT, rolled back on any exception.
 
-    Inside a group commit on the worker thread (several queued calls in one transaction,
-    see :class:`_DbThread`) it is a savepoint instead: a failing call rolls back only its
-    own writes, and the group's COMMIT makes all of them durable at once.  Inside the
-    trio thread's gathered transaction it is nothing at all: a failure there rolls the
-    whole transaction back and every call runs again on its own (see
-    :meth:`SqliteStore._run_gathered`), which keeps the same rule without a savepoint per
-    call.  A class, not a generator: it wraps every write.
+    Inside a group commit (:func:`_commit_together`, on either thread) it is nothing at
+    all: a failure there rolls the whole transaction back and every call runs again on
+    its own, so a failing call still loses only its own writes, without a savepoint per
+    call.  Nested in another transaction otherwise, it is a savepoint.  A class, not a
+    generator: it wraps every write.
     """
 
     __slots__ = ("_conn", "_mode")
@@ -564,8 +594,8 @@ class _DbThread:
     transaction is never torn and the connection is never used by two threads.
 
     Group commit: when calls are already waiting in the queue (concurrent turns), up to
-    :data:`GROUP_MAX` of them run in one transaction — each call's own transaction becomes
-    a savepoint — and every caller gets its result only after that one COMMIT, so what a
+    :data:`GROUP_MAX` of them run in one transaction (:func:`_commit_together`) and every
+    caller gets its result only after that one COMMIT, so what a
     call returned is as durable as before, for a fraction of the commits.  If the COMMIT
     fails, every call of the group gets the error (none of their writes happened).
     """
@@ -618,23 +648,12 @@ class _DbThread:
 
     def _run_group_locked(self, group: list[_Job]) -> list[tuple[_Job, outcome.Outcome[Any]]]:
         conn = self.conn
-        if len(group) == 1 or conn is None or conn.in_transaction:
+        together = None
+        if len(group) > 1 and conn is not None and not conn.in_transaction:
+            together = _commit_together(conn, [(job[0], job[1]) for job in group])
+        if together is None:  # alone, or BEGIN failed: each call reports its own error
             return [(job, outcome.capture(job[0], *job[1])) for job in group]
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error:  # run them one by one; each reports its own error
-            return [(job, outcome.capture(job[0], *job[1])) for job in group]
-        results: list[tuple[_Job, outcome.Outcome[Any]]] = [
-            (job, outcome.capture(job[0], *job[1])) for job in group
-        ]
-        try:
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            failed: outcome.Outcome[Any] = outcome.Error(StoreError(f"store commit failed: {exc}"))
-            results = [(job, failed) for job, _ in results]
-        return results
+        return list(zip(group, together, strict=True))
 
     def _finish(self, results: list[tuple[_Job, outcome.Outcome[Any]]]) -> bool:
         """Hand the results back: one wake-up of the trio thread for the whole group."""
@@ -735,31 +754,10 @@ class SqliteStore:
             conn = self._conn
             if conn is None:
                 return [outcome.capture(self._guarded, f, *a) for f, a, _ in calls]  # closed
-            try:
-                conn.execute("BEGIN IMMEDIATE")  # busy timeout 0: fails at once if locked
-            except sqlite3.OperationalError:
+            # Busy timeout 0: BEGIN fails at once (None) if another process holds the lock.
+            results = _commit_together(conn, [(self._guarded, (f, *a)) for f, a, _ in calls])
+            if results is None:
                 return None
-            _flat.on = True
-            try:
-                results: list[outcome.Outcome[Any]] = [
-                    outcome.capture(self._guarded, f, *a) for f, a, _ in calls
-                ]
-            finally:
-                _flat.on = False
-            if any(type(r) is outcome.Error for r in results):
-                # One call failed (rare): undo them all, then each on its own, so that
-                # only the failing one's writes are lost.
-                conn.execute("ROLLBACK")
-                return [outcome.capture(self._guarded, f, *a) for f, a, _ in calls]
-            try:
-                conn.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                failed: outcome.Outcome[Any] = outcome.Error(
-                    StoreError(f"store commit failed: {exc}")
-                )
-                return [failed] * len(calls)
         finally:
             worker.lock.release()
         self._commits += 1
