@@ -1,3 +1,3 @@
-from dshim.cli import main
+from dshim.launch import main
 
 main()

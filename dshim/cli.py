@@ -13,13 +13,13 @@ Exit codes: 0 ok, 1 a check or run failed, 2 usage or configuration error.  Heav
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from dshim import __version__
+from dshim import __version__, launch
+from dshim.launch import LOCAL_CONFIG, Globals, config_path, setup_logging
 
 app = typer.Typer(
     add_completion=False,
@@ -32,24 +32,12 @@ app = typer.Typer(
 )
 
 
-#: Read when neither --config nor DSHIM_CONFIG names a file.
-LOCAL_CONFIG = Path("dshim.toml")
-RUNNING = "dshim is running: open {url}"
-ZERO_CONFIG_HINT = (
-    "dshim: no dshim.toml here, so this is the built-in web chat with the echo harness; "
-    "`dshim init` writes a dshim.toml to add a platform (Telegram, Discord, Slack ...)"
-)
-
-
-class Globals:
-    def __init__(
-        self, config: Path | None, data_dir: Path | None, log_level: str, log_format: str | None
-    ) -> None:
-        #: The config file given (--config / DSHIM_CONFIG), or None.
-        self.config = config
-        self.data_dir = data_dir
-        self.log_level = log_level
-        self.log_format = log_format
+def _load(g: Globals) -> tuple[Any, str]:
+    """The configuration and its label for messages (the file's name)."""
+    try:
+        return launch.load(g)
+    except launch.Exit as exc:
+        raise typer.Exit(exc.code) from None
 
 
 def _version(value: bool) -> None:
@@ -106,41 +94,8 @@ def main_callback(
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    typer.echo(f"dshim: {message}", err=True)
+    launch.fail(message, code)
     return typer.Exit(code)
-
-
-def _config_path(g: Globals) -> Path | None:
-    """The file to read, or None for the built-in default (see the module docstring)."""
-    if g.config is not None:
-        return g.config
-    return LOCAL_CONFIG if LOCAL_CONFIG.exists() else None
-
-
-def _load(g: Globals) -> tuple[Any, str]:
-    """The configuration and its label for messages (the file's name)."""
-    from dshim.config import DEFAULT_CONFIG_LABEL, default_config, load_config
-    from dshim.errors import ConfigError
-
-    path = _config_path(g)
-    try:
-        if path is None:
-            return default_config(), DEFAULT_CONFIG_LABEL
-        return load_config(path), path.name
-    except ConfigError as exc:
-        raise _fail(str(exc), 2) from None
-
-
-def _data_dir(g: Globals, cfg: Any) -> Path:
-    from dshim.config import resolve_data_dir
-
-    return resolve_data_dir(cfg, g.data_dir)
-
-
-def _setup_logging(g: Globals, secrets: list[str]) -> None:
-    from dshim.log import configure_logging
-
-    configure_logging(g.log_level, g.log_format, secrets)
 
 
 @app.command()
@@ -164,36 +119,10 @@ def serve(
 
     Without a config file: the built-in web chat on http://127.0.0.1:8910/.
     """
-    g: Globals = ctx.obj
-    cfg, label = _load(g)
-    zero_config = _config_path(g) is None
-    from dshim.config import data_dir_origin, override_listen, prepare_data_dir
-    from dshim.errors import ConfigError, StoreError
-
     try:
-        if listen is not None:
-            cfg = override_listen(cfg, listen, origin="--listen / DSHIM_HTTP_LISTEN")
-        if bot:
-            cfg = _only_bots(cfg, bot, label)
-        data_dir = _data_dir(g, cfg)
-        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
-    except ConfigError as exc:
-        raise _fail(str(exc), 2) from None
-    _setup_logging(g, cfg.secrets())
-    from dshim.serve import run_serve
-
-    def announce(url: str) -> None:
-        typer.echo(RUNNING.format(url=url))
-        sys.stdout.flush()
-        if zero_config:
-            typer.echo(ZERO_CONFIG_HINT, err=True)
-
-    try:
-        code = run_serve(cfg, data_dir, announce=announce)
-    except ConfigError as exc:
-        raise _fail(str(exc), 2) from None
-    except StoreError as exc:
-        raise _fail(str(exc), 1) from None
+        code = launch.serve(ctx.obj, bot or [], listen)
+    except launch.Exit as exc:
+        raise typer.Exit(exc.code) from None
     raise typer.Exit(code)
 
 
@@ -219,23 +148,6 @@ def init(
     )
 
 
-def _only_bots(cfg: Any, names: list[str], label: str) -> Any:
-    """The configuration with only the named bots (each must exist and be enabled)."""
-    import msgspec
-
-    from dshim.errors import ConfigError
-
-    known = {b.name: b for b in cfg.bots}
-    for name in names:
-        if name not in known:
-            choices = ", ".join(known) or "none"
-            raise ConfigError(f"--bot {name}: no bot named {name!r} in {label} (bots: {choices})")
-        if not known[name].enabled:
-            raise ConfigError(f"--bot {name}: the bot is disabled (enabled = false in {label})")
-    wanted = set(names)
-    return msgspec.structs.replace(cfg, bots=[b for b in cfg.bots if b.name in wanted])
-
-
 @app.command()
 def probe(
     ctx: typer.Context,
@@ -251,10 +163,10 @@ def probe(
 ) -> None:
     """Check configuration, data dir, store, harness and each bot's platform connection."""
     g: Globals = ctx.obj
-    _setup_logging(g, [])
+    setup_logging(g, [])
     from dshim.probe import run_probe
 
-    code = run_probe(_config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
+    code = run_probe(config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
     raise typer.Exit(code)
 
 
@@ -305,11 +217,11 @@ def login(
         hook = login_hook(load_channel(target.channel))
         if hook is None:
             raise ConfigError(f"bot {bot!r}: the {target.channel} channel has no login step")
-        data_dir = _data_dir(g, cfg)
+        data_dir = launch.data_dir(g, cfg)
         prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
-    _setup_logging(g, cfg.secrets())
+    setup_logging(g, cfg.secrets())
     import trio
 
     try:
@@ -338,7 +250,7 @@ def replay(
 ) -> None:
     """Run captured fixtures through the real parsing code and pipeline (no network)."""
     g: Globals = ctx.obj
-    _setup_logging(
+    setup_logging(
         g if g.log_level != "info" else Globals(g.config, g.data_dir, "warning", g.log_format), []
     )
     from dshim.replay import replay as run_replay
@@ -354,8 +266,5 @@ def replay(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    try:
-        app()
-    except KeyboardInterrupt:  # pragma: no cover - interactive only
-        sys.exit(130)
+    """Console-script entry point (kept for old installs: :func:`dshim.launch.main`)."""
+    launch.main()

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "fixtures" / "normalized" / "plain_dm.json"
 
@@ -263,3 +265,112 @@ def test_probe_unusable_data_dir_fails(tmp_path: Path) -> None:
     r = dshim("--config", str(cfg), "--data-dir", str(blocker / "state"), "probe")
     assert r.returncode == 1
     assert "fail" in r.stdout and "data dir" in r.stdout
+
+
+# --- serve's direct route (dshim.launch) means what typer means ----------------------------
+
+SERVE_FORMS = [
+    ["serve"],
+    ["--config", "a.toml", "serve"],
+    ["--config=a.toml", "--data-dir", "d", "serve", "--bot", "one", "--bot=two"],
+    ["--log-level", "DEBUG", "--log-format=json", "serve", "--listen", "127.0.0.1:0"],
+    ["--config", "a.toml", "--config", "b.toml", "serve", "--listen=h:1", "--listen", "h:2"],
+]
+NOT_DIRECT = [
+    [],
+    ["--help"],
+    ["serve", "--help"],
+    ["--version", "serve"],
+    ["serve", "extra"],
+    ["serve", "--config", "a.toml"],  # a global option after the command
+    ["--log-level", "loud", "serve"],
+    ["--log-format", "xml", "serve"],
+    ["--config", "serve"],  # the value is missing
+    ["--config", "--bot", "serve"],
+    ["--conf", "a.toml", "serve"],
+    ["serve", "--bot"],
+    ["probe"],
+    ["-h"],
+]
+
+
+def _typer_reading(
+    argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[object, ...]:
+    """What typer's serve command hands to launch.serve for *argv*."""
+    from typer.testing import CliRunner
+
+    from dshim import launch
+    from dshim.cli import app
+
+    seen: list[tuple[object, ...]] = []
+
+    def record(g: launch.Globals, bots: list[str], listen: str | None) -> int:
+        seen.append((g.config, g.data_dir, g.log_level, g.log_format, list(bots), listen))
+        return 0
+
+    monkeypatch.setattr(launch, "serve", record)
+    result = CliRunner().invoke(app, argv, env=env)
+    assert result.exit_code == 0, result.output
+    return seen[0]
+
+
+@pytest.mark.parametrize("env", [{}, {"DSHIM_CONFIG": "env.toml", "DSHIM_HTTP_LISTEN": "e:9"}])
+@pytest.mark.parametrize("argv", SERVE_FORMS)
+def test_the_direct_serve_route_reads_options_as_typer_does(
+    argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dshim.launch import parse_serve
+
+    for name in ("DSHIM_CONFIG", "DSHIM_DATA_DIR", "DSHIM_HTTP_LISTEN"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    parsed = parse_serve(argv)
+    assert parsed is not None
+    g, bots, listen = parsed
+    direct = (g.config, g.data_dir, g.log_level, g.log_format, bots, listen)
+    assert direct == _typer_reading(argv, env, monkeypatch)
+
+
+@pytest.mark.parametrize("argv", NOT_DIRECT)
+def test_anything_but_a_plain_serve_goes_to_typer(argv: list[str]) -> None:
+    from dshim.launch import parse_serve
+
+    assert parse_serve(argv) is None
+
+
+def test_serve_help_and_a_bad_serve_option_are_typer_s(tmp_path: Path) -> None:
+    r = dshim("serve", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and "--listen" in r.stdout and "--bot" in r.stdout
+    r = dshim("serve", "--bots", "x", cwd=tmp_path)
+    assert r.returncode == 2 and "--bots" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_serve_starts_without_the_command_line_framework(tmp_path: Path) -> None:
+    """A plain ``dshim serve`` (what restarts after every deploy) does not load typer,
+    click or pydantic: ~50 ms and ~10 MB of every start."""
+    (tmp_path / "dshim.toml").write_text('[harness]\nkind = "echo"\n')
+    code = (
+        "import sys, runpy\n"
+        "sys.argv = ['dshim', 'serve']\n"
+        "try:\n"
+        "    runpy.run_module('dshim', run_name='__main__')\n"
+        "except SystemExit as exc:\n"
+        "    print('EXIT', exc.code)\n"
+        "print('LOADED=' + ','.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('typer', 'click', 'pydantic'))))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSHIM_")}
+    env["DSHIM_DATA_DIR"] = str(tmp_path / "data")
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert "no enabled bots" in r.stderr  # it ran serve and read ./dshim.toml
+    lines = r.stdout.strip().splitlines()
+    assert lines[-2:] == ["EXIT 2", "LOADED="]

@@ -10,14 +10,15 @@ handle made by the channel downloads when the pipeline asks for it, which is whe
 turn starts (prompt assembly); a turn queued for longer than that behind others in the
 same conversation finds the URL expired and the agent is told the file could not be
 downloaded (the message itself still goes through).
+
+``cryptography`` is imported at the first media call: its Rust extension is ~6 MB of every
+process otherwise.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from dshim.errors import ChannelError
 
@@ -58,12 +59,16 @@ def unpad(data: bytes) -> bytes:
 
 def encrypt(plain: bytes, key: bytes) -> bytes:
     """AES-256-CBC, IV = key[:16], 32-byte PKCS#7 (for the fake and tests)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     enc = Cipher(algorithms.AES(key), modes.CBC(key[:16])).encryptor()
     return enc.update(pad(plain)) + enc.finalize()
 
 
 def decrypt(data: bytes, key: bytes) -> bytes:
     """Decrypt a downloaded media body."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     if len(data) % 16:
         raise MediaError("media: the ciphertext is not a whole number of AES blocks")
     dec = Cipher(algorithms.AES(key), modes.CBC(key[:16])).decryptor()

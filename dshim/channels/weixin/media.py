@@ -1,13 +1,11 @@
 """AES-128-ECB with PKCS#7 padding, as the iLink CDN stores media (``cryptography``).
 
 ECB is not a choice dshim makes: it is how iLink encrypts every file on its CDN (the key
-travels in the message).  Sans-IO: bytes in, bytes out.
+travels in the message).  Sans-IO: bytes in, bytes out.  ``cryptography`` is imported at
+the first media call: its Rust extension is ~6 MB of every process otherwise.
 """
 
 from __future__ import annotations
-
-from cryptography.hazmat.primitives import padding
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from dshim.errors import ChannelError
 
@@ -20,6 +18,9 @@ class MediaDecryptError(ChannelError):
 
 def decrypt(data: bytes, key: bytes) -> bytes:
     """Decrypt AES-128-ECB ciphertext and strip its PKCS#7 padding."""
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     if len(key) != BLOCK:
         raise MediaDecryptError("media key is not 16 bytes")
     if not data or len(data) % BLOCK:
@@ -35,6 +36,9 @@ def decrypt(data: bytes, key: bytes) -> bytes:
 
 def encrypt(data: bytes, key: bytes) -> bytes:
     """Encrypt with AES-128-ECB and PKCS#7 padding (uploads; the fake CDN)."""
+    from cryptography.hazmat.primitives import padding
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     if len(key) != BLOCK:
         raise MediaDecryptError("media key is not 16 bytes")
     pad = padding.PKCS7(128).padder()
