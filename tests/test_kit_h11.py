@@ -374,3 +374,34 @@ async def test_a_rate_limited_answer_keeps_its_status_and_retry_after() -> None:
     assert resp.status_code == 429
     assert parse_retry_after(resp.headers) == 7.0
     assert resp.headers["X-Two"] == "a, b" and "retry-after" in resp.headers
+
+
+async def test_plain_http_api_calls_load_no_ca_bundle_and_no_httpx_pool(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bot on a plain-http API (a local Bot API server, the fakes) starts without the CA
+    bundle or httpcore's pool; a request off the API path still gets them when it comes."""
+    import dshim.channels.kit.http as kit_http
+
+    loads: list[int] = []
+    real = kit_http.default_ssl_context
+    monkeypatch.setattr(kit_http, "default_ssl_context", lambda: loads.append(1) or real())
+    made: list[object] = []
+    real_transport = httpx.AsyncHTTPTransport
+
+    def transport(**kwargs: object) -> httpx.AsyncHTTPTransport:
+        made.append(kwargs)
+        return real_transport(**kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kit_http.httpx, "AsyncHTTPTransport", transport)
+    server = Server()
+    async with open_http_server(server.app) as srv:
+        async with open_http(srv.url, user_agent="ua/1", fast_prefix="/api") as http:
+            for i in range(3):
+                resp = await posted(JsonPoster(http), "/api/send", {"n": i}, DEFAULT_TIMEOUT)
+                assert json.loads(resp.content)["echo"] == f'{{"n":{i}}}'
+            assert (await http.post("/api/x", json={})).status_code == 200
+            assert loads == [] and made == []
+            assert (await http.get("/files/x")).status_code == 200  # off the API path
+            assert len(made) == 1
+    assert server.paths == ["/api/send"] * 3 + ["/api/x", "/files/x"]

@@ -444,3 +444,34 @@ def test_every_client_shares_one_verifying_tls_context() -> None:
     assert ctx is default_ssl_context()
     assert ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.cert_store_stats()["x509_ca"] > 50  # a real CA bundle, not an empty store
+
+
+async def test_the_default_context_is_made_at_the_first_https_connection_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bot's client loads the process's CA bundle when it first connects over https,
+    once, and verifies with it; until then nothing is loaded."""
+    import dshim.channels.kit.http as kit_http
+
+    ca = Authority("test CA")
+    made: list[ssl.SSLContext] = []
+
+    def default() -> ssl.SSLContext:
+        made.append(ca.client_context())
+        return made[-1]
+
+    monkeypatch.setattr(kit_http, "default_ssl_context", default)
+    server = TlsServer(ca.server_context(tmp_path, "localhost"))
+    async with server.running() as port:
+        async with open_http(
+            f"https://localhost:{port}", user_agent="t", fast_prefix="/api"
+        ) as http:
+            assert made == []
+            for i in range(2):
+                resp = await posted(JsonPoster(http), "/api/send", {"n": i}, DEFAULT_TIMEOUT)
+                assert resp.status_code == 200
+            assert len(made) == 1
+            files = await http.get("/files/x")  # httpx's pool, made now, same default
+            assert files.status_code == 200
+    assert len(made) == 2 and server.handshakes_failed == 0
+    assert server.alpn == ["http/1.1", "http/1.1"]

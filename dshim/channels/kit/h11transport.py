@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 import ssl
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import h11
 import httpx
@@ -155,7 +155,10 @@ def _seconds(value: float | None) -> float:
 
 class H11Transport(httpx.AsyncBaseTransport):
     """See the module docstring.  ``fallback`` serves streamed requests, other paths, and
-    https when no ``ssl_context`` is given; give it the same context as ``fallback``."""
+    https when no ``ssl_context`` is given; give it the same context as ``fallback``.
+    ``ssl_context`` may be a function that makes it: it is then called at the first https
+    connection (a bot whose API is plain http, a local Bot API server say, never loads a
+    CA bundle)."""
 
     def __init__(
         self,
@@ -163,16 +166,24 @@ class H11Transport(httpx.AsyncBaseTransport):
         *,
         prefix: str,
         max_connections: int = 16,
-        ssl_context: ssl.SSLContext | None = None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None = None,
     ) -> None:
         self._fallback = fallback
         self._prefix = prefix.encode("ascii")
         self._idle: dict[_Key, list[_Conn]] = {}
         self._slots = trio.Semaphore(max_connections)
-        if ssl_context is not None:
+        self._ssl_source = ssl_context
+        self._ssl_context: ssl.SSLContext | None = None
+
+    def _tls(self) -> ssl.SSLContext:
+        if self._ssl_context is None:
+            source = self._ssl_source
+            assert source is not None  # _key() gives no TLS key without one
+            context = source if isinstance(source, ssl.SSLContext) else source()
             # HTTP/1.1 is all h11 speaks (httpcore sets the same on this context for http1).
-            ssl_context.set_alpn_protocols(["http/1.1"])
-        self._ssl_context = ssl_context
+            context.set_alpn_protocols(["http/1.1"])
+            self._ssl_context = context
+        return self._ssl_context
 
     def _key(self, url: httpx.URL) -> _Key | None:
         """The pool key of ``url`` when this transport serves it, else None."""
@@ -181,7 +192,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         scheme = url.scheme
         if scheme == "http":
             return url.raw_host.decode("ascii"), url.port or 80, False
-        if scheme == "https" and self._ssl_context is not None:
+        if scheme == "https" and self._ssl_source is not None:
             return url.raw_host.decode("ascii"), url.port or 443, True
         return None
 
@@ -333,9 +344,8 @@ class H11Transport(httpx.AsyncBaseTransport):
                 stream = await trio.open_tcp_stream(host, port)
                 if not tls:
                     return _Conn(stream.socket, None)
-                assert self._ssl_context is not None  # _key() gives no TLS key without one
                 secure = trio.SSLStream(
-                    stream, self._ssl_context, server_hostname=host, https_compatible=True
+                    stream, self._tls(), server_hostname=host, https_compatible=True
                 )
                 try:
                     await secure.do_handshake()

@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import email.utils
 import functools
 import math
 import ssl
+import sys
 import time
 import urllib.parse
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
@@ -104,10 +104,10 @@ async def open_http(
     third of httpcore's CPU per call.  ``ssl_context`` verifies servers; by default it is
     httpx's (certifi's CA bundle, host names checked; the environment's ``SSL_CERT_FILE``
     is not read, as before).  One context serves both transports, so https is verified
-    the same way on either.
+    the same way on either.  Both are made when first needed: httpx's pool at the first
+    request that is not on the fast path, the default context at the first https
+    connection.
     """
-    if ssl_context is None:
-        ssl_context = default_ssl_context()
     limits = httpx.Limits(
         # Every connection may stay alive: httpcore closes idle connections whenever the
         # pool holds more than max_keepalive (busy ones count), which under load opened a
@@ -115,12 +115,17 @@ async def open_http(
         max_connections=max_connections,
         max_keepalive_connections=max_connections,
     )
-    transport: httpx.AsyncBaseTransport = httpx.AsyncHTTPTransport(
-        verify=ssl_context, limits=limits, trust_env=False
+    transport: httpx.AsyncBaseTransport = _LazyTransport(
+        lambda: httpx.AsyncHTTPTransport(
+            verify=ssl_context or default_ssl_context(), limits=limits, trust_env=False
+        )
     )
     if fast_prefix is not None:
         transport = H11Transport(
-            transport, prefix=fast_prefix, max_connections=max_connections, ssl_context=ssl_context
+            transport,
+            prefix=fast_prefix,
+            max_connections=max_connections,
+            ssl_context=ssl_context or default_ssl_context,
         )
     async with httpx.AsyncClient(
         base_url=(api_base or "").rstrip("/"),
@@ -131,6 +136,48 @@ async def open_http(
         trust_env=False,
     ) as http:
         yield http
+
+
+class _LazyTransport(httpx.AsyncBaseTransport):
+    """httpx's transport, made at the first request that needs it.
+
+    A Telegram bot sends its API calls through the h11 transport, so it may never need
+    httpcore's pool at all; making it (and importing httpcore, ~15 ms) and loading the
+    CA bundle (~15 ms) waits until a request does.  httpcore is imported without h2:
+    dshim speaks HTTP/1.1 only, and h2 is ~10 ms and ~1 MB of every start otherwise.
+    """
+
+    def __init__(self, make: Callable[[], httpx.AsyncBaseTransport]) -> None:
+        self._make: Callable[[], httpx.AsyncBaseTransport] | None = make
+        self._made: httpx.AsyncBaseTransport | None = None
+
+    def _transport(self) -> httpx.AsyncBaseTransport:
+        if self._made is None:
+            if self._make is None:
+                raise RuntimeError("the HTTP client is closed")
+            _import_httpcore_without_h2()
+            self._made, self._make = self._make(), None
+        return self._made
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._transport().handle_async_request(request)
+
+    async def aclose(self) -> None:
+        self._make = None
+        if self._made is not None:
+            await self._made.aclose()
+
+
+def _import_httpcore_without_h2() -> None:
+    """Import httpcore with h2 hidden (its HTTP/2 classes then raise if used; dshim never
+    asks for HTTP/2).  A no-op once either is imported (hypercorn brings h2 along)."""
+    if "httpcore" in sys.modules or "h2" in sys.modules:
+        return
+    sys.modules["h2"] = None  # type: ignore[assignment]
+    try:
+        import httpcore  # noqa: F401
+    finally:
+        del sys.modules["h2"]
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -172,6 +219,8 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     try:
         seconds = float(value)
     except ValueError:
+        import email.utils  # rare (seconds are the usual form); ~2 ms of start-up otherwise
+
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError):

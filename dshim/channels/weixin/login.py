@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import urllib.parse
 
-import segno
 import structlog
 import trio
 
@@ -61,7 +60,10 @@ def trusted_base(candidate: str, configured: str) -> str | None:
 
 
 def render_qr(url: str) -> str:
-    """The QR of ``url`` as terminal text."""
+    """The QR of ``url`` as terminal text (segno is imported here: only a login or a
+    re-login draws one, and serving bots should not carry it)."""
+    import segno
+
     out = io.StringIO()
     segno.make(url, error="m").terminal(out=out, compact=True)
     return out.getvalue()
