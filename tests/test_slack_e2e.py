@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from dshim.channels.slack import channel as slack_channel
 from dshim.config import parse_config
@@ -443,7 +444,24 @@ async def test_files_are_downloaded_with_the_bot_token_inside_the_turn(
         await fake.wait_until(lambda: bool(fake.texts(fake.dm)))
     [download] = fake.calls_to("files.download")
     assert download.token == "bot" and download.status == 200
-    assert fake.statuses and fake.statuses[0]["status"] == "is thinking…"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_the_thinking_status_shows_only_when_the_agent_is_slow(
+    tmp_path: Path, autojump_clock: object, stream: bool
+) -> None:
+    async with running_bot(tmp_path, stream=stream) as (bot, fake):
+        await fake.user_message(fake.dm, "quick")
+        await fake.wait_until(lambda: len(fake.texts(fake.dm)) == 1)
+        assert fake.statuses == []  # answered at once: no status call spent
+        t0 = trio.current_time()
+        await fake.user_message(fake.dm, "echo:sleep 5 slow")
+        await fake.wait_until(lambda: len(fake.statuses) == 1)
+        shown = trio.current_time() - t0
+        await fake.wait_until(lambda: len(fake.texts(fake.dm)) == 2)
+        answered = trio.current_time() - t0
+    assert fake.statuses[0]["status"] == "is thinking…"
+    assert 1.0 <= shown < 1.5 and answered >= 5.0 and len(fake.statuses) == 1
 
 
 async def test_question_buttons_answer_with_the_pressed_option(
@@ -579,3 +597,47 @@ async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
     assert [e for e in fake.sent_envelopes if e.get("retry_attempt")] == []
     texts = [m.text for m in fake.bot_messages(fake.dm)]
     assert [t.rsplit("\n\n", 1)[-1] for t in texts] == [f"burst {i}" for i in range(10)]
+
+
+async def test_threads_noted_while_a_save_is_under_way_are_saved_together_and_reload() -> None:
+    """A burst of answers into new threads: the thread memory is written once for the
+    first and once more for all noted meanwhile, and a restart reads every one back."""
+    from dshim.channels.slack.channel import THREADS_CURSOR, ThreadMemory
+
+    class Cursors:
+        def __init__(self) -> None:
+            self.values: dict[str, str] = {}
+            self.writes: list[list[str]] = []
+            self.release = trio.Event()
+
+        async def get_cursor(self, name: str) -> str | None:
+            return self.values.get(name)
+
+        async def set_cursor(self, name: str, value: str) -> None:
+            self.writes.append(json.loads(value))
+            if len(self.writes) == 1:
+                await self.release.wait()  # the first save is slow
+            self.values[name] = value
+
+    class Mapper:
+        def __init__(self) -> None:
+            self.noted: list[tuple[str, str]] = []
+
+        def note_thread(self, channel: str, thread_ts: str) -> None:
+            self.noted.append((channel, thread_ts))
+
+    store, mapper = Cursors(), Mapper()
+    memory = ThreadMemory(store, mapper, [])  # type: ignore[arg-type]
+    with trio.fail_after(DEADLINE):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(memory.posted, "C1", "1.0")
+            await trio.testing.wait_all_tasks_blocked()
+            for ts in ("2.0", "3.0", "2.0"):
+                await memory.posted("C1", ts)  # returns at once: the first save is under way
+            assert len(store.writes) == 1
+            store.release.set()
+        assert store.writes == [["C1:1.0"], ["C1:1.0", "C1:2.0", "C1:3.0"]]
+        assert mapper.noted == [("C1", "1.0"), ("C1", "2.0"), ("C1", "3.0"), ("C1", "2.0")]
+        assert await ThreadMemory.load(store) == ["C1:1.0", "C1:2.0", "C1:3.0"]  # type: ignore[arg-type]
+        await memory.posted("C1", "4.0")
+    assert json.loads(store.values[THREADS_CURSOR])[-1] == "C1:4.0" and len(store.writes) == 3

@@ -95,9 +95,12 @@ def _measure(text: str) -> int:
     return len(escape(text))
 
 
-#: 4,000 characters after escaping; edits at most once a second; status every 100 s
-#: (Slack clears it after two minutes).
-LIMITS = Limits(max_len=MAX_MESSAGE_LEN, measure=_measure, typing_interval_s=100.0)
+#: 4,000 characters after escaping; edits at most once a second; the status after 1 s
+#: without text (a quick answer needs none: it would be one more call per turn), then
+#: every 100 s (Slack clears it after two minutes).
+LIMITS = Limits(
+    max_len=MAX_MESSAGE_LEN, measure=_measure, typing_interval_s=100.0, typing_grace_s=1.0
+)
 
 
 #: A substitute answer's messages: room for ``<@asker> `` and the quoted permalink.
@@ -438,7 +441,11 @@ class NativeStream:
             await trio.sleep_forever()
 
     async def status(self) -> None:
-        """The "is thinking…" status, once, until the first text."""
+        """The "is thinking…" status, once, when the grace passed without text (a quick
+        answer spends no call on it); the stream's end cancels the wait."""
+        await trio.sleep(self.outbound.limits.typing_grace_s)
+        if self._text or self._finishing or self.ts is not None or self._fallback is not None:
+            return
         await self.outbound.status(self.channel, self.thread_ts)
 
 
