@@ -8,10 +8,11 @@ request and response bodies read whole (platform API calls are small JSON; downl
 the default transport), and httpx's own error types, so
 :func:`dshim.channels.kit.http.map_httpx_errors` maps its failures like any other.
 
-Only paths under ``prefix`` (a platform's API methods, never its file downloads, which
-must stream within their size caps), over ``http`` (the fakes, a local Bot API server) and,
-given an ``ssl_context``, ``https``; everything else goes to the default transport, which
-this one wraps.  At most ``max_connections`` calls are in flight; an idle connection the
+Only paths under ``prefix`` (by default every path: a platform's API calls), over ``http``
+(the fakes, a local Bot API server) and, given an ``ssl_context``, ``https``, with a body
+in memory (uploads built as streams, multipart forms, go on) and not marked
+:data:`STREAMED` (the kit's downloads, which must stream within their size caps); all else
+goes to the default transport, which this one wraps.  At most ``max_connections`` calls are in flight; an idle connection the
 server has closed meanwhile (readable before reuse) is dropped, not used.
 
 TLS: :class:`trio.SSLStream` over the TCP stream, as httpcore's trio backend does it —
@@ -57,6 +58,10 @@ import trio
 __all__ = ["ApiResponse", "H11Transport", "PreparedPost"]
 
 _MAX_IDLE_PER_HOST = 32
+#: Request extension of a request whose answer is read as a stream
+#: (:func:`~dshim.channels.kit.http.download_capped`): this transport reads answers whole,
+#: so it hands such requests to the default transport.
+STREAMED = "dshim.streamed"
 _READ_CHUNK = 65536
 _END = h11.EndOfMessage()
 _Head = Sequence[tuple[bytes, bytes]]
@@ -198,7 +203,11 @@ class H11Transport(httpx.AsyncBaseTransport):
 
     def handles(self, request: httpx.Request) -> bool:
         """Is ``request`` one this transport serves itself (else: the fallback)?"""
-        return self._key(request.url) is not None and isinstance(request.stream, httpx.ByteStream)
+        return (
+            self._key(request.url) is not None
+            and isinstance(request.stream, httpx.ByteStream)
+            and STREAMED not in request.extensions
+        )
 
     # -- the prepared path -----------------------------------------------------------------
 
@@ -247,7 +256,11 @@ class H11Transport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         key = self._key(url)
-        if key is None or not isinstance(request.stream, httpx.ByteStream):
+        if (
+            key is None
+            or not isinstance(request.stream, httpx.ByteStream)
+            or STREAMED in request.extensions
+        ):
             return await self._fallback.handle_async_request(request)
         body = b"".join(request.stream)  # ByteStream: bytes
         headers: list[tuple[bytes, bytes]] = [

@@ -39,7 +39,7 @@ import msgspec
 import structlog
 import trio
 
-from dshim.channels.kit.h11transport import H11Transport, PreparedPost
+from dshim.channels.kit.h11transport import STREAMED, H11Transport, PreparedPost
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -92,16 +92,17 @@ async def open_http(
     user_agent: str,
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - httpx's per-request limits
     max_connections: int = 16,
-    fast_prefix: str | None = None,
+    fast_prefix: str | None = "/",
     ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The one HTTP client of a bot: a connection pool shared by receiving and sending.
 
     No redirects are followed (a redirect could carry credentials elsewhere) and the
     environment's proxy settings are not read.  Paths are relative to ``api_base`` when
-    it is given.  ``fast_prefix``: calls under this path (a platform's API methods), http
-    and https, go through :class:`~dshim.channels.kit.h11transport.H11Transport`, about a
-    third of httpcore's CPU per call.  ``ssl_context`` verifies servers; by default it is
+    it is given.  ``fast_prefix``: calls under this path (by default all; None: none),
+    http and https, go through :class:`~dshim.channels.kit.h11transport.H11Transport`,
+    about a third of httpcore's CPU per call; streamed answers (:func:`download_capped`)
+    and streamed uploads stay on httpx's pool.  ``ssl_context`` verifies servers; by default it is
     httpx's (certifi's CA bundle, host names checked; the environment's ``SSL_CERT_FILE``
     is not read, as before).  One context serves both transports, so https is verified
     the same way on either.  Both are made when first needed: httpx's pool at the first
@@ -412,7 +413,12 @@ async def download_capped(
             raise PermissionDenied(f"{what}: refusing to download from host {host!r}")
     with map_httpx_errors(what), _counting(what) as answered:
         async with http.stream(
-            "GET", url, headers=dict(headers or {}), timeout=http_timeout, follow_redirects=False
+            "GET",
+            url,
+            headers=dict(headers or {}),
+            timeout=http_timeout,
+            follow_redirects=False,
+            extensions={STREAMED: True},  # read within the cap, never whole
         ) as resp:
             answered(resp.status_code)
             if resp.status_code != 200:

@@ -22,7 +22,6 @@ import dataclasses
 import json
 import random as _random
 import time
-import urllib.parse
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -239,12 +238,7 @@ async def run(
     """Run one Slack bot until cancelled, or until a fatal error (raised)."""
     settings = host.settings_as(SlackSettings)
     rng = rng or _random.Random()
-    async with open_http(
-        settings.api_base,
-        user_agent=USER_AGENT,
-        timeout=HTTP_TIMEOUT,
-        fast_prefix=api_path(settings.api_base),
-    ) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=HTTP_TIMEOUT) as http:
         web = web_client(http, settings)
 
         async def who() -> BotIdentity:
@@ -394,12 +388,6 @@ async def socket_hello(web: WebClient) -> tuple[ProbeResult, str]:
                 return "ok", f"hello in {ms:.0f} ms (connections {env.num_connections}), closed"
             if env.type == "disconnect":
                 return "fail", f"Slack sent disconnect ({env.reason}) before hello"
-
-
-def api_path(api_base: str) -> str:
-    """The path under which the Web API's methods live (``/api/``): their calls go over the
-    kit's h11 transport; file downloads (another host, streamed) stay on httpx's pool."""
-    return urllib.parse.urlsplit(api_base).path.rstrip("/") + "/"
 
 
 async def probe(rows: ProbeRows) -> None:

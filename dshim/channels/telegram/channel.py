@@ -89,9 +89,7 @@ async def run(
     """Run one Telegram bot: authenticate, report started, long-poll until shutdown."""
     settings = host.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(
-        settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT, fast_prefix="/bot"
-    ) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
         # Network errors, 5xx and 429 are waited out here; a rejected token raises at once.
         me = await until_ok("getMe", client.get_me)
@@ -205,9 +203,7 @@ async def probe(rows: ProbeRows) -> None:
     """``dshim probe`` rows for a Telegram bot: getMe, webhook, getUpdates, store, send test."""
     settings = rows.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(
-        settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT, fast_prefix="/bot"
-    ) as http:
+    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
         client = BotApiClient(http, token)
 
         async def identity() -> Identity:
