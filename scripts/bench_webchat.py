@@ -51,7 +51,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_discord import Meter, Run  # noqa: E402
+from benchkit import Meter, Run  # noqa: E402
 
 from dshim.channels.webchat import models as m  # noqa: E402
 from dshim.channels.webchat import protocol  # noqa: E402
