@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 
 import msgspec
 import trio
-import trio_websocket
 
 __all__ = [
     "FloorDedup",
@@ -114,6 +113,10 @@ def print_four_runs(
     (floor, reader, floor + dedup, pipeline) and any ``peers`` (other stacks against the
     same fake): events/s, CPU ms per event with its spread, and the CPU ratio of the
     reader and the peers to the floor and of the pipeline to the floor + dedup."""
+    # Imported here, not at the top: the recorded-stream benches (which never print this
+    # table) measure slower after importing trio-websocket, at small sizes.
+    import trio_websocket
+
     extra = f", {versions}" if versions else ""
     print(
         f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
