@@ -146,17 +146,16 @@ def main(args: argparse.Namespace) -> None:
             env,
             args.messages,
             args.repeat,
-            names=[
+            unit="message",
+            names=(
                 "floor (ticket + websocket + 2x json.loads + ack + dict)",
                 "dshim Stream reader + mapping",
-                "floor + durable dedup (one SQLite INSERT/message)",
-                "dshim reader + mapping + pipeline steps 1-6",
-            ],
+            ),
             floor=floor,
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(runs, unit="message", count=args.messages, repeat=args.repeat)
+    print_four_runs(runs, unit="message")
 
 
 if __name__ == "__main__":

@@ -176,12 +176,11 @@ def main(args: argparse.Namespace) -> None:
             env,
             args.dispatches,
             args.repeat,
-            names=[
+            unit="dispatch",
+            names=(
                 "floor (trio-websocket + json.loads + dict mapping)",
                 "dshim gateway reader + mapping",
-                "floor + durable dedup (one SQLite INSERT/dispatch)",
-                "dshim reader + mapping + pipeline steps 1-6",
-            ],
+            ),
             floor=floor,
             reader=reader_only,
             pipeline=pipeline,
@@ -189,8 +188,6 @@ def main(args: argparse.Namespace) -> None:
     print_four_runs(
         runs,
         unit="dispatch",
-        count=args.dispatches,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
         notes=[decode_costs(env)],
     )

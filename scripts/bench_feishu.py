@@ -193,12 +193,11 @@ def main(args: argparse.Namespace) -> None:
             env,
             args.events,
             args.repeat,
-            names=[
+            unit="event",
+            names=(
                 "floor (websocket + protobuf walk + json.loads + ack)",
                 "dshim long-connection reader + mapping",
-                "floor + durable dedup (one SQLite INSERT/event)",
-                "dshim reader + mapping + pipeline steps 1-6",
-            ],
+            ),
             floor=floor,
             reader=reader_only,
             pipeline=pipeline,
@@ -206,8 +205,6 @@ def main(args: argparse.Namespace) -> None:
     print_four_runs(
         runs,
         unit="event",
-        count=args.events,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
     )
 

@@ -212,12 +212,11 @@ def main(args: argparse.Namespace) -> None:
             env,
             args.envelopes,
             args.repeat,
-            names=[
+            unit="envelope",
+            names=(
                 "floor (trio-websocket + json.loads + ack + dict mapping)",
                 "dshim Socket Mode reader + mapping",
-                "floor + durable dedup (one SQLite INSERT/envelope)",
-                "dshim reader + mapping + pipeline steps 1-6",
-            ],
+            ),
             floor=floor,
             reader=reader_only,
             pipeline=pipeline,
@@ -229,12 +228,9 @@ def main(args: argparse.Namespace) -> None:
                 sdk = None
                 break
             sdk.add(*got)
-    n = args.envelopes
     print_four_runs(
         runs,
         unit="envelope",
-        count=n,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
         peers=[sdk] if sdk is not None else [],
     )

@@ -148,19 +148,16 @@ def main(args: argparse.Namespace) -> None:
             env,
             args.messages,
             args.repeat,
-            names=[
+            unit="callback",
+            names=(
                 "floor (trio-websocket + json.loads + dict mapping)",
                 "dshim link reader + mapping",
-                "floor + durable dedup (one SQLite INSERT/callback)",
-                "dshim reader + mapping + pipeline steps 1-6",
-            ],
+            ),
             floor=floor,
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(
-        runs, unit="callback", count=args.messages, repeat=args.repeat, notes=[decode_costs(env)]
-    )
+    print_four_runs(runs, unit="callback", notes=[decode_costs(env)])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ turn is a no-op and whose accept counts the verdicts.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sqlite3
@@ -36,7 +35,6 @@ __all__ = [
     "argument_parser",
     "counting_runtime",
     "envelope_decode_costs",
-    "measure_four",
     "micros",
     "open_fake",
     "open_floor_dedup",
@@ -103,16 +101,14 @@ def print_four_runs(
     runs: Sequence[Run],
     *,
     unit: str,
-    count: int,
-    repeat: int,
     versions: str = "",
     notes: Sequence[str] = (),
     peers: Sequence[Run] = (),
 ) -> None:
     """The environment line, ``notes`` (e.g. decode costs), and the table of the four runs
-    (floor, reader, floor + dedup, pipeline) and any ``peers`` (other stacks against the
-    same fake): events/s, CPU ms per event with its spread, and the CPU ratio of the
-    reader and the peers to the floor and of the pipeline to the floor + dedup."""
+    (floor, reader, floor + dedup, pipeline; a ``unit`` each) and any ``peers`` (other
+    stacks against the same fake): events/s, CPU ms per event with its spread, and the CPU
+    ratio of the reader and the peers to the floor and of the pipeline to the floor + dedup."""
     # Imported here, not at the top: the recorded-stream benches (which never print this
     # table) measure slower after importing trio-websocket, at small sizes.
     import trio_websocket
@@ -121,7 +117,7 @@ def print_four_runs(
     print(
         f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
         f"{trio_websocket.__version__}, msgspec {msgspec.__version__}{extra}, "
-        f"nproc {os.cpu_count()}; {count} {unit}s x {repeat} runs, median (min-max)"
+        f"nproc {os.cpu_count()}; {runs[0].n} {unit}s x {len(runs[0].walls)} runs, median (min-max)"
     )
     for note in notes:
         print(note)
@@ -174,54 +170,42 @@ async def steps_1_to_6(channel: str, bot_id: str, n: int, store_dir: Path) -> As
 Measured = Callable[..., Awaitable[tuple[float, float]]]
 
 
-async def measure_four(
-    n: int,
-    repeat: int,
-    *,
-    names: Sequence[str],
-    floor: Measured,
-    reader: Measured,
-    pipeline: Measured,
-) -> list[Run]:
-    """The four runs, ``repeat`` times each, interleaved: ``floor(n)``, ``reader(n)``,
-    ``floor(n, db)`` (with one durable insert per event) and ``pipeline(n, store_dir)``."""
-    runs = [Run(name, n) for name in names]
-    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
-        for rep in range(repeat):
-            with trio.fail_after(600):
-                runs[0].add(*await floor(n))
-                runs[1].add(*await reader(n))
-                runs[2].add(*await floor(n, Path(d) / f"floor-{rep}.sqlite3"))
-                runs[3].add(*await pipeline(n, Path(d) / f"store-{rep}"))
-    return runs
-
-
 def run_four(
     env: dict[str, Any],
     n: int,
     repeat: int,
     *,
-    names: Sequence[str],
+    unit: str,
+    names: tuple[str, str],
     floor: Measured,
     reader: Measured,
     pipeline: Measured,
 ) -> list[Run]:
-    """:func:`measure_four` in a trio run, dshim logging errors only, with the fake's
-    ``env`` as the first argument of ``floor``, ``reader`` and ``pipeline``."""
+    """The four runs over ``n`` events (a ``unit`` each) against the fake's ``env``, in a trio
+    run with dshim logging errors only, ``repeat`` times each, interleaved:
+    ``floor(env, n)`` and ``reader(env, n)`` (named by ``names``), ``floor(env, n, db)``
+    (with one durable insert per event) and ``pipeline(env, n, store_dir)``."""
     from dshim.log import configure_logging
 
-    async def measure() -> list[Run]:
-        configure_logging("error", "json")
-        return await measure_four(
-            n,
-            repeat,
-            names=names,
-            floor=functools.partial(floor, env),
-            reader=functools.partial(reader, env),
-            pipeline=functools.partial(pipeline, env),
-        )
+    runs = [
+        Run(names[0], n),
+        Run(names[1], n),
+        Run(f"floor + durable dedup (one SQLite INSERT/{unit})", n),
+        Run("dshim reader + mapping + pipeline steps 1-6", n),
+    ]
 
-    return trio.run(measure)
+    async def measure() -> None:
+        configure_logging("error", "json")
+        with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+            for rep in range(repeat):
+                with trio.fail_after(600):
+                    runs[0].add(*await floor(env, n))
+                    runs[1].add(*await reader(env, n))
+                    runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
+                    runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
+
+    trio.run(measure)
+    return runs
 
 
 # -- the fake, the parser ---------------------------------------------------------------------
