@@ -38,16 +38,7 @@ import trio_websocket
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    argument_parser,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-    until_counted,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.dingtalk.client import (  # noqa: E402
     USER_AGENT,
@@ -60,8 +51,8 @@ from dshim.channels.kit.http import open_http  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    with open_floor_dedup(db) as dedup:
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
         meter.start()
         async with httpx.AsyncClient() as http:
             body = {
@@ -111,7 +102,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_stream(
     env: dict[str, Any], n: int, handle: Callable[[RobotCallback, MessageMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     meter.start()
     async with open_http(user_agent=USER_AGENT) as http:
         api = DingTalkApi(
@@ -128,10 +119,10 @@ async def dshim_stream(
             await handle(callback, mapper)
             meter.tick()
 
-        return await until_counted(meter, lambda: run_stream(api, deliver))
+        return await kit.until_counted(meter, lambda: run_stream(api, deliver))
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_stream,
     channel="dingtalk",
     bot_id=lambda env: env["client_id"],
@@ -141,8 +132,8 @@ reader_only, pipeline = reader_and_pipeline(
 
 
 def main(args: argparse.Namespace) -> None:
-    with open_fake("dshim.testing.fakes.dingtalk", args.messages) as env:
-        runs = run_four(
+    with kit.open_fake("dshim.testing.fakes.dingtalk", args.messages) as env:
+        runs = kit.run_four(
             env,
             args.messages,
             args.repeat,
@@ -155,8 +146,8 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(runs, unit="message")
+    kit.print_four_runs(runs, unit="message")
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--messages").parse_args())
+    main(kit.argument_parser(__doc__, "--messages").parse_args())

@@ -41,17 +41,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    argument_parser,
-    envelope_decode_costs,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-    until_counted,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.discord import models as m  # noqa: E402
 from dshim.channels.discord.client import (  # noqa: E402
@@ -68,10 +58,10 @@ from dshim.channels.kit.http import open_http  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     url = gateway_url(env["gateway_url"])
     mapped: list[dict[str, Any]] = []
-    with open_floor_dedup(db) as dedup:
+    with kit.open_floor_dedup(db) as dedup:
         async with trio_websocket.open_websocket_url(
             url,
             message_queue_size=WS_OPTIONS.message_queue_size,
@@ -115,7 +105,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_gateway(
     env: dict[str, Any], n: int, handle: Callable[[Dispatch, MessageMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(user_agent=USER_AGENT) as http:
         rest = RestClient(http, token=env["token"], api_base=env["api_base"])
         me = await rest.get_current_user()
@@ -134,10 +124,10 @@ async def dshim_gateway(
             await handle(dispatch, mapper)
             meter.tick()
 
-        return await until_counted(meter, functools.partial(run_gateway, gw, rest, deliver))
+        return await kit.until_counted(meter, functools.partial(run_gateway, gw, rest, deliver))
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_gateway,
     channel="discord",
     bot_id=lambda env: env["bot_id"],
@@ -162,17 +152,12 @@ def decode_costs(env: dict[str, Any]) -> str:
     }
     raw = json.dumps({"op": 0, "t": "MESSAGE_CREATE", "s": 5, "d": fake_msg}).encode()
     mapper = MessageMapper(env["bot_id"])
-    return envelope_decode_costs(
-        raw,
-        "dispatch",
-        view=lambda raw: m.message_decoder.decode(m.frame_decoder.decode(raw).d),
-        mapping=mapper.decode_frame,
-    )
+    return kit.gateway_decode_costs(raw, "dispatch", m, mapper)
 
 
 def main(args: argparse.Namespace) -> None:
-    with open_fake("dshim.testing.fakes.discord", args.dispatches) as env:
-        runs = run_four(
+    with kit.open_fake("dshim.testing.fakes.discord", args.dispatches) as env:
+        runs = kit.run_four(
             env,
             args.dispatches,
             args.repeat,
@@ -185,7 +170,7 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(
+    kit.print_four_runs(
         runs,
         unit="dispatch",
         versions=f"httpx {httpx.__version__}",
@@ -194,4 +179,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--dispatches").parse_args())
+    main(kit.argument_parser(__doc__, "--dispatches").parse_args())

@@ -43,16 +43,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    argument_parser,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-    until_counted,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
 from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
@@ -109,8 +100,8 @@ PING = bytes.fromhex("0800100018072000") + _field(
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    with open_floor_dedup(db) as dedup:
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
         async with httpx.AsyncClient() as http:
             body = {"AppID": env["app_id"], "AppSecret": env["app_secret"]}
             url = (await http.post(env["api_base"] + "/callback/ws/endpoint", json=body)).json()[
@@ -152,7 +143,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_reader(
     env: dict[str, Any], n: int, handle: Callable[[FeishuEvent, EventMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(env["api_base"], user_agent=USER_AGENT) as http:
         rest = RestClient(
             http, app_id=env["app_id"], app_secret=env["app_secret"], api_base=env["api_base"]
@@ -175,10 +166,10 @@ async def dshim_reader(
             backoff=Backoff(),
             register_secret=lambda s: None,
         )
-        return await until_counted(meter, run)
+        return await kit.until_counted(meter, run)
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_reader,
     channel="feishu",
     bot_id=lambda env: "ou_bench",
@@ -188,8 +179,8 @@ reader_only, pipeline = reader_and_pipeline(
 
 
 def main(args: argparse.Namespace) -> None:
-    with open_fake("dshim.testing.fakes.feishu", args.events) as env:
-        runs = run_four(
+    with kit.open_fake("dshim.testing.fakes.feishu", args.events) as env:
+        runs = kit.run_four(
             env,
             args.events,
             args.repeat,
@@ -202,7 +193,7 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(
+    kit.print_four_runs(
         runs,
         unit="event",
         versions=f"httpx {httpx.__version__}",
@@ -210,4 +201,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--events").parse_args())
+    main(kit.argument_parser(__doc__, "--events").parse_args())

@@ -49,17 +49,7 @@ import trio_websocket
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    argument_parser,
-    envelope_decode_costs,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-    until_counted,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
@@ -76,8 +66,8 @@ from dshim.channels.qq.protocol import (  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    with open_floor_dedup(db) as dedup:
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
         async with httpx.AsyncClient() as http:
             resp = await http.post(
                 env["http_url"] + "/app/getAppAccessToken",
@@ -133,7 +123,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_gateway(
     env: dict[str, Any], n: int, handle: Callable[[Dispatch, QQMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(user_agent=USER_AGENT) as http:
         api = QQApi(
             http,
@@ -160,10 +150,10 @@ async def dshim_gateway(
             await handle(dispatch, mapper)
             meter.tick()
 
-        return await until_counted(meter, functools.partial(run_gateway, gw, api, deliver))
+        return await kit.until_counted(meter, functools.partial(run_gateway, gw, api, deliver))
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_gateway,
     channel="qq",
     bot_id=lambda env: env["bot_id"],
@@ -185,17 +175,12 @@ def decode_costs(env: dict[str, Any]) -> str:
     }
     raw = json.dumps({"op": 0, "s": 5, "t": "C2C_MESSAGE_CREATE", "id": "e:1", "d": d}).encode()
     mapper = QQMapper(env["bot_id"])
-    return envelope_decode_costs(
-        raw,
-        "event",
-        view=lambda raw: m.message_decoder.decode(m.frame_decoder.decode(raw).d),
-        mapping=mapper.decode_frame,
-    )
+    return kit.gateway_decode_costs(raw, "event", m, mapper)
 
 
 def main(args: argparse.Namespace) -> None:
-    with open_fake("dshim.testing.fakes.qq", args.dispatches) as env:
-        runs = run_four(
+    with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as env:
+        runs = kit.run_four(
             env,
             args.dispatches,
             args.repeat,
@@ -208,13 +193,13 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(
+    kit.print_four_runs(
         runs,
         unit="dispatch",
         versions=f"httpx {httpx.__version__}",
         notes=[decode_costs(env)],
     )
-    with open_fake("dshim.testing.fakes.qq", args.dispatches) as fresh:
+    with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as fresh:
         peer = nonebot_peer(args, fresh)
     if peer is None:
         print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")
@@ -287,4 +272,4 @@ def nonebot_peer(
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--dispatches").parse_args())
+    main(kit.argument_parser(__doc__, "--dispatches").parse_args())

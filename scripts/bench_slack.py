@@ -42,17 +42,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    Run,
-    argument_parser,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-    until_counted,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.slack.client import USER_AGENT, WS_OPTIONS, SocketRunner, WebClient  # noqa: E402
@@ -72,8 +62,8 @@ async def socket_url(env: dict[str, Any]) -> str:
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    with open_floor_dedup(db) as dedup:
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
         url = await socket_url(env)
         mapped: list[dict[str, Any]] = []
         async with trio_websocket.open_websocket_url(
@@ -116,7 +106,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_socket(
     env: dict[str, Any], n: int, handle: Callable[[Incoming, EventMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(user_agent=USER_AGENT) as http:
         web = WebClient(
             http, bot_token=env["bot_token"], app_token=env["app_token"], api_base=env["api_base"]
@@ -128,10 +118,10 @@ async def dshim_socket(
             meter.tick()
 
         runner = SocketRunner(web, deliver, on_connected=lambda _: meter.start())
-        return await until_counted(meter, runner.run)
+        return await kit.until_counted(meter, runner.run)
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_socket,
     channel="slack",
     bot_id=lambda env: env["bot_user"],
@@ -206,9 +196,9 @@ def slack_sdk_run(env: dict[str, Any], n: int) -> tuple[float, float] | None:
 
 
 def main(args: argparse.Namespace) -> None:
-    sdk: Run | None = None
-    with open_fake("dshim.testing.fakes.slack", args.envelopes) as env:
-        runs = run_four(
+    sdk: kit.Run | None = None
+    with kit.open_fake("dshim.testing.fakes.slack", args.envelopes) as env:
+        runs = kit.run_four(
             env,
             args.envelopes,
             args.repeat,
@@ -221,14 +211,16 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-        sdk = Run("slack-sdk SocketModeClient (built-in client, ack in listener)", args.envelopes)
+        sdk = kit.Run(
+            "slack-sdk SocketModeClient (built-in client, ack in listener)", args.envelopes
+        )
         for _ in range(args.repeat):
             got = slack_sdk_run(env, args.envelopes)
             if got is None:
                 sdk = None
                 break
             sdk.add(*got)
-    print_four_runs(
+    kit.print_four_runs(
         runs,
         unit="envelope",
         versions=f"httpx {httpx.__version__}",
@@ -239,4 +231,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--envelopes").parse_args())
+    main(kit.argument_parser(__doc__, "--envelopes").parse_args())

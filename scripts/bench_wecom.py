@@ -38,16 +38,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import (  # noqa: E402
-    Meter,
-    argument_parser,
-    micros,
-    open_fake,
-    open_floor_dedup,
-    print_four_runs,
-    reader_and_pipeline,
-    run_four,
-)
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
@@ -55,8 +46,8 @@ from dshim.channels.wecom.client import WecomLink  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    with open_floor_dedup(db, key=("mid",)) as dedup:
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db, key=("mid",)) as dedup:
         async with trio_websocket.open_websocket_url(
             env["ws_url"],
             message_queue_size=DEFAULT_OPTIONS.message_queue_size,
@@ -92,7 +83,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_link(
     env: dict[str, Any], n: int, handle: Callable[[p.Callback, p.Mapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     link = WecomLink(env["ws_url"], env["bot_id"], env["secret"])
     mapper = p.Mapper(env["bot_id"])
     callbacks_in, callbacks = trio.open_memory_channel[p.Callback](0)
@@ -108,7 +99,7 @@ async def dshim_link(
     return meter.wall, meter.cpu
 
 
-reader_only, pipeline = reader_and_pipeline(
+reader_only, pipeline = kit.reader_and_pipeline(
     dshim_link,
     channel="wecom",
     bot_id=lambda env: env["bot_id"],
@@ -132,9 +123,9 @@ def decode_costs(env: dict[str, Any]) -> str:
         {"cmd": p.MSG_CALLBACK, "headers": {"req_id": "aibot_msg_callback_1_0"}, "body": body}
     ).encode()
     mapper = p.Mapper(env["bot_id"])
-    classify = micros(lambda: p.classify(raw))
-    mapping = micros(lambda: mapper.decode_frame(raw))
-    loads = micros(lambda: json.loads(raw))
+    classify = kit.micros(lambda: p.classify(raw))
+    mapping = kit.micros(lambda: mapper.decode_frame(raw))
+    loads = kit.micros(lambda: json.loads(raw))
     return (
         f"decode of one {len(raw)}-byte callback: envelope classify {classify:.1f} µs, "
         f"envelope+body views + mapping to InboundMessage {mapping:.1f} µs; "
@@ -143,8 +134,8 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    with open_fake("dshim.testing.fakes.wecom", args.messages) as env:
-        runs = run_four(
+    with kit.open_fake("dshim.testing.fakes.wecom", args.messages) as env:
+        runs = kit.run_four(
             env,
             args.messages,
             args.repeat,
@@ -157,8 +148,8 @@ def main(args: argparse.Namespace) -> None:
             reader=reader_only,
             pipeline=pipeline,
         )
-    print_four_runs(runs, unit="callback", notes=[decode_costs(env)])
+    kit.print_four_runs(runs, unit="callback", notes=[decode_costs(env)])
 
 
 if __name__ == "__main__":
-    main(argument_parser(__doc__, "--messages").parse_args())
+    main(kit.argument_parser(__doc__, "--messages").parse_args())

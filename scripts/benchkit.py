@@ -34,7 +34,7 @@ __all__ = [
     "Run",
     "argument_parser",
     "counting_runtime",
-    "envelope_decode_costs",
+    "gateway_decode_costs",
     "micros",
     "open_fake",
     "open_floor_dedup",
@@ -339,13 +339,13 @@ def micros(fn: Callable[[], object], k: int = 20000) -> float:
     return (time.perf_counter() - t0) / k * 1e6
 
 
-def envelope_decode_costs(
-    raw: bytes, what: str, *, view: Callable[[bytes], object], mapping: Callable[[bytes], object]
-) -> str:
-    """The decode-cost line of one flooded frame ``raw`` (a ``what``): msgspec envelope and
-    view (``view``), the same + mapping to ``InboundMessage`` (``mapping``), json.loads."""
-    views = micros(lambda: view(raw))
-    mapped = micros(lambda: mapping(raw))
+def gateway_decode_costs(raw: bytes, what: str, models: Any, mapper: Any) -> str:
+    """The decode-cost line of a gateway bench for one flooded frame ``raw`` (a ``what``):
+    the envelope and the message view (the channel's ``models.frame_decoder``, its ``d``
+    left raw, then ``models.message_decoder``), the same + mapping to ``InboundMessage``
+    (``mapper.decode_frame``), and json.loads alone."""
+    views = micros(lambda: models.message_decoder.decode(models.frame_decoder.decode(raw).d))
+    mapped = micros(lambda: mapper.decode_frame(raw))
     loads = micros(lambda: json.loads(raw))
     return (
         f"decode of one {len(raw)}-byte {what}: msgspec envelope+view {views:.1f} µs, "
