@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -37,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchkit import counting_runtime  # noqa: E402
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
 from dshim.channels.telegram import channel, protocol  # noqa: E402
@@ -233,29 +230,21 @@ def main() -> None:
     configure_logging("warning", "console")  # drops are logged at info: keep them out
     raws = make_stream(args.updates)
     sizes = [len(r) for r in raws]
-    print(
-        f"# bench_telegram: {len(raws):,} updates, {statistics.mean(sizes) / 1024:.2f} KB mean "
-        f"({min(sizes)}-{max(sizes)} B); nproc {os.cpu_count()}; Python {platform.python_version()}; "
-        f"msgspec {msgspec.__version__}; trio {trio.__version__}; httpx {httpx.__version__}"
-    )
+    print_stream_line("bench_telegram", "updates", sizes, versions=f"; httpx {httpx.__version__}")
 
     def mapping(raw: bytes) -> Any:
         return protocol.parse_update(raw, ME)
 
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    results = Figures()
     verdicts: dict[str, int] = {}
     for _ in range(args.repeat):
         for name, fn in (
             ("floor: json.loads + dict access", floor_map),
             ("mapping: protocol.parse_update", mapping),
         ):
-            rate, cpu = bench_sync(fn, raws)
-            results.setdefault(name, ([], []))[0].append(rate)
-            results[name][1].append(cpu)
+            results.add(name, *bench_sync(fn, raws))
         rate, cpu, verdicts = trio.run(bench_pipeline, raws)
-        name = "pipeline: mapping + steps 1-6 (SQLite)"
-        results.setdefault(name, ([], []))[0].append(rate)
-        results[name][1].append(cpu)
+        results.add("pipeline: mapping + steps 1-6 (SQLite)", rate, cpu)
 
     floor_rate = median(results["floor: json.loads + dict access"][0])
     floor_cpu = median(results["floor: json.loads + dict access"][1])

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -37,12 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchkit import counting_runtime  # noqa: E402
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
@@ -188,12 +185,8 @@ def main() -> None:
         trio.run(serve_fake, args.messages)
         return
     sizes = [len(json.dumps(m, ensure_ascii=False).encode()) for m in make_stream(args.messages)]
-    print(
-        f"# bench_weixin: {len(sizes):,} messages, {statistics.mean(sizes) / 1024:.2f} KB mean "
-        f"({min(sizes)}-{max(sizes)} B); fake in its own process; nproc {os.cpu_count()}; "
-        f"Python {platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
-    )
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    print_stream_line("bench_weixin", "messages", sizes, where="fake in its own process; ")
+    results = Figures()
     verdicts: dict[str, int] = {}
     for _ in range(args.repeat):
         for name in ("floor: httpx + json.loads", "pipeline: reader + mapping + steps 1-6"):
@@ -214,8 +207,7 @@ def main() -> None:
                 assert child.stdin is not None
                 child.stdin.close()
                 child.wait(timeout=30)
-            results.setdefault(name, ([], []))[0].append(rate)
-            results[name][1].append(cpu)
+            results.add(name, rate, cpu)
     floor_cpu = statistics.median(results["floor: httpx + json.loads"][1])
     print(f"{'path':40} {'messages/s':>11} {'CPU ms/message':>15} {'vs floor (CPU)':>15}")
     for name, (rates, cpus) in results.items():

@@ -33,8 +33,6 @@ import argparse
 import hashlib
 import hmac
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -46,12 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchkit import counting_runtime  # noqa: E402
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.base import HttpRequest, HttpResponse  # noqa: E402
 from dshim.channels.whatsapp import channel, protocol  # noqa: E402
@@ -330,33 +327,24 @@ def main() -> None:
     raws = make_stream(args.posts)
     posts = [(raw, sign(raw)) for raw in raws]
     sizes = [len(r) for r in raws]
-    print(
-        f"# bench_whatsapp: {len(raws):,} signed webhook POSTs, {statistics.mean(sizes) / 1024:.2f} KB "
-        f"mean ({min(sizes)}-{max(sizes)} B); nproc {os.cpu_count()}; Python "
-        f"{platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
-    )
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    print_stream_line("bench_whatsapp", "signed webhook POSTs", sizes)
+    results = Figures()
     verdicts: dict[str, int] = {}
-
-    def add(name: str, rate: float, cpu: float) -> None:
-        results.setdefault(name, ([], []))[0].append(rate)
-        results[name][1].append(cpu)
-
     with tempfile.TemporaryDirectory(prefix="dshim-bench-posts-") as tmp:
         posts_file = Path(tmp) / "posts.json"
         posts_file.write_text(json.dumps([(raw.hex(), header) for raw, header in posts]))
         for _ in range(args.repeat):
-            add("floor: hmac + json.loads + dict access", *bench_sync(floor_map, posts))
-            add("mapping: signature + split + decode", *bench_sync(edge_map, posts))
+            results.add("floor: hmac + json.loads + dict access", *bench_sync(floor_map, posts))
+            results.add("mapping: signature + split + decode", *bench_sync(edge_map, posts))
             rate, cpu, verdicts = trio.run(bench_pipeline, posts)
-            add("pipeline: handler + reader + steps 1-6", rate, cpu)
-            add(
+            results.add("pipeline: handler + reader + steps 1-6", rate, cpu)
+            results.add(
                 "http floor: endpoint, 200 at once",
                 *trio.run(
                     partial(bench_http, posts_file, len(posts), args.concurrency, floor=True)
                 ),
             )
-            add(
+            results.add(
                 "http: endpoint + pipeline steps 1-6",
                 *trio.run(
                     partial(bench_http, posts_file, len(posts), args.concurrency, floor=False)

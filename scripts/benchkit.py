@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sqlite3
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ import msgspec
 import trio
 
 __all__ = [
+    "Figures",
     "FloorDedup",
     "Meter",
     "Run",
@@ -39,6 +41,7 @@ __all__ = [
     "open_fake",
     "open_floor_dedup",
     "print_four_runs",
+    "print_stream_line",
     "reader_and_pipeline",
     "run_four",
     "steps_1_to_6",
@@ -409,3 +412,27 @@ async def counting_runtime(
 
         rt.accept = counting_accept
         yield rt, verdicts
+
+
+class Figures(dict[str, tuple[list[float], list[float]]]):
+    """A recorded-stream bench's figures: each path's rates and CPU ms per item over the
+    repetitions, in the order the paths were first added."""
+
+    def add(self, name: str, rate: float, cpu: float) -> None:
+        rates, cpus = self.setdefault(name, ([], []))
+        rates.append(rate)
+        cpus.append(cpu)
+
+
+def print_stream_line(
+    script: str, what: str, sizes: Sequence[int], *, where: str = "", versions: str = ""
+) -> None:
+    """The first line of a recorded-stream bench: how many ``what`` and their sizes,
+    ``where`` (e.g. ``"fake in its own process; "``), then the environment and
+    ``versions`` (e.g. ``"; httpx 0.28.1"``)."""
+    print(
+        f"# {script}: {len(sizes):,} {what}, {statistics.mean(sizes) / 1024:.2f} KB mean "
+        f"({min(sizes)}-{max(sizes)} B); {where}nproc {os.cpu_count()}; "
+        f"Python {platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
+        f"{versions}"
+    )
