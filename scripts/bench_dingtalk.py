@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,12 +63,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
                 await http.post(env["api_base"] + "/v1.0/gateway/connections/open", json=body)
             ).json()
         url = f"{opened['endpoint']}?ticket={opened['ticket']}"
-        async with trio_websocket.open_websocket_url(
-            url,
-            message_queue_size=WS_OPTIONS.message_queue_size,
-            max_message_size=WS_OPTIONS.max_message_size,
-            receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
             while not meter.done.is_set():
                 frame = json.loads(await ws.get_message())
                 headers = frame["headers"]

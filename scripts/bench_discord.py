@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -62,12 +61,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
     url = gateway_url(env["gateway_url"])
     mapped: list[dict[str, Any]] = []
     with kit.open_floor_dedup(db) as dedup:
-        async with trio_websocket.open_websocket_url(
-            url,
-            message_queue_size=WS_OPTIONS.message_queue_size,
-            max_message_size=WS_OPTIONS.max_message_size,
-            receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
             json.loads(await ws.get_message())  # hello
             identify = {"op": 2, "d": {"token": env["token"], "intents": 37377, "properties": {}}}
             await ws.send_message(json.dumps(identify))

@@ -39,7 +39,6 @@ from typing import Any
 
 import httpx
 import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -107,12 +106,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
             url = (await http.post(env["api_base"] + "/callback/ws/endpoint", json=body)).json()[
                 "data"
             ]["URL"]
-        async with trio_websocket.open_websocket_url(
-            url,
-            message_queue_size=WS_OPTIONS.message_queue_size,
-            max_message_size=WS_OPTIONS.max_message_size,
-            receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
             await ws.send_message(PING)
             while not meter.done.is_set():
                 data = await ws.get_message()

@@ -44,7 +44,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -75,12 +74,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
             )
             token = resp.json()["access_token"]
         mapped: list[dict[str, Any]] = []
-        async with trio_websocket.open_websocket_url(
-            env["gateway_url"],
-            message_queue_size=WS_OPTIONS.message_queue_size,
-            max_message_size=WS_OPTIONS.max_message_size,
-            receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(env["gateway_url"], WS_OPTIONS) as ws:
             json.loads(await ws.get_message())  # hello
             identify = {
                 "op": 2,

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -66,12 +65,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
     with kit.open_floor_dedup(db) as dedup:
         url = await socket_url(env)
         mapped: list[dict[str, Any]] = []
-        async with trio_websocket.open_websocket_url(
-            url,
-            message_queue_size=WS_OPTIONS.message_queue_size,
-            max_message_size=WS_OPTIONS.max_message_size,
-            receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
             while not meter.done.is_set():
                 data = await ws.get_message()
                 frame = json.loads(data)

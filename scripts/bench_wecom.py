@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -48,12 +47,7 @@ from dshim.channels.wecom.client import WecomLink  # noqa: E402
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
     meter = kit.Meter(n)
     with kit.open_floor_dedup(db, key=("mid",)) as dedup:
-        async with trio_websocket.open_websocket_url(
-            env["ws_url"],
-            message_queue_size=DEFAULT_OPTIONS.message_queue_size,
-            max_message_size=DEFAULT_OPTIONS.max_message_size,
-            receive_buffer_size=DEFAULT_OPTIONS.receive_buffer_size,
-        ) as ws:
+        async with kit.open_floor_websocket(env["ws_url"], DEFAULT_OPTIONS) as ws:
             sub = {"bot_id": env["bot_id"], "secret": env["secret"]}
             await ws.send_message(p.frame(p.SUBSCRIBE, "aibot_subscribe_1_00000000", sub))
             while not meter.done.is_set():

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,7 @@ __all__ = [
     "micros",
     "open_fake",
     "open_floor_dedup",
+    "open_floor_websocket",
     "print_four_runs",
     "print_stream_line",
     "reader_and_pipeline",
@@ -240,6 +241,20 @@ def argument_parser(doc: str, count: str) -> argparse.ArgumentParser:
 
 
 # -- the floor's dedup, dshim's reader --------------------------------------------------------
+
+
+def open_floor_websocket(url: str, options: Any) -> AbstractAsyncContextManager[Any]:
+    """The floor's trio-websocket connection to ``url`` with the channel's own websocket
+    ``options`` (a ``WsOptions``: the same message queue, message size and receive buffer
+    as dshim's reader)."""
+    import trio_websocket  # not at the top: see print_four_runs
+
+    return trio_websocket.open_websocket_url(
+        url,
+        message_queue_size=options.message_queue_size,
+        max_message_size=options.max_message_size,
+        receive_buffer_size=options.receive_buffer_size,
+    )
 
 
 class FloorDedup:
