@@ -1,12 +1,13 @@
 """What the per-channel benches (``scripts/bench_<channel>.py``) share: the fake in its own
-process, the figures of one measured run over repetitions, the meter of one run, the
-floor's durable dedup, the decode-cost loops, the argument parser and the table they print.
+process, the argument parser, the figures of one measured run over repetitions, the meter
+of one run, the floor's websocket and durable dedup, dshim's reader and pipeline runs, the
+decode-cost loops and the table they print.
 
 Every channel bench against a websocket fake measures the same four runs in its own
 process — the floor, dshim's reader + mapping, the floor + one durable SQLite insert per
 event, and dshim's reader + mapping + pipeline steps 1-6 — and prints them the same way.
 The benches over a recorded stream (Telegram, WeChat, WhatsApp) share the runtime whose
-turn is a no-op and whose accept counts the verdicts.
+turn is a no-op and whose accept counts the verdicts, their figures and their first line.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ __all__ = [
     "until_counted",
 ]
 
+#: What a channel's reader hands to the bench (a dispatch, an envelope, ...), and its mapper.
 E = TypeVar("E")
 M = TypeVar("M")
 
@@ -212,7 +214,7 @@ def run_four(
     return runs
 
 
-# -- the fake, the parser ---------------------------------------------------------------------
+# -- the fake, the parser -------------------------------------------------------------------
 
 
 @contextmanager
@@ -240,7 +242,7 @@ def argument_parser(doc: str, count: str) -> argparse.ArgumentParser:
     return parser
 
 
-# -- the floor's dedup, dshim's reader --------------------------------------------------------
+# -- the floor's websocket and dedup, dshim's reader ----------------------------------------
 
 
 def open_floor_websocket(url: str, options: Any) -> AbstractAsyncContextManager[Any]:
@@ -346,7 +348,7 @@ def reader_and_pipeline(
     return reader, pipeline
 
 
-# -- decode costs -----------------------------------------------------------------------------
+# -- decode costs ---------------------------------------------------------------------------
 
 
 def micros(fn: Callable[[], object], k: int = 20000) -> float:
@@ -371,7 +373,7 @@ def gateway_decode_costs(raw: bytes, what: str, models: Any, mapper: Any) -> str
     )
 
 
-# -- the runtime of the recorded-stream benches -----------------------------------------------
+# -- the recorded-stream benches ------------------------------------------------------------
 
 
 @asynccontextmanager
