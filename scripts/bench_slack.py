@@ -124,6 +124,9 @@ reader_only, pipeline = kit.reader_and_pipeline(
 )
 
 
+# -- slack-sdk ------------------------------------------------------------------------------
+
+
 class SdkMeter:
     """Wall and CPU from the hello to the n-th handled envelope, ticked from the SDK's
     listener threads (so under a lock, and ``finished`` is a threading.Event)."""
@@ -147,9 +150,6 @@ class SdkMeter:
                 self.wall = time.perf_counter() - self.w0
                 self.cpu = time.process_time() - self.c0
                 self.finished.set()
-
-
-# -- slack-sdk ------------------------------------------------------------------------------
 
 
 def slack_sdk_run(env: dict[str, Any], n: int) -> tuple[float, float] | None:
