@@ -31,21 +31,16 @@ import argparse
 import functools
 import json
 import random
-import sqlite3
-import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.discord import models as m  # noqa: E402
 from dshim.channels.discord.client import (  # noqa: E402
@@ -54,75 +49,47 @@ from dshim.channels.discord.client import (  # noqa: E402
     RestClient,
     run_gateway,
 )
-from dshim.channels.discord.protocol import (  # noqa: E402
-    Dispatch,
-    GatewayProtocol,
-    MessageMapper,
-    gateway_url,
-)
+from dshim.channels.discord.protocol import GatewayProtocol, MessageMapper, gateway_url  # noqa: E402
+from dshim.channels.kit.gateway import Dispatch  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
-from dshim.log import configure_logging  # noqa: E402
-from dshim.model import InboundMessage  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    conn: sqlite3.Connection | None = None
-    limiter = trio.CapacityLimiter(1)
-    if db is not None:
-        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
-
-    def insert(conv: str, mid: str, raw: str | bytes) -> int:
-        assert conn is not None
-        return conn.execute(
-            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
-        ).rowcount
-
+    meter = kit.Meter(n)
     url = gateway_url(env["gateway_url"])
     mapped: list[dict[str, Any]] = []
-    async with trio_websocket.open_websocket_url(
-        url,
-        message_queue_size=WS_OPTIONS.message_queue_size,
-        max_message_size=WS_OPTIONS.max_message_size,
-        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-    ) as ws:
-        json.loads(await ws.get_message())  # hello
-        identify = {"op": 2, "d": {"token": env["token"], "intents": 37377, "properties": {}}}
-        await ws.send_message(json.dumps(identify))
-        bot_id = env["bot_id"]
-        while not meter.done.is_set():
-            data = await ws.get_message()
-            frame = json.loads(data)
-            if frame.get("t") == "READY":
-                meter.start()
-            elif frame.get("t") == "MESSAGE_CREATE":
-                d = frame["d"]
-                author = d["author"]
-                mapped.append(
-                    {
-                        "id": d["id"],
-                        "conversation": d["channel_id"],
-                        "direct": "guild_id" not in d,
-                        "sender": author["id"],
-                        "name": author.get("global_name") or author.get("username"),
-                        "bot": author.get("bot", False),
-                        "content": d.get("content", ""),
-                        "mentioned": any(u["id"] == bot_id for u in d.get("mentions", ())),
-                    }
-                )
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        insert, d["channel_id"], d["id"], data, limiter=limiter
+    with kit.open_floor_dedup(db) as dedup:
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
+            json.loads(await ws.get_message())  # hello
+            identify = {"op": 2, "d": {"token": env["token"], "intents": 37377, "properties": {}}}
+            await ws.send_message(json.dumps(identify))
+            bot_id = env["bot_id"]
+            while not meter.done.is_set():
+                data = await ws.get_message()
+                frame = json.loads(data)
+                if frame.get("t") == "READY":
+                    meter.start()
+                elif frame.get("t") == "MESSAGE_CREATE":
+                    d = frame["d"]
+                    author = d["author"]
+                    mapped.append(
+                        {
+                            "id": d["id"],
+                            "conversation": d["channel_id"],
+                            "direct": "guild_id" not in d,
+                            "sender": author["id"],
+                            "name": author.get("global_name") or author.get("username"),
+                            "bot": author.get("bot", False),
+                            "content": d.get("content", ""),
+                            "mentioned": any(u["id"] == bot_id for u in d.get("mentions", ())),
+                        }
                     )
-                mapped.clear()
-                meter.tick()
-    if conn is not None:
-        conn.close()
+                    if dedup is not None:
+                        await dedup.insert(d["channel_id"], d["id"], data)
+                    mapped.clear()
+                    meter.tick()
     return meter.wall, meter.cpu
 
 
@@ -132,7 +99,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_gateway(
     env: dict[str, Any], n: int, handle: Callable[[Dispatch, MessageMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(user_agent=USER_AGENT) as http:
         rest = RestClient(http, token=env["token"], api_base=env["api_base"])
         me = await rest.get_current_user()
@@ -151,29 +118,16 @@ async def dshim_gateway(
             await handle(dispatch, mapper)
             meter.tick()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(run_gateway, gw, rest, deliver))
-            await meter.done.wait()
-            nursery.cancel_scope.cancel()
-    return meter.wall, meter.cpu
+        return await kit.until_counted(meter, functools.partial(run_gateway, gw, rest, deliver))
 
 
-async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
-    async def handle(dispatch: Dispatch, mapper: MessageMapper) -> None:
-        item = mapper.decode_message(dispatch.d)
-        assert isinstance(item, InboundMessage), item
-
-    return await dshim_gateway(env, n, handle)
-
-
-async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    async with steps_1_to_6("discord", env["bot_id"], n, tmp) as rt:
-
-        async def handle(dispatch: Dispatch, mapper: MessageMapper) -> None:
-            verdict = await rt.accept(mapper.decode_message(dispatch.d), dispatch.frame)
-            assert verdict.accepted, verdict
-
-        return await dshim_gateway(env, n, handle)
+reader_only, pipeline = kit.reader_and_pipeline(
+    dshim_gateway,
+    channel="discord",
+    bot_id=lambda env: env["bot_id"],
+    decode=lambda dispatch, mapper: mapper.decode_message(dispatch.d),
+    raw=lambda dispatch: dispatch.frame,
+)
 
 
 def decode_costs(env: dict[str, Any]) -> str:
@@ -192,69 +146,31 @@ def decode_costs(env: dict[str, Any]) -> str:
     }
     raw = json.dumps({"op": 0, "t": "MESSAGE_CREATE", "s": 5, "d": fake_msg}).encode()
     mapper = MessageMapper(env["bot_id"])
-    k = 20000
-    t0 = time.perf_counter()
-    for _ in range(k):
-        frame = m.frame_decoder.decode(raw)
-        m.message_decoder.decode(frame.d)
-    views = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        mapper.decode_frame(raw)
-    mapping = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        json.loads(raw)
-    loads = (time.perf_counter() - t0) / k * 1e6
-    return (
-        f"decode of one {len(raw)}-byte dispatch: msgspec envelope+view {views:.1f} µs, "
-        f"+ mapping to InboundMessage {mapping:.1f} µs; json.loads alone {loads:.1f} µs"
-    )
-
-
-async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
-    configure_logging("error", "json")
-    return await measure_four(
-        args.dispatches,
-        args.repeat,
-        names=[
-            "floor (trio-websocket + json.loads + dict mapping)",
-            "dshim gateway reader + mapping",
-            "floor + durable dedup (one SQLite INSERT/dispatch)",
-            "dshim reader + mapping + pipeline steps 1-6",
-        ],
-        floor=functools.partial(floor, env),
-        reader=functools.partial(reader_only, env),
-        pipeline=functools.partial(pipeline, env),
-    )
+    return kit.gateway_decode_costs(raw, "dispatch", m, mapper)
 
 
 def main(args: argparse.Namespace) -> None:
-    fake = [sys.executable, "-m", "dshim.testing.fakes.discord"]
-    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
-    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        env = json.loads(proc.stdout.readline())
-        runs = trio.run(measure, args, env)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    n = args.dispatches
-    print_four_runs(
+    with kit.open_fake("dshim.testing.fakes.discord", args.dispatches) as env:
+        runs = kit.run_four(
+            env,
+            args.dispatches,
+            args.repeat,
+            unit="dispatch",
+            names=(
+                "floor (trio-websocket + json.loads + dict mapping)",
+                "dshim gateway reader + mapping",
+            ),
+            floor=floor,
+            reader=reader_only,
+            pipeline=pipeline,
+        )
+    kit.print_four_runs(
         runs,
         unit="dispatch",
-        count=n,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
         notes=[decode_costs(env)],
     )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dispatches", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
-    main(parser.parse_args())
+    main(kit.argument_parser(__doc__, "--dispatches").parse_args())

@@ -32,8 +32,6 @@ import argparse
 import functools
 import json
 import random
-import sqlite3
-import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -41,18 +39,15 @@ from typing import Any
 
 import httpx
 import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
 from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
 from dshim.channels.kit import Backoff  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
-from dshim.log import configure_logging  # noqa: E402
-from dshim.model import InboundMessage  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 
@@ -104,57 +99,35 @@ PING = bytes.fromhex("0800100018072000") + _field(
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    conn: sqlite3.Connection | None = None
-    limiter = trio.CapacityLimiter(1)
-    if db is not None:
-        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
-
-    def insert(conv: str, mid: str, raw: bytes) -> int:
-        assert conn is not None
-        return conn.execute(
-            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
-        ).rowcount
-
-    async with httpx.AsyncClient() as http:
-        body = {"AppID": env["app_id"], "AppSecret": env["app_secret"]}
-        url = (await http.post(env["api_base"] + "/callback/ws/endpoint", json=body)).json()[
-            "data"
-        ]["URL"]
-    async with trio_websocket.open_websocket_url(
-        url,
-        message_queue_size=WS_OPTIONS.message_queue_size,
-        max_message_size=WS_OPTIONS.max_message_size,
-        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-    ) as ws:
-        await ws.send_message(PING)
-        while not meter.done.is_set():
-            data = await ws.get_message()
-            assert isinstance(data, bytes)
-            payload, event = payload_of(data)
-            if not event:
-                continue
-            meter.start()
-            ev = json.loads(payload)["event"]
-            msg = ev["message"]
-            mapped = {
-                "id": msg["message_id"],
-                "conversation": msg["chat_id"],
-                "direct": msg["chat_type"] == "p2p",
-                "sender": ev["sender"]["sender_id"]["open_id"],
-                "content": json.loads(msg["content"]).get("text", ""),
-            }
-            if conn is not None:
-                await trio.to_thread.run_sync(
-                    insert, mapped["conversation"], mapped["id"], payload, limiter=limiter
-                )
-            await ws.send_message(data + ACK_TAIL)
-            meter.tick()
-    if conn is not None:
-        conn.close()
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
+        async with httpx.AsyncClient() as http:
+            body = {"AppID": env["app_id"], "AppSecret": env["app_secret"]}
+            url = (await http.post(env["api_base"] + "/callback/ws/endpoint", json=body)).json()[
+                "data"
+            ]["URL"]
+        async with kit.open_floor_websocket(url, WS_OPTIONS) as ws:
+            await ws.send_message(PING)
+            while not meter.done.is_set():
+                data = await ws.get_message()
+                assert isinstance(data, bytes)
+                payload, event = payload_of(data)
+                if not event:
+                    continue
+                meter.start()
+                ev = json.loads(payload)["event"]
+                msg = ev["message"]
+                mapped = {
+                    "id": msg["message_id"],
+                    "conversation": msg["chat_id"],
+                    "direct": msg["chat_type"] == "p2p",
+                    "sender": ev["sender"]["sender_id"]["open_id"],
+                    "content": json.loads(msg["content"]).get("text", ""),
+                }
+                if dedup is not None:
+                    await dedup.insert(mapped["conversation"], mapped["id"], payload)
+                await ws.send_message(data + ACK_TAIL)
+                meter.tick()
     return meter.wall, meter.cpu
 
 
@@ -164,7 +137,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_reader(
     env: dict[str, Any], n: int, handle: Callable[[FeishuEvent, EventMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(env["api_base"], user_agent=USER_AGENT) as http:
         rest = RestClient(
             http, app_id=env["app_id"], app_secret=env["app_secret"], api_base=env["api_base"]
@@ -179,83 +152,47 @@ async def dshim_reader(
             session.acknowledge(event, trio.current_time())
             meter.tick()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(
-                functools.partial(
-                    run_connection,
-                    session,
-                    rest,
-                    deliver,
-                    backoff=Backoff(),
-                    register_secret=lambda s: None,
-                )
-            )
-            await meter.done.wait()
-            nursery.cancel_scope.cancel()
-    return meter.wall, meter.cpu
+        run = functools.partial(
+            run_connection,
+            session,
+            rest,
+            deliver,
+            backoff=Backoff(),
+            register_secret=lambda s: None,
+        )
+        return await kit.until_counted(meter, run)
 
 
-async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
-    async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
-        item = mapper.decode(event.payload)
-        assert isinstance(item, InboundMessage), item
-
-    return await dshim_reader(env, n, handle)
-
-
-async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    async with steps_1_to_6("feishu", "ou_bench", n, tmp) as rt:
-
-        async def handle(event: FeishuEvent, mapper: EventMapper) -> None:
-            item = mapper.decode(event.payload)
-            assert isinstance(item, InboundMessage), item
-            verdict = await rt.accept(item, event.payload)
-            assert verdict.accepted, verdict
-
-        return await dshim_reader(env, n, handle)
-
-
-async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
-    configure_logging("error", "json")
-    return await measure_four(
-        args.events,
-        args.repeat,
-        names=[
-            "floor (websocket + protobuf walk + json.loads + ack)",
-            "dshim long-connection reader + mapping",
-            "floor + durable dedup (one SQLite INSERT/event)",
-            "dshim reader + mapping + pipeline steps 1-6",
-        ],
-        floor=functools.partial(floor, env),
-        reader=functools.partial(reader_only, env),
-        pipeline=functools.partial(pipeline, env),
-    )
+reader_only, pipeline = kit.reader_and_pipeline(
+    dshim_reader,
+    channel="feishu",
+    bot_id=lambda env: "ou_bench",
+    decode=lambda event, mapper: mapper.decode(event.payload),
+    raw=lambda event: event.payload,
+)
 
 
 def main(args: argparse.Namespace) -> None:
-    fake = [sys.executable, "-m", "dshim.testing.fakes.feishu", "--flood", str(args.events)]
-    fake += ["--lifetime", "900"]
-    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        env = json.loads(proc.stdout.readline())
-        runs = trio.run(measure, args, env)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    print_four_runs(
+    with kit.open_fake("dshim.testing.fakes.feishu", args.events) as env:
+        runs = kit.run_four(
+            env,
+            args.events,
+            args.repeat,
+            unit="event",
+            names=(
+                "floor (websocket + protobuf walk + json.loads + ack)",
+                "dshim long-connection reader + mapping",
+            ),
+            floor=floor,
+            reader=reader_only,
+            pipeline=pipeline,
+        )
+    kit.print_four_runs(
         runs,
         unit="event",
-        count=args.events,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
     )
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--events", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
-    main(parser.parse_args())
+    main(kit.argument_parser(__doc__, "--events").parse_args())

@@ -36,23 +36,19 @@ import argparse
 import functools
 import json
 import random
-import sqlite3
 import statistics
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
 from dshim.channels.kit.http import open_http  # noqa: E402
@@ -64,73 +60,54 @@ from dshim.channels.qq.protocol import (  # noqa: E402
     gateway_session,
     scrub_frame,
 )
-from dshim.log import configure_logging  # noqa: E402
-from dshim.model import InboundMessage  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    conn: sqlite3.Connection | None = None
-    limiter = trio.CapacityLimiter(1)
-    if db is not None:
-        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))")
-
-    def insert(conv: str, mid: str, raw: str | bytes) -> int:
-        assert conn is not None
-        return conn.execute(
-            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
-        ).rowcount
-
-    async with httpx.AsyncClient() as http:
-        resp = await http.post(
-            env["http_url"] + "/app/getAppAccessToken",
-            json={"appId": env["app_id"], "clientSecret": env["client_secret"]},
-        )
-        token = resp.json()["access_token"]
-    mapped: list[dict[str, Any]] = []
-    async with trio_websocket.open_websocket_url(
-        env["gateway_url"],
-        message_queue_size=WS_OPTIONS.message_queue_size,
-        max_message_size=WS_OPTIONS.max_message_size,
-        receive_buffer_size=WS_OPTIONS.receive_buffer_size,
-    ) as ws:
-        json.loads(await ws.get_message())  # hello
-        identify = {
-            "op": 2,
-            "d": {"token": f"QQBot {token}", "intents": 1 << 25, "shard": [0, 1], "properties": {}},
-        }
-        await ws.send_message(json.dumps(identify))
-        while not meter.done.is_set():
-            data = await ws.get_message()
-            frame = json.loads(data)
-            if frame.get("t") == "READY":
-                meter.start()
-            elif frame.get("t") == "C2C_MESSAGE_CREATE":
-                d = frame["d"]
-                author = d["author"]
-                ext = dict(e.split("=", 1) for e in d["message_scene"]["ext"])
-                mid = f"{d['id']}|{ext.get('msg_idx', '')}"
-                mapped.append(
-                    {
-                        "id": mid,
-                        "conversation": "c2c:" + author["user_openid"],
-                        "sender": author["user_openid"],
-                        "content": d.get("content", "").strip(),
-                    }
-                )
-                if conn is not None:
-                    await trio.to_thread.run_sync(
-                        insert, author["user_openid"], mid, data, limiter=limiter
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db) as dedup:
+        async with httpx.AsyncClient() as http:
+            resp = await http.post(
+                env["http_url"] + "/app/getAppAccessToken",
+                json={"appId": env["app_id"], "clientSecret": env["client_secret"]},
+            )
+            token = resp.json()["access_token"]
+        mapped: list[dict[str, Any]] = []
+        async with kit.open_floor_websocket(env["gateway_url"], WS_OPTIONS) as ws:
+            json.loads(await ws.get_message())  # hello
+            identify = {
+                "op": 2,
+                "d": {
+                    "token": f"QQBot {token}",
+                    "intents": 1 << 25,
+                    "shard": [0, 1],
+                    "properties": {},
+                },
+            }
+            await ws.send_message(json.dumps(identify))
+            while not meter.done.is_set():
+                data = await ws.get_message()
+                frame = json.loads(data)
+                if frame.get("t") == "READY":
+                    meter.start()
+                elif frame.get("t") == "C2C_MESSAGE_CREATE":
+                    d = frame["d"]
+                    author = d["author"]
+                    ext = dict(e.split("=", 1) for e in d["message_scene"]["ext"])
+                    mid = f"{d['id']}|{ext.get('msg_idx', '')}"
+                    mapped.append(
+                        {
+                            "id": mid,
+                            "conversation": "c2c:" + author["user_openid"],
+                            "sender": author["user_openid"],
+                            "content": d.get("content", "").strip(),
+                        }
                     )
-                mapped.clear()
-                meter.tick()
-    if conn is not None:
-        conn.close()
+                    if dedup is not None:
+                        await dedup.insert(author["user_openid"], mid, data)
+                    mapped.clear()
+                    meter.tick()
     return meter.wall, meter.cpu
 
 
@@ -140,7 +117,7 @@ async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[fl
 async def dshim_gateway(
     env: dict[str, Any], n: int, handle: Callable[[Dispatch, QQMapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     async with open_http(user_agent=USER_AGENT) as http:
         api = QQApi(
             http,
@@ -167,30 +144,16 @@ async def dshim_gateway(
             await handle(dispatch, mapper)
             meter.tick()
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(functools.partial(run_gateway, gw, api, deliver))
-            await meter.done.wait()
-            nursery.cancel_scope.cancel()
-    return meter.wall, meter.cpu
+        return await kit.until_counted(meter, functools.partial(run_gateway, gw, api, deliver))
 
 
-async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
-    async def handle(dispatch: Dispatch, mapper: QQMapper) -> None:
-        item = mapper.decode_message(dispatch.t, dispatch.d)
-        assert isinstance(item, InboundMessage), item
-
-    return await dshim_gateway(env, n, handle)
-
-
-async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    async with steps_1_to_6("qq", env["bot_id"], n, tmp) as rt:
-
-        async def handle(dispatch: Dispatch, mapper: QQMapper) -> None:
-            item = mapper.decode_message(dispatch.t, dispatch.d)
-            verdict = await rt.accept(item, scrub_frame(dispatch.frame))
-            assert verdict.accepted, verdict
-
-        return await dshim_gateway(env, n, handle)
+reader_only, pipeline = kit.reader_and_pipeline(
+    dshim_gateway,
+    channel="qq",
+    bot_id=lambda env: env["bot_id"],
+    decode=lambda dispatch, mapper: mapper.decode_message(dispatch.t, dispatch.d),
+    raw=lambda dispatch: scrub_frame(dispatch.frame),
+)
 
 
 def decode_costs(env: dict[str, Any]) -> str:
@@ -206,64 +169,32 @@ def decode_costs(env: dict[str, Any]) -> str:
     }
     raw = json.dumps({"op": 0, "s": 5, "t": "C2C_MESSAGE_CREATE", "id": "e:1", "d": d}).encode()
     mapper = QQMapper(env["bot_id"])
-    k = 20000
-    t0 = time.perf_counter()
-    for _ in range(k):
-        frame = m.frame_decoder.decode(raw)
-        m.message_decoder.decode(frame.d)
-    views = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        mapper.decode_frame(raw)
-    mapping = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        json.loads(raw)
-    loads = (time.perf_counter() - t0) / k * 1e6
-    return (
-        f"decode of one {len(raw)}-byte event: msgspec envelope+view {views:.1f} µs, "
-        f"+ mapping to InboundMessage {mapping:.1f} µs; json.loads alone {loads:.1f} µs"
-    )
-
-
-async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
-    configure_logging("error", "json")
-    return await measure_four(
-        args.dispatches,
-        args.repeat,
-        names=[
-            "floor (trio-websocket + json.loads + dict mapping)",
-            "dshim gateway reader + mapping",
-            "floor + durable dedup (one SQLite INSERT/dispatch)",
-            "dshim reader + mapping + pipeline steps 1-6",
-        ],
-        floor=functools.partial(floor, env),
-        reader=functools.partial(reader_only, env),
-        pipeline=functools.partial(pipeline, env),
-    )
+    return kit.gateway_decode_costs(raw, "event", m, mapper)
 
 
 def main(args: argparse.Namespace) -> None:
-    fake = [sys.executable, "-m", "dshim.testing.fakes.qq"]
-    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
-    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        env = json.loads(proc.stdout.readline())
-        runs = trio.run(measure, args, env)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    n = args.dispatches
-    print_four_runs(
+    with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as env:
+        runs = kit.run_four(
+            env,
+            args.dispatches,
+            args.repeat,
+            unit="dispatch",
+            names=(
+                "floor (trio-websocket + json.loads + dict mapping)",
+                "dshim gateway reader + mapping",
+            ),
+            floor=floor,
+            reader=reader_only,
+            pipeline=pipeline,
+        )
+    kit.print_four_runs(
         runs,
         unit="dispatch",
-        count=n,
-        repeat=args.repeat,
         versions=f"httpx {httpx.__version__}",
         notes=[decode_costs(env)],
     )
-    peer = nonebot_peer(args, env_of_fake(args))
+    with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as fresh:
+        peer = nonebot_peer(args, fresh)
     if peer is None:
         print("nonebot-adapter-qq: not installed (benchmark-only peer); not measured")
     else:
@@ -272,13 +203,6 @@ def main(args: argparse.Namespace) -> None:
         for name, rate, cpu in peer:
             print(f"{name:52} {rate:12.0f} {cpu:16.3f} {'':>13} {cpu / base:8.2f}x")
         print("(the peer's handler counts each message event; its own process's CPU)")
-
-
-def env_of_fake(args: argparse.Namespace) -> subprocess.Popen[str]:
-    """A fresh fake (its own process) flooding ``--dispatches`` messages per Identify."""
-    fake = [sys.executable, "-m", "dshim.testing.fakes.qq"]
-    fake += ["--flood", str(args.dispatches), "--lifetime", "900"]
-    return subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
 
 
 #: The peer: nonebot2 with nonebot-adapter-qq against the same fake, in its own process;
@@ -311,45 +235,35 @@ nonebot.run()
 
 
 def nonebot_peer(
-    args: argparse.Namespace, proc: subprocess.Popen[str]
+    args: argparse.Namespace, fake: dict[str, Any]
 ) -> list[tuple[str, float, float]] | None:
-    """(name, events/s, CPU ms/event) of nonebot-adapter-qq, None when not installed."""
+    """(name, events/s, CPU ms/event) of nonebot-adapter-qq against the fresh ``fake``
+    (its own process, flooding ``--dispatches`` messages per Identify), None when not
+    installed."""
     try:
         import nonebot.adapters.qq  # type: ignore[import-not-found]  # noqa: F401
     except ImportError:
-        proc.terminate()
-        proc.wait(timeout=10)
         return None
-    try:
-        assert proc.stdout is not None
-        env = proc.stdout.readline()
-        n = args.dispatches
-        walls, cpus = [], []
-        for _ in range(args.repeat):
-            out = subprocess.run(
-                [sys.executable, "-c", NONEBOT_CHILD, env, str(n)],
-                capture_output=True,
-                text=True,
-                timeout=600,
-            )
-            line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
-            if not line:
-                print(f"nonebot-adapter-qq: the peer failed: {out.stderr[-500:]}")
-                return []
-            got = json.loads(line)
-            walls.append(got["wall"])
-            cpus.append(got["cpu"])
-        wall, cpu = statistics.median(walls), statistics.median(cpus)
-        return [("nonebot2 + nonebot-adapter-qq (reader + matcher)", n / wall, cpu * 1000 / n)]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    env = json.dumps(fake)
+    n = args.dispatches
+    walls, cpus = [], []
+    for _ in range(args.repeat):
+        out = subprocess.run(
+            [sys.executable, "-c", NONEBOT_CHILD, env, str(n)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        line = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else ""
+        if not line:
+            print(f"nonebot-adapter-qq: the peer failed: {out.stderr[-500:]}")
+            return []
+        got = json.loads(line)
+        walls.append(got["wall"])
+        cpus.append(got["cpu"])
+    wall, cpu = statistics.median(walls), statistics.median(cpus)
+    return [("nonebot2 + nonebot-adapter-qq (reader + matcher)", n / wall, cpu * 1000 / n)]
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--dispatches", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
-    main(parser.parse_args())
+    main(kit.argument_parser(__doc__, "--dispatches").parse_args())

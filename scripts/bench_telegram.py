@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -37,23 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
 from dshim.channels.telegram import channel, protocol  # noqa: E402
 from dshim.channels.telegram.client import BotApiClient  # noqa: E402
 from dshim.channels.telegram.protocol import BotIdentity  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
-from dshim.pipeline.lanes import LaneSet  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.store.base import BoundStore  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 BOT = {"id": 987654321, "is_bot": True, "first_name": "Dshim", "username": "DshimBot"}
 ME = BotIdentity(987654321, "DshimBot")
@@ -188,49 +182,22 @@ def bench_sync(fn: Callable[[bytes], Any], raws: list[bytes]) -> tuple[float, fl
 
 async def bench_pipeline(raws: list[bytes]) -> tuple[float, float, dict[str, int]]:
     """(updates/s, CPU ms per update, verdict counts) through the channel's batch path."""
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "telegram", "backlog_max_age_s": 10**9}]},
-        env={},
-        channel_settings=False,
-    )
-    bot = config.bots[0]
-    verdicts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         async with open_store(Path(tmp)) as store:
-            outbound = RecordingOutbound(clock=time.time, bot_username=ME.username)
             async with (
                 httpx.AsyncClient(base_url="http://127.0.0.1:9") as http,
-                open_bot_runtime(
-                    config=config,
-                    bot=bot,
-                    bot_id=str(ME.id),
-                    store=store,
-                    outbound=outbound,  # type: ignore[arg-type]
-                    harness=EchoHarness(),
+                counting_runtime(
+                    "telegram",
+                    str(ME.id),
+                    store,
                     clock=lambda: float(T0 + 60),
-                    restore=False,
-                ) as rt,
+                    bot_username=ME.username,
+                ) as (rt, verdicts),
             ):
-                # Step 6 stays real (lanes, bounded queues, workers); step 7 is a no-op.
-                async def no_turn(item: Any, lane: Any) -> None:
-                    for conv, mid in item.inbox_keys:
-                        await store.inbox_done(bot.name, conv, mid)
-                    rt._done()
-
-                rt.lanes = LaneSet(rt._nursery, no_turn, max_queue=10_000, idle_exit_s=600)
-                accept = rt.accept
-
-                async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
-                    verdict = await accept(item, raw)
-                    key = "accepted" if verdict.accepted else str(verdict.reason)
-                    verdicts[key] = verdicts.get(key, 0) + 1
-                    return verdict
-
-                rt.accept = counting_accept  # type: ignore[method-assign]
                 client = BotApiClient(http, "123456:BENCH-not-a-real-token-000000")
                 # No migrations in the stream: the outbound is never asked.
                 source = channel.UpdateSource(client, ME, None)  # type: ignore[arg-type]
-                bound = BoundStore(store, bot.name)
+                bound = BoundStore(store, rt.bot.name)
                 cursor: str | None = None
                 c0, t0 = time.process_time(), time.perf_counter()
                 for i in range(0, len(raws), BATCH):
@@ -263,29 +230,21 @@ def main() -> None:
     configure_logging("warning", "console")  # drops are logged at info: keep them out
     raws = make_stream(args.updates)
     sizes = [len(r) for r in raws]
-    print(
-        f"# bench_telegram: {len(raws):,} updates, {statistics.mean(sizes) / 1024:.2f} KB mean "
-        f"({min(sizes)}-{max(sizes)} B); nproc {os.cpu_count()}; Python {platform.python_version()}; "
-        f"msgspec {msgspec.__version__}; trio {trio.__version__}; httpx {httpx.__version__}"
-    )
+    print_stream_line("bench_telegram", "updates", sizes, versions=f"; httpx {httpx.__version__}")
 
     def mapping(raw: bytes) -> Any:
         return protocol.parse_update(raw, ME)
 
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    results = Figures()
     verdicts: dict[str, int] = {}
     for _ in range(args.repeat):
         for name, fn in (
             ("floor: json.loads + dict access", floor_map),
             ("mapping: protocol.parse_update", mapping),
         ):
-            rate, cpu = bench_sync(fn, raws)
-            results.setdefault(name, ([], []))[0].append(rate)
-            results[name][1].append(cpu)
+            results.add(name, *bench_sync(fn, raws))
         rate, cpu, verdicts = trio.run(bench_pipeline, raws)
-        name = "pipeline: mapping + steps 1-6 (SQLite)"
-        results.setdefault(name, ([], []))[0].append(rate)
-        results[name][1].append(cpu)
+        results.add("pipeline: mapping + steps 1-6 (SQLite)", rate, cpu)
 
     floor_rate = median(results["floor: json.loads + dict access"][0])
     floor_cpu = median(results["floor: json.loads + dict access"][1])

@@ -37,7 +37,6 @@ import functools
 import importlib.metadata
 import json
 import os
-import sqlite3
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_discord import Meter, Run  # noqa: E402
+from benchkit import FloorDedup, Meter, Run, argument_parser, micros, open_floor_dedup  # noqa: E402
 
 from dshim.channels.webchat import models as m  # noqa: E402
 from dshim.channels.webchat import protocol  # noqa: E402
@@ -90,23 +89,9 @@ class FloorApp:
     """A raw ASGI websocket endpoint: ``json.loads`` of every frame (and, with a database,
     one durable insert per message); closes the socket once N messages were handled."""
 
-    def __init__(self, meter: Meter, db: Path | None) -> None:
+    def __init__(self, meter: Meter, dedup: FloorDedup | None) -> None:
         self.meter = meter
-        self.conn: sqlite3.Connection | None = None
-        self.limiter = trio.CapacityLimiter(1)
-        if db is not None:
-            self.conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")
-            self.conn.execute(
-                "CREATE TABLE dedup (conv TEXT, mid TEXT, raw BLOB, PRIMARY KEY (conv, mid))"
-            )
-
-    def _insert(self, conv: str, mid: str, raw: str) -> int:
-        assert self.conn is not None
-        return self.conn.execute(
-            "INSERT OR IGNORE INTO dedup VALUES (?, ?, ?)", (conv, mid, raw)
-        ).rowcount
+        self.dedup = dedup
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -127,14 +112,8 @@ class FloorApp:
                 if frame.get("type") != "send":
                     continue
                 self.meter.start()
-                if self.conn is not None:
-                    await trio.to_thread.run_sync(
-                        self._insert,
-                        frame["conversation"],
-                        frame["client_id"],
-                        data,
-                        limiter=self.limiter,
-                    )
+                if self.dedup is not None:
+                    await self.dedup.insert(frame["conversation"], frame["client_id"], data)
                 self.meter.tick()
                 if self.meter.done.is_set():
                     await send({"type": "websocket.close", "code": 1000})
@@ -147,22 +126,18 @@ class FloorApp:
     async def close_sockets(self) -> None:
         """(serve_endpoint's shutdown hook: the floor's socket is closed already.)"""
 
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
-
 
 async def floor(args: argparse.Namespace, db: Path | None = None) -> tuple[float, float]:
     meter = Meter(args.messages)
-    app = FloorApp(meter, db)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        [base] = await nursery.start(
-            functools.partial(serve_endpoint, app, "127.0.0.1:0", shutdown=stop)  # type: ignore[arg-type]
-        )
-        result = await run_tab(base.replace("http://", "ws://", 1) + "/ws", args)
-        stop.set()
-    app.close()
+    with open_floor_dedup(db) as dedup:
+        app = FloorApp(meter, dedup)
+        stop = trio.Event()
+        async with trio.open_nursery() as nursery:
+            [base] = await nursery.start(
+                functools.partial(serve_endpoint, app, "127.0.0.1:0", shutdown=stop)  # type: ignore[arg-type]
+            )
+            result = await run_tab(base.replace("http://", "ws://", 1) + "/ws", args)
+            stop.set()
     assert meter.done.is_set() and result.sent == args.messages, result
     return meter.wall, meter.cpu
 
@@ -235,14 +210,6 @@ async def chat(
     return meter.wall, meter.cpu, inbound.verdicts
 
 
-def micros(fn: Callable[[], object], k: int = 20000) -> float:
-    """Mean µs per call of ``fn`` over ``k`` calls."""
-    t0 = time.perf_counter()
-    for _ in range(k):
-        fn()
-    return (time.perf_counter() - t0) / k * 1e6
-
-
 def decode_costs(args: argparse.Namespace) -> str:
     """Per-message cost of the web chat's own steps on one flooded frame vs json.loads."""
     _, sends = flood_frames(1, size=args.size)
@@ -312,11 +279,7 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser = argument_parser(__doc__, "--messages")
     parser.add_argument("--conversations", type=int, default=20)
     parser.add_argument("--size", type=int, default=1000, help="characters per message")
     main(parser.parse_args())

@@ -27,82 +27,57 @@ floor.  Compare within one run only.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import sqlite3
-import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import trio
-import trio_websocket
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchkit import Meter, Run, measure_four, print_four_runs, steps_1_to_6  # noqa: E402
+import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
 from dshim.channels.wecom.client import WecomLink  # noqa: E402
-from dshim.log import configure_logging  # noqa: E402
-from dshim.model import InboundMessage  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:
-    meter = Meter(n)
-    conn: sqlite3.Connection | None = None
-    limiter = trio.CapacityLimiter(1)
-    if db is not None:
-        conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("CREATE TABLE dedup (mid TEXT PRIMARY KEY, raw BLOB)")
-
-    def insert(mid: str, raw: str | bytes) -> int:
-        assert conn is not None
-        return conn.execute("INSERT OR IGNORE INTO dedup VALUES (?, ?)", (mid, raw)).rowcount
-
-    async with trio_websocket.open_websocket_url(
-        env["ws_url"],
-        message_queue_size=DEFAULT_OPTIONS.message_queue_size,
-        max_message_size=DEFAULT_OPTIONS.max_message_size,
-        receive_buffer_size=DEFAULT_OPTIONS.receive_buffer_size,
-    ) as ws:
-        sub = {"bot_id": env["bot_id"], "secret": env["secret"]}
-        await ws.send_message(p.frame(p.SUBSCRIBE, "aibot_subscribe_1_00000000", sub))
-        while not meter.done.is_set():
-            data = await ws.get_message()
-            frame = json.loads(data)
-            cmd = frame.get("cmd")
-            if cmd is None:
-                meter.start()
-                continue
-            if cmd != p.MSG_CALLBACK:
-                continue
-            body = frame["body"]
-            group = body.get("chattype") == "group"
-            mapped = {
-                "id": body["msgid"],
-                "conversation": body.get("chatid") if group else body["from"]["userid"],
-                "sender": body["from"]["userid"],
-                "content": (body.get("text") or {}).get("content", ""),
-                "req_id": frame["headers"]["req_id"],
-            }
-            if conn is not None:
-                await trio.to_thread.run_sync(insert, mapped["id"], data, limiter=limiter)
-            meter.tick()
-    if conn is not None:
-        conn.close()
+    meter = kit.Meter(n)
+    with kit.open_floor_dedup(db, key=("mid",)) as dedup:
+        async with kit.open_floor_websocket(env["ws_url"], DEFAULT_OPTIONS) as ws:
+            sub = {"bot_id": env["bot_id"], "secret": env["secret"]}
+            await ws.send_message(p.frame(p.SUBSCRIBE, "aibot_subscribe_1_00000000", sub))
+            while not meter.done.is_set():
+                data = await ws.get_message()
+                frame = json.loads(data)
+                cmd = frame.get("cmd")
+                if cmd is None:
+                    meter.start()
+                    continue
+                if cmd != p.MSG_CALLBACK:
+                    continue
+                body = frame["body"]
+                group = body.get("chattype") == "group"
+                mapped = {
+                    "id": body["msgid"],
+                    "conversation": body.get("chatid") if group else body["from"]["userid"],
+                    "sender": body["from"]["userid"],
+                    "content": (body.get("text") or {}).get("content", ""),
+                    "req_id": frame["headers"]["req_id"],
+                }
+                if dedup is not None:
+                    await dedup.insert(mapped["id"], data)
+                meter.tick()
     return meter.wall, meter.cpu
 
 
 async def dshim_link(
     env: dict[str, Any], n: int, handle: Callable[[p.Callback, p.Mapper], Awaitable[None]]
 ) -> tuple[float, float]:
-    meter = Meter(n)
+    meter = kit.Meter(n)
     link = WecomLink(env["ws_url"], env["bot_id"], env["secret"])
     mapper = p.Mapper(env["bot_id"])
     callbacks_in, callbacks = trio.open_memory_channel[p.Callback](0)
@@ -118,22 +93,13 @@ async def dshim_link(
     return meter.wall, meter.cpu
 
 
-async def reader_only(env: dict[str, Any], n: int) -> tuple[float, float]:
-    async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
-        item = mapper.decode_frame(cb.raw)
-        assert isinstance(item, InboundMessage), item
-
-    return await dshim_link(env, n, handle)
-
-
-async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
-    async with steps_1_to_6("wecom", env["bot_id"], n, tmp) as rt:
-
-        async def handle(cb: p.Callback, mapper: p.Mapper) -> None:
-            verdict = await rt.accept(mapper.decode_frame(cb.raw), cb.raw)
-            assert verdict.accepted, verdict
-
-        return await dshim_link(env, n, handle)
+reader_only, pipeline = kit.reader_and_pipeline(
+    dshim_link,
+    channel="wecom",
+    bot_id=lambda env: env["bot_id"],
+    decode=lambda cb, mapper: mapper.decode_frame(cb.raw),
+    raw=lambda cb: cb.raw,
+)
 
 
 def decode_costs(env: dict[str, Any]) -> str:
@@ -151,19 +117,9 @@ def decode_costs(env: dict[str, Any]) -> str:
         {"cmd": p.MSG_CALLBACK, "headers": {"req_id": "aibot_msg_callback_1_0"}, "body": body}
     ).encode()
     mapper = p.Mapper(env["bot_id"])
-    k = 20000
-    t0 = time.perf_counter()
-    for _ in range(k):
-        p.classify(raw)
-    classify = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        mapper.decode_frame(raw)
-    mapping = (time.perf_counter() - t0) / k * 1e6
-    t0 = time.perf_counter()
-    for _ in range(k):
-        json.loads(raw)
-    loads = (time.perf_counter() - t0) / k * 1e6
+    classify = kit.micros(lambda: p.classify(raw))
+    mapping = kit.micros(lambda: mapper.decode_frame(raw))
+    loads = kit.micros(lambda: json.loads(raw))
     return (
         f"decode of one {len(raw)}-byte callback: envelope classify {classify:.1f} µs, "
         f"envelope+body views + mapping to InboundMessage {mapping:.1f} µs; "
@@ -171,43 +127,23 @@ def decode_costs(env: dict[str, Any]) -> str:
     )
 
 
-async def measure(args: argparse.Namespace, env: dict[str, Any]) -> list[Run]:
-    configure_logging("error", "json")
-    return await measure_four(
-        args.messages,
-        args.repeat,
-        names=[
-            "floor (trio-websocket + json.loads + dict mapping)",
-            "dshim link reader + mapping",
-            "floor + durable dedup (one SQLite INSERT/callback)",
-            "dshim reader + mapping + pipeline steps 1-6",
-        ],
-        floor=functools.partial(floor, env),
-        reader=functools.partial(reader_only, env),
-        pipeline=functools.partial(pipeline, env),
-    )
-
-
 def main(args: argparse.Namespace) -> None:
-    fake = [sys.executable, "-m", "dshim.testing.fakes.wecom"]
-    fake += ["--flood", str(args.messages), "--lifetime", "900"]
-    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        env = json.loads(proc.stdout.readline())
-        runs = trio.run(measure, args, env)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-    print_four_runs(
-        runs, unit="callback", count=args.messages, repeat=args.repeat, notes=[decode_costs(env)]
-    )
+    with kit.open_fake("dshim.testing.fakes.wecom", args.messages) as env:
+        runs = kit.run_four(
+            env,
+            args.messages,
+            args.repeat,
+            unit="callback",
+            names=(
+                "floor (trio-websocket + json.loads + dict mapping)",
+                "dshim link reader + mapping",
+            ),
+            floor=floor,
+            reader=reader_only,
+            pipeline=pipeline,
+        )
+    kit.print_four_runs(runs, unit="callback", notes=[decode_costs(env)])
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--repeat", type=int, default=3)
-    main(parser.parse_args())
+    main(kit.argument_parser(__doc__, "--messages").parse_args())

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import statistics
 import subprocess
@@ -37,10 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
@@ -48,15 +47,10 @@ from dshim.channels.weixin import channel  # noqa: E402
 from dshim.channels.weixin.client import USER_AGENT, IlinkClient  # noqa: E402
 from dshim.channels.weixin.contexts import ContextBook  # noqa: E402
 from dshim.channels.weixin.render import WeixinOutbound  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
-from dshim.pipeline.lanes import LaneSet  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.store.base import BoundStore  # noqa: E402
 from dshim.testing.fakes.weixin import TEST_TOKEN, open_fake_weixin  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 BOT_ID = "b0f5e7c1d2a3@im.bot"
 T0_MS = 1_796_032_800_000
@@ -151,43 +145,11 @@ async def bench_floor(url: str, n: int) -> tuple[float, float]:
 
 
 async def bench_pipeline(url: str, n: int) -> tuple[float, float, dict[str, int]]:
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "weixin", "backlog_max_age_s": 10**9}]},
-        env={},
-        channel_settings=False,
-    )
-    bot = config.bots[0]
-    verdicts: dict[str, int] = {}
     now = lambda: T0_MS / 1000 + 3600  # noqa: E731
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         async with open_store(Path(tmp)) as store, open_http(url, user_agent=USER_AGENT) as http:
-            async with open_bot_runtime(
-                config=config,
-                bot=bot,
-                bot_id=BOT_ID,
-                store=store,
-                outbound=RecordingOutbound(clock=time.time),  # type: ignore[arg-type]
-                harness=EchoHarness(),
-                clock=now,
-                restore=False,
-            ) as rt:
-
-                async def no_turn(item: Any, lane: Any) -> None:
-                    for conv, mid in item.inbox_keys:
-                        await store.inbox_done(bot.name, conv, mid)
-                    rt._done()
-
-                rt.lanes = LaneSet(rt._nursery, no_turn, max_queue=10_000, idle_exit_s=600)
-                accept = rt.accept
-
-                async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
-                    verdict = await accept(item, raw)
-                    key = "accepted" if verdict.accepted else str(verdict.reason)
-                    verdicts[key] = verdicts.get(key, 0) + 1
-                    return verdict
-
-                rt.accept = counting_accept  # type: ignore[method-assign]
-                bound = BoundStore(store, bot.name)
+            async with counting_runtime("weixin", BOT_ID, store, clock=now) as (rt, verdicts):
+                bound = BoundStore(store, rt.bot.name)
                 client = IlinkClient(http, TEST_TOKEN)
                 book = ContextBook(
                     bound, credential="bench", clock=now, register_secret=lambda s: None
@@ -223,12 +185,8 @@ def main() -> None:
         trio.run(serve_fake, args.messages)
         return
     sizes = [len(json.dumps(m, ensure_ascii=False).encode()) for m in make_stream(args.messages)]
-    print(
-        f"# bench_weixin: {len(sizes):,} messages, {statistics.mean(sizes) / 1024:.2f} KB mean "
-        f"({min(sizes)}-{max(sizes)} B); fake in its own process; nproc {os.cpu_count()}; "
-        f"Python {platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
-    )
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    print_stream_line("bench_weixin", "messages", sizes, where="fake in its own process; ")
+    results = Figures()
     verdicts: dict[str, int] = {}
     for _ in range(args.repeat):
         for name in ("floor: httpx + json.loads", "pipeline: reader + mapping + steps 1-6"):
@@ -249,8 +207,7 @@ def main() -> None:
                 assert child.stdin is not None
                 child.stdin.close()
                 child.wait(timeout=30)
-            results.setdefault(name, ([], []))[0].append(rate)
-            results[name][1].append(cpu)
+            results.add(name, rate, cpu)
     floor_cpu = statistics.median(results["floor: httpx + json.loads"][1])
     print(f"{'path':40} {'messages/s':>11} {'CPU ms/message':>15} {'vs floor (CPU)':>15}")
     for name, (rates, cpus) in results.items():

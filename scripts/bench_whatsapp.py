@@ -33,8 +33,6 @@ import argparse
 import hashlib
 import hmac
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -46,26 +44,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
 from dshim.channels.base import HttpRequest, HttpResponse  # noqa: E402
 from dshim.channels.whatsapp import channel, protocol  # noqa: E402
 from dshim.channels.whatsapp.client import GraphClient  # noqa: E402
 from dshim.channels.whatsapp.protocol import BotIdentity  # noqa: E402
 from dshim.channels.whatsapp.render import WhatsAppOutbound  # noqa: E402
-from dshim.config import Secret, parse_config  # noqa: E402
-from dshim.harness.echo import EchoHarness  # noqa: E402
+from dshim.config import Secret  # noqa: E402
 from dshim.http.app import Endpoint  # noqa: E402
 from dshim.http.server import serve_endpoint  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
-from dshim.pipeline.lanes import LaneSet  # noqa: E402
-from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.store.base import BoundStore  # noqa: E402
-from dshim.testing.outbound import RecordingOutbound  # noqa: E402
 
 SECRET = b"bench-app-secret-0123456789"
 PNID = "106540352242922"
@@ -195,12 +190,6 @@ def bench_sync(
 
 async def _with_webhook(fn: Callable[[channel.Webhook, Any], Any]) -> tuple[Any, dict[str, int]]:
     """Run ``fn(webhook, runtime)`` with the real handler and reader, step 7 a no-op."""
-    config = parse_config(
-        {"bots": [{"name": "bench", "channel": "whatsapp", "backlog_max_age_s": 10**9}]},
-        env={},
-        channel_settings=False,
-    )
-    bot = config.bots[0]
     settings = channel.WhatsAppSettings(
         phone_number_id=PNID,
         access_token=Secret("EAAG-bench-not-a-token"),
@@ -208,7 +197,6 @@ async def _with_webhook(fn: Callable[[channel.Webhook, Any], Any]) -> tuple[Any,
         verify_token=Secret("bench"),
         api_base="http://127.0.0.1:9",
     )
-    verdicts: dict[str, int] = {}
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         async with (
             open_store(Path(tmp)) as store,
@@ -216,40 +204,17 @@ async def _with_webhook(fn: Callable[[channel.Webhook, Any], Any]) -> tuple[Any,
         ):
             client = GraphClient(http, "EAAG-bench-not-a-token", PNID)
             outbound = WhatsAppOutbound(client, clock=time.time)
-            async with open_bot_runtime(
-                config=config,
-                bot=bot,
-                bot_id=PNID,
-                store=store,
-                outbound=RecordingOutbound(clock=time.time),
-                harness=EchoHarness(),
-                clock=lambda: float(T0 + 60),
-                restore=False,
-            ) as rt:
-
-                async def no_turn(item: Any, lane: Any) -> None:
-                    for conv, mid in item.inbox_keys:
-                        await store.inbox_done(bot.name, conv, mid)
-                    rt._done()
-
-                rt.lanes = LaneSet(rt._nursery, no_turn, max_queue=100_000, idle_exit_s=600)
-                accept = rt.accept
-
-                async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
-                    verdict = await accept(item, raw)
-                    key = "accepted" if verdict.accepted else str(verdict.reason)
-                    verdicts[key] = verdicts.get(key, 0) + 1
-                    return verdict
-
-                rt.accept = counting_accept  # type: ignore[method-assign]
+            async with counting_runtime(
+                "whatsapp", PNID, store, clock=lambda: float(T0 + 60), max_queue=100_000
+            ) as (rt, verdicts):
                 hook = channel.Webhook(
                     me=ME,
                     settings=settings,
                     client=client,
                     outbound=outbound,
-                    store=BoundStore(store, bot.name),
+                    store=BoundStore(store, rt.bot.name),
                     clock=lambda: float(T0 + 60),
-                    bot=bot.name,
+                    bot=rt.bot.name,
                 )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(hook.read, rt)
@@ -362,33 +327,24 @@ def main() -> None:
     raws = make_stream(args.posts)
     posts = [(raw, sign(raw)) for raw in raws]
     sizes = [len(r) for r in raws]
-    print(
-        f"# bench_whatsapp: {len(raws):,} signed webhook POSTs, {statistics.mean(sizes) / 1024:.2f} KB "
-        f"mean ({min(sizes)}-{max(sizes)} B); nproc {os.cpu_count()}; Python "
-        f"{platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
-    )
-    results: dict[str, tuple[list[float], list[float]]] = {}
+    print_stream_line("bench_whatsapp", "signed webhook POSTs", sizes)
+    results = Figures()
     verdicts: dict[str, int] = {}
-
-    def add(name: str, rate: float, cpu: float) -> None:
-        results.setdefault(name, ([], []))[0].append(rate)
-        results[name][1].append(cpu)
-
     with tempfile.TemporaryDirectory(prefix="dshim-bench-posts-") as tmp:
         posts_file = Path(tmp) / "posts.json"
         posts_file.write_text(json.dumps([(raw.hex(), header) for raw, header in posts]))
         for _ in range(args.repeat):
-            add("floor: hmac + json.loads + dict access", *bench_sync(floor_map, posts))
-            add("mapping: signature + split + decode", *bench_sync(edge_map, posts))
+            results.add("floor: hmac + json.loads + dict access", *bench_sync(floor_map, posts))
+            results.add("mapping: signature + split + decode", *bench_sync(edge_map, posts))
             rate, cpu, verdicts = trio.run(bench_pipeline, posts)
-            add("pipeline: handler + reader + steps 1-6", rate, cpu)
-            add(
+            results.add("pipeline: handler + reader + steps 1-6", rate, cpu)
+            results.add(
                 "http floor: endpoint, 200 at once",
                 *trio.run(
                     partial(bench_http, posts_file, len(posts), args.concurrency, floor=True)
                 ),
             )
-            add(
+            results.add(
                 "http: endpoint + pipeline steps 1-6",
                 *trio.run(
                     partial(bench_http, posts_file, len(posts), args.concurrency, floor=False)

@@ -1,28 +1,58 @@
-"""What the per-channel benches (``scripts/bench_<channel>.py``) share: the figures of one
-measured run over repetitions, the meter of one run, and the table they print.
+"""What the per-channel benches (``scripts/bench_<channel>.py``) share: the fake in its own
+process, the argument parser, the figures of one measured run over repetitions, the meter
+of one run, the floor's websocket and durable dedup, dshim's reader and pipeline runs, the
+decode-cost loops and the table they print.
 
-Every channel bench measures the same four runs against its fake in its own process —
-the floor, dshim's reader + mapping, the floor + one durable SQLite insert per event, and
-dshim's reader + mapping + pipeline steps 1-6 — and prints them the same way.
+Every channel bench against a websocket fake measures the same four runs in its own
+process — the floor, dshim's reader + mapping, the floor + one durable SQLite insert per
+event, and dshim's reader + mapping + pipeline steps 1-6 — and prints them the same way.
+The benches over a recorded stream (Telegram, WeChat, WhatsApp) share the runtime whose
+turn is a no-op and whose accept counts the verdicts, their figures and their first line.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
+import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import trio
-import trio_websocket
 
-__all__ = ["Meter", "Run", "measure_four", "print_four_runs", "steps_1_to_6"]
+__all__ = [
+    "Figures",
+    "FloorDedup",
+    "Meter",
+    "Run",
+    "argument_parser",
+    "counting_runtime",
+    "gateway_decode_costs",
+    "micros",
+    "open_fake",
+    "open_floor_dedup",
+    "open_floor_websocket",
+    "print_four_runs",
+    "print_stream_line",
+    "reader_and_pipeline",
+    "run_four",
+    "steps_1_to_6",
+    "until_counted",
+]
+
+#: What a channel's reader hands to the bench (a dispatch, an envelope, ...), and its mapper.
+E = TypeVar("E")
+M = TypeVar("M")
 
 
 class Run:
@@ -77,21 +107,23 @@ def print_four_runs(
     runs: Sequence[Run],
     *,
     unit: str,
-    count: int,
-    repeat: int,
     versions: str = "",
     notes: Sequence[str] = (),
     peers: Sequence[Run] = (),
 ) -> None:
     """The environment line, ``notes`` (e.g. decode costs), and the table of the four runs
-    (floor, reader, floor + dedup, pipeline) and any ``peers`` (other stacks against the
-    same fake): events/s, CPU ms per event with its spread, and the CPU ratio of the
-    reader and the peers to the floor and of the pipeline to the floor + dedup."""
+    (floor, reader, floor + dedup, pipeline; a ``unit`` each) and any ``peers`` (other
+    stacks against the same fake): events/s, CPU ms per event with its spread, and the CPU
+    ratio of the reader and the peers to the floor and of the pipeline to the floor + dedup."""
+    # Imported here, not at the top: the recorded-stream benches (which never print this
+    # table) measure slower after importing trio-websocket, at small sizes.
+    import trio_websocket
+
     extra = f", {versions}" if versions else ""
     print(
         f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
         f"{trio_websocket.__version__}, msgspec {msgspec.__version__}{extra}, "
-        f"nproc {os.cpu_count()}; {count} {unit}s x {repeat} runs, median (min-max)"
+        f"nproc {os.cpu_count()}; {runs[0].n} {unit}s x {len(runs[0].walls)} runs, median (min-max)"
     )
     for note in notes:
         print(note)
@@ -144,23 +176,280 @@ async def steps_1_to_6(channel: str, bot_id: str, n: int, store_dir: Path) -> As
 Measured = Callable[..., Awaitable[tuple[float, float]]]
 
 
-async def measure_four(
+def run_four(
+    env: dict[str, Any],
     n: int,
     repeat: int,
     *,
-    names: Sequence[str],
+    unit: str,
+    names: tuple[str, str],
     floor: Measured,
     reader: Measured,
     pipeline: Measured,
 ) -> list[Run]:
-    """The four runs, ``repeat`` times each, interleaved: ``floor(n)``, ``reader(n)``,
-    ``floor(n, db)`` (with one durable insert per event) and ``pipeline(n, store_dir)``."""
-    runs = [Run(name, n) for name in names]
-    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
-        for rep in range(repeat):
-            with trio.fail_after(600):
-                runs[0].add(*await floor(n))
-                runs[1].add(*await reader(n))
-                runs[2].add(*await floor(n, Path(d) / f"floor-{rep}.sqlite3"))
-                runs[3].add(*await pipeline(n, Path(d) / f"store-{rep}"))
+    """The four runs over ``n`` events (a ``unit`` each) against the fake's ``env``, in a trio
+    run with dshim logging errors only, ``repeat`` times each, interleaved:
+    ``floor(env, n)`` and ``reader(env, n)`` (named by ``names``), ``floor(env, n, db)``
+    (with one durable insert per event) and ``pipeline(env, n, store_dir)``."""
+    from dshim.log import configure_logging
+
+    runs = [
+        Run(names[0], n),
+        Run(names[1], n),
+        Run(f"floor + durable dedup (one SQLite INSERT/{unit})", n),
+        Run("dshim reader + mapping + pipeline steps 1-6", n),
+    ]
+
+    async def measure() -> None:
+        configure_logging("error", "json")
+        with tempfile.TemporaryDirectory(prefix="dshim-bench-") as d:
+            for rep in range(repeat):
+                with trio.fail_after(600):
+                    runs[0].add(*await floor(env, n))
+                    runs[1].add(*await reader(env, n))
+                    runs[2].add(*await floor(env, n, Path(d) / f"floor-{rep}.sqlite3"))
+                    runs[3].add(*await pipeline(env, n, Path(d) / f"store-{rep}"))
+
+    trio.run(measure)
     return runs
+
+
+# -- the fake, the parser -------------------------------------------------------------------
+
+
+@contextmanager
+def open_fake(module: str, flood: int) -> Iterator[dict[str, Any]]:
+    """The fake ``python -m <module> --flood <flood>`` in its own process; yields the JSON
+    line it prints first (its URLs and credentials) and ends it on exit."""
+    fake = [sys.executable, "-m", module, "--flood", str(flood), "--lifetime", "900"]
+    proc = subprocess.Popen(fake, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield json.loads(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def argument_parser(doc: str, count: str) -> argparse.ArgumentParser:
+    """The parser of a channel bench: its docstring as the help, ``count`` (e.g.
+    ``--dispatches``, default 5000) and ``--repeat`` (default 3)."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(count, type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=3)
+    return parser
+
+
+# -- the floor's websocket and dedup, dshim's reader ----------------------------------------
+
+
+def open_floor_websocket(url: str, options: Any) -> AbstractAsyncContextManager[Any]:
+    """The floor's trio-websocket connection to ``url`` with the channel's own websocket
+    ``options`` (a ``WsOptions``: the same message queue, message size and receive buffer
+    as dshim's reader)."""
+    import trio_websocket  # not at the top: see print_four_runs
+
+    return trio_websocket.open_websocket_url(
+        url,
+        message_queue_size=options.message_queue_size,
+        max_message_size=options.max_message_size,
+        receive_buffer_size=options.receive_buffer_size,
+    )
+
+
+class FloorDedup:
+    """The least a *durable* reader adds to the floor: one SQLite ``INSERT OR IGNORE`` of the
+    dedup key and the raw event per event, on a worker thread, WAL, synchronous=NORMAL."""
+
+    def __init__(self, db: Path, key: Sequence[str]) -> None:
+        self._conn = sqlite3.connect(db, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        columns = "".join(f"{k} TEXT, " for k in key)
+        self._conn.execute(
+            f"CREATE TABLE dedup ({columns}raw BLOB, PRIMARY KEY ({', '.join(key)}))"
+        )
+        self._sql = f"INSERT OR IGNORE INTO dedup VALUES ({'?, ' * len(key)}?)"
+        self._limiter = trio.CapacityLimiter(1)
+
+    def _insert(self, row: tuple[str | bytes, ...]) -> int:
+        return self._conn.execute(self._sql, row).rowcount
+
+    async def insert(self, *row: str | bytes) -> None:
+        """The key's values, then the raw event."""
+        await trio.to_thread.run_sync(self._insert, row, limiter=self._limiter)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@contextmanager
+def open_floor_dedup(
+    db: Path | None, key: Sequence[str] = ("conv", "mid")
+) -> Iterator[FloorDedup | None]:
+    """A :class:`FloorDedup` in ``db`` keyed by ``key``, or None (the plain floor)."""
+    if db is None:
+        yield None
+        return
+    dedup = FloorDedup(db, key)
+    try:
+        yield dedup
+    finally:
+        dedup.close()
+
+
+async def until_counted(meter: Meter, run: Callable[[], Awaitable[object]]) -> tuple[float, float]:
+    """``run`` (a reader that runs until cancelled) until ``meter`` counted its n events;
+    the meter's wall and CPU."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(run)
+        await meter.done.wait()
+        nursery.cancel_scope.cancel()
+    return meter.wall, meter.cpu
+
+
+Read = Callable[
+    [dict[str, Any], int, Callable[[E, M], Awaitable[None]]], Awaitable[tuple[float, float]]
+]
+
+
+def reader_and_pipeline(
+    read: Read[E, M],
+    *,
+    channel: str,
+    bot_id: Callable[[dict[str, Any]], str],
+    decode: Callable[[E, M], Any],
+    raw: Callable[[E], bytes],
+) -> tuple[Measured, Measured]:
+    """dshim's two runs over ``read(env, n, handle)`` (the channel's reader calling
+    ``handle(event, mapper)`` per event until n were handled): the reader + mapping
+    (``decode(event, mapper)`` must be an ``InboundMessage``), and the reader + mapping +
+    :func:`steps_1_to_6` (every event, stored as ``raw(event)``, accepted)."""
+    from dshim.model import InboundMessage
+
+    async def reader(env: dict[str, Any], n: int) -> tuple[float, float]:
+        async def handle(event: E, mapper: M) -> None:
+            item = decode(event, mapper)
+            assert isinstance(item, InboundMessage), item
+
+        return await read(env, n, handle)
+
+    async def pipeline(env: dict[str, Any], n: int, tmp: Path) -> tuple[float, float]:
+        async with steps_1_to_6(channel, bot_id(env), n, tmp) as rt:
+
+            async def handle(event: E, mapper: M) -> None:
+                verdict = await rt.accept(decode(event, mapper), raw(event))
+                assert verdict.accepted, verdict
+
+            return await read(env, n, handle)
+
+    return reader, pipeline
+
+
+# -- decode costs ---------------------------------------------------------------------------
+
+
+def micros(fn: Callable[[], object], k: int = 20000) -> float:
+    """Mean µs per call of ``fn`` over ``k`` calls."""
+    t0 = time.perf_counter()
+    for _ in range(k):
+        fn()
+    return (time.perf_counter() - t0) / k * 1e6
+
+
+def gateway_decode_costs(raw: bytes, what: str, models: Any, mapper: Any) -> str:
+    """The decode-cost line of a gateway bench for one flooded frame ``raw`` (a ``what``):
+    the envelope and the message view (the channel's ``models.frame_decoder``, its ``d``
+    left raw, then ``models.message_decoder``), the same + mapping to ``InboundMessage``
+    (``mapper.decode_frame``), and json.loads alone."""
+    views = micros(lambda: models.message_decoder.decode(models.frame_decoder.decode(raw).d))
+    mapped = micros(lambda: mapper.decode_frame(raw))
+    loads = micros(lambda: json.loads(raw))
+    return (
+        f"decode of one {len(raw)}-byte {what}: msgspec envelope+view {views:.1f} µs, "
+        f"+ mapping to InboundMessage {mapped:.1f} µs; json.loads alone {loads:.1f} µs"
+    )
+
+
+# -- the recorded-stream benches ------------------------------------------------------------
+
+
+@asynccontextmanager
+async def counting_runtime(
+    channel: str,
+    bot_id: str,
+    store: Any,
+    *,
+    clock: Callable[[], float],
+    max_queue: int = 10_000,
+    bot_username: str | None = None,
+) -> AsyncIterator[tuple[Any, dict[str, int]]]:
+    """A bot ``bench`` on ``store`` (no backlog limit, nothing restored) whose lanes stay
+    real (step 6: bounded queues, workers) and whose turn (step 7) only marks the inbox row
+    done; its ``accept`` counts the verdicts.  Yields the runtime and the counts."""
+    from dshim.config import parse_config
+    from dshim.harness.echo import EchoHarness
+    from dshim.pipeline.lanes import LaneSet
+    from dshim.pipeline.runtime import open_bot_runtime
+    from dshim.testing.outbound import RecordingOutbound
+
+    config = parse_config(
+        {"bots": [{"name": "bench", "channel": channel, "backlog_max_age_s": 10**9}]},
+        env={},
+        channel_settings=False,
+    )
+    bot = config.bots[0]
+    verdicts: dict[str, int] = {}
+    async with open_bot_runtime(
+        config=config,
+        bot=bot,
+        bot_id=bot_id,
+        store=store,
+        outbound=RecordingOutbound(clock=time.time, bot_username=bot_username),
+        harness=EchoHarness(),
+        clock=clock,
+        restore=False,
+    ) as rt:
+
+        async def no_turn(item: Any, lane: Any) -> None:
+            for conv, mid in item.inbox_keys:
+                await store.inbox_done(bot.name, conv, mid)
+            rt._done()
+
+        rt.lanes = LaneSet(rt._nursery, no_turn, max_queue=max_queue, idle_exit_s=600)
+        accept = rt.accept
+
+        async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
+            verdict = await accept(item, raw)
+            key = "accepted" if verdict.accepted else str(verdict.reason)
+            verdicts[key] = verdicts.get(key, 0) + 1
+            return verdict
+
+        rt.accept = counting_accept  # type: ignore[method-assign]
+        yield rt, verdicts
+
+
+class Figures(dict[str, tuple[list[float], list[float]]]):
+    """A recorded-stream bench's figures: each path's rates and CPU ms per item over the
+    repetitions, in the order the paths were first added."""
+
+    def add(self, name: str, rate: float, cpu: float) -> None:
+        rates, cpus = self.setdefault(name, ([], []))
+        rates.append(rate)
+        cpus.append(cpu)
+
+
+def print_stream_line(
+    script: str, what: str, sizes: Sequence[int], *, where: str = "", versions: str = ""
+) -> None:
+    """The first line of a recorded-stream bench: how many ``what`` and their sizes,
+    ``where`` (e.g. ``"fake in its own process; "``), then the environment and
+    ``versions`` (e.g. ``"; httpx 0.28.1"``)."""
+    print(
+        f"# {script}: {len(sizes):,} {what}, {statistics.mean(sizes) / 1024:.2f} KB mean "
+        f"({min(sizes)}-{max(sizes)} B); {where}nproc {os.cpu_count()}; "
+        f"Python {platform.python_version()}; msgspec {msgspec.__version__}; trio {trio.__version__}"
+        f"{versions}"
+    )
