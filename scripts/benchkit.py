@@ -7,7 +7,7 @@ Every channel bench against a websocket fake measures the same four runs in its 
 process — the floor, dshim's reader + mapping, the floor + one durable SQLite insert per
 event, and dshim's reader + mapping + pipeline steps 1-6 — and prints them the same way.
 The benches over a recorded stream (Telegram, WeChat, WhatsApp) share the runtime whose
-turn is a no-op and whose accept counts the verdicts, their figures and their first line.
+turn is a no-op and whose accepts count the verdicts, their figures and their first line.
 """
 
 from __future__ import annotations
@@ -103,6 +103,11 @@ class Meter:
             self.done.set()
 
 
+def plural(unit: str) -> str:
+    """``dispatches``, ``messages``: the unit's plural in the tables."""
+    return unit + ("es" if unit.endswith(("s", "sh", "ch")) else "s")
+
+
 def print_four_runs(
     runs: Sequence[Run],
     *,
@@ -123,14 +128,16 @@ def print_four_runs(
     print(
         f"python {sys.version.split()[0]}, trio {trio.__version__}, trio-websocket "
         f"{trio_websocket.__version__}, msgspec {msgspec.__version__}{extra}, "
-        f"nproc {os.cpu_count()}; {runs[0].n} {unit}s x {len(runs[0].walls)} runs, median (min-max)"
+        f"nproc {os.cpu_count()}; {runs[0].n} {plural(unit)} x {len(runs[0].walls)} runs, "
+        "median (min-max)"
     )
     for note in notes:
         print(note)
     rows = [*runs, *peers]
     width = max(52, *(len(r.name) for r in rows))
     print(
-        f"{'run':{width}} {unit + 's/s':>14} {'CPU ms/' + unit:>18} {'(min-max)':>13} {'vs floor':>9}"
+        f"{'run':{width}} {plural(unit) + '/s':>14} {'CPU ms/' + unit:>18} {'(min-max)':>13} "
+        f"{'vs floor':>9}"
     )
     for r in rows:
         base = runs[2] if r is runs[3] else runs[0]
@@ -388,7 +395,8 @@ async def counting_runtime(
 ) -> AsyncIterator[tuple[Any, dict[str, int]]]:
     """A bot ``bench`` on ``store`` (no backlog limit, nothing restored) whose lanes stay
     real (step 6: bounded queues, workers) and whose turn (step 7) only marks the inbox row
-    done; its ``accept`` counts the verdicts.  Yields the runtime and the counts."""
+    done; its ``accept`` and ``accept_many`` count the verdicts.  Yields the runtime and
+    the counts."""
     from dshim.config import parse_config
     from dshim.harness.echo import EchoHarness
     from dshim.pipeline.lanes import LaneSet
@@ -419,15 +427,21 @@ async def counting_runtime(
             rt._done()
 
         rt.lanes = LaneSet(rt._nursery, no_turn, max_queue=max_queue, idle_exit_s=600)
-        accept = rt.accept
+        accept, accept_many = rt.accept, rt.accept_many
 
-        async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
-            verdict = await accept(item, raw)
+        def count(verdict: Any) -> Any:
             key = "accepted" if verdict.accepted else str(verdict.reason)
             verdicts[key] = verdicts.get(key, 0) + 1
             return verdict
 
+        async def counting_accept(item: Any, raw: bytes | None = None) -> Any:
+            return count(await accept(item, raw))
+
+        async def counting_accept_many(events: Any) -> Any:  # a batch (Telegram's pages)
+            return [count(v) for v in await accept_many(events)]
+
         rt.accept = counting_accept  # type: ignore[method-assign]
+        rt.accept_many = counting_accept_many  # type: ignore[method-assign]
         yield rt, verdicts
 
 

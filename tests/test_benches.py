@@ -15,7 +15,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
     ("script", "args", "prints"),
     [
         ("bench_pipeline.py", ["--events", "200", "--turn-events", "20"], "steps 1-7"),
-        ("bench_telegram.py", ["--updates", "300", "--repeat", "1"], "pipeline"),
+        ("bench_telegram.py", ["--updates", "300", "--repeat", "1"], "verdicts: {'accepted'"),
         ("bench_discord.py", ["--dispatches", "100", "--repeat", "1"], "pipeline steps 1-6"),
         ("bench_webchat.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
         ("bench_weixin.py", ["--messages", "200", "--repeat", "1"], "pipeline: reader"),
