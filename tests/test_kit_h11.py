@@ -435,3 +435,28 @@ async def test_a_capped_download_is_streamed_even_on_an_api_path() -> None:
                 with pytest.raises(ChannelError, match="over the 100000 byte limit"):
                     await download_capped(http, base + "/api/file/1", 100_000)
             nursery.cancel_scope.cancel()
+
+
+async def test_a_compressed_answer_is_decoded_as_httpx_decodes_it() -> None:
+    """httpx asks for gzip on every request; a platform that compresses its answers is
+    read the same on this transport as on httpx's own."""
+    import gzip
+
+    body = gzip.compress(json.dumps({"ok": True, "items": list(range(50))}).encode())
+
+    async def compressing(stream: trio.SocketStream) -> None:
+        buffered = bytearray()
+        with contextlib.suppress(EOFError, trio.BrokenResourceError):
+            request = await read_request(stream, buffered)
+            assert b"gzip" in request.lower()  # httpx's accept-encoding reached the server
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+            await stream.send_all(head % len(body) + body)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            base = await serve_raw(nursery, compressing)
+            async with open_http(base, user_agent="ua/1") as http:
+                assert isinstance(http._transport, H11Transport)
+                resp = await http.get("/api/list")
+            nursery.cancel_scope.cancel()
+    assert resp.json() == {"ok": True, "items": list(range(50))}
