@@ -12,8 +12,9 @@ Only paths under ``prefix`` (by default every path: a platform's API calls), ove
 (the fakes, a local Bot API server) and, given an ``ssl_context``, ``https``, with a body
 in memory (uploads built as streams, multipart forms, go on) and not marked
 :data:`STREAMED` (the kit's downloads, which must stream within their size caps); all else
-goes to the default transport, which this one wraps.  At most ``max_connections`` calls are in flight; an idle connection the
-server has closed meanwhile (readable before reuse) is dropped, not used.
+goes to the default transport, which this one wraps.  At most ``max_connections`` calls
+are in flight; an idle connection the server has closed meanwhile (readable before
+reuse) is dropped, not used.
 
 TLS: :class:`trio.SSLStream` over the TCP stream, as httpcore's trio backend does it —
 the same ``ssl.SSLContext`` as the wrapped transport (:func:`~dshim.channels.kit.http.open_http`

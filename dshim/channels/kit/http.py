@@ -102,9 +102,9 @@ async def open_http(
     it is given.  ``fast_prefix``: calls under this path (by default all; None: none),
     http and https, go through :class:`~dshim.channels.kit.h11transport.H11Transport`,
     about a third of httpcore's CPU per call; streamed answers (:func:`download_capped`)
-    and streamed uploads stay on httpx's pool.  ``ssl_context`` verifies servers; by default it is
-    httpx's (certifi's CA bundle, host names checked; the environment's ``SSL_CERT_FILE``
-    is not read, as before).  One context serves both transports, so https is verified
+    and streamed uploads stay on httpx's pool.  ``ssl_context`` verifies servers; by
+    default it is httpx's (certifi's CA bundle, host names checked; the environment's
+    ``SSL_CERT_FILE`` is not read, as before).  One context serves both transports, so https is verified
     the same way on either.  Both are made when first needed: httpx's pool at the first
     request that is not on the fast path, the default context at the first https
     connection.
