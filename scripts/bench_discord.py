@@ -36,8 +36,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchkit as kit  # noqa: E402
@@ -150,25 +148,13 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    with kit.open_fake("dshim.testing.fakes.discord", args.dispatches) as env:
-        runs = kit.run_four(
-            env,
-            args.dispatches,
-            args.repeat,
-            unit="dispatch",
-            names=(
-                "floor (trio-websocket + json.loads + dict mapping)",
-                "dshim gateway reader + mapping",
-            ),
-            floor=floor,
-            reader=reader_only,
-            pipeline=pipeline,
-        )
-    kit.print_four_runs(
-        runs,
-        unit="dispatch",
-        versions=f"httpx {httpx.__version__}",
-        notes=[decode_costs(env)],
+    kit.gateway_bench(
+        "dshim.testing.fakes.discord",
+        args,
+        floor=floor,
+        reader=reader_only,
+        pipeline=pipeline,
+        decode_costs=decode_costs,
     )
 
 

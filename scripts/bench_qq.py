@@ -173,25 +173,13 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as env:
-        runs = kit.run_four(
-            env,
-            args.dispatches,
-            args.repeat,
-            unit="dispatch",
-            names=(
-                "floor (trio-websocket + json.loads + dict mapping)",
-                "dshim gateway reader + mapping",
-            ),
-            floor=floor,
-            reader=reader_only,
-            pipeline=pipeline,
-        )
-    kit.print_four_runs(
-        runs,
-        unit="dispatch",
-        versions=f"httpx {httpx.__version__}",
-        notes=[decode_costs(env)],
+    runs = kit.gateway_bench(
+        "dshim.testing.fakes.qq",
+        args,
+        floor=floor,
+        reader=reader_only,
+        pipeline=pipeline,
+        decode_costs=decode_costs,
     )
     with kit.open_fake("dshim.testing.fakes.qq", args.dispatches) as fresh:
         peer = nonebot_peer(args, fresh)

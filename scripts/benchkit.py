@@ -238,6 +238,43 @@ def open_fake(module: str, flood: int) -> Iterator[dict[str, Any]]:
         proc.wait(timeout=10)
 
 
+#: The first two runs of a gateway bench (Discord, QQ).
+GATEWAY_RUNS = (
+    "floor (trio-websocket + json.loads + dict mapping)",
+    "dshim gateway reader + mapping",
+)
+
+
+def gateway_bench(
+    fake: str,
+    args: argparse.Namespace,
+    *,
+    floor: Measured,
+    reader: Measured,
+    pipeline: Measured,
+    decode_costs: Callable[[dict[str, Any]], str],
+) -> list[Run]:
+    """A gateway's four runs over ``args.dispatches`` against the fake ``fake`` (a module),
+    printed with the decode costs; the runs."""
+    import httpx
+
+    with open_fake(fake, args.dispatches) as env:
+        runs = run_four(
+            env,
+            args.dispatches,
+            args.repeat,
+            unit="dispatch",
+            names=GATEWAY_RUNS,
+            floor=floor,
+            reader=reader,
+            pipeline=pipeline,
+        )
+    print_four_runs(
+        runs, unit="dispatch", versions=f"httpx {httpx.__version__}", notes=[decode_costs(env)]
+    )
+    return runs
+
+
 def argument_parser(doc: str, count: str) -> argparse.ArgumentParser:
     """The parser of a channel bench: its docstring as the help, ``count`` (e.g.
     ``--dispatches``, default 5000) and ``--repeat`` (default 3)."""
