@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -147,3 +148,14 @@ async def open_rig(
             )
         )
         yield Rig(rt, out, events, st, clock)
+
+
+def schema_at(conn: sqlite3.Connection, version: int) -> None:
+    """Make ``conn``'s database a store as schema ``version`` left it (the migrations up
+    to it, and its user_version), for the tests that open an old store."""
+    from dshim.store import sqlite as sqlite_store
+
+    for migration in sqlite_store.MIGRATIONS[:version]:
+        for statement in migration.statements:
+            conn.execute(statement)
+    conn.execute(f"PRAGMA user_version = {version}")

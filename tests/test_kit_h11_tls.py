@@ -17,7 +17,7 @@ import functools
 import ipaddress
 import json
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -142,6 +142,16 @@ def tls_client(
         fast_prefix="/api",
         ssl_context=ca.client_context(),
     )
+
+
+async def serve_raw(
+    nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
+) -> int:
+    """Serve plain TCP with ``handler`` (it speaks TLS itself, or not at all); the port."""
+    serve = functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1")
+    [listener] = await nursery.start(serve)
+    port: int = listener.socket.getsockname()[1]
+    return port
 
 
 def header(request: bytes, name: str) -> str | None:
@@ -370,15 +380,8 @@ async def test_a_close_notify_sent_with_the_answer_is_not_mistaken_for_a_live_co
             await trio.sleep_forever()  # the TCP connection stays open
 
     async with trio.open_nursery() as nursery:
-        serve = functools.partial(trio.serve_tcp, answer_then_close_notify, 0, host="127.0.0.1")
-        [listener] = await nursery.start(serve)
-        port = listener.socket.getsockname()[1]
-        async with open_http(
-            f"https://localhost:{port}",
-            user_agent="t",
-            fast_prefix="/api",
-            ssl_context=ctx.client_context(),
-        ) as http:
+        port = await serve_raw(nursery, answer_then_close_notify)
+        async with tls_client(ctx, port) as http:
             poster = JsonPoster(http)
             for _ in range(3):
                 assert (await posted(poster, "/api/x", {}, DEFAULT_TIMEOUT)).status_code == 200
@@ -418,15 +421,8 @@ async def test_a_handshake_that_never_completes_is_the_connect_timeout() -> None
         await trio.sleep_forever()  # accepts TCP, never answers the ClientHello
 
     async with trio.open_nursery() as nursery:
-        serve = functools.partial(trio.serve_tcp, silent, 0, host="127.0.0.1")
-        [listener] = await nursery.start(serve)
-        port = listener.socket.getsockname()[1]
-        async with open_http(
-            f"https://localhost:{port}",
-            user_agent="t",
-            fast_prefix="/api",
-            ssl_context=Authority("test CA").client_context(),
-        ) as http:
+        port = await serve_raw(nursery, silent)
+        async with tls_client(Authority("test CA"), port) as http:
             with pytest.raises(TransportError) as info:
                 await posted(JsonPoster(http), "/api/x", {}, httpx.Timeout(30.0, connect=0.3))
         nursery.cancel_scope.cancel()

@@ -33,6 +33,7 @@ from dshim.store.sqlite import (
     SqliteStore,
     open_sqlite_store,
 )
+from tests.helpers import schema_at
 
 DAY = 24 * 3600.0
 T0 = 1_700_000_000.0
@@ -210,10 +211,7 @@ async def test_a_version_1_inbox_gains_attempts(db_path: Path) -> None:
 async def test_a_version_5_inbox_keeps_its_states_and_attempts(db_path: Path) -> None:
     # Schema 5 kept state and attempts in the inbox row next to the raw event.
     with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
-        for migration in sqlite_store.MIGRATIONS[:5]:
-            for statement in migration.statements:
-                conn.execute(statement)
-        conn.execute("PRAGMA user_version = 5")
+        schema_at(conn, 5)
         rows = [("m1", "queued", 0), ("m2", "running", 2), ("m3", "delivered", 1)]
         for i, (mid, state, attempts) in enumerate(rows):
             conn.execute(
@@ -702,10 +700,7 @@ async def test_update_finds_an_entry_by_any_of_its_ids_and_changes_only_what_is_
 
 async def test_a_version_3_index_gains_the_inbound_columns(db_path: Path) -> None:
     with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
-        for migration in sqlite_store.MIGRATIONS[:3]:
-            for statement in migration.statements:
-                conn.execute(statement)
-        conn.execute("PRAGMA user_version = 3")
+        schema_at(conn, 3)
         conn.execute(
             "INSERT INTO outbound (bot, conversation_id, message_ids, text, sent_at,"
             " completed_at) VALUES ('bot', 'c1', '[\"m1\"]', 'old answer', ?, ?)",

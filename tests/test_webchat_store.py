@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from dshim.model import Attachment
-from dshim.store import sqlite as sqlite_store
 from dshim.store.base import BoundStore, LoggedMessage
 from dshim.store.sqlite import (
     MESSAGE_LOG_CAP,
@@ -19,6 +18,7 @@ from dshim.store.sqlite import (
     SqliteStore,
     open_sqlite_store,
 )
+from tests.helpers import schema_at
 
 T0 = 1_790_000_000.0
 
@@ -105,10 +105,7 @@ async def test_a_bound_store_is_one_bots_log(store: SqliteStore) -> None:
 
 async def test_a_version_2_store_gains_the_log_and_keeps_its_data(db_path: Path) -> None:
     with contextlib.closing(sqlite3.connect(db_path, isolation_level=None)) as conn:
-        for migration in sqlite_store.MIGRATIONS[:2]:
-            for statement in migration.statements:
-                conn.execute(statement)
-        conn.execute("PRAGMA user_version = 2")
+        schema_at(conn, 2)
         conn.execute("INSERT INTO cursors VALUES ('web', 'offset', '42')")
     async with open_sqlite_store(db_path) as store:
         assert await store.schema_version() == SCHEMA_VERSION >= 3
