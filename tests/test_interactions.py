@@ -150,28 +150,63 @@ async def test_only_the_starter_answers_in_a_group(autojump_clock: object, tmp_p
     assert rig.texts[-1].endswith("what is going on?")
 
 
+@pytest.mark.parametrize("answer", ["yes", "1", "Allow once"])
+async def test_a_reply_answers_with_its_own_text(
+    autojump_clock: object, tmp_path: Path, answer: str
+) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            await rig.rt.accept(msg("echo:approval"))
+            await trio.sleep(1)
+            # The natural gesture: reply to the bot's permission prompt with the answer.
+            prompt = ReplyReference(
+                message_id="out-1", content="The agent asks for permission", author_name="bot"
+            )
+            await rig.rt.accept(msg(answer, reply_to=prompt))
+            await rig.rt.wait_idle()
+    assert [t for t in rig.texts if t.startswith("Approval decision")] == [
+        "Approval decision: allow_once"
+    ]
+    # The answer was consumed: it never reached the agent as a prompt of its own.
+    assert len(rig.events.prompts) == 1
+
+
 async def test_quoted_yes_is_not_an_answer(autojump_clock: object, tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
             await rig.rt.accept(msg("echo:approval"))
             await trio.sleep(1)
-            # The user replies to a message whose content is "yes", and types "yes" again:
-            # a quote makes it a new message, never an answer.
+            # The user quotes a message whose content is "yes" and asks something: only the
+            # message's own text counts, and it is no answer (a reminder, nothing approved).
             await rig.rt.accept(
                 msg(
-                    "yes", reply_to=ReplyReference(message_id="9", content="yes", author_name="Ada")
+                    "what about this?",
+                    reply_to=ReplyReference(message_id="9", content="yes", author_name="Ada"),
                 )
             )
             await trio.sleep(5)
             assert not [t for t in rig.texts if t.startswith("Approval decision")]
+            assert [t for t in rig.texts if t.startswith("That is not an answer")]
             await rig.rt.accept(msg("no"))
             await rig.rt.wait_idle()
     assert [t for t in rig.texts if t.startswith("Approval decision")] == [
         "Approval decision: reject_once"
     ]
-    # The quoting message ran afterwards as a normal prompt, with its quote block.
-    assert len(rig.events.prompts) == 2
-    assert "<dsh_im_reply_to>" in rig.events.prompts[1]
+    assert len(rig.events.prompts) == 1
+
+
+async def test_a_reply_answers_a_question(autojump_clock: object, tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with open_harness_rig(tmp_path, harness=EchoHarness()) as rig:
+            await rig.rt.accept(msg("echo:question"))
+            await trio.sleep(1)
+            question = ReplyReference(
+                message_id="out-1", content="❓ Which one?", author_name="bot"
+            )
+            await rig.rt.accept(msg("2", reply_to=question))
+            await rig.rt.wait_idle()
+    assert any(t.startswith("Answer sent:") for t in rig.texts)
+    assert len(rig.events.prompts) == 1
 
 
 @pytest.mark.parametrize("answer", ["yes", "1", "approve"])

@@ -21,9 +21,11 @@ which
 Answers arrive through pipeline step 5, :meth:`Interactions.try_answer`, which judges the
 *current* message only:
 
-- a message that quotes or replies to another message is a new message, never an
-  answer (so a quoted "yes" cannot approve anything), and so is a forwarded message
-  (someone else's "yes") and a message with media;
+- the message's own text is the answer, also when it quotes or replies to another
+  message (replying "yes" to the permission prompt is the natural gesture); the quoted
+  content never is (so a quoted "yes" under "what about this?" approves nothing);
+- a forwarded message (someone else's "yes") and a message with media are new messages,
+  never answers;
 - only the user who started the turn answers; in a group, another user's message that
   looks like an answer gets a short notice, anything else they write is a normal message;
 - approvals accept the option number or label, or yes/no, y/n, approve/reject, 批准/拒绝,
@@ -243,8 +245,9 @@ class Interactions:
         p = self._pending.get(msg.lane_key)
         if p is None or p.done.is_set():
             return False
-        # A quote, a forward or media makes it a new message, whatever its text says.
-        if msg.reply_to is not None or msg.forwarded or msg.images or msg.files:
+        # Only the message's own text counts: a quote is context (its content is never read
+        # here), while a forward or media makes it a new message, whatever its text says.
+        if msg.forwarded or msg.images or msg.files:
             return False
         parsed = p.parse(msg.content)
         if msg.sender_id != p.starter_id:
@@ -425,9 +428,7 @@ class Interactions:
     def _footer(self, p: _Pending) -> list[str]:
         lines = [self._how_to(p)]
         if p.group:
-            lines.append(
-                f"Only {p.starter_name} can answer: mention me in a new message (not a reply)."
-            )
+            lines.append(f"Only {p.starter_name} can answer it: mention me with the answer.")
         return lines
 
     def _present(self, p: _Pending) -> str:
