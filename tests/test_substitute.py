@@ -449,3 +449,28 @@ async def test_discord_control_notice_with_buttons_once_per_session_not_to_the_a
             f"dshim:ctl:stop:{chan}:-",
             f"dshim:ctl:disable:{chan}:-",
         ]
+
+
+async def test_the_control_notice_is_retried_when_no_operator_could_be_told(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.group_chat(GROUP_ID, "Ops")
+            options = {"substitute": SUBSTITUTE, "access": {"operators": ["900"]}}
+            async with running_bot(fake, store, clock, **options):
+                await polling(fake)
+                # Operator 900 never opened a chat with the bot: the DM fails ("chat not
+                # found"), so nobody was told and the notice is still due.
+                fake.user_message(chat, BOB, "is the build green? @Owner_Olga")
+                await fake.wait_until(lambda: len(answers_in_group(fake)) == 1)
+                fake.private_chat(FakeTelegram.user(900, "Oscar"))
+                fake.user_message(chat, ADA, "and prod? @Owner_Olga")
+                await fake.wait_until(lambda: len(answers_in_group(fake)) == 2)
+                fake.user_message(chat, ADA, "and staging? @Owner_Olga")
+                await fake.wait_until(lambda: len(answers_in_group(fake)) == 3)
+                await trio.sleep(5)
+    dms = [c for c in fake.calls_to("sendMessage") if c.params["chat_id"] > 0]
+    # The failed DM, then the one that reached Oscar (about Ada's question), and no more.
+    assert [c.params["chat_id"] for c in dms] == [900, 900]
+    assert "and prod?" in dms[1].params["text"]

@@ -39,7 +39,7 @@ import msgspec
 import structlog
 
 from dshim.config import BotConfig, SubstituteConfig, SubstituteTarget
-from dshim.errors import DshimError
+from dshim.errors import DshimError, TransportError
 from dshim.model import Anchor, InboundMessage, Mention, ReplyTarget, SubstituteTurn
 from dshim.outbound import ControlNotice, Outbound, control_presenter
 from dshim.pipeline.notices import Notifier
@@ -242,14 +242,13 @@ class SubstituteGate:
             anchor=anchor_for(msg, sub, kept=kept),
         )
 
-    async def claim_notice(self, session_id: str) -> bool:
-        """True once per session: the operators' control notice is due (persisted first,
-        so a failed or repeated start never sends it twice)."""
-        name = _NOTICE_CURSOR + session_id
-        if await self.store.get_cursor(self.bot.name, name) is not None:
-            return False
-        await self.store.set_cursor(self.bot.name, name, "sent")
-        return True
+    async def notice_due(self, session_id: str) -> bool:
+        """True until the operators' control notice of this session reached one of them."""
+        return await self.store.get_cursor(self.bot.name, _NOTICE_CURSOR + session_id) is None
+
+    async def notice_sent(self, session_id: str) -> None:
+        """Record that the session's control notice reached an operator (never again)."""
+        await self.store.set_cursor(self.bot.name, _NOTICE_CURSOR + session_id, "sent")
 
 
 def control_notice_text(msg: InboundMessage, bot_name: str) -> str:
@@ -285,27 +284,41 @@ async def send_control_notice(
 ) -> None:
     """DM every operator (not the asker) once per session that a substitute turn opened.
 
-    Claimed in the store before sending: a failed DM is logged by the notifier and never
-    retried in a loop."""
+    The notice counts as sent once a DM reached an operator (or may have: an unknown
+    outcome is never sent again) and is recorded right then; when no DM got through, the
+    session's next substitute turn tries again — once per turn, never in a loop."""
     if not gate.cfg.control_notice:
         return
     operators = [
         op for op in dict.fromkeys(map(str, gate.bot.access.operators)) if op != msg.sender_id
     ]
-    if not operators or not await gate.claim_notice(session_id):
+    if not operators or not await gate.notice_due(session_id):
         return
     text = control_notice_text(msg, outbound.bot_username or gate.bot.name)
     presenter = control_presenter(outbound)
     notice = ControlNotice(text=text, conversation_id=msg.conversation_id, thread_id=msg.thread_id)
+    told = 0
     for op in operators:
         try:
             target = await direct_target(outbound, op)
             if target is None:
                 continue
             if presenter is None:
-                await notifier.send_now(target, text)
+                if not await notifier.send_now(target, text):  # failed (and logged)
+                    continue
             else:  # with buttons: stop the answer, stop answering for them here
                 await presenter(target, notice)
-        except DshimError as exc:  # logged once; never retried in a loop
+        except TransportError as exc:
             log.warning("control_notice_failed", operator=op, error=str(exc))
-    log.info("control_notice_sent", operators=len(operators))
+            if not exc.request_sent:
+                continue  # it never left: nobody was told
+        except DshimError as exc:
+            log.warning("control_notice_failed", operator=op, error=str(exc))
+            continue
+        if not told:
+            await gate.notice_sent(session_id)
+        told += 1
+    if told:
+        log.info("control_notice_sent", operators=told)
+    else:
+        log.warning("control_notice_undelivered", operators=len(operators))

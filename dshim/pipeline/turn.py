@@ -358,6 +358,7 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
 async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
     """Bind a new harness session when the conversation has none.  False if it failed."""
     if turn.session_id is not None:
+        await _control_notice(deps, turn, turn.session_id)
         return True
     title = prompt_mod.session_title(turn.title_source)
     try:
@@ -371,15 +372,20 @@ async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:
     log.info("session_bound", session=session_id)
     turn.session_id = session_id
     turn.opened_session = True
+    await _control_notice(deps, turn, session_id)
+    return True
+
+
+async def _control_notice(deps: TurnDeps, turn: _Turn, session_id: str) -> None:
     sub = turn.msg.substitute
     if sub is not None and not sub.in_topic and deps.substitute is not None:
         # Before the answer: the operators learn what was asked and can take over (their
         # "stop" button stops this very turn).  Sent here, not queued: one call per
-        # operator, once per session.
+        # operator, once per session — the session's first substitute turn, or the next
+        # one when no operator could be told.
         await send_control_notice(
             deps.substitute, deps.outbound, deps.notifier, turn.msg, session_id
         )
-    return True
 
 
 async def _relay(
