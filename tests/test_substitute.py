@@ -474,3 +474,32 @@ async def test_the_control_notice_is_retried_when_no_operator_could_be_told(
     # The failed DM, then the one that reached Oscar (about Ada's question), and no more.
     assert [c.params["chat_id"] for c in dms] == [900, 900]
     assert "and prod?" in dms[1].params["text"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_substitute_turn_in_a_forum_topic_streams_like_a_normal_turn(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, stream: bool
+) -> None:
+    # Topic substitute sessions keep the normal streaming (the seed's rule); `stream`
+    # decides it only for substitute turns in the chat itself.
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.group_chat(GROUP_ID, "Ops", supergroup=True)
+            topic = fake.create_topic(GROUP_ID, "Deploys", creator=ADA)
+            options = {"substitute": {**SUBSTITUTE, "stream": stream}, "access": ACCESS}
+            async with running_bot(fake, store, clock, **options):
+                await polling(fake)
+                fake.user_message(
+                    chat, ADA, "echo:slow 8 in the topic @Owner_Olga", thread_id=topic
+                )
+                await fake.wait_until(lambda: len(answers_in_group(fake)) == 1)
+                await trio.sleep(12)
+                in_topic_edits = len(fake.calls_to("editMessageText"))
+                fake.user_message(chat, ADA, "echo:slow 8 in the chat @Owner_Olga")
+                await fake.wait_until(lambda: len(answers_in_group(fake)) == 2)
+                await trio.sleep(12)
+                in_chat_edits = len(fake.calls_to("editMessageText")) - in_topic_edits
+    first = answers_in_group(fake)[0]
+    assert first.data.get("message_thread_id") == topic
+    assert in_topic_edits >= 1  # streamed by edits, whatever `stream` says
+    assert (in_chat_edits >= 1) is stream

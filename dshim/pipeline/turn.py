@@ -412,9 +412,10 @@ async def _relay(
         conversation_type=msg.conversation_type,
         notes=turn.notes,
     )
-    # A substitute turn answers like a person: one finished message (unless configured
-    # to stream).  Decided per turn, never latched on the session.
-    live = msg.substitute is None or msg.substitute.stream
+    # A substitute turn in the chat answers like a person: one finished message (unless
+    # configured to stream); in a topic/thread it streams like any turn there (the seed's
+    # topic sessions do).  Decided per turn, never latched on the session.
+    live = msg.substitute is None or msg.substitute.in_topic or msg.substitute.stream
     try:
         async with aclosing(deps.harness.prompt(session_id, parts, tctx)) as events:
             async for ev in events:
