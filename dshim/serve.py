@@ -21,8 +21,10 @@ tasks.
 SIGINT/SIGTERM sets the shutdown event: the endpoint closes its open websockets and
 finishes the requests in flight, every bot stops reading new events, running turns get
 up to ``shutdown_grace_s`` (10 s) to finish, then everything is cancelled.  Accepted
-messages that did not run stay in the durable inbox and run after the next start.  A
-second signal cancels at once.
+messages that did not run stay in the durable inbox and run after the next start.  A bot
+that is still starting (retrying an unreachable platform) or waiting out its backoff stops
+at once.  A second signal cancels at once.  Either way the exit code is 0 (1 only when
+every bot ended on its own), with no traceback.
 """
 
 from __future__ import annotations
@@ -256,9 +258,9 @@ async def supervise_bot(
             status.starting()
             try:
                 async with trio.open_nursery() as nursery:
-                    await nursery.start(channel.run, host)
-                    status.up()
-                    log.info("bot_started")
+                    if await _start_unless_shutdown(nursery, channel, host):
+                        status.up()
+                        log.info("bot_started")
             except Exception as exc:
                 kind = classify_failure(exc)
                 if kind == "fatal":
@@ -294,6 +296,28 @@ async def supervise_bot(
     log.info("bot_stopped")
     status.stopped("shutdown")
     return "shutdown"
+
+
+async def _start_unless_shutdown(nursery: trio.Nursery, channel: Channel, host: ServeHost) -> bool:
+    """Start the channel's run in ``nursery``; False when shutdown came first.
+
+    A channel retries its own start-up (an unreachable platform, a failing login) before
+    it reports started, and only a started bot watches the shutdown event (in
+    :meth:`ServeHost.serve`).  Until then there is nothing to drain: the start is
+    cancelled as soon as shutdown is set.
+    """
+    async with trio.open_nursery() as guard:
+
+        async def cancel_at_shutdown() -> None:
+            await host.shutdown.wait()
+            guard.cancel_scope.cancel()
+
+        guard.start_soon(cancel_at_shutdown)
+        await nursery.start(channel.run, host)
+        guard.cancel_scope.cancel()
+        return True
+    log.info("bot_start_cancelled")
+    return False
 
 
 class _Reporter:
@@ -519,19 +543,25 @@ async def _serve_main(
         )
     channels = {b.name: load_channel(b.channel) for b in enabled}
     shutdown = trio.Event()
-    with single_error():
+    #: Stays empty when a second signal (or the hard stop) cancels the bots.
+    results: dict[str, str] = {}
+    # The receiver is open until the store is closed: a signal at any point of the
+    # shutdown is ours (never a KeyboardInterrupt out of trio.run, i.e. a traceback).
+    with (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received,
+        single_error(),
+    ):
         async with open_store(data_dir) as store, trio.open_nursery() as root:
 
             async def signals() -> None:
-                with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
-                    async for signum in received:
-                        if not shutdown.is_set():
-                            log.info("shutdown_requested", signal=signal.Signals(signum).name)
-                            shutdown.set()
-                            root.start_soon(hard_stop)
-                        else:
-                            log.warning("shutdown_forced")
-                            root.cancel_scope.cancel()
+                async for signum in received:
+                    if not shutdown.is_set():
+                        log.info("shutdown_requested", signal=signal.Signals(signum).name)
+                        shutdown.set()
+                        root.start_soon(hard_stop)
+                    else:
+                        log.warning("shutdown_forced", signal=signal.Signals(signum).name)
+                        root.cancel_scope.cancel()
 
             async def hard_stop() -> None:
                 await trio.sleep(config.dshim.shutdown_grace_s + 5)
@@ -543,10 +573,9 @@ async def _serve_main(
             results = await serve_process(
                 config, store, shutdown=shutdown, channels=channels, announce=announce
             )
-            signalled = shutdown.is_set()
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)
-    return 0 if signalled else 1
+    return 0 if shutdown.is_set() else 1
 
 
 def run_serve(

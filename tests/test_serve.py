@@ -167,6 +167,47 @@ async def test_shutdown_stops_reading_and_lets_the_running_turn_finish(
         assert len(ch.outbound.sent) == 1
 
 
+class NeverStarts(ScriptedChannel):
+    """Keeps retrying its start-up (an unreachable platform): never reports started."""
+
+    async def run(
+        self, ctx: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        self.starts += 1
+        self.attempts = 0
+        while True:
+            self.attempts += 1  # the platform does not answer; the next attempt in 5 s
+            await trio.sleep(5)
+
+
+async def test_shutdown_stops_a_bot_still_retrying_its_start_at_once(
+    autojump_clock: object, tmp_path: Path
+) -> None:
+    ch = NeverStarts()
+    cfg = config("a")
+    shutdown = trio.Event()
+    async with open_store(tmp_path, inline=True) as store:
+        host = ServeHost(config=cfg, bot=cfg.bots[0], store=store, shutdown=shutdown, clock=Clock())
+        results: list[str] = []
+        ended = trio.Event()
+
+        async def run() -> None:
+            results.append(await supervise_bot(ch, host))
+            ended.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run)
+            await trio.sleep(12)
+            shutdown.set()
+            t0 = trio.current_time()
+            with trio.move_on_after(60):
+                await ended.wait()
+            waited = trio.current_time() - t0
+            nursery.cancel_scope.cancel()
+    assert results == ["shutdown"] and waited < 0.1
+    assert ch.starts == 1 and ch.attempts == 3
+
+
 class StartsThenFails(ScriptedChannel):
     """Authenticates, reports started, then fails at once (an event that kills the reader)."""
 

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import trio
 
 from dshim.pipeline.runtime import INTERRUPTED_TEXT
@@ -32,10 +34,12 @@ GRACE_S = 1.0
 OTHER_TOKEN = "654321:a-token-the-fake-does-not-know-0000"
 
 
-def write_config(tmp_path: Path, api_base: str, *, other_bot: bool = False) -> Path:
+def write_config(
+    tmp_path: Path, api_base: str, *, other_bot: bool = False, grace_s: float = GRACE_S
+) -> Path:
     cfg = tmp_path / "dshim.toml"
     text = (
-        f'[dshim]\ndata_dir = "{tmp_path / "state"}"\nshutdown_grace_s = {GRACE_S}\n\n'
+        f'[dshim]\ndata_dir = "{tmp_path / "state"}"\nshutdown_grace_s = {grace_s}\n\n'
         '[http]\nlisten = "127.0.0.1:0"\n\n'
         f'[[bots]]\nname = "tg"\nchannel = "telegram"\ntoken = "${{DSHIM_TEST_TG_TOKEN}}"\n'
         f'api_base = "{api_base}"\n'
@@ -212,3 +216,77 @@ async def test_serve_with_http_prints_the_url_and_becomes_ready(tmp_path: Path) 
     assert code == 0, log.read_text()[-3000:]
     assert "dshim init" not in log.read_text()  # the zero-config hint is for zero config only
     assert "Traceback" not in log.read_text()
+
+
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then closed again)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def wait_for_log(log: Path, event: str) -> None:
+    """Until the process logged ``event``."""
+    while True:
+        if f'"event":"{event}"' in await trio.Path(log).read_text():
+            return
+        await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)],
+    ids=["sigint-sigint", "sigterm-sigint"],
+)
+async def test_a_second_signal_cuts_the_grace_short_and_exits_0(
+    tmp_path: Path, first: signal.Signals, second: signal.Signals
+) -> None:
+    log = tmp_path / "serve.log"
+    with trio.fail_after(60):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url, grace_s=30)
+            chat = fake.private_chat(ADA)
+            proc = await start_serve(cfg, log)
+            try:
+                await polling(fake, 1)
+                fake.user_message(chat, ADA, "echo:slow 60 a very long story")
+                await fake.wait_until(lambda: len(fake.calls_to("sendMessage")) >= 1)
+                proc.send_signal(first)
+                await wait_for_log(log, "bot_draining")  # the 30 s grace has begun
+                t0 = trio.current_time()
+                proc.send_signal(second)
+                with trio.fail_after(15):
+                    code = await proc.wait()
+                waited = trio.current_time() - t0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert waited < 5, text[-3000:]  # not the 30 s grace
+    assert "Traceback" not in text
+
+
+async def test_a_signal_during_start_up_retries_stops_at_once_and_exits_0(
+    tmp_path: Path,
+) -> None:
+    """The platform is unreachable: the bot keeps retrying getMe and never comes up."""
+    log = tmp_path / "serve.log"
+    cfg = write_config(tmp_path, f"http://127.0.0.1:{closed_port()}", grace_s=10)
+    with trio.fail_after(60):
+        proc = await start_serve(cfg, log)
+        try:
+            await wait_for_log(log, "call_failed_retrying")
+            t0 = trio.current_time()
+            proc.send_signal(signal.SIGINT)
+            with trio.fail_after(20):
+                code = await proc.wait()
+            waited = trio.current_time() - t0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert waited < 3, text[-3000:]  # not the grace and the 5 s after it
+    assert "Traceback" not in text
+    assert TEST_TOKEN not in text
