@@ -561,6 +561,80 @@ async def test_quotes_are_answered_from_the_message_index(
     assert "<dsh_im_reply_to>" not in bot.harness.texts[6]
 
 
+GROUP = "120363025246125486"
+
+
+async def test_in_a_group_a_reply_to_one_of_the_bots_messages_is_answered_without_a_mention(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with running(tmp_path) as bot:
+        fake = bot.fake
+        ada = fake.user("16505551234", "Ada Lovelace")
+        bob = fake.user("447700900123", "Bob")
+        first = fake.user_message(
+            ada, f"@{fake.display_phone_number} plan the trip", group_id=GROUP
+        )
+        await fake.send_messages(first)
+        await fake.wait_until(lambda: len(fake.to_user(GROUP)) == 1)
+        [answer] = fake.to_user(GROUP)
+        # context.from is the business number: Meta's shape of a reply to the bot.
+        by_from = fake.user_message(ada, "and day two?", reply_to=answer.id, group_id=GROUP)
+        assert by_from["context"]["from"] == fake.display_phone_number
+        await fake.send_messages(by_from)
+        await fake.wait_until(lambda: len(fake.to_user(GROUP)) == 2)
+        # Without a usable context.from, the id is found among the bot's answers.
+        by_id = fake.user_message(bob, "and the budget?", reply_to=answer.id, group_id=GROUP)
+        del by_id["context"]["from"]
+        await fake.send_messages(by_id)
+        await fake.wait_until(lambda: len(fake.to_user(GROUP)) == 3)
+        # A reply to a person's message is their conversation, not the bot's.
+        other = fake.user_message(bob, "sounds good", reply_to=first["id"], group_id=GROUP)
+        await fake.send_messages(other)
+        await trio.sleep(30)
+    sends = fake.to_user(GROUP)
+    assert len(sends) == 3 and len(bot.harness.prompts) == 3
+    assert [s.reply_to for s in sends] == [first["id"], by_from["id"], by_id["id"]]
+    assert bot.harness.texts[1].endswith("\n\nand day two?")
+    assert bot.harness.texts[2].endswith("\n\nand the budget?")
+    quoted = reply_block(
+        messageId=answer.id,
+        authorId=fake.phone_number_id,
+        authorName=fake.verified_name,
+        content=answer.text,
+    )
+    assert quoted in bot.harness.texts[1] and quoted in bot.harness.texts[2]
+
+
+async def test_a_group_reply_to_the_bot_waiting_in_the_inbox_is_answered_after_a_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with (
+        open_fake_whatsapp(clock=Clock()) as fake,
+        open_endpoint() as (endpoint, url),
+        open_store(tmp_path, inline=True) as store,
+    ):
+        fake.webhook_url = f"{url}/hooks/{BOT}"
+        bot = Bot(fake, store, RecordingHarness())
+        ada = fake.user("16505551234", "Ada Lovelace")
+        mention = f"@{fake.display_phone_number}"
+        async with serving(bot, endpoint, grace_s=2.0):
+            await fake.send_messages(fake.user_message(ada, f"{mention} hi", group_id=GROUP))
+            await fake.wait_until(lambda: len(fake.to_user(GROUP)) == 1)
+            [answer] = fake.to_user(GROUP)
+            await fake.send_messages(
+                fake.user_message(ada, f"{mention} echo:slow 400", group_id=GROUP)
+            )
+            await fake.wait_until(lambda: len(bot.harness.prompts) == 2)
+            # Queued behind the slow turn when dshim stops; only the index says it is ours.
+            waiting = fake.user_message(ada, "and then?", reply_to=answer.id, group_id=GROUP)
+            del waiting["context"]["from"]
+            await fake.send_messages(waiting)
+            await trio.sleep(1)
+        async with serving(bot, endpoint):
+            await fake.wait_until(lambda: any(s.reply_to == waiting["id"] for s in fake.sent))
+    assert bot.harness.texts[-1].endswith("\n\nand then?")
+
+
 # --- approvals and questions ----------------------------------------------------------------
 
 

@@ -362,6 +362,55 @@ def test_groups_are_addressed_only_by_a_mention_of_the_business_number() -> None
     assert mention.content == "what now?" and mention.sender_id == "US.1349120865530"
 
 
+def test_in_a_group_a_reply_to_the_business_number_addresses_the_bot() -> None:
+    # As on Telegram: quoting one of the bot's messages is talking to it, no mention needed.
+    ours = {"from": "15550783881", "id": "wamid.OURS"}
+    reply = mapped(message(group_id="120363", context=ours, text={"body": "and the second?"}))
+    assert isinstance(reply, InboundMessage) and reply.addressed and not reply.mentioned
+    assert reply.content == "and the second?"
+    assert reply.reply_to is not None and reply.reply_to.author_id == ME.id
+    theirs = {"from": "16505551234", "id": "wamid.THEIRS"}
+    other = mapped(message(group_id="120363", context=theirs, text={"body": "agreed"}))
+    assert isinstance(other, InboundMessage) and not other.addressed
+    # Nor is a forward of the bot's message (a context without an id) a reply to it.
+    fwd = mapped(message(group_id="120363", context={"from": "15550783881", "forwarded": True}))
+    assert isinstance(fwd, InboundMessage) and not fwd.addressed
+
+
+def test_the_business_number_of_the_webhook_metadata_identifies_the_bot() -> None:
+    # GET /<PHONE_NUMBER_ID> may not name the display number; every webhook's metadata
+    # maps our phone_number_id to it, which is what context.from and mentions write.
+    bare = BotIdentity(ME.id)
+    ours = {"from": "15550783881", "id": "wamid.OURS"}
+    raw = body(message(group_id="120363", context=ours, text={"body": "why?"}))
+    item = protocol.decode_event(raw, bare).item
+    assert isinstance(item, InboundMessage) and item.addressed
+    raw = body(message(group_id="120363", text={"body": "@15550783881 why?"}))
+    item = protocol.decode_event(raw, bare).item
+    assert isinstance(item, InboundMessage) and item.addressed and item.content == "why?"
+    # The metadata of another phone number of the same app says nothing about us.
+    other = body(message(group_id="120363", context=ours)).replace(ME.id.encode(), b"999")
+    item = protocol.decode_event(other, bare).item
+    assert isinstance(item, InboundMessage) and not item.addressed
+
+
+def test_a_stored_body_marked_as_a_quote_of_the_bot_stays_addressed() -> None:
+    # The channel found the quoted id among the bot's own answers in the index; the inbox
+    # keeps that verdict, so the message is not dropped as unaddressed after a restart.
+    quote = {"id": "wamid.OURS"}  # no ``from``: only the index knows it is ours
+    raw = protocol.split_body(body(message(group_id="120363", context=quote)))[0].raw
+    item = protocol.decode_event(raw, ME).item
+    assert isinstance(item, InboundMessage) and not item.addressed
+    marked = protocol.quoting_bot(raw)
+    item = protocol.decode_event(marked, ME).item
+    assert isinstance(item, InboundMessage) and item.addressed
+    assert item.reply_to is not None and item.reply_to.message_id == "wamid.OURS"
+    # A webhook POST cannot carry the mark: cutting a body rebuilds its envelope.
+    [part] = protocol.split_body(marked)
+    item = protocol.decode_event(part.raw, ME).item
+    assert isinstance(item, InboundMessage) and not item.addressed
+
+
 def test_a_context_id_is_a_quote_looked_up_in_the_index_and_from_us_is_the_bot() -> None:
     asked: list[tuple[str, str, bool]] = []
 

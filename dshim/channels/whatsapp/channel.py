@@ -17,6 +17,10 @@ the restart and the pipeline's dedup drops what was already accepted.  One reade
 one order for all requests, and it is the bot's task, so a request that disconnects in
 the middle never cuts a message half-accepted.
 
+A group message that names the bot neither by mention nor by ``context.from`` but
+quotes an id the index holds as one of the bot's answers is a reply to the bot: it is
+accepted addressed, its stored body marked so (``protocol.quoting_bot``) for a restart.
+
 Statuses are not messages: a ``failed`` one is logged with its error code, counted, and
 marks the index entry of our message ``undelivered``; a ``revoke`` marks the user's
 indexed message ``deleted``.  A 190 from a send stops the bot (AuthError out of ``run``).
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 
 import structlog
 import trio
+from msgspec import UNSET
 
 from dshim.channels.base import (
     BotHost,
@@ -148,6 +153,18 @@ class Indexer:
         item = decoded.item
         if isinstance(item, InboundMessage) and self.outbound is not None:
             self.outbound.user_wrote(item.conversation_id)
+
+    async def quotes_bot(self, item: InboundMessage | Skip) -> bool:
+        """A group message not addressed otherwise whose quoted id is one of the bot's
+        indexed answers (its ``context.from`` did not name the business number): it
+        is addressed to the bot, as a reply to it."""
+        if not isinstance(item, InboundMessage) or item.addressed or item.reply_to is None:
+            return False
+        quoted = item.reply_to.message_id
+        if not isinstance(quoted, str) or not quoted:
+            return False
+        entries = await self.store.indexed(item.conversation_id, quoted, now=self.clock())
+        return len(entries) == 1 and not entries[0].inbound
 
     async def record(self, item: InboundMessage | Skip) -> None:
         """An accepted user message enters the index (once, also when redelivered)."""
@@ -317,7 +334,12 @@ class Webhook:
                 continue
             decoded = self.decode(part.raw)
             await self.indexer.before(decoded)
-            verdict = await rt.accept(decoded.item, part.raw)
+            raw = part.raw
+            if await self.indexer.quotes_bot(decoded.item):
+                # The inbox keeps the verdict (a restart decodes the stored body again).
+                raw = protocol.quoting_bot(raw)
+                decoded = self.decode(raw)
+            verdict = await rt.accept(decoded.item, raw)
             if not verdict.confirm:
                 return False
             await self.indexer.record(decoded.item)
@@ -416,6 +438,12 @@ class ReplayAdapter:
                 await self._indexer.status(part.status)
             else:
                 await self._indexer.before(protocol.decode_event(part.raw, self.me))
+        if isinstance(item, InboundMessage) and await self._indexer.quotes_bot(item):
+            # As the live reader does: it decodes the marked body, which is addressed.
+            item.addressed = True
+            if item.reply_to is not None:
+                item.reply_to.author_id = self.me.id
+                item.reply_to.author_name = self.me.name or UNSET
         await self._indexer.record(item)
 
     #: The chunks an answer is delivered in (the renderer's own split).

@@ -57,6 +57,8 @@ class Entry(_View):
 class Body(_View):
     object: str = ""
     entry: list[Entry] = []
+    #: dshim's own mark on a stored one-message body (``protocol.quoting_bot``).
+    dshim_quote_of_bot: bool = False
 
 
 # --- messages -------------------------------------------------------------------------------

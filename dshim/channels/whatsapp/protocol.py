@@ -30,11 +30,16 @@ bytes), so :func:`decode_event` reads the inbox, the webhook and replay fixtures
 
 Mapping rules: Cloud API conversations are direct chats keyed by the user's BSUID
 (``contacts[].user_id`` / ``from_user_id``, since 2026) else ``wa_id``/``from``; a
-message with ``group_id`` comes from a (business-created) group and is addressed only
-when it mentions the business number.  ``context`` carries ids only (``id``, ``from``):
-a quote is looked up in dshim's own message index by the channel's loader; a message
-whose ``context`` has no id is forwarded, not a quote.  ``reaction``, ``edit``,
-``revoke``, ``system``, ``unsupported`` and other non-content types are not prompts.
+message with ``group_id`` comes from a (business-created) group and is addressed when
+it mentions the business number or replies to one of the bot's messages, as on
+Telegram: ``context.from`` is the business number (the digits of
+``display_phone_number``; every webhook's ``metadata`` maps our ``phone_number_id`` to
+it), or the channel found ``context.id`` among the bot's answers in the message index
+and marked the stored body so (:func:`quoting_bot`).  ``context`` carries ids only
+(``id``, ``from``): a quote is looked up in dshim's own message index by the channel's
+loader; a message whose ``context`` has no id is forwarded, not a quote.
+``reaction``, ``edit``, ``revoke``, ``system``, ``unsupported`` and other non-content
+types are not prompts.
 
 Graph errors (``{"error": {"code", "message", ...}}``) are classified once, in
 :func:`graph_error`; codes: developers.facebook.com/docs/whatsapp/cloud-api/support/
@@ -135,6 +140,18 @@ class BotIdentity:
     def is_me(self, number: str | None) -> bool:
         return bool(number) and bool(self.digits) and _digits(number or "") == self.digits
 
+    def seen_in(self, metadata: m.Metadata | None) -> BotIdentity:
+        """This identity, its display number taken from a webhook's ``metadata`` when
+        the Graph API did not give one (only metadata of our own phone number id)."""
+        if (
+            self.display_phone_number
+            or metadata is None
+            or not metadata.display_phone_number
+            or metadata.phone_number_id != self.phone_number_id
+        ):
+            return self
+        return BotIdentity(self.phone_number_id, metadata.display_phone_number, self.name)
+
 
 def _digits(number: str) -> str:
     return "".join(c for c in number if c.isdigit())
@@ -216,6 +233,20 @@ def single_body(
         + value
         + b"}}]}]}"
     )
+
+
+#: The envelope key of a stored body whose quote the index showed to be the bot's.
+QUOTE_OF_BOT_KEY = b'"dshim_quote_of_bot":true'
+
+
+def quoting_bot(raw: bytes) -> bytes:
+    """A one-message body (:func:`single_body`) marked as replying to one of the bot's
+    messages, as found in the message index: the inbox keeps the verdict, so after a
+    restart the message is still addressed.  Webhook POSTs never carry the mark:
+    :func:`split_body` rebuilds every envelope."""
+    if not raw.startswith(b"{") or raw.startswith(b"{" + QUOTE_OF_BOT_KEY):
+        return raw
+    return b"{" + QUOTE_OF_BOT_KEY + b"," + raw[1:]
 
 
 def _contact_for(contacts: list[m.Contact], msg_raw: bytes) -> list[m.Contact]:
@@ -391,8 +422,12 @@ def map_message(
     *,
     loader: LoaderFactory | None = None,
     fetcher: FetcherFactory | None = None,
+    quote_of_bot: bool = False,
 ) -> InboundMessage | Skip:
-    """Map one decoded message to the normalized message (or a Skip with the reason)."""
+    """Map one decoded message to the normalized message (or a Skip with the reason).
+
+    ``quote_of_bot``: the index showed that the quoted message is one of the bot's.
+    """
     mid = msg.id
     if msg.type in NOT_PROMPTS:
         return Skip(reason="ignored", detail=f"{msg.type} is not a prompt", message_id=mid)
@@ -408,15 +443,22 @@ def map_message(
     phone = msg.from_ or (contact.wa_id if contact is not None else None)
     conversation_type: ConversationType = "direct"
     conversation = key
-    addressed = True
+    addressed = mentioned = False
+    ctx = msg.context
+    # A reply to one of the bot's messages: context.from is the business number (Meta
+    # sets it to the quoted message's sender), or the index knew the id as ours.
+    to_bot = ctx is not None and bool(ctx.id) and (me.is_me(ctx.from_) or quote_of_bot)
     if msg.group_id:
-        # Cloud API groups are business-created: answer only when the number is mentioned.
+        # Cloud API groups are business-created: answer a mention of the number, or a
+        # reply to the bot (as on Telegram).
         conversation_type, conversation = "group", msg.group_id
-        addressed, content = _mention(content, me)
+        mentioned, content = _mention(content, me)
+        addressed = mentioned or to_bot
+    else:
+        addressed = True
     profile = contact.profile if contact is not None else None
     # The profile name, else the username a username user chose (2026).
     name = (profile.name or profile.username) if profile is not None else None
-    ctx = msg.context
     reply_to: ReplyReference | None = None
     forwarded = False
     if ctx is not None:
@@ -425,7 +467,7 @@ def map_message(
             # A button press carries the id of the message with the buttons: that is
             # the press's origin, not a quote (a quote would never count as an answer).
             # Only ids: what was quoted comes from dshim's own message index, in the turn.
-            from_bot = me.is_me(ctx.from_)
+            from_bot = to_bot
             reply_to = ReplyReference(
                 message_id=ctx.id,
                 author_id=me.id if from_bot else UNSET,
@@ -444,6 +486,7 @@ def map_message(
         sender_id=key,
         sender_name=name or None,
         addressed=addressed,
+        mentioned=mentioned,
         content=content,
         images=images,
         files=files,
@@ -491,7 +534,14 @@ def decode_event(
                     continue
                 msg = m.MESSAGE_DECODER.decode(value.messages[0])
                 contact = value.contacts[0] if value.contacts else None
-                item = map_message(msg, contact, me, loader=loader, fetcher=fetcher)
+                item = map_message(
+                    msg,
+                    contact,
+                    me.seen_in(value.metadata),
+                    loader=loader,
+                    fetcher=fetcher,
+                    quote_of_bot=env.dshim_quote_of_bot,
+                )
                 revoked = None
                 if msg.type == "revoke" and msg.revoke and msg.revoke.original_message_id:
                     key = user_key(msg, contact)
