@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,10 @@ import trio.testing
 
 from dshim.channels.slack import channel as slack_channel
 from dshim.config import parse_config
+from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
+from dshim.model import PromptPart
+from dshim.prompt import prompt_text
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.slack import FakeSlack, open_fake_slack
@@ -36,6 +39,18 @@ DEADLINE = 900.0
 SEEDED = dataclasses.replace(
     slack_channel.CHANNEL, run_fn=functools.partial(slack_channel.run, rng=random.Random(5))
 )
+
+
+class SessionsHarness(EchoHarness):
+    """The echo harness, remembering the session of every prompt: (session id, text)."""
+
+    def __init__(self) -> None:
+        super().__init__(slow_interval_s=0.4)
+        self.turns: list[tuple[str, str]] = []
+
+    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
+        self.turns.append((session_id, prompt_text(parts)))
+        return super().prompt(session_id, parts, ctx)
 
 
 class Bot:
@@ -69,6 +84,7 @@ async def running_bot(
     configure: Callable[[FakeSlack], None] | None = None,
     wait_ready: bool = True,
     reuse: FakeSlack | None = None,
+    harness: EchoHarness | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeSlack]]:
     """The bot (``serve_bots``, a real store) against a fresh fake (or ``reuse``: one that
@@ -97,7 +113,7 @@ async def running_bot(
                         shutdown=bot.shutdown,
                         channels={"slacky": SEEDED},
                         observer=bot.events,
-                        harness=EchoHarness(slow_interval_s=0.4),
+                        harness=harness or EchoHarness(slow_interval_s=0.4),
                     )
                     bot.ended.set()
 
@@ -292,6 +308,29 @@ async def test_thread_reply_quotes_the_parent_once_then_is_conversation(
         "limit": "1",
     }
     assert all(m.thread_ts == parent.ts for m in fake.bot_messages(fake.general))
+
+
+async def test_a_top_level_mention_and_its_thread_are_one_conversation_and_session(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    harness = SessionsHarness()
+    async with running_bot(tmp_path, harness=harness) as (bot, fake):
+        ev = await fake.user_message(fake.general, "remember the number 7", mention=True)
+        await fake.wait_until(lambda: len(fake.texts(fake.general)) == 1)
+        # A follow-up in the answer's thread, without a mention: the same conversation.
+        await fake.user_message(fake.general, "which number was it?", thread_ts=ev["ts"])
+        await fake.wait_until(lambda: len(fake.texts(fake.general)) == 2)
+        # Another top-level mention opens a conversation of its own.
+        other = await fake.user_message(fake.general, "a new topic", mention=True)
+        await fake.wait_until(lambda: len(fake.texts(fake.general)) == 3)
+    (first, _), (second, text), (third, _) = harness.turns
+    assert second == first  # the agent still has the first exchange
+    assert third != first
+    assert text == source(fake, "group") + "\n\nwhich number was it?"  # no quote of the parent
+    assert [m.thread_id for m in bot.events.prompt_msgs] == [ev["ts"], ev["ts"], other["ts"]]
+    threads = [m.thread_ts for m in fake.bot_messages(fake.general)]
+    assert threads == [ev["ts"], ev["ts"], other["ts"]]  # every answer in its thread
+    assert not fake.calls_to("conversations.history")
 
 
 async def test_missing_scope_degrades_the_quote_to_permission_denied(
@@ -513,17 +552,35 @@ async def test_no_token_reaches_the_store(tmp_path: Path, autojump_clock: object
 async def test_after_a_restart_a_reply_in_the_bots_thread_is_still_conversation(
     tmp_path: Path, autojump_clock: object
 ) -> None:
+    before, after = SessionsHarness(), SessionsHarness()
     async with open_fake_slack() as fake:
-        async with running_bot(tmp_path, reuse=fake) as (bot, _):
+        async with running_bot(tmp_path, reuse=fake, harness=before) as (bot, _):
             ev = await fake.user_message(fake.general, "start a thread", mention=True)
             await fake.wait_until(lambda: len(fake.texts(fake.general)) == 1)
-        async with running_bot(tmp_path, reuse=fake) as (bot, _):
+        async with running_bot(tmp_path, reuse=fake, harness=after) as (bot, _):
             await fake.user_message(
                 fake.general, "a follow-up without a mention", thread_ts=ev["ts"]
             )
             await fake.wait_until(lambda: len(fake.texts(fake.general)) == 2)
         assert bot.events.prompts == [source(fake, "group") + "\n\na follow-up without a mention"]
         assert not fake.calls_to("conversations.history")  # no quote, no lookup
+    # the thread's session was kept across the restart: the agent remembers the mention
+    assert [s for s, _ in after.turns] == [s for s, _ in before.turns]
+
+
+async def test_a_typed_answer_in_the_thread_decides_a_top_level_mentions_approval(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        ev = await fake.user_message(fake.general, "echo:approval", mention=True)
+        await fake.wait_until(lambda: any(m.blocks for m in fake.bot_messages(fake.general)))
+        [req] = [m for m in fake.bot_messages(fake.general) if m.blocks]
+        assert req.thread_ts == ev["ts"]  # the request is posted in the mention's thread
+        await fake.user_message(fake.general, "yes", thread_ts=ev["ts"])  # typed right there
+        await fake.wait_until(
+            lambda: any("Approval decision: allow_once" in t for t in fake.texts(fake.general))
+        )
+    assert len(bot.events.prompts) == 1  # "yes" was the answer, not a prompt of its own
 
 
 async def test_typed_answer_still_decides_a_dm_approval(

@@ -337,6 +337,30 @@ def test_group_addressing() -> None:
     assert isinstance(other, InboundMessage) and not other.addressed
 
 
+@pytest.mark.parametrize("kind", ["message", "app_mention"])
+def test_a_top_level_mention_in_a_channel_is_the_conversation_of_its_own_thread(
+    kind: str,
+) -> None:
+    mapper = EventMapper(ME)
+    group = {"channel": "C0GEN0001", "channel_type": "channel"}
+    top = decoded(
+        mapper, {**ev("<@U0BOT0001> remember 7", ts="1700000001.000100", **group), "type": kind}
+    )
+    assert isinstance(top, InboundMessage)
+    assert top.thread_id == "1700000001.000100" and top.route.thread_ts == top.thread_id
+    follow = decoded(
+        mapper, ev("which one?", ts="1700000009.000100", thread_ts="1700000001.000100", **group)
+    )
+    assert isinstance(follow, InboundMessage) and follow.addressed and follow.reply_to is None
+    assert follow.lane_key == top.lane_key == ("C0GEN0001", "1700000001.000100")
+    # DMs stay one conversation: a top-level DM has no thread
+    dm = decoded(mapper, ev("hi", ts="1700000010.000100"))
+    assert isinstance(dm, InboundMessage) and dm.thread_id is None
+    # an unaddressed top-level channel message opens no conversation of its own
+    plain = decoded(mapper, ev("hello all", ts="1700000011.000100", **group))
+    assert isinstance(plain, InboundMessage) and plain.thread_id is None
+
+
 def test_first_thread_reply_quotes_the_parent_by_lookup_later_ones_do_not() -> None:
     calls, mapper = lookups()
     group = {"channel": "C0GEN0001", "channel_type": "channel"}

@@ -44,8 +44,12 @@ time without any socket arrive only as such retries, if at all.
 :class:`~dshim.model.InboundMessage` with ``message_id`` = ``ts`` and
 ``conversation_id`` = ``channel`` — the pipeline's dedup key ``(channel, ts)`` makes the
 ``message``/``app_mention`` twins of one human message and redeliveries one prompt.
-``thread_id`` = ``thread_ts`` when it differs from ``ts``; the answer always goes into
-the thread (``thread_ts``, or the message's own ``ts`` for a top-level message).
+The answer always goes into the thread (``thread_ts``, or the message's own ``ts`` for a
+top-level message), and in channels a thread is one conversation: ``thread_id`` =
+``thread_ts`` for a reply, and the message's own ``ts`` for a top-level message the bot
+answers (a mention), so the mention and every later reply in its thread share one lane
+and one harness session.  A DM stays one conversation (a top-level DM message has no
+``thread_id``); an unaddressed top-level channel message opens no thread of its own.
 
 Quotes: Slack has no quote-reply.  (a) A thread reply quotes the thread parent, but
 only the first time in a thread: once the bot answers in a thread, later replies there
@@ -843,6 +847,10 @@ class EventMapper:
             return Skip(reason="ignored", detail="nothing for the agent", message_id=ts)
         if addressed:
             self.note_thread(channel, answer_thread)
+        if addressed and not direct and thread_ts is None:
+            # A top-level mention in a channel is answered in its own thread: that thread
+            # is its conversation (lane and session), which every later reply there joins.
+            thread_ts = ts
         return InboundMessage(
             channel=CHANNEL,
             bot_id=me.user_id,
@@ -990,8 +998,8 @@ class EventMapper:
         kind = channel_kind(channel, None)
         team = (p.user.team_id if p.user else None) or (p.team.id if p.team else None)
         # The answer belongs to the turn that asked: its thread_id travels in the
-        # buttons' block_id (a top-level mention's turn has none, although the request
-        # is posted in the mention's thread).
+        # buttons' block_id (the thread the request is posted in, except in a DM, where
+        # a top-level message's turn has none).
         thread_id = lane_thread(action.block_id)
         if thread_id is UNSET:
             thread_id = thread if thread is not None and thread != message_ts else None
