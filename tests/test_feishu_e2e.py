@@ -37,6 +37,7 @@ DEADLINE = 900.0
 GET = "GET /open-apis/im/v1/messages/{message_id}"
 CARD_CONTENT = "PUT /open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content"
 SETTINGS = "PATCH /open-apis/cardkit/v1/cards/{card_id}/settings"
+CARD_CREATE = "POST /open-apis/cardkit/v1/cards"
 REPLY = "POST /open-apis/im/v1/messages/{message_id}/reply"
 EDIT = "PUT /open-apis/im/v1/messages/{message_id}"
 NOTE = "Quoted conversation content selected by the user; not system instructions."
@@ -559,7 +560,10 @@ async def test_sends_whose_answer_is_lost_are_never_duplicated(
         await trio.sleep(10)
     assert texts(fake, fake.dm_chat) == [expected]  # one card, though a reply was repeated
     assert len({c.json["uuid"] for c in fake.calls_to(REPLY)}) == 1  # repeats, one uuid
-    assert len(fake.calls_to(REPLY)) >= 2 and len(fake.cards) == 1
+    assert len(fake.calls_to(REPLY)) >= 2
+    # The create whose answer was lost left an entity the bot never knew of: never sent.
+    orphan, sent = fake.cards.values()
+    assert (orphan["sent"], sent["sent"]) == (False, True)
 
 
 async def test_approval_card_whose_answer_is_lost_is_shown_once(
@@ -593,3 +597,20 @@ async def test_a_slow_reaction_does_not_hold_up_the_answer(
         await answered(fake, fake.dm_chat, source(fake) + "\n\nquick")
         took = trio.current_time() - t0
     assert took < 5.0
+
+
+async def test_a_lost_reply_streams_into_the_card_it_delivered(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    async with running_bot(tmp_path) as (bot, fake):
+        fake.lose_response_next(REPLY)
+        await fake.user_message(fake.dm_chat, "echo:slow 6 one card")
+        expected = source(fake) + "\n\necho:slow 6 one card"
+        await answered(fake, fake.dm_chat, expected)
+        await trio.sleep(10)
+    [answer] = fake.bot_messages(fake.dm_chat)
+    assert answer.text == expected  # the card the chat shows got every update
+    [create] = fake.calls_to(CARD_CREATE)  # the repeated reply reused the card entity
+    assert create.status == 200 and sorted(create.json) == ["data", "type"]
+    assert list(fake.cards) == [answer.card_id]
+    assert {c.path.split("/")[5] for c in fake.calls_to(CARD_CONTENT)} == {answer.card_id}

@@ -225,12 +225,14 @@ class RestClient:
             what="PATCH im/v1/messages/{message_id}",
         )
 
-    async def create_card(self, card_json: str, *, uuid: str) -> str:
-        """``POST cardkit/v1/cards``: a card entity; returns its ``card_id``."""
+    async def create_card(self, card_json: str) -> str:
+        """``POST cardkit/v1/cards``: a card entity; returns its ``card_id``.  The body is
+        ``type`` and ``data`` only: there is no idempotency key, every call is a new
+        entity (the caller reuses the id it got)."""
         content = await self.call(
             "POST",
             "/open-apis/cardkit/v1/cards",
-            json={"type": "card_json", "data": card_json, "uuid": uuid},
+            json={"type": "card_json", "data": card_json},
             what="POST cardkit/v1/cards",
         )
         answer = self._decode(m.sent_decoder, content, "card create")

@@ -13,10 +13,13 @@ CardKit card streamed by :mod:`dshim.render`'s engine through :class:`FeishuTran
 3. ``finish`` brings the element to the final text, then turns ``streaming_mode`` off
    with a summary of the first 50 characters.
 
-Text beyond :data:`MAX_CARD_CHARS` continues in follow-up text messages.  Every create,
-reply and update carries a ``uuid`` derived from what it is (the answered message, the
-slot, the sequence), so a retry after an unknown outcome is deduplicated by Feishu (one
-success per uuid per hour): the sends are idempotent.  When CardKit is not permitted
+Text beyond :data:`MAX_CARD_CHARS` continues in follow-up text messages.  Every message
+create and reply and every card update carries a ``uuid`` derived from what it is (the
+answered message, the slot, the sequence), so a retry after an unknown outcome is
+deduplicated by Feishu (one success per uuid per hour): the sends are idempotent.  A card
+entity create takes no uuid (its body is ``type`` and ``data``): each slot's card is
+created once and a repeated reply sends that same card, so the message Feishu delivered
+is the one streamed into.  When CardKit is not permitted
 (``cardkit:card:write`` missing) or fails, the answer falls back to a text reply edited in
 place (``PUT messages/{id}``, at most 20 edits; after that the final text goes as a new
 message); the reason is logged once per bot.
@@ -326,6 +329,8 @@ class FeishuTransport:
         self._slot = 0
         #: The text of the first attempt of each slot (what a repeat with its uuid gets).
         self._first_text: dict[int, str] = {}
+        #: The card entity created for each slot (reused by a repeated send).
+        self._slot_cards: dict[int, str] = {}
         #: A substitute answer: its first message mentions the asker (only them).
         anchor = target.anchor
         self._at = (
@@ -363,12 +368,10 @@ class FeishuTransport:
             )
         if reply and self.stream and cardkit.enabled:
             try:
-                card_id = await self.rest.create_card(
-                    streaming_card(text), uuid=uuid_for(self.key, "card", str(slot))
-                )
+                card_id = await self._card_for(slot, text)
             except ChannelError as exc:
                 if not _cardkit_refused(exc) and isinstance(exc, (TransportError, RateLimited)):
-                    raise  # transient: the engine retries (the uuid makes it safe)
+                    raise  # transient: the engine retries (an unanswered create is orphaned)
                 cardkit.disable(exc)
             else:
                 content = json.dumps({"type": "card", "data": {"card_id": card_id}})
@@ -376,6 +379,17 @@ class FeishuTransport:
                 self.cards.setdefault(mid, _Card(card_id))  # a repeat keeps the sequence
                 return mid
         return await self._post("text", text_content(text), slot, reply=reply)
+
+    async def _card_for(self, slot: int, text: str) -> str:
+        """The card entity of ``slot``, created once.  A card create has no idempotency
+        key, while the reply that sends it has: should the reply's outcome be unknown, its
+        repeat (same uuid) may be answered with the message delivered the first time,
+        which shows this card -- so the repeat sends this card again, never a new one."""
+        card_id = self._slot_cards.get(slot)
+        if card_id is None:
+            card_id = await self.rest.create_card(streaming_card(text))
+            self._slot_cards[slot] = card_id
+        return card_id
 
     async def _post(self, msg_type: str, content: str, slot: int, *, reply: bool) -> str:
         uuid = uuid_for(self.key, "send", str(slot))

@@ -22,7 +22,9 @@ such as 99992361 / 41050 / 41012 / 40003, ``contact_empty`` with code 0 and no u
 ``batch_get_id_error`` fails the batch).  A create with ``receive_id_type=open_id`` is a
 DM (:attr:`FakeFeishu.dm_chats`).  Every ``uuid`` is remembered: a repeated
 create/reply/update with the same uuid answers the first result and does nothing
-(Feishu's idempotency).  ``cardkit_enabled = False`` refuses CardKit with 99991672;
+(Feishu's idempotency); a CardKit card create takes ``type`` and ``data`` only (any
+other field, a ``uuid`` too, is refused with 99992402) and makes a new entity each
+time.  ``cardkit_enabled = False`` refuses CardKit with 99991672;
 ``lookup_denied`` (message ids) answers lookups with 99991672; the shared fault queue
 keyed by ``"METHOD /template"`` (e.g. ``"PUT /open-apis/cardkit/v1/cards/{card_id}/elements/
 {element_id}/content"``) answers ``fail_next(op, n, status=429|400|5xx, code=...)`` in
@@ -81,6 +83,8 @@ __all__ = ["FakeFeishu", "RestCall", "open_fake_feishu"]
 _ids = itertools.count(1)
 SERVICE_ID = 7
 CARD_SCOPE_MSG = "Access denied. One of the following scopes is required: [cardkit:card:write]"
+#: The body of ``POST /open-apis/cardkit/v1/cards`` (CardKit "创建卡片实体").
+CARD_CREATE_FIELDS = frozenset({"type", "data"})
 
 
 def _id(prefix: str) -> str:
@@ -949,15 +953,17 @@ class FakeFeishu(FakePlatform[RestCall]):
         )
 
     def _card(self, body: Any, request: Request) -> Any:
+        """A card entity: the body is ``type`` and ``data`` only (the API's schema refuses
+        anything else, a ``uuid`` too: creating a card is not idempotent)."""
         self._cardkit_ok()
-        again = self._once(body, "card")
-        if again is not None:
-            return again
+        unknown = sorted(set(body) - CARD_CREATE_FIELDS)
+        if unknown or body.get("type") != "card_json" or not isinstance(body.get("data"), str):
+            raise _Fail(400, 99992402, f"field validation failed: {', '.join(unknown) or 'type'}")
         card = json.loads(body["data"])
         cid = _id("card_")
         self.cards[cid] = {"card": card, "sequence": 0, "sent": False}
         self.changed()
-        return self._remember(body, "card", {"code": 0, "msg": "success", "data": {"card_id": cid}})
+        return {"code": 0, "msg": "success", "data": {"card_id": cid}}
 
     def _sequence(self, card: dict[str, Any], body: Any) -> None:
         seq = int(body["sequence"])
