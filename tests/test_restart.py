@@ -245,3 +245,25 @@ async def test_a_message_that_crashes_the_bot_is_tried_twice_then_gets_the_notic
             await trio.sleep(120)
     assert c.texts == [INTERRUPTED_TEXT, answer_to("are you back?")]
     assert c.agent.prompts == ["poison", "poison", "are you back?"]
+
+
+async def test_the_restart_notice_survives_a_second_crash_before_it_went_out(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            first = c.say("echo:slow 20 the question")
+            await c.until(lambda: len(c.texts) == 1)
+            # crash 1: part of the answer is shown
+        c.fake.fail_next("sendMessage", 1_000, status=502)  # the platform is down...
+        async with c.serving():
+            await c.until(lambda: len(c.fake.calls_to("sendMessage")) >= 2)
+            await trio.sleep(3)
+            # ...and crash 2 comes before the notice could be delivered
+        c.fake.faults.clear()
+        async with c.serving():
+            await c.until(lambda: len(c.texts) == 2)
+            await trio.sleep(30)
+        partial, notice = c.fake.bot_messages(ADA["id"])
+    assert notice.text == INTERRUPTED_TEXT and notice.reply_to_message_id == first["message_id"]
+    assert len(c.agent.prompts) == 1

@@ -17,23 +17,28 @@ the task that sent it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeAlias
 
 import structlog
 import trio
 
-from dshim.errors import DshimError
+from dshim.errors import AuthError, DshimError, RateLimited, TransportError
 from dshim.model import Delivered, ReplyTarget
 from dshim.outbound import Outbound
 from dshim.pipeline.activity import Activity
 from dshim.store.base import OutboundEntry, Store
 
-__all__ = ["NOTICE_QUEUE", "Notifier"]
+__all__ = ["NOTICE_QUEUE", "AfterNotice", "Notifier", "Outcome", "outcome_of"]
 
 log = structlog.get_logger("dshim.pipeline")
 
 #: Notices waiting for the worker; ``notify`` waits when the queue is full.
 NOTICE_QUEUE = 64
+
+#: How a notice went (see :func:`outcome_of`).
+Outcome: TypeAlias = Literal["sent", "unknown", "later", "refused"]
+AfterNotice: TypeAlias = Callable[[Outcome], Awaitable[None]]
 
 
 class Notifier:
@@ -54,34 +59,59 @@ class Notifier:
         self.bot = bot
         self.clock = clock
         self.activity = activity
-        self._send, self._recv = trio.open_memory_channel[tuple[ReplyTarget, str]](queue_size)
+        self._send, self._recv = trio.open_memory_channel[
+            tuple[ReplyTarget, str, AfterNotice | None]
+        ](queue_size)
 
-    async def notify(self, target: ReplyTarget, text: str) -> None:
-        """Queue a notice for the worker.  Waits only when the notice queue is full."""
+    async def notify(
+        self, target: ReplyTarget, text: str, *, then: AfterNotice | None = None
+    ) -> None:
+        """Queue a notice for the worker.  Waits only when the notice queue is full.
+
+        ``then`` is called by the worker with the notice's :data:`Outcome` once it was
+        tried (e.g. to mark an inbox entry done only when its notice went out)."""
         self.activity.busy()
-        await self._send.send((target, text))
+        await self._send.send((target, text, then))
 
     async def send_now(self, target: ReplyTarget, text: str) -> list[Delivered]:
         """Send a notice from this task and record it; ``[]`` when it could not be sent."""
+        delivered, _ = await self.send_outcome(target, text)
+        return delivered
+
+    async def send_outcome(self, target: ReplyTarget, text: str) -> tuple[list[Delivered], Outcome]:
+        """Send a notice from this task and record it; also say how it went."""
         try:
             delivered = await self.outbound.send_text(target, text)
         except DshimError as exc:  # the channel's outbound raises ChannelError only
             log.warning("notice_failed", error=short(exc), conversation=target.conversation_id)
-            return []
+            return [], outcome_of(exc)
         now = self.clock()
         for d in delivered:
             await self.store.add_outbound(
                 self.bot, target.conversation_id, OutboundEntry.from_delivered(d), now=now
             )
-        return delivered
+        return delivered, "sent"
 
     async def run_worker(self) -> None:
         """Send queued notices in order, forever (run it in the bot's nursery)."""
-        async for target, text in self._recv:
+        async for target, text, then in self._recv:
             try:
-                await self.send_now(target, text)
+                _, outcome = await self.send_outcome(target, text)
+                if then is not None:
+                    await then(outcome)
             finally:
                 self.activity.done()
+
+
+def outcome_of(exc: DshimError) -> Outcome:
+    """How a failed send went: ``unknown`` when the platform may have it (never send it
+    again), ``later`` when it certainly did not and may work later (the platform is
+    down or busy), ``refused`` when it never will (the chat is gone, the bot blocked)."""
+    if isinstance(exc, TransportError):
+        return "unknown" if exc.request_sent and exc.status is None else "later"
+    if isinstance(exc, (RateLimited, AuthError)):
+        return "later"
+    return "refused"
 
 
 def short(exc: BaseException) -> str:

@@ -64,7 +64,7 @@ from dshim.pipeline.activity import Activity
 from dshim.pipeline.batch import Batch, Batches, Step
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
-from dshim.pipeline.notices import Notifier, short
+from dshim.pipeline.notices import Notifier, Outcome, short
 from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, chat_allowed
 from dshim.pipeline.turn import TurnDeps, run_turn
@@ -757,8 +757,17 @@ class BotRuntime:
             shown=entry.state == "delivered",
             attempts=entry.attempts,
         )
-        await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT)
-        await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
+        conversation_id, message_id = entry.conversation_id, entry.message_id
+
+        async def noticed(outcome: Outcome) -> None:
+            # Done only once the notice is out (or may be, or never can be): a crash before
+            # that, or a platform that is down, leaves it for the next start.
+            if outcome == "later":
+                log.warning("restart_notice_postponed", message_id=message_id)
+                return
+            await self.store.inbox_done(self.bot.name, conversation_id, message_id)
+
+        await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT, then=noticed)
         return 0
 
     def _is_command(self, msg: InboundMessage) -> bool:
