@@ -72,6 +72,7 @@ from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store
 from dshim.store.base import BoundStore, Store
+from dshim.store.lock import hold_data_dir_lock
 
 log = structlog.get_logger("dshim.serve")
 
@@ -583,6 +584,9 @@ def run_serve(
 ) -> int:
     """Run ``dshim serve`` to completion; returns the exit code.
 
-    ``announce`` gets the endpoint's URL once it listens (the CLI prints it).
+    ``announce`` gets the endpoint's URL once it listens (the CLI prints it).  The data
+    directory is locked for the whole run: a second serve on it raises
+    :class:`~dshim.errors.StoreError` before it starts anything.
     """
-    return trio.run(functools.partial(_serve_main, config, data_dir, announce))
+    with hold_data_dir_lock(data_dir):
+        return trio.run(functools.partial(_serve_main, config, data_dir, announce))

@@ -10,6 +10,7 @@ rows in the file with a second, plain sqlite3 connection.
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import stat
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ import dshim.store.sqlite as sqlite_store
 from dshim.errors import StoreError
 from dshim.store import DB_FILENAME, open_store
 from dshim.store.base import Binding, InboxEntry, OutboundEntry
+from dshim.store.lock import hold_data_dir_lock
 from dshim.store.sqlite import (
     OUTBOUND_CAP,
     OUTBOUND_CUT_SLACK,
@@ -864,3 +866,24 @@ async def test_calls_sent_to_the_worker_thread_commit_together_and_a_failure_spo
         other.close()
         assert await store.get_cursor("bot", "broken") is None
     assert query(db_path, "SELECT COUNT(*) FROM inbox") == [(50,)]
+
+
+def test_the_data_dir_lock_is_held_once_and_released_on_exit(tmp_path: Path) -> None:
+    data_dir = tmp_path / "state"
+    with hold_data_dir_lock(data_dir):
+        assert stat.S_IMODE(data_dir.stat().st_mode) == 0o700
+        with pytest.raises(StoreError) as refused, hold_data_dir_lock(data_dir):
+            pass
+        message = str(refused.value)
+        assert "another dshim serve" in message and f"pid {os.getpid()}" in message
+        assert str(data_dir) in message
+    with hold_data_dir_lock(data_dir):  # released: taken again at once
+        pass
+
+
+async def test_the_data_dir_lock_does_not_keep_the_store_from_opening(tmp_path: Path) -> None:
+    """probe opens the store while serve holds the lock."""
+    with hold_data_dir_lock(tmp_path):
+        async with open_store(tmp_path) as s:
+            await s.set_cursor("bot", "probe", "1")
+            assert await s.schema_version() == SCHEMA_VERSION
