@@ -692,6 +692,7 @@ def _check_semantics(config: Config, label: str) -> None:
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
     _check_http(config.http, f"{label}: ")
+    _check_webhook_bots(config, label)
 
 
 def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
@@ -709,6 +710,26 @@ def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
             " can match (id, username, open_id, user_id or union_id; an email alone never"
             " matches until it is resolved)"
         )
+
+
+#: Channels whose messages arrive only as webhooks on the local HTTP endpoint.
+WEBHOOK_ONLY_CHANNELS = {"whatsapp": "WhatsApp"}
+
+
+def _check_webhook_bots(config: Config, label: str) -> None:
+    """A bot that receives only by webhook needs ``[http]``: without it, it would run
+    and never receive a message."""
+    if config.http.enabled:
+        return
+    for i, bot in enumerate(config.bots):
+        platform = WEBHOOK_ONLY_CHANNELS.get(bot.channel)
+        if platform is not None and bot.enabled:
+            raise ConfigError(
+                f"{label}: http.enabled: is false, but bots[{i}] ({_describe_value(bot.name)}) "
+                f"is a {platform} bot: {platform} delivers messages only by webhook, to "
+                f"/hooks/{bot.name} on the local HTTP endpoint; set [http] enabled = true "
+                "(or enabled = false on the bot)"
+            )
 
 
 def _check_http(http: HttpSection, prefix: str) -> None:

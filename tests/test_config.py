@@ -199,6 +199,49 @@ def test_http_errors_name_the_key(http: dict[str, object], message: str) -> None
     assert str(info.value).startswith(message)
 
 
+def wa(**kw: object) -> dict[str, object]:
+    return {
+        "name": "wa",
+        "channel": "whatsapp",
+        "phone_number_id": "106540352242922",
+        "access_token": "EAAG-test-access-token",
+        "app_secret": "test-app-secret",
+        "verify_token": "test-verify-token",
+        **kw,
+    }
+
+
+def test_a_whatsapp_bot_without_the_http_endpoint_is_a_configuration_error() -> None:
+    # Meta delivers WhatsApp messages only by webhook, to the local endpoint: a bot
+    # without it would never receive anything.  Said at load, naming the key.
+    off = {"http": {"enabled": False}}
+    with pytest.raises(ConfigError) as info:
+        parse_config({**off, **bots(tg(), wa())}, env={})
+    message = str(info.value)
+    assert message.startswith("dshim.toml: http.enabled: ")
+    assert 'bots[1] ("wa")' in message and "webhook" in message
+    assert "test-app-secret" not in message
+    # A disabled WhatsApp bot, or none at all, needs no endpoint.
+    assert parse_config({**off, **bots(tg(), wa(enabled=False))}, env={}).bots[1].name == "wa"
+    assert not parse_config({**off, **bots(tg())}, env={}).http.enabled
+    assert parse_config(bots(wa()), env={}).http.enabled
+
+
+def test_dshim_serve_refuses_a_whatsapp_bot_without_the_endpoint_with_exit_2(
+    tmp_path: Path,
+) -> None:
+    from tests.test_cli import dshim
+
+    cfg = tmp_path / "dshim.toml"
+    # api_base on a closed local port: nothing would reach Meta even if it started.
+    table = "".join(f'{k} = "{v}"\n' for k, v in wa(api_base="http://127.0.0.1:9").items())
+    cfg.write_text(f"[http]\nenabled = false\n\n[[bots]]\n{table}")
+    r = dshim("--config", str(cfg), "--data-dir", str(tmp_path / "data"), "serve", timeout=20)
+    assert r.returncode == 2, r.stderr
+    assert "dshim.toml: http.enabled: " in r.stderr and "Traceback" not in r.stderr
+    assert "bot_started" not in r.stderr and "test-app-secret" not in r.stderr
+
+
 def test_http_defaults_and_the_token_from_the_environment() -> None:
     cfg = parse_config({}, env={})
     assert (cfg.http.enabled, cfg.http.listen, cfg.http.token) == (True, "127.0.0.1:8910", None)

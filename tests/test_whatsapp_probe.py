@@ -134,10 +134,26 @@ async def test_without_dshim_serve_the_route_is_a_warning_and_the_signature_chec
     assert rows["wa: store"].result == "ok"
 
 
-async def test_a_disabled_endpoint_fails_the_route_check(tmp_path: Path) -> None:
+async def test_a_disabled_endpoint_is_a_configuration_error_before_any_check(
+    tmp_path: Path,
+) -> None:
     async with open_fake_whatsapp() as fake:
         rows, code = await probe(write_config(tmp_path, fake, "127.0.0.1:9", enabled=False))
+    assert code == 2
+    assert list(rows) == ["config"] and rows["config"].result == "fail"
+    assert "dshim.toml: http.enabled: " in rows["config"].detail
+    assert not fake.calls  # nothing asked of Meta
+
+
+async def test_a_disabled_bot_without_the_endpoint_fails_only_its_route_check(
+    tmp_path: Path,
+) -> None:
+    async with open_fake_whatsapp() as fake:
+        path = write_config(tmp_path, fake, "127.0.0.1:9", enabled=False)
+        path.write_text(path.read_text() + "enabled = false\n", encoding="utf-8")
+        rows, code = await probe(path)
     assert code == 1
+    assert rows["wa: enabled"].result == "warn"
     assert rows["wa: webhook route"].result == "fail"
     assert "[http] enabled = false" in rows["wa: webhook route"].detail
 
