@@ -15,6 +15,7 @@ import trio
 
 from dshim.channels.kit.http import (
     AccessToken,
+    counted,
     download_capped,
     map_httpx_errors,
     open_http,
@@ -54,6 +55,29 @@ async def test_network_failures_say_whether_the_request_can_have_been_processed(
     assert not refused.value.request_sent and "cannot connect" in str(refused.value)
     for exc in (dropped.value, slow.value, refused.value):
         assert "127.0.0.1" not in str(exc)  # what failed, never the URL
+
+
+async def test_a_request_that_cannot_be_made_is_a_channel_error_not_a_crash() -> None:
+    # A platform id of 70 KiB (or with a control character) in a URL path: httpx refuses
+    # to build the request (InvalidURL, no TransportError), on every kind of call.
+    huge = "om_" + "x" * 70_000
+    async with open_http_server(app) as server, open_http(server.url, user_agent="t") as http:
+        calls = [
+            lambda: http.get(f"/messages/{huge}"),
+            lambda: http.post(f"/messages/{huge}/reply", json={"text": "hi"}),
+            lambda: http.get("/messages/a\x00b"),
+        ]
+        for call in calls:
+            with pytest.raises(ChannelError) as caught:
+                with map_httpx_errors("reply"):
+                    await call()
+            assert not isinstance(caught.value, TransportError)  # never retried as transient
+            assert "reply" in str(caught.value) and huge not in str(caught.value)
+            with pytest.raises(ChannelError):
+                await counted("reply", call())
+        with pytest.raises(ChannelError):
+            await download_capped(http, f"{server.url}/files/{huge}", 1000)
+    assert server.requests == 0  # nothing was sent
 
 
 async def test_downloads_stop_at_the_cap_and_map_statuses() -> None:

@@ -197,18 +197,35 @@ def transport_error(what: str, exc: httpx.TransportError) -> TransportError:
     return TransportError(f"{what}: connection failed ({name})", request_sent=True)
 
 
+#: Every other failure httpx raises: the request cannot be made at all (a URL too long
+#: or with a control character — a hostile id in a path —, a body that cannot be
+#: encoded, a redirect loop, a response that does not decode).
+HTTPX_FAILURES = (httpx.HTTPError, httpx.InvalidURL, httpx.StreamError, httpx.CookieConflict)
+
+
+def httpx_error(what: str, exc: Exception) -> ChannelError:
+    """Any httpx failure as the error tree: network failures as TransportError (see
+    :func:`transport_error`), the rest as a ChannelError that retrying cannot fix.  The
+    message names ``what`` and the failure's kind, never the URL or httpx's text (both
+    can carry an id of any length, or a token)."""
+    if isinstance(exc, httpx.TransportError):
+        return transport_error(what, exc)
+    return ChannelError(f"{what}: the request cannot be made ({type(exc).__name__})")
+
+
 @contextlib.contextmanager
 def map_httpx_errors(what: str) -> Iterator[None]:
-    """Map httpx's network failures inside the block to TransportError, once.
+    """Map every httpx failure inside the block to the error tree, once.
 
     ``request_sent`` is False only when the connection could not be made; timeouts and
-    connections lost after the request went out may have been processed.  The message
-    names ``what`` (a method or route), never a URL (URLs can carry tokens).
+    connections lost after the request went out may have been processed.  A request
+    httpx refuses to build is a plain ChannelError.  The message names ``what`` (a method
+    or route), never a URL (URLs can carry tokens).
     """
     try:
         yield
-    except httpx.TransportError as exc:
-        raise transport_error(what, exc) from exc
+    except HTTPX_FAILURES as exc:
+        raise httpx_error(what, exc) from exc
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -290,7 +307,7 @@ def _counting(what: str) -> Iterator[Callable[[int], None]]:
 
     try:
         yield answer
-    except httpx.TransportError:
+    except HTTPX_FAILURES:
         if not answered:
             count_request(what, "error")
         raise
@@ -322,9 +339,9 @@ async def counted(what: str, request: Awaitable[R]) -> R:
     # Spelled out rather than map_httpx_errors + _counting: it runs on every API call.
     try:
         resp = await request
-    except httpx.TransportError as exc:
+    except HTTPX_FAILURES as exc:
         count_request(what, "error")
-        raise transport_error(what, exc) from exc
+        raise httpx_error(what, exc) from exc
     count_request(what, resp.status_code)
     return resp
 
