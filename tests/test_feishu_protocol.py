@@ -438,6 +438,19 @@ def test_quote_has_a_loader_and_topic_root_is_no_quote() -> None:
     assert inner.reply_to is not None and inner.reply_to.message_id == "om_2"
 
 
+def test_a_reply_without_parent_id_quotes_its_root() -> None:
+    # The seed's fallback: parent_id, else root_id when it is not the message itself.
+    rooted = mapped(message_event({"text": "x"}, root_id="om_r", thread_id="omt_1"))
+    assert rooted.reply_to is not None and rooted.reply_to.message_id == "om_r"
+    assert rooted.reply_to.loader is not None
+    plain = mapped(message_event({"text": "x"}, root_id="om_r"))
+    assert plain.reply_to is not None and plain.reply_to.message_id == "om_r"
+    itself = mapped(message_event({"text": "x"}, root_id="om_1", thread_id="omt_1"))
+    assert itself.reply_to is None  # the topic's root message itself
+    topic_id = mapped(message_event({"text": "x"}, root_id="omt_1", thread_id="omt_1"))
+    assert topic_id.reply_to is None  # the topic's id is no message to quote
+
+
 @pytest.mark.parametrize(
     "raw",
     [
@@ -590,6 +603,11 @@ def test_lookup_results() -> None:
     ok = ref(item())
     assert (ok.content, ok.author_id) == ("quoted", "ou_x")
     assert ref(item(chat_id="oc_other")) is None  # another chat: not-found, content discarded
+    # Without a chat_id the message cannot be shown to be this chat's: never used either.
+    no_chat = item()
+    del no_chat["chat_id"]
+    assert ref(no_chat) is None
+    assert ref(item(chat_id="")) is None and ref(item(chat_id=None)) is None
     assert ref(item(deleted=True)).unavailable_reason == "deleted"
     bot = ref(item(sender={"id": APP, "id_type": "app_id", "sender_type": "app"}))
     assert (bot.author_id, bot.author_name) == (BOT, "dshim")

@@ -163,7 +163,7 @@ class MessageItem(msgspec.Struct, kw_only=True):
 
     message_id: str = ""
     msg_type: str = ""
-    chat_id: str = ""
+    chat_id: str | None = None
     deleted: bool = False
     create_time: str = ""
     upper_message_id: str | None = None

@@ -49,9 +49,10 @@ with every id of their ``mentions`` entry, and post ``at`` nodes whose ``user_id
 open_id -- become ``mentions`` in text order for substitute mode),
 ``im.message.recalled_v1`` to :class:`Recall`, ``card.action.trigger`` to the clicker's
 answer message (or, for a substitute control notice's button, a :class:`ControlPress`).  Quotes (§4, §6): the event
-names only ``parent_id``; a topic reply whose ``parent_id == root_id`` is thread
-context, not a quote; else a loader fetches the message (one request) and
-:func:`fetched_reference` maps it (another chat -> ``not-found``, never its content).
+names only ``parent_id`` (without it, a ``root_id`` other than the message itself: the
+seed's fallback); a topic reply whose ``parent_id == root_id`` is thread context, not a
+quote; else a loader fetches the message (one request) and :func:`fetched_reference`
+maps it (another chat, or an item naming no chat -> ``not-found``, never its content).
 
 Error codes (§6, §7) are classified once in :func:`classify_error`.
 """
@@ -1218,11 +1219,21 @@ class EventMapper:
 
     def _reply_to(self, msg: m.Message) -> ReplyReference | None:
         parent = msg.parent_id
-        if not parent or parent == msg.message_id:
+        if not parent:
+            # No parent_id but a root_id (a topic reply): the root is the quote, as in the
+            # seed -- unless it is the message itself or the topic's own id (``omt_``).
+            root = msg.root_id
+            if not root or root == msg.message_id or root == msg.thread_id:
+                return None
+            return self._quote(msg.chat_id, root)
+        if parent == msg.message_id:
             return None
         if msg.thread_id and parent == msg.root_id:
             return None  # a topic reply points at the topic root: thread context, no quote
-        loader = self.lookup(msg.chat_id, parent) if self.lookup is not None else None
+        return self._quote(msg.chat_id, parent)
+
+    def _quote(self, chat_id: str, parent: str) -> ReplyReference:
+        loader = self.lookup(chat_id, parent) if self.lookup is not None else None
         if loader is None:
             return ReplyReference(message_id=parent, unavailable_reason="not-delivered")
         return ReplyReference(message_id=parent, loader=loader)
@@ -1283,14 +1294,14 @@ def fetched_reference(
     bot_open_id: str,
     bot_name: str,
 ) -> ReplyReference | None:
-    """A quoted message from ``GET messages/{id}``: None when it is not there (or not in
-    this chat: its content is discarded)."""
+    """A quoted message from ``GET messages/{id}``: None when it is not there (or not shown
+    to be in this chat -- another ``chat_id``, or none: its content is discarded)."""
     items = answer.data.items if answer.data is not None and answer.data.items else []
     item = next((i for i in items if i.message_id == message_id), None)
     if item is None:
         return None
-    if item.chat_id and item.chat_id != chat_id:
-        return None  # another chat: never leak its content
+    if item.chat_id != chat_id:
+        return None  # another chat, or none named: never leak its content
     if item.deleted:
         return ReplyReference(message_id=message_id, unavailable_reason="deleted")
     sender = item.sender
