@@ -58,7 +58,7 @@ async def seed_user(tmp_path: Path, fake: FakeWeixin) -> None:
             register_secret=lambda s: None,
         )
         await book.observe(USER, ContextToken(CONTEXT, 1, int(time.time() * 1000)))
-    fake.latest_context[USER] = CONTEXT
+    fake.issue_context(USER, CONTEXT)
 
 
 async def test_healthy_bot_passes_without_reading_updates(tmp_path: Path) -> None:

@@ -56,8 +56,7 @@ async def rig(tmp_path: Path, *, credential: str = TEST_TOKEN) -> AsyncIterator[
 
 async def written(r: Rig, token: str = "ctx-1", *, seq: int = 1, at: float | None = None) -> None:
     """The user wrote: the fake and the book learn the token."""
-    r.fake.latest_context[USER] = token
-    r.fake.replies_since_inbound[USER] = 0
+    r.fake.issue_context(USER, token)
     await r.book.observe(USER, ContextToken(token, seq, None), at=at)
 
 

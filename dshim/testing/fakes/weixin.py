@@ -13,9 +13,14 @@ HTTP 200) with the semantics dshim relies on:
   message log; a poll answers at once when messages follow it, else after the window
   (``longpolling_timeout_ms``, :attr:`window_ms`) with an empty list and the same
   cursor.  :meth:`redeliver` appends an earlier message again (at-least-once delivery);
-- ``sendmessage`` validates the ``context_token`` (missing or not the user's latest:
-  ``-2``) and the ~10-replies-per-inbound cap (``-2``), one item per request, and
-  answers the server ``message_id`` (:attr:`return_message_id`);
+- every user message carries a fresh ``context_token``; ``sendmessage`` answers
+  ``{"ret": -2, "errmsg": ""}`` on HTTP 200 (real iLink's refusal, issues #204, #225)
+  for a token that is missing, was never issued for that user, or was revoked
+  (:meth:`revoke`, ``user_message(revoked=True)``: the server no longer honours it —
+  expired like a backlog message's); iLink does not say whether an older token of the
+  user still works, the fake keeps every unrevoked one valid.  Also ``-2``: the
+  ~10-replies-per-inbound cap.  One item per request; answers the server
+  ``message_id`` (:attr:`return_message_id`);
 - ``getconfig`` hands out a typing ticket, ``sendtyping`` records the status;
 - a CDN (``/c2c/download?encrypted_query_param=``) serving AES-128-ECB encrypted media
   (:meth:`add_media`);
@@ -116,7 +121,10 @@ class FakeWeixin(FakePlatform[Call]):
         self.log: list[dict[str, Any]] = []
         self.user_messages: dict[str, dict[str, Any]] = {}
         self.bot_messages: list[BotMessage] = []
-        self.latest_context: dict[str, str] = {}
+        #: Every context token a user message carried: token -> user.
+        self.issued: dict[str, str] = {}
+        #: Issued tokens the server refuses from now on.
+        self.revoked: set[str] = set()
         self.replies_since_inbound: dict[str, int] = {}
         self.typing: list[tuple[str, int]] = []
         self.media: dict[str, bytes] = {}
@@ -163,14 +171,23 @@ class FakeWeixin(FakePlatform[Call]):
         if msg.get("message_type") == 1 and msg.get("from_user_id"):
             user = str(msg["from_user_id"])
             if msg.get("context_token"):
-                self.latest_context[user] = str(msg["context_token"])
-            self.replies_since_inbound[user] = 0
+                self.issue_context(user, str(msg["context_token"]))
             self.user_messages[str(msg.get("message_id"))] = msg
         self.log.append(msg)
         self._new.set()
         self._new = trio.Event()
         self.changed()
         return msg
+
+    def issue_context(self, user: str, token: str) -> None:
+        """The server hands ``token`` out for ``user`` (with a message of theirs): it is
+        valid for replies from now on, and the reply cap starts again."""
+        self.issued[token] = user
+        self.replies_since_inbound[user] = 0
+
+    def revoke(self, token: str) -> None:
+        """The server refuses ``token`` from now on (``-2``)."""
+        self.revoked.add(token)
 
     def user_message(
         self,
@@ -180,10 +197,19 @@ class FakeWeixin(FakePlatform[Call]):
         items: list[dict[str, Any]] | None = None,
         quote: dict[str, Any] | None = None,
         group_id: str | None = None,
+        seq: int | None = None,
+        sent_ms: int | None = None,
+        revoked: bool = False,
     ) -> dict[str, Any]:
-        """A user writes ``text`` (or ``items``), optionally quoting (``ref_msg``)."""
-        now = self._now_ms()
-        self._seq += 1
+        """A user writes ``text`` (or ``items``), optionally quoting (``ref_msg``).
+
+        ``seq`` overrides the next sequence number (the counter does not move),
+        ``sent_ms`` the time it was written (a backlog message), ``revoked`` makes its
+        context token one the server refuses."""
+        now = self._now_ms() if sent_ms is None else sent_ms
+        if seq is None:
+            self._seq += 1
+            seq = self._seq
         item_list = list(items or [])
         if text is not None:
             item_list.insert(0, {"type": 1, "text_item": {"text": text}})
@@ -193,7 +219,7 @@ class FakeWeixin(FakePlatform[Call]):
         if quote is not None and item_list:
             item_list[0]["ref_msg"] = quote
         msg: dict[str, Any] = {
-            "seq": self._seq,
+            "seq": seq,
             "message_id": self.new_id(now),
             "from_user_id": user,
             "to_user_id": self.bot_id,
@@ -206,6 +232,8 @@ class FakeWeixin(FakePlatform[Call]):
         }
         if group_id is not None:
             msg["group_id"] = group_id
+        if revoked:
+            self.revoke(msg["context_token"])
         return self.add_message(msg)
 
     def quote_of(self, message_id: str | int, *, id_only: bool = False) -> dict[str, Any]:
@@ -385,7 +413,7 @@ class FakeWeixin(FakePlatform[Call]):
         if not isinstance(items, list) or len(items) != 1:
             return {"ret": -1, "errmsg": "one item per message"}
         token = msg.get("context_token")
-        if not token or token != self.latest_context.get(user):
+        if not token or self.issued.get(str(token)) != user or token in self.revoked:
             return {"ret": -2, "errmsg": ""}
         if self.replies_since_inbound.get(user, 0) >= MAX_REPLIES_PER_INBOUND:
             return {"ret": -2, "errmsg": ""}
