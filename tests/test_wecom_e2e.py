@@ -17,6 +17,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from structlog.testing import capture_logs
 
@@ -146,16 +147,18 @@ async def test_overflow_beyond_18000_bytes_is_pushed(
     assert all(p.chatid == rig.fake.user_id for p in rig.fake.pushes)
 
 
+@pytest.mark.parametrize("msgid", [True, False], ids=["with-msgid", "without-msgid"])
 async def test_disconnected_event_stops_the_bot_without_reconnecting(
-    autojump_clock: trio.abc.Clock, tmp_path: Path
+    autojump_clock: trio.abc.Clock, tmp_path: Path, msgid: bool
 ) -> None:
     """Another process takes the bot over: this one stops with a clear error, once, and
-    never connects again (which would evict the other one)."""
+    never connects again (which would evict the other one) -- whether or not the event
+    carries a ``msgid``: its type alone says what it is."""
     rig = Rig()
     with capture_logs() as logs:
         async with rig.open(), running(rig, tmp_path) as run:
             await rig.receiving()
-            await rig.fake.take_over()
+            await rig.fake.take_over(msgid=msgid)
             await trio.sleep(120)
             assert run.results == {BOT: "fatal"}
     assert len(rig.fake.subscribes) == 1

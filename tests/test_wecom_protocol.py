@@ -309,6 +309,33 @@ def test_classify() -> None:
 
 
 @pytest.mark.parametrize(
+    "ev_body",
+    [
+        # As the server sends it, and the shapes it may also take: only the type counts.
+        body("event", msgid="ev-9", event={"eventtype": "disconnected_event"}),
+        {"event": {"eventtype": "disconnected_event"}},
+        {"msgid": "", "msgtype": "event", "event": {"eventtype": "disconnected_event"}},
+        {"aibotid": BOT, "create_time": 1700000000, "event": {"eventtype": "disconnected_event"}},
+    ],
+)
+def test_a_disconnected_event_is_a_takeover_with_or_without_msgid(ev_body: dict[str, Any]) -> None:
+    got = p.classify(frame(ev_body, p.EVENT_CALLBACK))
+    assert isinstance(got, p.Takeover)
+    # Decoded again (replay, the inbox) it is an event, not a malformed message.
+    out = p.Mapper(BOT).decode_frame(frame(ev_body, p.EVENT_CALLBACK))
+    assert isinstance(out, Skip) and out.reason == "ignored"
+
+
+def test_other_events_and_texts_naming_the_event_are_no_takeover() -> None:
+    enter = frame(body("event", event={"eventtype": "enter_chat"}), p.EVENT_CALLBACK)
+    assert isinstance(p.classify(enter), p.Callback)
+    said = frame(body(text={"content": "what is a disconnected_event?"}))
+    assert isinstance(p.classify(said), p.Callback)
+    odd = frame({"event": {"eventtype": 5}}, p.EVENT_CALLBACK)
+    assert isinstance(p.classify(odd), p.Callback)
+
+
+@pytest.mark.parametrize(
     ("code", "kind"),
     [(846605, p.ReplyExpired), (846608, p.StreamExpired), (45009, RateLimited)],
 )

@@ -313,26 +313,18 @@ class WecomLink:
                     continue
                 waiter.ack = got
                 waiter.done.set()
+            elif isinstance(got, p.Takeover):
+                with trio.move_on_after(self.options.close_wait_s):
+                    await ws.aclose(1000, "taken over")
+                raise FatalChannelError(
+                    "WeCom disconnected this bot: another connection with the same "
+                    "bot_id took it over (another dshim or SDK process?); not "
+                    "reconnecting, so the two do not evict each other"
+                )
             elif isinstance(got, p.Callback):
-                if got.cmd == p.EVENT_CALLBACK and _is_takeover(got.raw):
-                    with trio.move_on_after(self.options.close_wait_s):
-                        await ws.aclose(1000, "taken over")
-                    raise FatalChannelError(
-                        "WeCom disconnected this bot: another connection with the same "
-                        "bot_id took it over (another dshim or SDK process?); not "
-                        "reconnecting, so the two do not evict each other"
-                    )
                 await callbacks.send(got)
             else:
                 log.warning("frame_dropped", reason="unusable", detail=got.detail)
-
-
-def _is_takeover(raw: bytes) -> bool:
-    decoded = p.decode_body(raw)
-    if not isinstance(decoded, tuple):
-        return False
-    _, body = decoded
-    return body.event is not None and body.event.eventtype == "disconnected_event"
 
 
 async def download(http: httpx.AsyncClient, url: str, max_bytes: int) -> bytes:

@@ -95,6 +95,12 @@ class Body(Content, kw_only=True, gc=False):
     event: Event | None = None
 
 
+class EventOnly(msgspec.Struct, kw_only=True, gc=False):
+    """Just ``body.event``: how a takeover notice is recognised (it may lack ``msgid``)."""
+
+    event: Event | None = None
+
+
 class AckBody(msgspec.Struct, kw_only=True, gc=False):
     upload_id: str | None = None
     media_id: str | None = None
@@ -102,4 +108,5 @@ class AckBody(msgspec.Struct, kw_only=True, gc=False):
 
 frame_decoder = msgspec.json.Decoder(Frame)
 body_decoder = msgspec.json.Decoder(Body)
+event_only_decoder = msgspec.json.Decoder(EventOnly)
 encoder = msgspec.json.Encoder()

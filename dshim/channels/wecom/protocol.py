@@ -17,7 +17,8 @@ Connection states::
                    the subscribe is rate-protected and a rejection is not transient
                 -> no ack within 5 s / socket lost: reconnect with backoff 1-30 s
     LIVE -> 2 pings unacknowledged in a row: dead socket -> close, reconnect
-         -> disconnected_event (a newer connection took the bot over): FatalChannelError,
+         -> disconnected_event (a newer connection took the bot over; known by its
+            event type alone, msgid or not: :class:`Takeover`): FatalChannelError,
             never reconnect (two deployments would evict each other forever)
          -> socket lost: every pending request fails (ConnectionLost), reconnect
 
@@ -293,13 +294,36 @@ class Callback:
 
 
 @dataclass(frozen=True, slots=True)
+class Takeover:
+    """``disconnected_event``: a newer connection of this bot took over; stop for good."""
+
+    req_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Unusable:
     """A frame that is neither (undecodable, unknown command): logged and dropped."""
 
     detail: str
 
 
-Received = Ack | Callback | Unusable
+Received = Ack | Callback | Takeover | Unusable
+
+TAKEOVER_EVENT = "disconnected_event"
+_TAKEOVER_BYTES = TAKEOVER_EVENT.encode()
+
+
+def is_takeover(body: msgspec.Raw | bytes) -> bool:
+    """A callback body whose ``event.eventtype`` is ``disconnected_event``.
+
+    Its type alone decides: the server's takeover notice need not carry a ``msgid`` (or
+    a sender or chat), and missing it must not make dshim reconnect and evict the
+    connection that took over."""
+    try:
+        ev = m.event_only_decoder.decode(body).event
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError):
+        return False
+    return ev is not None and ev.eventtype == TAKEOVER_EVENT
 
 
 def classify(data: str | bytes) -> Received:
@@ -312,6 +336,9 @@ def classify(data: str | bytes) -> Received:
     if f.cmd is None:
         return Ack(f.headers.req_id, f.errcode or 0, f.errmsg or "", f.body)
     if f.cmd in (MSG_CALLBACK, EVENT_CALLBACK):
+        # The byte search first: nearly every frame is something else.
+        if _TAKEOVER_BYTES in raw and is_takeover(f.body):  # depth checked on the frame
+            return Takeover(f.headers.req_id)
         return Callback(f.cmd, f.headers.req_id, raw)
     return Unusable(f"unknown cmd {f.cmd[:40]!r}")
 
@@ -583,6 +610,8 @@ class Mapper:
         data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
         decoded = decode_body(data)
         if isinstance(decoded, Skip):
+            if isinstance(classify(data), Takeover):  # an event, with or without msgid
+                return Skip(reason="ignored", detail=f"event {TAKEOVER_EVENT}")
             return decoded
         f, body = decoded
         if f.cmd == EVENT_CALLBACK or body.msgtype == "event":

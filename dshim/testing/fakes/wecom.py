@@ -220,12 +220,17 @@ class FakeWecom(FakePlatform[Frame]):
             conn.push("drop")
             await self.wait_until(lambda: conn.closed_by is not None)
 
-    async def take_over(self) -> None:
-        """Another process subscribed: ``disconnected_event``, then the server closes."""
+    async def take_over(self, *, msgid: bool = True) -> None:
+        """Another process subscribed: ``disconnected_event``, then the server closes.
+
+        ``msgid=False``: the event without a ``msgid`` (only its type says what it is)."""
         conn = self.live
         if conn is None:
             return
-        conn.push("frame", self._event_frame("disconnected_event", chattype=None))
+        event = self._event_frame("disconnected_event", chattype=None)
+        if not msgid:
+            del event["body"]["msgid"]
+        conn.push("frame", event)
         conn.push("close", (1000, "replaced"))
         await self.wait_until(lambda: conn.closed_by is not None)
 
