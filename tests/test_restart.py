@@ -15,15 +15,17 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from dshim.channels.telegram.channel import CHANNEL
 from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
-from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
-from dshim.pipeline.runtime import INTERRUPTED_TEXT
+from dshim.model import PromptPart, ReplyTarget, TextDelta, TextPart, TurnEnd, TurnEvent
+from dshim.pipeline.runtime import GAVE_UP_TEXT, INTERRUPTED_TEXT
 from dshim.pipeline.turn import CUT_MARK
+from dshim.render import EditOutbound
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
@@ -267,3 +269,29 @@ async def test_the_restart_notice_survives_a_second_crash_before_it_went_out(
         partial, notice = c.fake.bot_messages(ADA["id"])
     assert notice.text == INTERRUPTED_TEXT and notice.reply_to_message_id == first["message_id"]
     assert len(c.agent.prompts) == 1
+
+
+async def test_a_message_that_takes_the_bot_down_before_its_turn_starts_is_given_up(
+    autojump_clock: trio.abc.Clock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening the answer's stream fails with a bug for one message, before its turn is
+    # marked running: every start resumes it and goes down again. Every resume counts as
+    # an attempt, so after two the bot gives up on it (with a notice) and answers again.
+    poisoned: set[str] = set()
+    opened = EditOutbound.open_stream
+
+    def open_stream(self: EditOutbound, target: ReplyTarget) -> Any:
+        if target.reply_to_message_id in poisoned:
+            raise RuntimeError("a bug before the turn starts")
+        return opened(self, target)
+
+    monkeypatch.setattr(EditOutbound, "open_stream", open_stream)
+    async with ada_chat(tmp_path) as c:
+        async with c.serving():
+            poisoned.add(str(c.say("poison")["message_id"]))
+            await c.until(lambda: GAVE_UP_TEXT in c.texts)
+            c.say("are you back?")
+            await c.until(lambda: len(c.texts) == 2)
+            await trio.sleep(120)
+    assert c.texts == [GAVE_UP_TEXT, answer_to("are you back?")]
+    assert c.agent.prompts == ["are you back?"]

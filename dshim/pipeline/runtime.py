@@ -27,7 +27,9 @@ The inbox entry of a message is removed when its handling ends (answered, refuse
 dropped by steps 4-6).  Entries left behind by a crash or shutdown are restored on the
 next start (:meth:`BotRuntime.restore`):
 
-- ``queued`` (its turn never started): it runs;
+- ``queued`` (its turn never started): it runs — each resume counts as an attempt, so
+  one that takes the bot down before its turn starts is given up (:data:`GAVE_UP_TEXT`)
+  after :data:`MAX_TURN_ATTEMPTS`;
 - ``running`` (its turn started, nothing of the answer was shown): it runs again — at
   most :data:`MAX_TURN_ATTEMPTS` turns in all, so a message that takes the bot down
   every time ends with a notice instead of a restart loop;
@@ -95,6 +97,9 @@ INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer 
 STATUS_TIMEOUT_S = 5.0
 #: Turns started for one message before a restart gives up on it (with a notice).
 MAX_TURN_ATTEMPTS = 2
+GAVE_UP_TEXT = (
+    "dshim stopped twice while handling this message, so it gave up on it. Send it again to retry."
+)
 #: After the shutdown grace: how long cut answers may take to show their mark.
 CUT_GRACE_S = 5.0
 
@@ -726,7 +731,16 @@ class BotRuntime:
                 self._drop(item, reason, restored=True)
                 await self._finish_inbox(item)
                 continue
-            log.info("inbox_entry_resumed", message_id=item.message_id)
+            # Every resume counts, like a turn start: a message that takes the bot down
+            # before its turn starts cannot resume (and take it down) for ever.
+            tried = await self.store.inbox_resumed(
+                self.bot.name, entry.conversation_id, entry.message_id
+            )
+            if tried >= MAX_TURN_ATTEMPTS:
+                log.warning("inbox_entry_given_up", message_id=item.message_id, attempts=tried)
+                await self._notice_then_done(entry, item, GAVE_UP_TEXT)
+                continue
+            log.info("inbox_entry_resumed", message_id=item.message_id, attempt=tried + 1)
             await self._dispatch(item)
             resumed += 1
         return resumed
@@ -757,6 +771,11 @@ class BotRuntime:
             shown=entry.state == "delivered",
             attempts=entry.attempts,
         )
+        await self._notice_then_done(entry, item, INTERRUPTED_TEXT)
+        return 0
+
+    async def _notice_then_done(self, entry: InboxEntry, item: InboundMessage, text: str) -> None:
+        """Tell the user under their message, and only then finish its inbox entry."""
         conversation_id, message_id = entry.conversation_id, entry.message_id
 
         async def noticed(outcome: Outcome) -> None:
@@ -767,8 +786,7 @@ class BotRuntime:
                 return
             await self.store.inbox_done(self.bot.name, conversation_id, message_id)
 
-        await self.notifier.notify(ReplyTarget.for_message(item), INTERRUPTED_TEXT, then=noticed)
-        return 0
+        await self.notifier.notify(ReplyTarget.for_message(item), text, then=noticed)
 
     def _is_command(self, msg: InboundMessage) -> bool:
         typed = not (msg.images or msg.files or msg.forwarded)

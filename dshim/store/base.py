@@ -169,6 +169,11 @@ class Store(Protocol):
         self, bot: str, conversation_id: str, message_id: str, state: str
     ) -> None: ...
 
+    async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
+        """Count one resume of a queued entry after a restart (as an attempt, like a turn
+        start); returns the attempts counted before this one."""
+        ...
+
     async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
         """Handling finished (answered, refused or dropped after acceptance)."""
         ...

@@ -837,6 +837,13 @@ class SqliteStore:
             raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
         await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
 
+    async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
+        """Count one resume of a queued entry after a restart, as an attempt (committed at
+        once, so an entry that takes the bot down before its turn starts still reaches the
+        limit); returns the attempts counted before this one."""
+        counted: int = await self._call(_inbox_resumed, bot, conversation_id, message_id)
+        return counted
+
     async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
         """Handling finished (answered, refused or dropped after acceptance).
 
@@ -1143,6 +1150,25 @@ def _inbox_set_state(
         " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state",
         (state, *key),
     )
+
+
+def _inbox_resumed(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str
+) -> int:
+    key = (bot, conversation_id, message_id)
+    row = conn.execute(
+        "SELECT attempts FROM inbox_state WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+        key,
+    ).fetchone()
+    conn.execute(
+        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+        " SELECT bot, conversation_id, message_id, 'queued', 1 FROM inbox"
+        " WHERE bot = ? AND conversation_id = ? AND message_id = ?"
+        " ON CONFLICT (bot, conversation_id, message_id)"
+        " DO UPDATE SET attempts = inbox_state.attempts + 1",
+        key,
+    )
+    return int(row[0]) if row is not None else 0
 
 
 def _inbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str) -> None:
