@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,10 @@ from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
 from dshim.channels.kit.http import open_http
 from dshim.config import parse_config
+from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
+from dshim.model import PromptPart
+from dshim.prompt import prompt_text
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord
@@ -54,6 +57,18 @@ def seeded() -> ChannelSpec:
         discord_channel.CHANNEL,
         run_fn=functools.partial(discord_channel.run, rng=random.Random(7)),
     )
+
+
+class SessionsHarness(EchoHarness):
+    """The echo harness, remembering the session of every prompt: (session id, text)."""
+
+    def __init__(self) -> None:
+        super().__init__(slow_interval_s=0.4)
+        self.turns: list[tuple[str, str]] = []
+
+    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
+        self.turns.append((session_id, prompt_text(parts)))
+        return super().prompt(session_id, parts, ctx)
 
 
 class Bot:
@@ -88,6 +103,7 @@ async def running_bot(
     gateway_override: bool = True,
     wait_ready: bool = True,
     deadline: float = DEADLINE,
+    harness: EchoHarness | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeDiscord]]:
     """The bot (``serve_bots``, a real store) against a fresh fake, within ``DEADLINE``.
@@ -120,7 +136,7 @@ async def running_bot(
                         shutdown=bot.shutdown,
                         channels={"disco": seeded()},
                         observer=bot.events,
-                        harness=EchoHarness(slow_interval_s=0.4),
+                        harness=harness or EchoHarness(slow_interval_s=0.4),
                     )
                     bot.ended.set()
 
@@ -446,6 +462,27 @@ async def test_malformed_frames_are_dropped_and_the_bot_keeps_answering(
 
 
 # -- what is a turn, and who is addressed -----------------------------------------------------
+
+
+async def test_the_messages_of_a_thread_share_one_conversation_and_session(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    harness = SessionsHarness()
+    async with running_bot(tmp_path, harness=harness) as (bot, fake):
+        post = await fake.forum_post("arm64", "why does the build fail?", mention_bot=True)
+        await fake.wait_until(lambda: len(fake.bot_messages(post["id"])) == 1)
+        await fake.user_message(post["id"], "and on x86?", mention_bot=True)
+        await fake.wait_until(lambda: len(fake.bot_messages(post["id"])) == 2)
+        thread = fake.thread_channel
+        await fake.user_message(thread, "the release plan?", mention_bot=True)
+        await fake.wait_until(lambda: len(fake.bot_messages(thread)) == 1)
+        await fake.user_message(thread, "who owns the changelog?", mention_bot=True)
+        await fake.wait_until(lambda: len(fake.bot_messages(thread)) == 2)
+    starter, follow_up, in_thread, later = (session for session, _ in harness.turns)
+    assert follow_up == starter  # the post's starter and its reply: one session
+    assert later == in_thread != starter  # one session per thread
+    lanes = [m.lane_key for m in bot.events.prompt_msgs]
+    assert lanes == [(post["id"], post["id"])] * 2 + [(thread, thread)] * 2
 
 
 async def test_a_mention_of_the_bots_role_is_answered(

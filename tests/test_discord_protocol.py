@@ -455,6 +455,40 @@ def test_message_mapping(over: dict[str, Any], expect: dict[str, Any]) -> None:
     assert msg.received_at == pytest.approx(1796032800.0)
 
 
+def test_every_message_of_a_thread_is_the_threads_conversation() -> None:
+    """However Discord marks a thread message (``channel_type``, ``position``, or not at
+    all), the messages of one thread share one conversation and thread: one lane, one
+    session."""
+    mapper = MessageMapper(BOT)
+
+    def lane(**over: Any) -> tuple[str, str]:
+        item = mapper.decode_message(json.dumps(message(**over)).encode())
+        assert isinstance(item, InboundMessage), item
+        return item.lane_key
+
+    # a forum post: the starter message has the thread's id (and nothing else says so)
+    post = "1576900598169600500"
+    assert lane(id=post, channel_id=post) == (post, post)
+    assert lane(id="1576900598169600501", channel_id=post, channel_type=11) == (post, post)
+    assert lane(id="1576900598169600502", channel_id=post) == (post, post)  # remembered
+    # a thread announced by THREAD_CREATE (or GUILD_CREATE's threads)
+    thread, parent = "1576900598169600600", "1576900598169600601"
+    created = {"id": thread, "type": 11, "guild_id": "1400000000000000002", "parent_id": parent}
+    mapper.learn_guild_event("THREAD_CREATE", json.dumps(created).encode())
+    assert lane(id="1576900598169600602", channel_id=thread) == (thread, thread)
+    listed = "1576900598169600700"
+    guild = {"id": "1400000000000000002", "roles": [], "threads": [dict(created, id=listed)]}
+    mapper.learn_guild_event("GUILD_CREATE", json.dumps(guild).encode())
+    assert lane(id="1576900598169600702", channel_id=listed) == (listed, listed)
+    # a text channel stays one conversation without a thread; a DM's id is never a thread
+    assert lane(id="1576900598169600800", channel_id=CHAN) == (CHAN, "")
+    dm = "1576900598169600900"
+    direct = mapper.decode_message(
+        json.dumps({**message(id=dm, channel_id=dm), "guild_id": None}).encode()
+    )
+    assert isinstance(direct, InboundMessage) and direct.lane_key == (dm, "")
+
+
 def test_received_at_falls_back_to_the_snowflake() -> None:
     d = message()
     del d["timestamp"]

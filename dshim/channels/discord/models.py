@@ -132,12 +132,21 @@ class Role(msgspec.Struct, kw_only=True, gc=False):
     tags: RoleTags | None = None
 
 
+class ThreadChannel(msgspec.Struct, kw_only=True, gc=False):
+    """A thread channel (THREAD_CREATE's ``d``, GUILD_CREATE's ``threads``): its id and type.
+    Both have defaults, so one odd entry never costs a GUILD_CREATE its roles."""
+
+    id: str = ""
+    type: int = 0
+
+
 class Guild(msgspec.Struct, kw_only=True, gc=False):
-    """GUILD_CREATE (and GUILD_DELETE): only the roles are read."""
+    """GUILD_CREATE (and GUILD_DELETE): the roles and the active threads are read."""
 
     id: str
     unavailable: bool = False
     roles: list[Role] = msgspec.field(default_factory=list)
+    threads: list[ThreadChannel] = msgspec.field(default_factory=list)
 
 
 class GuildRoleEvent(msgspec.Struct, kw_only=True, gc=False):
@@ -218,6 +227,7 @@ ready_decoder = msgspec.json.Decoder(Ready)
 message_decoder = msgspec.json.Decoder(Message)
 quoted_decoder = msgspec.json.Decoder(QuotedMessage)
 guild_decoder = msgspec.json.Decoder(Guild)
+thread_decoder = msgspec.json.Decoder(ThreadChannel)
 guild_role_decoder = msgspec.json.Decoder(GuildRoleEvent)
 user_decoder = msgspec.json.Decoder(User)
 error_decoder = msgspec.json.Decoder(ErrorBody)

@@ -79,7 +79,7 @@ from __future__ import annotations
 import math
 import re
 import urllib.parse
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -427,12 +427,22 @@ REFERENCE_FORWARD = 1
 DISCORD_EPOCH_MS = 1420070400000
 #: Snowflakes are unsigned 64-bit integers written as decimal strings: at most 20 digits.
 SNOWFLAKE_MAX_DIGITS = 20
-#: Guild events the mapper reads (the bot's managed role), never handed to the pipeline.
+#: Guild events the mapper reads (the bot's managed role, the guild's threads), never
+#: handed to the pipeline.
 GUILD_EVENTS = frozenset(
-    {"GUILD_CREATE", "GUILD_DELETE", "GUILD_ROLE_CREATE", "GUILD_ROLE_UPDATE", "GUILD_ROLE_DELETE"}
+    {
+        "GUILD_CREATE",
+        "GUILD_DELETE",
+        "GUILD_ROLE_CREATE",
+        "GUILD_ROLE_UPDATE",
+        "GUILD_ROLE_DELETE",
+        "THREAD_CREATE",
+    }
 )
 #: Guilds whose bot role is remembered at most (one shard holds at most 2,500).
 MAX_GUILDS = 10_000
+#: Thread channels remembered as threads at most (oldest forgotten).
+MAX_THREADS = 10_000
 
 #: Attachment kinds by file extension, for attachments without a content type.  A fixed
 #: table: the result must not depend on the host's MIME database.
@@ -589,8 +599,13 @@ class MessageMapper:
 
     * Ids are snowflakes (1-20 digits): a message whose own ids are not is ``malformed``.
     * ``guild_id`` absent -> direct, else group; ``conversation_id`` = ``channel_id``; a
-      message inside a thread (thread ``channel_type``, or a ``position``) also has
-      ``thread_id`` = its channel id (replies go to the thread).
+      message inside a thread also has ``thread_id`` = its channel id (replies go to the
+      thread).  Every message of a thread must say so alike (one lane, one session), so a
+      thread is known by any of: a thread ``channel_type``, a ``position`` (only thread
+      messages carry one), the message id being the channel id (a forum or media post's
+      starter message shares its thread's id), or the channel being a thread the mapper
+      saw before (in such a message, THREAD_CREATE, or GUILD_CREATE's ``threads``;
+      bounded, see :data:`MAX_THREADS`).
     * ``sender_name`` = member nick, else ``global_name``, else ``username``;
       ``sender_is_bot`` = ``author.bot`` or a webhook message.  The bot's own messages
       keep ``sender_id`` = the bot id (the pipeline drops them as echoes).
@@ -622,6 +637,8 @@ class MessageMapper:
         self._tokens = (f"<@{bot_id}>", f"<@!{bot_id}>")
         #: guild id -> the bot's managed role ids there.
         self._roles: dict[str, frozenset[str]] = {}
+        #: Thread channel ids seen, oldest first.
+        self._threads: OrderedDict[str, None] = OrderedDict()
 
     # -- guild events ------------------------------------------------------------------
 
@@ -634,7 +651,8 @@ class MessageMapper:
 
         GUILD_CREATE lists the guild's roles: the bot's is the one whose ``tags.bot_id``
         is the bot.  GUILD_ROLE_CREATE/UPDATE/DELETE keep it current; GUILD_DELETE (not an
-        outage) forgets the guild.
+        outage) forgets the guild.  GUILD_CREATE's ``threads`` and THREAD_CREATE name
+        thread channels (see the thread rule on the class).
         """
         try:
             if t in ("GUILD_CREATE", "GUILD_DELETE"):
@@ -644,6 +662,10 @@ class MessageMapper:
                         self._roles.pop(guild.id, None)
                 else:
                     self._set_roles(guild.id, {r.id for r in guild.roles if self._is_ours(r)})
+                    for thread in guild.threads:
+                        self._learn_thread(thread)
+            elif t == "THREAD_CREATE":
+                self._learn_thread(_decode_d(m.thread_decoder, d))
             elif t in ("GUILD_ROLE_CREATE", "GUILD_ROLE_UPDATE", "GUILD_ROLE_DELETE"):
                 event = _decode_d(m.guild_role_decoder, d)
                 roles = set(self._roles.get(event.guild_id, ()))
@@ -658,6 +680,36 @@ class MessageMapper:
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return Skip(reason="malformed", detail=f"{t}: {_short(exc)}")
         return Skip(reason="ignored", detail=t)
+
+    def _learn_thread(self, thread: m.ThreadChannel) -> None:
+        if thread.type in THREAD_CHANNEL_TYPES and is_snowflake(thread.id):
+            self._note_thread(thread.id)
+
+    def _note_thread(self, channel_id: str) -> None:
+        threads = self._threads
+        if channel_id in threads:
+            threads.move_to_end(channel_id)
+            return
+        threads[channel_id] = None
+        if len(threads) > MAX_THREADS:
+            threads.popitem(last=False)
+
+    def _in_thread(self, msg: m.Message) -> bool:
+        """Whether the message was sent in a thread (the rule on the class)."""
+        if msg.guild_id is None:
+            return False
+        channel = msg.channel_id
+        if (
+            msg.channel_type in THREAD_CHANNEL_TYPES
+            or msg.position is not None
+            or msg.id == channel  # a forum/media post's starter message
+        ):
+            self._note_thread(channel)
+            return True
+        if channel in self._threads:
+            self._threads.move_to_end(channel)
+            return True
+        return False
 
     def _is_ours(self, role: m.Role) -> bool:
         return role.tags is not None and role.tags.bot_id == self.bot_id and is_snowflake(role.id)
@@ -732,7 +784,7 @@ class MessageMapper:
         elif not direct and msg.mention_roles and self._roles:
             mentioned = mentioned or self._strip_role_mentions(msg, content)[1]
         content = content.strip()
-        in_thread = msg.channel_type in THREAD_CHANNEL_TYPES or msg.position is not None
+        in_thread = self._in_thread(msg)
         attachments = msg.attachments
         forwarded = False
         ref = msg.message_reference

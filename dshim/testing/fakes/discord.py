@@ -52,7 +52,10 @@ Knobs (attributes, changeable at any time) and fault actions:
 Injecting: :meth:`message` / :meth:`user_message` build MESSAGE_CREATE payloads as Discord
 sends them: replies (snapshot, bare reference, deleted), mentions of the bot's user or of
 its managed role (``bot_role``, listed in GUILD_CREATE with ``tags.bot_id``), forwards
-(``forward=``: ``message_snapshots``), stickers; :meth:`dispatch` sends any event and
+(``forward=``: ``message_snapshots``), stickers; messages in :attr:`thread_channel` (a
+thread of :attr:`text_channel`) carry ``channel_type`` 11 and a ``position``;
+:meth:`forum_post` opens a post in :attr:`forum_channel` (THREAD_CREATE, then the starter
+message with the thread's id); :meth:`dispatch` sends any event and
 ``conn.push("text", ...)`` any raw frame.
 
 Buttons (message components): a create or edit may carry ``components`` (action rows of
@@ -272,6 +275,8 @@ class FakeDiscord(FakePlatform[RestCall]):
         self.text_channel = snowflake()
         self.other_channel = snowflake()
         self.thread_channel = snowflake()
+        #: A forum channel (type 15): only threads (posts) are created in it.
+        self.forum_channel = snowflake()
         self.user = {
             "id": snowflake(),
             "username": "ada",
@@ -291,6 +296,7 @@ class FakeDiscord(FakePlatform[RestCall]):
                 "guild_id": self.guild_id,
                 "parent_id": self.text_channel,
             },
+            self.forum_channel: {"id": self.forum_channel, "type": 15, "guild_id": self.guild_id},
         }
         #: user id -> DM channel id (``POST /users/@me/channels``)
         self.dm_channels: dict[str, str] = {}
@@ -455,6 +461,7 @@ class FakeDiscord(FakePlatform[RestCall]):
         forward: dict[str, Any] | None = None,
         stickers: list[str] | None = None,
         mention_users: list[dict[str, Any]] | None = None,
+        message_id: str | None = None,
     ) -> dict[str, Any]:
         """Build a MESSAGE_CREATE ``d`` as Discord sends it (and store the message).
 
@@ -468,12 +475,13 @@ class FakeDiscord(FakePlatform[RestCall]):
         type 1 and its text and attachments in ``message_snapshots`` (no author), the
         content empty as Discord sends it.  ``stickers`` are sticker names.
         ``mention_users`` (users whose ``<@id>`` the content carries) go into ``mentions``.
+        ``message_id``: the id to give it (a forum post's starter has its thread's id).
         """
         chan = self.channels[channel_id]
         author = author or self.user
         bot_id = self.bot_user["id"]
         now = time.time()
-        mid = snowflake(now)
+        mid = message_id or snowflake(now)
         if mention_bot and mention_text:
             content = f"<@{bot_id}> {content}"
         if mention_role is not None:
@@ -555,6 +563,24 @@ class FakeDiscord(FakePlatform[RestCall]):
         msg = self.message(channel_id, content, **kw)
         await self.dispatch("MESSAGE_CREATE", msg)
         return msg
+
+    async def forum_post(self, title: str, content: str, **kw: Any) -> dict[str, Any]:
+        """A user opens a post in :attr:`forum_channel`: THREAD_CREATE for the post's
+        thread, then MESSAGE_CREATE for its starter message, which has the thread's id
+        (developers/topics/threads.mdx, "Forums").  Returns the starter message."""
+        thread_id = snowflake()
+        thread: dict[str, Any] = {
+            "id": thread_id,
+            "type": 11,
+            "guild_id": self.guild_id,
+            "parent_id": self.forum_channel,
+            "owner_id": (kw.get("author") or self.user)["id"],
+            "name": title[:100],
+            "newly_created": True,
+        }
+        self.channels[thread_id] = thread
+        await self.dispatch("THREAD_CREATE", thread)
+        return await self.user_message(thread_id, content, message_id=thread_id, **kw)
 
     async def press(
         self,
@@ -822,7 +848,7 @@ class FakeDiscord(FakePlatform[RestCall]):
                 "id": self.guild_id,
                 "name": "Fake Guild",
                 "unavailable": False,
-                "channels": [c for c in self.channels.values() if c["type"] == 0],
+                "channels": [c for c in self.channels.values() if c["type"] in (0, 15)],
                 "threads": [c for c in self.channels.values() if c["type"] in (10, 11, 12)],
                 "members": [],
                 "roles": [
