@@ -30,6 +30,8 @@ from dshim.channels.qq.protocol import (
     StreamPrefixRejected,
     budget_for,
     classify_error,
+    fetched_message,
+    fetched_reference,
     gateway_session,
     intents,
     parse_ext,
@@ -168,6 +170,145 @@ def test_guild_channel_and_guild_dm() -> None:
         {"id": "d1", "guild_id": "888", "channel_id": "9", "author": {"id": "42"}, "content": "x"},
     )
     assert (dm.conversation_id, dm.conversation_type) == ("dms:888", "direct")
+
+
+def guild(content: str, **extra: Any) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "id": "08g2",
+        "channel_id": "555",
+        "guild_id": "777",
+        "author": {"id": "42", "username": "ada", "bot": False},
+        "member": {"nick": "Ada L"},
+        "content": content,
+        "timestamp": "2026-11-02T10:00:00+08:00",
+    }
+    d.update(extra)
+    return d
+
+
+def test_message_create_is_a_guild_channel_message_addressed_only_by_a_mention() -> None:
+    tagged = mapped("MESSAGE_CREATE", guild(f"<@!{BOT}> status?"))
+    assert (tagged.conversation_id, tagged.conversation_type, tagged.sender_id) == (
+        "channel:555",
+        "group",
+        "42",
+    )
+    assert tagged.addressed and tagged.content == "status?" and tagged.sender_name == "Ada L"
+    assert tagged.route == Route("channel", "555", "08g2", None, tagged.received_at)
+    listed = mapped("MESSAGE_CREATE", guild("hey", mentions=[{"id": BOT, "bot": True}]))
+    assert listed.addressed
+    plain = mapped("MESSAGE_CREATE", guild("just chatting", mentions=[{"id": "43"}]))
+    assert not plain.addressed and plain.content == "just chatting"
+    other = mapped("MESSAGE_CREATE", guild("<@!43> look", mentions=[{"id": "43"}]))
+    assert not other.addressed and other.content == "<@!43> look"
+    own = mapped("MESSAGE_CREATE", guild("an answer", author={"id": BOT, "bot": True}))
+    assert own.sender_id == BOT and own.sender_is_bot
+    # the same message as AT_MESSAGE_CREATE has the same dedup key: answered once
+    assert mapped("AT_MESSAGE_CREATE", guild(f"<@!{BOT}> status?")).message_id == "08g2"
+    assert tagged.message_id == "08g2"
+
+
+def test_a_message_create_without_a_channel_is_malformed() -> None:
+    item = QQMapper(BOT).decode_frame(frame("MESSAGE_CREATE", guild("x", channel_id=None)))
+    assert isinstance(item, Skip) and item.reason == "malformed"
+
+
+def test_a_guild_quote_without_lookup_says_why_it_is_not_there() -> None:
+    reference = {"message_reference": {"message_id": "08quoted"}}
+    at = mapped("AT_MESSAGE_CREATE", guild(f"<@!{BOT}> and this?", **reference)).reply_to
+    assert at is not None and at.loader is None
+    assert (at.message_id, at.unavailable_reason) == ("08quoted", "not-delivered")
+    dm = mapped("DIRECT_MESSAGE_CREATE", guild("and this?", **reference)).reply_to
+    assert dm is not None and (dm.message_id, dm.unavailable_reason) == ("08quoted", "unsupported")
+    none = mapped("AT_MESSAGE_CREATE", guild("no quote", message_reference={})).reply_to
+    assert none is not None and none.unavailable_reason == "not-found"
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 257, "a b", "08\u0000x", "引用"])
+def test_a_guild_quote_with_a_bad_id_is_not_found_and_never_looked_up(bad: str) -> None:
+    asked: list[object] = []
+
+    def lookup(*args: Any, **kw: Any) -> Any:
+        asked.append(args)
+        raise AssertionError("no lookup for a bad id")
+
+    raw = frame("AT_MESSAGE_CREATE", guild("q", message_reference={"message_id": "X"}))
+    raw = raw.replace(b'"message_id": "X"', json.dumps({"message_id": bad})[1:-1].encode())
+    item = QQMapper(BOT, lookup=lookup).decode_frame(raw)
+    assert isinstance(item, InboundMessage) and item.reply_to is not None
+    assert item.reply_to.unavailable_reason == "not-found"
+    assert item.reply_to.message_id is UNSET and not asked
+
+
+def test_a_guild_quote_defers_to_the_lookup_fetching_only_in_a_channel() -> None:
+    asked: list[tuple[str, str | None, ReplyReference | None, str | None]] = []
+
+    def lookup(
+        conv: str, ref: str | None, snap: ReplyReference | None, /, *, fetch_in: str | None = None
+    ) -> Any:
+        asked.append((conv, ref, snap, fetch_in))
+
+        async def load() -> None:
+            return None
+
+        return load
+
+    mapper = QQMapper(BOT, lookup=lookup)
+    reference = {"message_reference": {"message_id": "08quoted"}}
+    for t in ("AT_MESSAGE_CREATE", "MESSAGE_CREATE", "DIRECT_MESSAGE_CREATE"):
+        item = mapper.decode_frame(frame(t, guild(f"<@!{BOT}> q", **reference)))
+        assert isinstance(item, InboundMessage) and item.reply_to is not None
+        assert item.reply_to.loader is not None and item.reply_to.message_id == "08quoted"
+    (c1, r1, s1, f1), (c2, _, s2, f2), (c3, r3, s3, f3) = asked
+    assert (c1, r1, s1, f1) == ("channel:555", "08quoted", None, "555")
+    assert (c2, s2, f2) == ("channel:555", None, "555")
+    assert (c3, r3, f3) == ("dms:777", "08quoted", None)
+    assert s3 is not None and s3.unavailable_reason == "unsupported"
+
+
+def fetched(**extra: Any) -> dict[str, Any]:
+    d = guild(
+        f"<@!{BOT}> meeting moved to Friday",
+        id="08quoted",
+        attachments=[{"content_type": "image/png", "filename": "plan.png", "url": "a/b.png"}],
+    )
+    d.update(extra)
+    return d
+
+
+@pytest.mark.parametrize("wrapped", [True, False])
+def test_a_fetched_guild_message_becomes_the_quote(wrapped: bool) -> None:
+    body = json.dumps({"message": fetched()} if wrapped else fetched()).encode()
+    ref = fetched_reference(
+        fetched_message(body), message_id="08quoted", channel_id="555", bot_id=BOT
+    )
+    assert ref is not None
+    assert (ref.message_id, ref.author_id, ref.author_name, ref.content) == (
+        "08quoted",
+        "42",
+        "Ada L",
+        "meeting moved to Friday",
+    )
+    assert [(a.kind, a.name) for a in ref.attachments or []] == [("image", "plan.png")]
+    no_nick = fetched_message(json.dumps(fetched(member=None)).encode())
+    named = fetched_reference(no_nick, message_id="08quoted", channel_id="555", bot_id=BOT)
+    assert named is not None and named.author_name == "ada"
+
+
+def test_a_fetched_message_of_another_id_or_channel_is_not_the_quote() -> None:
+    other = fetched_message(json.dumps(fetched(id="08other")).encode())
+    assert fetched_reference(other, message_id="08quoted", channel_id="555", bot_id=BOT) is None
+    elsewhere = fetched_message(json.dumps(fetched(channel_id="556")).encode())
+    assert fetched_reference(elsewhere, message_id="08quoted", channel_id="555", bot_id=BOT) is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"[]", b'{"message": {"content": "no id"}}', b'{"message": 5}', b'{"code": 0}'],
+)
+def test_a_fetched_answer_that_is_no_message_raises_a_decode_error(body: bytes) -> None:
+    with pytest.raises((msgspec.DecodeError, msgspec.ValidationError)):
+        fetched_message(body)
 
 
 def test_voice_uses_asr_text_plus_the_audio_and_attachments_are_lazy() -> None:
@@ -361,6 +502,7 @@ def test_parse_ext_splits_on_the_first_equals_sign(
         (400, 40007, "prefix", StreamPrefixRejected),
         (400, 304003, "url", ContentRejected),
         (400, 304026, "msg_id", NotFound),
+        (400, 50039, "获取消息失败", NotFound),
         (403, 40054013, "refuses", PermissionDenied),
         (400, 11261, "appid", FatalChannelError),
         (500, 0, "", TransportError),

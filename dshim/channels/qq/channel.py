@@ -8,12 +8,18 @@ order, to the pipeline with the frame exactly as received (the durable inbox kee
 decodes it again after a restart).  The websocket has no per-event acknowledgement: the
 persisted dedup on ``(id, msg_idx)`` drops a Resume replay and QQ's duplicate pushes.
 
-The quote index: QQ has no fetch-by-id API and a quote carries a ``REFIDX_…``.  Every
-accepted message is recorded in the store's message index under its ``id`` and its
-``msg_idx`` (text, author, attachment kinds, time; never ``ext``'s ``auth_token``); the
-pipeline records every answer the bot delivered under its ``ext_info.ref_idx``.  A quote
+The quote index: in C2C and groups QQ has no fetch-by-id API and a quote carries a
+``REFIDX_…``.  Every accepted message is recorded in the store's message index under its
+``id`` and its ``msg_idx`` (text, author, attachment kinds, time; never ``ext``'s
+``auth_token``); the pipeline records every answer the bot delivered under its
+``ext_info.ref_idx`` (a guild answer, which has none, under its message ``id``).  A quote
 is resolved inside the turn from that index, then from the event's ``msg_elements``
-snapshot, else ``not-found`` -- never with a network request.
+snapshot, else ``not-found`` -- never with a network request.  A guild quote
+(``message_reference.message_id``) is resolved from the index by that id, then -- in a
+guild channel only -- with one ``GET /channels/{channel_id}/messages/{message_id}``
+inside the turn's budget (404/50039 -> ``not-found``, a missing permission ->
+``permission-denied``, anything else or the deadline -> ``not-delivered``); a guild DM
+has no lookup: ``unsupported``.
 """
 
 from __future__ import annotations
@@ -56,9 +62,11 @@ from dshim.channels.qq.client import (
     run_gateway,
 )
 from dshim.channels.qq.protocol import (
+    LookupFactory,
     QQMapper,
     Route,
     auth_header,
+    fetched_reference,
     gateway_session,
     indexable,
     intents,
@@ -66,7 +74,7 @@ from dshim.channels.qq.protocol import (
     scrub_frame,
 )
 from dshim.channels.qq.render import DEFAULT_TIMINGS, QQOutbound, Timings
-from dshim.errors import AuthError, ChannelError, StoreError
+from dshim.errors import AuthError, ChannelError, NotFound, StoreError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 from dshim.render import split_text
 
@@ -134,11 +142,20 @@ def lookup_factory(
     clock: Callable[[], float] | None,
     bot_id: str,
     bot_name: str | None,
-) -> Callable[[str, str | None, ReplyReference | None], Loader]:
-    """Loaders of quotes: the message index by ``ref_msg_idx``, then the snapshot (or None:
-    ``not-found``).  No network request, ever."""
+    api: QQApi | None = None,
+) -> LookupFactory:
+    """Loaders of quotes: the message index by ``ref_msg_idx`` (or a guild message id),
+    then -- for a guild channel (``fetch_in``) with ``api`` -- one ``GET`` of the message,
+    else the snapshot (or None: ``not-found``).  The GET is the only network request."""
 
-    def make(conversation_id: str, ref_idx: str | None, snapshot: ReplyReference | None) -> Loader:
+    def make(
+        conversation_id: str,
+        ref_idx: str | None,
+        snapshot: ReplyReference | None,
+        /,
+        *,
+        fetch_in: str | None = None,
+    ) -> Loader:
         async def load() -> ReplyReference | None:
             if store is not None and clock is not None and ref_idx and indexable(ref_idx):
                 entries = await store.indexed(conversation_id, ref_idx, now=clock())
@@ -147,6 +164,14 @@ def lookup_factory(
                     if len(entries) == 1 and not entries[0].inbound and bot_name:
                         ref.author_name = bot_name  # the bot's own answer
                     return ref
+            if fetch_in is not None and api is not None and ref_idx:
+                try:
+                    msg = await api.get_message(fetch_in, ref_idx)
+                except NotFound:
+                    return None
+                return fetched_reference(
+                    msg, message_id=ref_idx, channel_id=fetch_in, bot_id=bot_id
+                )
             return snapshot
 
         return load
@@ -223,7 +248,7 @@ async def run(
         name = me.username or None
         mapper = QQMapper(
             me.id,
-            lookup=lookup_factory(host.store, host.clock, me.id, name),
+            lookup=lookup_factory(host.store, host.clock, me.id, name, api),
             media=media_factory(api),
         )
         outbound = QQOutbound(
@@ -271,7 +296,8 @@ async def run(
 
 
 class QQReplayAdapter:
-    """Decodes fixture frames with the real mapping; quotes read the replay's store.
+    """Decodes fixture frames with the real mapping; quotes read the replay's store, and
+    guild lookups go through ``fx.http`` (the fixture's recorded exchanges).
 
     The fixture's ``bot`` names ``id`` (the bot's user id, from ``/users/@me``),
     ``username`` and ``app_id``; without ``id`` a READY frame among the events says who
@@ -286,10 +312,18 @@ class QQReplayAdapter:
         self.bot_username = fx.bot_username
         self._store = fx.store
         self._clock = fx.clock
+        self._api = QQApi(
+            fx.http,
+            app_id=str(fx.bot_info.get("app_id") or "replay"),
+            client_secret="replay",
+            api_base=fx.api_base,
+            token_base=fx.api_base,
+            fixed_token="replay",
+        )
         self._mapper = self._mapper_for(self.bot_id)
 
     def _mapper_for(self, bot_id: str) -> QQMapper:
-        lookup = lookup_factory(self._store, self._clock, bot_id, self.bot_username)
+        lookup = lookup_factory(self._store, self._clock, bot_id, self.bot_username, self._api)
         return QQMapper(bot_id, lookup=lookup)
 
     def decode(self, raw: bytes) -> InboundMessage | Skip:

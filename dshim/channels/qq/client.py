@@ -17,7 +17,8 @@ Every path is relative to ``api_base`` on the bot's one HTTP client, with
 :func:`~.protocol.classify_error`; httpx failures by the kit
 (``TransportError.request_sent``).  The HTTP read timeout is 15 s (QQ: at least 5 s, or a
 delivered message looks failed).  This client never retries a send: the renderer does,
-reusing the ``msg_seq`` (QQ's idempotency key).
+reusing the ``msg_seq`` (QQ's idempotency key).  :meth:`QQApi.get_message` (guild channels
+only) is the one message lookup QQ has; it runs inside the turn's quote budget.
 
 Gateway
 -------
@@ -45,7 +46,7 @@ from dshim.channels.kit.gateway import Dispatch, GatewayBot, GatewaySession, gat
 from dshim.channels.kit.http import AccessToken, counted, download_capped, parse_retry_after
 from dshim.channels.kit.ws import Deliverer, WsOptions
 from dshim.channels.qq import models as m
-from dshim.channels.qq.protocol import auth_header, classify_error, error_body
+from dshim.channels.qq.protocol import auth_header, classify_error, error_body, fetched_message
 from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, RemoteProtocolError
 
 log = structlog.get_logger("dshim.qq")
@@ -93,6 +94,7 @@ class QQApi:
         on_new_token: Callable[[str], None] | None = None,
         media_hosts: frozenset[str] = frozenset(),
         clock: Callable[[], float] = trio.current_time,
+        fixed_token: str | None = None,
     ) -> None:
         self._http = http
         self.app_id = app_id
@@ -100,8 +102,14 @@ class QQApi:
         self.api_base = api_base.rstrip("/")
         self.token_base = token_base.rstrip("/")
         self._media_hosts = media_hosts
+        fetch = self._fetch_token
+        if fixed_token is not None:  # replay: lookups only, no token endpoint
+
+            async def fetch() -> tuple[str, float]:
+                return fixed_token, 7200.0
+
         self.tokens = AccessToken(
-            self._fetch_token, margin_s=TOKEN_MARGIN_S, on_new_token=on_new_token, clock=clock
+            fetch, margin_s=TOKEN_MARGIN_S, on_new_token=on_new_token, clock=clock
         )
         #: Set when QQ rejected the credentials for good (the channel stops the bot).
         self.auth_failed = trio.Event()
@@ -165,6 +173,19 @@ class QQApi:
         route = SEND_ROUTES[kind]
         return await self.request("POST", route, decoder=m.sent_decoder, json=body, id=target)
 
+    async def get_message(self, channel_id: str, message_id: str) -> m.Message:
+        """``GET /channels/{channel_id}/messages/{message_id}``: one guild channel message
+        (the bare object or ``{"message": {...}}``; a quote lookup, never retried)."""
+        content = await self.request_bytes(
+            "GET", MESSAGE_ROUTE, channel_id=channel_id, message_id=message_id
+        )
+        try:
+            return fetched_message(content or b"{}")
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise RemoteProtocolError(
+                f"GET {MESSAGE_ROUTE}: unexpected response: {str(exc)[:200]}"
+            ) from exc
+
     async def stream(self, openid: str, body: dict[str, Any]) -> m.Sent:
         """``POST /v2/users/{openid}/stream_messages``: one chunk of a C2C stream."""
         return await self.request(
@@ -194,21 +215,27 @@ class QQApi:
         **params: str,
     ) -> T:
         """One OpenAPI call, the token refreshed once on 401; the body decoded."""
-
-        async def call(token: str) -> bytes:
-            return await self._call(method, route, token, json, params)
-
-        try:
-            content = await self.tokens.call(call)
-        except AuthError:
-            self.auth_failed.set()
-            raise
+        content = await self.request_bytes(method, route, json=json, **params)
         try:
             return decode(decoder, content or b"{}")
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise RemoteProtocolError(
                 f"{method} {route}: unexpected response: {str(exc)[:200]}"
             ) from exc
+
+    async def request_bytes(
+        self, method: str, route: str, *, json: Any = None, **params: str
+    ) -> bytes:
+        """One OpenAPI call, the token refreshed once on 401; the body as received."""
+
+        async def call(token: str) -> bytes:
+            return await self._call(method, route, token, json, params)
+
+        try:
+            return await self.tokens.call(call)
+        except AuthError:
+            self.auth_failed.set()
+            raise
 
     async def _call(
         self, method: str, route: str, token: str, json: Any, params: dict[str, str]
@@ -241,6 +268,7 @@ SEND_ROUTES = {
     "dms": "/dms/{id}/messages",
 }
 STREAM_ROUTE = "/v2/users/{id}/stream_messages"
+MESSAGE_ROUTE = "/channels/{channel_id}/messages/{message_id}"
 
 
 async def run_gateway(

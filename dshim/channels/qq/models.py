@@ -107,8 +107,9 @@ class MessageReference(msgspec.Struct, kw_only=True, gc=False):
 
 
 class Message(msgspec.Struct, kw_only=True, gc=False):
-    """C2C_MESSAGE_CREATE, GROUP_AT_MESSAGE_CREATE, GROUP_MESSAGE_CREATE, AT_MESSAGE_CREATE
-    and DIRECT_MESSAGE_CREATE ``d`` (the fields dshim reads of each)."""
+    """C2C_MESSAGE_CREATE, GROUP_AT_MESSAGE_CREATE, GROUP_MESSAGE_CREATE, AT_MESSAGE_CREATE,
+    MESSAGE_CREATE and DIRECT_MESSAGE_CREATE ``d`` (the fields dshim reads of each), and
+    the guild message ``GET /channels/{channel_id}/messages/{message_id}`` answers."""
 
     id: str
     author: Author = msgspec.field(default_factory=Author)
@@ -127,6 +128,14 @@ class Message(msgspec.Struct, kw_only=True, gc=False):
     src_guild_id: str | None = None
     member: Member | None = None
     message_reference: MessageReference | None = None
+
+
+class FetchedEnvelope(msgspec.Struct, kw_only=True, gc=False):
+    """``GET /channels/{channel_id}/messages/{message_id}``: the message object itself
+    (bot-docs ``openapi/message/get_message_of_id.md``) or wrapped as ``{"message": {...}}``
+    (the Python SDK's page; botgo decodes both).  ``message`` is ``null`` unless wrapped."""
+
+    message: msgspec.Raw = msgspec.Raw(b"null")
 
 
 class Me(msgspec.Struct, kw_only=True, gc=False):
@@ -172,6 +181,7 @@ class ErrorBody(msgspec.Struct, kw_only=True, gc=False):
 
 frame_decoder = msgspec.json.Decoder(Frame)
 message_decoder = msgspec.json.Decoder(Message)
+fetched_decoder = msgspec.json.Decoder(FetchedEnvelope)
 me_decoder = msgspec.json.Decoder(Me)
 token_decoder = msgspec.json.Decoder(AccessTokenBody)
 sent_decoder = msgspec.json.Decoder(Sent)
@@ -192,6 +202,7 @@ __all__ = [
     "Author",
     "ErrorBody",
     "ExtInfo",
+    "FetchedEnvelope",
     "Frame",
     "Me",
     "Member",

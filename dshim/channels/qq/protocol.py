@@ -31,8 +31,11 @@ fail since 2025-04-21): every send carries the inbound message's ``msg_id`` and 
 duplicated.  :class:`PassiveBudget` counts the replies of one inbound message: at most 4
 within 60 min in C2C, 5 within 5 min in groups and guild channels.
 
-**Quotes** carry a ``REFIDX_…`` index, not a message id, and there is no fetch-by-id API:
-see :meth:`QQMapper.reply_reference`.  Errors: :func:`classify_error` maps an HTTP status
+**Quotes** in C2C and groups carry a ``REFIDX_…`` index, not a message id, and there is no
+fetch-by-id API: see :meth:`QQMapper.reply_reference`.  Guild messages quote by message id
+(``message_reference.message_id``); guild channels have ``GET
+/channels/{channel_id}/messages/{message_id}``, guild DMs no lookup at all: see
+:meth:`QQMapper.guild_reference`.  Errors: :func:`classify_error` maps an HTTP status
 and QQ's ``code``/``err_code`` (``error-trace/openapi.md``) to the error tree once.
 Nothing here imports trio or httpx or reads a clock.
 """
@@ -44,6 +47,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -144,16 +148,20 @@ QQ_GATEWAY = GatewayDialect(
 )
 #: QQ's timings: 3 s after an Invalid Session (the official SDK's wait).
 QQ_TUNING = GatewayTuning(invalid_session_wait_s=(3.0, 3.0))
-#: The dispatches the channel reads.
+#: The dispatches the channel reads.  MESSAGE_CREATE is every guild channel message (the
+#: private-domain ``guild_messages`` intent); AT_MESSAGE_CREATE only those @-ing the bot.
 MESSAGE_EVENTS = frozenset(
     {
         "C2C_MESSAGE_CREATE",
         "GROUP_AT_MESSAGE_CREATE",
         "GROUP_MESSAGE_CREATE",
         "AT_MESSAGE_CREATE",
+        "MESSAGE_CREATE",
         "DIRECT_MESSAGE_CREATE",
     }
 )
+#: Guild channel messages (one conversation ``channel:<channel_id>``).
+GUILD_CHANNEL_EVENTS = frozenset({"AT_MESSAGE_CREATE", "MESSAGE_CREATE"})
 
 
 def auth_header(access_token: str) -> str:
@@ -227,7 +235,8 @@ PERMISSION_CODES = frozenset(
     {11253, 11254, 11262, 11264, 40054013, 40034101, 40054003, 40054002, 304028, 1100301, 40034105}
 )
 RATE_CODES = frozenset({22009, 20028, 304045, 304050, 1100100, 1100308, 40034100})
-NOT_FOUND_CODES = frozenset({304026, 40034024, 1100104})
+#: 50039: "获取消息失败", the answer of a message lookup for an id the channel does not hold.
+NOT_FOUND_CODES = frozenset({304026, 40034024, 1100104, 50039})
 WINDOW_CODES = frozenset({304027, 304103, 40034005, 40034128, 40034025, 40034026})
 ALREADY_SENT_CODES = frozenset({40054005})
 AUDIT_CODES = frozenset({304023, 304024})
@@ -393,8 +402,26 @@ TMP_PREFIX = "TMP_"
 #: Quote snapshots and placeholders are cut here (the reply layer cuts again).
 SUMMARY_MAX = 200
 
-#: ``lookup(conversation_id, ref_idx, snapshot)`` -> the loader of a quote.
-LookupFactory = Callable[[str, str | None, ReplyReference | None], Loader]
+#: A quoted guild message id that is looked up (printable ASCII, no spaces, not too long).
+_GUILD_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,256}")
+
+
+class LookupFactory(Protocol):
+    """``lookup(conversation_id, ref, snapshot, fetch_in=None)`` -> the loader of a quote:
+    the message index by ``ref``, then (guild channels) ``GET`` of message ``ref`` in
+    channel ``fetch_in``, else ``snapshot`` (None: ``not-found``)."""
+
+    def __call__(
+        self,
+        conversation_id: str,
+        ref: str | None,
+        snapshot: ReplyReference | None,
+        /,
+        *,
+        fetch_in: str | None = None,
+    ) -> Loader: ...
+
+
 #: ``media(attachment)`` -> a download handle (None: no download possible).
 MediaFactory = Callable[[m.Attachment], Fetcher | None]
 
@@ -522,6 +549,42 @@ def element_reference(el: m.MsgElement, ref_idx: str | None) -> ReplyReference:
     )
 
 
+def fetched_message(body: bytes) -> m.Message:
+    """The message of a ``GET /channels/{channel_id}/messages/{message_id}`` answer: the
+    bare object or ``{"message": {...}}`` (both are in QQ's docs).  Raises msgspec's
+    DecodeError/ValidationError on anything else."""
+    wrapped = decode(m.fetched_decoder, body).message
+    if bytes(wrapped) != b"null":
+        return m.message_decoder.decode(wrapped)  # inside a bounded document
+    return m.message_decoder.decode(body)
+
+
+def fetched_reference(
+    msg: m.Message, *, message_id: str, channel_id: str, bot_id: str
+) -> ReplyReference | None:
+    """The quote of a guild message fetched by id: content (the bot's own mention token
+    removed, as from a message it receives), author id, the member's nick or the user
+    name, attachments.  A message with another id or from another channel is None (not
+    found)."""
+    if msg.id != message_id or (msg.channel_id is not None and msg.channel_id != channel_id):
+        return None
+    content = msg.content
+    if bot_id:
+        for token in (f"<@!{bot_id}>", f"<@{bot_id}>"):
+            content = content.replace(token, "")
+    author = msg.author
+    name = (msg.member.nick if msg.member is not None else None) or author.username
+    return ReplyReference(
+        message_id=message_id,
+        author_id=author.id or UNSET,
+        author_name=name or UNSET,
+        content=content.strip() or UNSET,
+        attachments=[
+            Attachment(kind=attachment_kind(a), name=a.filename or None) for a in msg.attachments
+        ],
+    )
+
+
 class QQMapper:
     """Maps QQ message events for one bot.
 
@@ -530,8 +593,10 @@ class QQMapper:
       ``member_openid``, always addressed (QQ delivers only @bot messages);
       GROUP_MESSAGE_CREATE (all group messages, when the owner allowed it) -> addressed
       only when it mentions the bot; AT_MESSAGE_CREATE -> guild channel
-      ``channel:<channel_id>`` (addressed); DIRECT_MESSAGE_CREATE -> guild DM
-      ``dms:<guild_id>``.
+      ``channel:<channel_id>`` (addressed); MESSAGE_CREATE (every guild channel message,
+      the ``guild_messages`` intent) -> the same conversation, addressed only when it
+      mentions the bot (``<@!bot>`` or a ``mentions`` entry); DIRECT_MESSAGE_CREATE ->
+      guild DM ``dms:<guild_id>``.
     * The @bot prefix QQ already removed leaves spaces: the content is trimmed, and a
       leading ``<@…>`` token (or one naming the bot anywhere) is removed defensively.
     * ``message_id`` is the message ``id``, or ``id|msg_idx`` when ``message_scene.ext``
@@ -541,7 +606,8 @@ class QQMapper:
       ``asr_refer_text`` is the text when there is none), lazy handles.
     * ``message_type`` 3 (ARK card) and 102 (chat record) become a short placeholder; a
       chat record (or a forwarded card) is ``forwarded`` -- never a command.
-    * Quotes: :meth:`reply_reference`.  Messages with nothing for the agent are
+    * Quotes: :meth:`reply_reference` (C2C, groups), :meth:`guild_reference` (guild
+      ``message_reference``).  Messages with nothing for the agent are
       ``ignored``; the bot's own messages are echoes (sender = the bot id), other bots
       ``sender_is_bot``.
     """
@@ -604,6 +670,11 @@ class QQMapper:
             addressed = mentioned or any(
                 x.is_you or (x.bot and x.id == self.bot_id) for x in msg.mentions
             )
+        elif t == "MESSAGE_CREATE":
+            # Guild mentions name the bot by its user id (``<@!id>``, ``mentions[].id``).
+            addressed = mentioned or any(
+                x.is_you or (bool(self.bot_id) and x.id == self.bot_id) for x in msg.mentions
+            )
         else:
             addressed = direct
         forwarded = False
@@ -619,6 +690,8 @@ class QQMapper:
         reply_to = None
         if msg.message_type == TYPE_QUOTE or "ref_msg_idx" in ext:
             reply_to = self.reply_reference(msg, ext, f"{kind}:{target}")
+        elif kind in (CHANNEL_KIND, DMS) and msg.message_reference is not None:
+            reply_to = self.guild_reference(msg, kind, f"{kind}:{target}")
         images: list[MediaRef] = []
         files: list[MediaRef] = []
         for a in msg.attachments:
@@ -670,7 +743,7 @@ class QQMapper:
         if t in ("GROUP_AT_MESSAGE_CREATE", "GROUP_MESSAGE_CREATE"):
             who = a.member_openid or a.id
             return (GROUP, msg.group_openid, who) if who and msg.group_openid else None
-        if t == "AT_MESSAGE_CREATE":
+        if t in GUILD_CHANNEL_EVENTS:
             return (CHANNEL_KIND, msg.channel_id, a.id) if a.id and msg.channel_id else None
         if t == "DIRECT_MESSAGE_CREATE":
             return (DMS, msg.guild_id, a.id) if a.id and msg.guild_id else None
@@ -717,6 +790,37 @@ class QQMapper:
             message_id=ref_idx if ref_idx is not None else UNSET, unavailable_reason="not-found"
         )
 
+    def guild_reference(self, msg: m.Message, kind: str, conversation_id: str) -> ReplyReference:
+        """The quoted message of a guild message (``message_reference.message_id``, a
+        message id).
+
+        Inside the turn: the message index by that id first (a user's message with its
+        author, the bot's own answer with its exact text); then, in a guild channel, one
+        ``GET /channels/{channel_id}/messages/{message_id}`` of the current channel (the
+        reference names no other); a guild DM has no message lookup, so a quote the index
+        does not know is ``unsupported``.  An id that is empty, too long or not printable
+        ASCII is ``not-found`` and never looked up.  Without a lookup (pure use): a DM's
+        ``unsupported``, a channel's ``not-delivered``.
+        """
+        ref = msg.message_reference
+        ref_id = ref.message_id if ref is not None else None
+        if not ref_id or not _GUILD_MESSAGE_ID.fullmatch(ref_id):
+            return ReplyReference(unavailable_reason="not-found")
+        channel = msg.channel_id if kind == CHANNEL_KIND else None
+        snapshot = (
+            None
+            if channel is not None
+            else ReplyReference(message_id=ref_id, unavailable_reason="unsupported")
+        )
+        if self._lookup is not None:
+            return ReplyReference(
+                message_id=ref_id,
+                loader=self._lookup(conversation_id, ref_id, snapshot, fetch_in=channel),
+            )
+        if snapshot is not None:
+            return snapshot
+        return ReplyReference(message_id=ref_id, unavailable_reason="not-delivered")
+
 
 def indexable(ref_idx: str | None) -> bool:
     """A ``ref_msg_idx`` that can be in the quote index (not a ``TMP_…`` placeholder)."""
@@ -745,6 +849,8 @@ __all__ = [
     "auth_header",
     "budget_for",
     "classify_error",
+    "fetched_message",
+    "fetched_reference",
     "gateway_session",
     "intents",
     "parse_ext",

@@ -21,6 +21,18 @@ reply; ``replace`` chunks must keep the shown prefix (40007); ``input_state`` 10
 the message.  Quotes come as QQ sends them: ``message_type`` 103, ``message_scene.ext``
 with ``ref_msg_idx``, and a ``msg_elements[0]`` snapshot unless ``snapshot=False``.
 
+Guilds: :meth:`guild_message` posts in the guild channel :attr:`channel_id` as
+``AT_MESSAGE_CREATE`` (the @bot event) or ``MESSAGE_CREATE`` (every message, the
+``guild_messages`` intent), :meth:`direct_message` in the guild DM :attr:`dms_guild_id`;
+a ``reply_to`` message id becomes ``message_reference.message_id``.  A guild send answers
+a message object (no ``ext_info``), and with ``guild_messages`` subscribed it comes back
+as a ``MESSAGE_CREATE`` by the bot, as QQ sends it.  ``GET
+/channels/{channel_id}/messages/{message_id}`` answers the guild channel's messages
+(:meth:`guild_post` adds one nobody sent through the gateway), wrapped as ``{"message":
+{...}}`` (``wrap_fetched_message = False``: the bare object); an unknown id answers code
+50039; ``forbidden_lookup`` answers 11264 (permission missing).  Dispatches go only to a
+session whose intents subscribe them (QQ sends nothing else).
+
 Knobs and faults: ``heartbeat_interval_ms``, ``ack_heartbeats``; ``force_close_every_s``
 (QQ closes sockets periodically: 4009 after that long, the client resumes);
 ``drop_after(k)`` / :meth:`drop_connection`; :meth:`send_reconnect`,
@@ -46,6 +58,7 @@ import itertools
 import json
 import secrets
 import sys
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -63,6 +76,17 @@ __all__ = ["BotMessage", "FakeQQ", "RestCall", "open_fake_qq"]
 OUTBOX = 100_000
 CST = timezone(timedelta(hours=8))
 DEFAULT_INTENTS = (1 << 25) | (1 << 30) | (1 << 12)
+GUILD_MESSAGES = 1 << 9
+#: The intent bit each dispatch needs (QQ sends a session nothing it did not subscribe).
+EVENT_INTENTS = {
+    "C2C_MESSAGE_CREATE": 1 << 25,
+    "GROUP_AT_MESSAGE_CREATE": 1 << 25,
+    "GROUP_MESSAGE_CREATE": 1 << 25,
+    "MESSAGE_CREATE": GUILD_MESSAGES,
+    "DIRECT_MESSAGE_CREATE": 1 << 12,
+    "INTERACTION_CREATE": 1 << 26,
+    "AT_MESSAGE_CREATE": 1 << 30,
+}
 CAPS = {"c2c": 4, "group": 5, "channel": 5, "dms": 5}
 WINDOWS_S = {"c2c": 3600.0, "group": 300.0, "channel": 300.0, "dms": 300.0}
 MAX_CHARS = 2000
@@ -165,6 +189,7 @@ class GatewayConnection:
 @dataclass
 class _Session:
     id: str
+    intents: int = 0
     seq: int = 0
     log: list[tuple[int, str, str]] = field(default_factory=list)
     conn: GatewayConnection | None = None
@@ -199,6 +224,10 @@ class FakeQQ(FakePlatform[RestCall]):
         self.user_name = "Ada"
         self.guild_id = "5237615478283154023"
         self.channel_id = "6344117"
+        #: The guild (of its own) a guild DM session lives in, and its channel.
+        self.dms_guild_id = "7713500012345678901"
+        self.dms_channel_id = "9913500"
+        self.guild_user = {"id": "14451342012345678901", "username": "ada", "bot": False}
         # knobs
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.ack_heartbeats = True
@@ -217,6 +246,10 @@ class FakeQQ(FakePlatform[RestCall]):
         self.latency_s = 0.0
         #: The caller's IP is not on the bot's allowlist: every API call is refused.
         self.ip_blocked = False
+        #: ``GET /channels/{id}/messages/{id}`` answers ``{"message": {...}}`` (else bare).
+        self.wrap_fetched_message = True
+        #: ``GET /channels/{id}/messages/{id}`` is refused (11264, permission missing).
+        self.forbidden_lookup = False
         self._drop_after: int | None = None
         self._lost: dict[str, int] = {}
         self._rate: dict[str, list[float]] = {}
@@ -226,6 +259,8 @@ class FakeQQ(FakePlatform[RestCall]):
         self.messages: list[BotMessage] = []
         self.inbound: dict[str, Inbound] = {}
         self.by_ref: dict[str, Inbound | BotMessage] = {}
+        #: Guild channel messages by id, as ``GET /channels/{id}/messages/{id}`` answers them.
+        self.guild_log: dict[str, dict[str, Any]] = {}
         self.identifies: list[dict[str, Any]] = []
         self.resumes: list[dict[str, Any]] = []
         self.connections: list[GatewayConnection] = []
@@ -395,23 +430,77 @@ class FakeQQ(FakePlatform[RestCall]):
         self._register("group", self.group_openid, d, author)
         return d
 
-    async def guild_message(self, content: str) -> dict[str, Any]:
-        """An AT_MESSAGE_CREATE in the guild channel :attr:`channel_id` (``<@!bot>`` first)."""
-        author = {"id": "14451342012345678901", "username": "ada", "bot": False}
+    def guild_post(
+        self,
+        content: str,
+        *,
+        author: dict[str, Any] | None = None,
+        attachments: list[dict[str, Any]] | None = None,
+        nick: str | None = "Ada L",
+    ) -> dict[str, Any]:
+        """A message in the guild channel that only ``GET`` knows (not dispatched)."""
         d: dict[str, Any] = {
             "id": _uid("08guild"),
             "channel_id": self.channel_id,
             "guild_id": self.guild_id,
-            "author": author,
-            "member": {"nick": "Ada L"},
-            "content": f"<@!{self.bot_user['id']}> {content}",
+            "author": author or dict(self.guild_user),
+            "content": content,
             "timestamp": iso_now(),
         }
+        if nick is not None:
+            d["member"] = {"nick": nick, "roles": ["1"]}
+        if attachments:
+            d["attachments"] = attachments
+        self.guild_log[d["id"]] = d
+        return d
+
+    async def guild_message(
+        self,
+        content: str,
+        *,
+        event: str = "AT_MESSAGE_CREATE",
+        mention: bool = True,
+        reply_to: str | None = None,
+        author: dict[str, Any] | None = None,
+        attachments: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """A message in the guild channel :attr:`channel_id`: ``AT_MESSAGE_CREATE`` (``<@!bot>``
+        first) or ``MESSAGE_CREATE`` (the ``<@!bot>`` token and a ``mentions`` entry when
+        ``mention``); ``reply_to`` quotes that message id."""
+        body = f"<@!{self.bot_user['id']}> {content}" if mention else content
+        d = self.guild_post(body, author=author, attachments=attachments)
+        if mention:
+            d["mentions"] = [dict(self.bot_user)]
+        if reply_to is not None:
+            d["message_reference"] = {"message_id": reply_to}
         inbound = Inbound(
-            d["id"], "channel", self.channel_id, trio.current_time(), "", content, author
+            d["id"], "channel", self.channel_id, trio.current_time(), "", content, d["author"]
         )
         self.inbound[d["id"]] = inbound
-        await self.dispatch("AT_MESSAGE_CREATE", d)
+        await self.dispatch(event, d)
+        return d
+
+    async def direct_message(self, content: str, *, reply_to: str | None = None) -> dict[str, Any]:
+        """A DIRECT_MESSAGE_CREATE in the guild DM :attr:`dms_guild_id`; ``reply_to`` quotes
+        that message id."""
+        d: dict[str, Any] = {
+            "id": _uid("08dms"),
+            "channel_id": self.dms_channel_id,
+            "guild_id": self.dms_guild_id,
+            "src_guild_id": self.guild_id,
+            "author": dict(self.guild_user),
+            "member": {"joined_at": iso_now()},
+            "content": content,
+            "timestamp": iso_now(),
+            "direct_message": True,
+        }
+        if reply_to is not None:
+            d["message_reference"] = {"message_id": reply_to}
+        inbound = Inbound(
+            d["id"], "dms", self.dms_guild_id, trio.current_time(), "", content, d["author"]
+        )
+        self.inbound[d["id"]] = inbound
+        await self.dispatch("DIRECT_MESSAGE_CREATE", d)
         return d
 
     async def press(self, message: BotMessage, label: str) -> dict[str, Any]:
@@ -451,6 +540,9 @@ class FakeQQ(FakePlatform[RestCall]):
         await trio.lowlevel.checkpoint()
 
     def _dispatch_to(self, session: _Session, t: str, d: Any) -> None:
+        bit = EVENT_INTENTS.get(t)
+        if bit is not None and not session.intents & bit:
+            return  # not subscribed: QQ does not send it
         session.seq += 1
         frame = json.dumps(
             {"op": 0, "s": session.seq, "t": t, "id": f"{t}:{_uid('')}", "d": d},
@@ -588,7 +680,7 @@ class FakeQQ(FakePlatform[RestCall]):
             conn.push("close", (4008, "send too fast"))
             return
         self.identify_remaining -= 1
-        session = _Session(secrets.token_hex(16))
+        session = _Session(secrets.token_hex(16), intents)
         self._sessions[session.id] = session
         self._current = session
         session.conn = conn
@@ -711,6 +803,13 @@ class FakeQQ(FakePlatform[RestCall]):
             return "GET /gateway/bot", self._gateway_bot, ""
         if method == "GET" and path == "/gateway":
             return "GET /gateway", self._gateway_url, ""
+        if (
+            method == "GET"
+            and len(parts) == 4
+            and parts[0] == "channels"
+            and parts[2] == "messages"
+        ):
+            return "GET /channels/{channel_id}/messages/{message_id}", self._get_message, path
         if method == "POST" and len(parts) == 3 and parts[2] == "messages":
             if parts[0] == "channels":
                 return "POST /channels/{channel_id}/messages", self._send_channel, parts[1]
@@ -820,9 +919,41 @@ class FakeQQ(FakePlatform[RestCall]):
         self.messages.append(msg)
         self.by_ref[msg.ref_idx] = msg
         self.changed()
+        if kind in ("channel", "dms"):
+            return json_response(self._guild_sent(msg, target))
         return json_response(
             {"id": msg.id, "timestamp": iso_now(), "ext_info": {"ref_idx": msg.ref_idx}}
         )
+
+    def _guild_sent(self, msg: BotMessage, target: str) -> dict[str, Any]:
+        """A guild send's answer: the message object (post_messages.md), no ``ext_info``;
+        with ``guild_messages`` subscribed it also comes back as the bot's MESSAGE_CREATE."""
+        channel = target if msg.kind == "channel" else self.dms_channel_id
+        guild = self.guild_id if msg.kind == "channel" else target
+        d: dict[str, Any] = {
+            "id": msg.id,
+            "channel_id": channel,
+            "guild_id": guild,
+            "content": msg.content,
+            "timestamp": iso_now(),
+            "author": dict(self.bot_user),
+        }
+        if msg.kind == "channel":
+            self.guild_log[msg.id] = d
+            session = self._current
+            if session is not None and session.valid and session.intents & GUILD_MESSAGES:
+                self._dispatch_to(session, "MESSAGE_CREATE", d)
+        return d
+
+    def _get_message(self, body: Any, path: str) -> Response:
+        """``GET /channels/{channel_id}/messages/{message_id}`` (guild channels only)."""
+        _, channel_id, _, message_id = path.strip("/").split("/")
+        if self.forbidden_lookup:
+            return _error(403, 11264, "guild permission not granted")
+        d = self.guild_log.get(urllib.parse.unquote(message_id))
+        if d is None or d["channel_id"] != urllib.parse.unquote(channel_id):
+            return _error(404, 50039, "get message failed")
+        return json_response({"message": d} if self.wrap_fetched_message else d)
 
     def _send_channel(self, body: dict[str, Any], channel_id: str) -> Response:
         return self._message("channel", channel_id, body)
