@@ -17,17 +17,20 @@ import dataclasses
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.feishu import channel as feishu_channel
 from dshim.config import parse_config
+from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
+from dshim.model import PromptPart, TurnEvent
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.feishu import FakeFeishu, open_fake_feishu
@@ -46,8 +49,22 @@ SEEDED = dataclasses.replace(
 )
 
 
+class SessionsHarness(EchoHarness):
+    """The echo harness, remembering the session each prompt went to."""
+
+    def __init__(self, *, slow_interval_s: float) -> None:
+        super().__init__(slow_interval_s=slow_interval_s)
+        self.sessions: list[str] = []
+
+    def prompt(
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        self.sessions.append(session_id)
+        return super().prompt(session_id, parts, ctx)
+
+
 class Bot:
-    def __init__(self, fake: FakeFeishu, events: Events, harness: EchoHarness) -> None:
+    def __init__(self, fake: FakeFeishu, events: Events, harness: SessionsHarness) -> None:
         self.fake = fake
         self.events = events
         self.harness = harness
@@ -77,7 +94,7 @@ async def running_bot(
                 **options,
             }
             config = parse_config({"bots": [table]}, env={})
-            bot = Bot(fake, Events(), EchoHarness(slow_interval_s=0.4))
+            bot = Bot(fake, Events(), SessionsHarness(slow_interval_s=0.4))
             async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
 
                 async def serve() -> None:
@@ -364,12 +381,37 @@ async def test_topic_reply_is_thread_context_and_answers_in_the_topic(
         root = await fake.user_message(fake.group_chat, "topic start", mention_bot=True)
         await fake.wait_until(lambda: len(fake.bot_messages(fake.group_chat)) == 1)
         await fake.user_message(
-            fake.group_chat, "in the topic", mention_bot=True, thread_id=root["message_id"]
+            fake.group_chat, "in the topic", mention_bot=True, topic=root["message_id"]
         )
         await answered(fake, fake.group_chat, source(fake, "group") + "\n\nin the topic")
     assert fake.calls_to(GET) == []
     replies = fake.calls_to(REPLY)
     assert replies[-1].json.get("reply_in_thread") is True
+
+
+@pytest.mark.parametrize("starter_thread_id", [True, False])
+async def test_a_topic_group_topic_is_one_conversation(
+    tmp_path: Path, autojump_clock: object, starter_thread_id: bool
+) -> None:
+    def topics(fake: FakeFeishu) -> None:
+        fake.starter_thread_ids = starter_thread_id
+
+    chat = "oc_topic0000000000000000000000001"
+    async with running_bot(tmp_path, configure=topics) as (bot, fake):
+        assert chat == fake.topic_chat
+        starter = await fake.user_message(chat, "echo:slow 20 plan it", mention_bot=True)
+        await fake.wait_until(lambda: len(fake.bot_messages(chat)) == 1)
+        # A reply in the topic while the first answer still runs: the same lane, so it waits.
+        reply = await fake.user_message(
+            chat, "and the rollback?", mention_bot=True, topic=starter["message_id"]
+        )
+        await answered(fake, chat, source(fake, "group") + "\n\nand the rollback?")
+        first = next(b for b in fake.bot_messages(chat) if b.parent_id == starter["message_id"])
+        second = next(b for b in fake.bot_messages(chat) if b.parent_id == reply["message_id"])
+    assert first.text == source(fake, "group") + "\n\necho:slow 20 plan it"
+    assert first.in_thread and second.in_thread  # both answers in the topic
+    assert len(bot.harness.sessions) == 2 and len(set(bot.harness.sessions)) == 1
+    assert fake.calls_to(GET) == []  # the topic's root is context, not a quote
 
 
 # -- recall --------------------------------------------------------------------------------

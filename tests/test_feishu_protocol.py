@@ -431,11 +431,32 @@ def test_quote_has_a_loader_and_topic_root_is_no_quote() -> None:
     topic = mapped(
         message_event({"text": "x"}, parent_id="om_r", root_id="om_r", thread_id="omt_1")
     )
-    assert topic.reply_to is None and topic.thread_id == "omt_1"
+    assert topic.reply_to is None and topic.thread_id == "om_r"  # the topic's root message
     inner = mapped(
         message_event({"text": "x"}, parent_id="om_2", root_id="om_r", thread_id="omt_1")
     )
     assert inner.reply_to is not None and inner.reply_to.message_id == "om_2"
+
+
+@pytest.mark.parametrize(
+    "chat_type,fields,thread",
+    [
+        ("group", {"thread_id": "omt_1"}, "om_1"),  # a topic's first message
+        ("group", {"thread_id": "omt_1", "root_id": "om_r", "parent_id": "om_r"}, "om_r"),
+        ("group", {"thread_id": "omt_1", "root_id": "om_r", "parent_id": "om_2"}, "om_r"),
+        ("group", {"thread_id": "omt_1", "root_id": "omt_1"}, "om_1"),  # root_id the topic
+        ("topic_group", {}, "om_1"),  # a first message without thread_id
+        ("topic_group", {"root_id": "om_r", "parent_id": "om_r"}, "om_r"),
+        ("group", {}, None),
+        ("group", {"root_id": "om_r", "parent_id": "om_r"}, None),  # a quote, not a topic
+        ("p2p", {"root_id": "om_r", "parent_id": "om_r"}, None),
+    ],
+)
+def test_a_topic_is_keyed_by_its_root_message(
+    chat_type: str, fields: dict[str, str], thread: str | None
+) -> None:
+    msg = mapped(message_event({"text": "x"}, chat_type=chat_type, **fields))
+    assert msg.thread_id == thread
 
 
 def test_a_reply_without_parent_id_quotes_its_root() -> None:

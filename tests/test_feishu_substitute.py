@@ -426,7 +426,7 @@ async def test_topic_groups_answer_in_the_topic_or_refuse_when_switched_off(
             root = await fake.user_message(fake.group_chat, "topic start", mention_bot=True)
             await fake.wait_until(lambda: len(group_answers(fake)) == 1)
             inside = await fake.user_message(
-                fake.group_chat, "in the topic {0}", people=[OLGA], thread_id=root["message_id"]
+                fake.group_chat, "in the topic {0}", people=[OLGA], topic=root["message_id"]
             )
             await fake.wait_until(lambda: len(group_answers(fake)) == 2)
         [answer] = [m for m in group_answers(fake) if m.parent_id == inside["message_id"]]
@@ -434,7 +434,7 @@ async def test_topic_groups_answer_in_the_topic_or_refuse_when_switched_off(
         options = {"substitute": {**SUBSTITUTE, "topic_groups": False}}
         async with serving(fake, store, **options) as run:
             await fake.user_message(
-                fake.group_chat, "again {0}", people=[OLGA], thread_id=root["message_id"]
+                fake.group_chat, "again {0}", people=[OLGA], topic=root["message_id"]
             )
             await fake.wait_until(lambda: len(fake.acks) == 3)
             await trio.sleep(5)

@@ -43,7 +43,8 @@ length checked).  States of :class:`FeishuSession`::
   are fatal; other 514 refusals are server errors and retried.
 
 Receiving (§4): ``im.message.receive_v1`` maps to :class:`~dshim.model.InboundMessage`
-(``p2p`` -> direct, else group; ``chat_id`` the conversation; ``thread_id`` the topic;
+(``p2p`` -> direct, else group; ``chat_id`` the conversation; a topic's root message id
+its ``thread_id``, for the first message and the replies alike, see :func:`topic_key`;
 mentions of the bot address it; the other people mentioned -- ``@_user_N`` placeholders
 with every id of their ``mentions`` entry, and post ``at`` nodes whose ``user_id`` holds an
 open_id -- become ``mentions`` in text order for substitute mode),
@@ -1135,6 +1136,27 @@ def _card_value_text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def topic_key(msg: m.Message) -> str | None:
+    """The ``thread_id`` of a message in a topic (话题): its topic's root message id.
+
+    One topic is one conversation, lane and harness session, so its first message and
+    every reply in it must map to the same key.  The topic's own ``thread_id``
+    (``omt_...``) cannot be that key: a topic's first message may arrive without it
+    (native topic groups, ``chat_type`` ``topic_group``) while the replies carry it.  The
+    root message id is known to both: a reply in a topic names it in ``root_id``, the
+    first message is it.  A message is in a topic when it has a ``thread_id``, or when
+    its chat is a topic group (every top-level message there opens a topic); a quote
+    reply in an ordinary chat (``root_id`` without ``thread_id``) stays in the chat's
+    main conversation.
+    """
+    if not msg.thread_id and msg.chat_type != "topic_group":
+        return None
+    root = msg.root_id
+    if root and root != msg.thread_id and not root.startswith("omt_"):
+        return root
+    return msg.message_id  # the topic's first message (or a root_id naming the topic)
+
+
 class EventMapper:
     """Maps event JSON to the pipeline's model; never raises for bad input."""
 
@@ -1203,7 +1225,7 @@ class EventMapper:
             conversation_id=msg.chat_id,
             conversation_type="direct" if direct else "group",
             sender_id=sender_id,
-            thread_id=msg.thread_id or None,
+            thread_id=topic_key(msg),
             sender_is_bot=ev.sender.sender_type not in ("", "user"),
             addressed=direct or names.bot_mentioned,
             content=extracted.text,

@@ -252,6 +252,14 @@ class FakeFeishu(FakePlatform[RestCall]):
         self.other_user = {"open_id": "ou_user00000000000000000000000002", "name": "Bob"}
         self.dm_chat = "oc_dm000000000000000000000000001"
         self.group_chat = "oc_group0000000000000000000000001"
+        #: A native topic group (``chat_type`` ``topic_group``): every top-level message
+        #: opens a topic.
+        self.topic_chat = "oc_topic0000000000000000000000001"
+        #: Whether a topic's first message carries its ``thread_id`` (real starters are
+        #: seen both with and without it; replies in the topic always carry it).
+        self.starter_thread_ids = True
+        #: A topic's root message id -> its ``thread_id`` (``omt_...``).
+        self.topics: dict[str, str] = {}
         self.http_url = ""
         self.api_base = ""
         self.ws_url = ""
@@ -371,7 +379,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         mention_bot: bool = False,
         mention_other: bool = False,
         reply_to: str | None = None,
-        thread_id: str | None = None,
+        topic: str | None = None,
         msg_type: str = "text",
         content: dict[str, Any] | None = None,
         people: list[dict[str, str]] | None = None,
@@ -380,7 +388,10 @@ class FakeFeishu(FakePlatform[RestCall]):
 
         ``people``: more persons mentioned (``open_id``, ``name``, optional ``union_id`` /
         ``user_id``); each placeholder goes where the text has ``{0}``, ``{1}`` ... (or
-        before the text when it has none).
+        before the text when it has none).  ``topic``: the root message of the topic the
+        message is posted in (``thread_id`` the topic's, ``root_id`` = ``parent_id`` = the
+        root, as Feishu has a topic reply); a top-level message of :attr:`topic_chat`
+        opens a topic of its own.
         """
         sender = sender or self.user
         mentions: list[dict[str, Any]] = []
@@ -421,7 +432,7 @@ class FakeFeishu(FakePlatform[RestCall]):
             "create_time": str(int(time.time() * 1000)),
             "update_time": str(int(time.time() * 1000)),
             "chat_id": chat_id,
-            "chat_type": "p2p" if chat_id == self.dm_chat else "group",
+            "chat_type": self._chat_type(chat_id),
             "message_type": msg_type,
             "content": json.dumps(content, ensure_ascii=False),
             "mentions": mentions or None,
@@ -430,10 +441,14 @@ class FakeFeishu(FakePlatform[RestCall]):
             parent = self.messages.get(reply_to, {})
             message["parent_id"] = reply_to
             message["root_id"] = parent.get("root_id") or reply_to
-        if thread_id is not None:
-            message["thread_id"] = thread_id
-            message.setdefault("root_id", thread_id)
-            message.setdefault("parent_id", message["root_id"])
+        if topic is not None:
+            message["thread_id"] = self.topics.setdefault(topic, _id("omt_"))
+            message.setdefault("root_id", topic)
+            message.setdefault("parent_id", topic)
+        elif reply_to is None and chat_id == self.topic_chat:
+            thread = self.topics.setdefault(mid, _id("omt_"))
+            if self.starter_thread_ids:
+                message["thread_id"] = thread
         if message.get("mentions") is None:
             del message["mentions"]
         self.messages[mid] = {
@@ -450,6 +465,11 @@ class FakeFeishu(FakePlatform[RestCall]):
         }
         await self.push_event(self.envelope("im.message.receive_v1", event))
         return message
+
+    def _chat_type(self, chat_id: str) -> str:
+        if chat_id == self.dm_chat:
+            return "p2p"
+        return "topic_group" if chat_id == self.topic_chat else "group"
 
     def _mention(self, key: str, open_id: str, name: str) -> dict[str, Any]:
         return {
