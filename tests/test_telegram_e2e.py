@@ -50,9 +50,12 @@ class RecordingHarness(EchoHarness):
     def __init__(self) -> None:
         super().__init__()
         self.prompts: list[list[PromptPart]] = []
+        #: The session of each prompt, in order.
+        self.sessions: list[str] = []
 
     def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
         self.prompts.append(list(parts))
+        self.sessions.append(session_id)
         return super().prompt(session_id, parts, ctx)
 
     @property
@@ -409,6 +412,40 @@ async def test_forum_topic_answer_goes_to_the_topic_and_the_root_is_no_quote(
     assert answer.reply_to_message_id == asked["message_id"]
     assert len(harness.prompts) == 1
     assert "<dsh_im_reply_to>" not in harness.texts[0]
+
+
+async def test_a_topic_and_the_general_topic_each_keep_one_session(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    harness = RecordingHarness()
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            forum = fake.group_chat(GROUP_ID, "Lab", forum=True)
+            topic = fake.create_topic(GROUP_ID, "Experiments", creator=ADA)
+
+            async def answered(count: int) -> int:
+                await fake.wait_until(lambda: len(fake.bot_messages(GROUP_ID)) == count)
+                return fake.bot_messages(GROUP_ID)[-1].message_id
+
+            async with running_bot(fake, store, clock, harness=harness):
+                await polling(fake)
+                # the topic's first message, then a reply to the bot's answer in the topic
+                fake.user_message(forum, ADA, "@dshim_test_bot remember 7", thread_id=topic)
+                first = await answered(1)
+                fake.user_message(forum, ADA, "which number?", thread_id=topic, reply_to=first)
+                await answered(2)
+                # the General topic: a mention, then a reply to the bot's answer (Telegram
+                # gives that reply its chain's message_thread_id, not is_topic_message)
+                fake.user_message(forum, BOB, "@dshim_test_bot remember 8")
+                general = await answered(3)
+                later = fake.user_message(forum, BOB, "and which one?", reply_to=general)
+                await answered(4)
+    assert "message_thread_id" in later and "is_topic_message" not in later
+    in_topic, topic_again, in_general, general_again = harness.sessions
+    assert topic_again == in_topic  # the agent still has the topic's first exchange
+    assert general_again == in_general != in_topic
+    answers = fake.bot_messages(GROUP_ID)
+    assert [a.thread_id for a in answers] == [topic, topic, None, None]
 
 
 async def test_an_answer_into_a_deleted_topic_goes_to_the_chat_once(

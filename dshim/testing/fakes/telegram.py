@@ -19,7 +19,9 @@ on, so the real client, channel and pipeline run against it unchanged:
 
 Test helpers: :meth:`FakeTelegram.user_message` injects a user's message (text, caption,
 photo, document, a reply to a given message, a quote, an external reply, inside a forum
-topic; mention and command entities are computed with UTF-16 offsets), :meth:`add_update`
+topic; mention and command entities are computed with UTF-16 offsets; a reply in a
+supergroup outside a topic carries its reply chain's ``message_thread_id`` without
+``is_topic_message``, as Telegram sends it in a forum's General topic), :meth:`add_update`
 injects any raw Update.  From :class:`~dshim.testing.fakes.base.FakePlatform`:
 :attr:`calls` records every request with its trio time (file downloads as ``"file"``),
 :meth:`wait_until` waits for a condition, and the fault knobs :meth:`fail_next` (e.g. 429
@@ -349,6 +351,21 @@ class FakeTelegram(FakePlatform[Call]):
             self.on_bot_message(msg)
         return msg
 
+    @staticmethod
+    def _chain_root(chat: FakeChat, msg: FakeMessage) -> int:
+        """The root of ``msg``'s reply chain: the first message that replies to nothing."""
+        seen: set[int] = set()
+        while msg.message_id not in seen:
+            seen.add(msg.message_id)
+            if msg.data.get("message_thread_id") is not None:
+                return int(msg.data["message_thread_id"])
+            parent = msg.reply_to_message_id
+            up = chat.messages.get(parent) if parent is not None else None
+            if up is None:
+                break
+            msg = up
+        return msg.message_id
+
     def _entities(self, text: str) -> list[dict[str, Any]]:
         """mention and bot_command entities, as Telegram computes them (UTF-16 offsets)."""
         out: list[dict[str, Any]] = []
@@ -465,6 +482,11 @@ class FakeTelegram(FakePlatform[Call]):
             target = state.messages.get(reply_to)
             if target is not None:
                 fields["reply_to_message"] = self._one_level(target)
+                if thread_id is None and state.data.get("type") == "supergroup":
+                    # Telegram: a reply outside a topic (a plain supergroup, a forum's
+                    # General topic) belongs to its reply chain's thread, named by the
+                    # chain's root message -- without is_topic_message.
+                    fields["message_thread_id"] = self._chain_root(state, target)
         if quote is not None:
             fields["quote"] = {"text": quote, "position": 0, "is_manual": True}
         if external_reply is not None:
