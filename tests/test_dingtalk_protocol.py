@@ -195,6 +195,64 @@ def test_rich_text_joins_runs_at_names_and_pictures_become_images() -> None:
     assert [i.kind for i in msg.images] == ["image"]
 
 
+GROUP_AT_BOT = {"conversationType": "2", "isInAtList": True, "atUsers": [{"dingtalkId": BOT}]}
+
+
+@pytest.mark.parametrize(
+    "segments",
+    [
+        # The mention as an at segment, or as the leading text run (both are seen).
+        [{"type": "at", "atName": "dshim bot"}, {"text": " what is on this screen?"}],
+        [{"text": "@dshim what is on this screen?"}],
+        [{"text": " @dshim "}, {"type": "text", "text": "what is on this screen?"}],
+    ],
+)
+def test_group_rich_text_loses_the_bot_mention_like_plain_text(
+    segments: list[dict[str, Any]],
+) -> None:
+    picture = {"type": "picture", "downloadCode": "dc1"}
+    content = {"richText": [*segments, picture]}
+    msg = mapped(msgtype="richText", text=None, content=content, **GROUP_AT_BOT)
+    assert msg.addressed and msg.content == "what is on this screen?"
+    assert [i.kind for i in msg.images] == ["image"]
+
+
+def test_group_rich_text_keeps_mentions_that_may_not_be_the_bot() -> None:
+    content = {"richText": [{"type": "at", "atName": "Bob"}, {"text": " look"}]}
+    two = {**GROUP_AT_BOT, "atUsers": [{"dingtalkId": BOT}, {"dingtalkId": "x"}]}
+    assert mapped(msgtype="richText", text=None, content=content, **two).content == "@Bob look"
+    # In a direct chat nothing is a mention to remove.
+    assert mapped(msgtype="richText", text=None, content=content).content == "@Bob look"
+
+
+def test_a_rich_text_segment_with_a_download_code_but_no_type_is_a_picture() -> None:
+    content = {
+        "richText": [
+            {"text": "before "},
+            {"downloadCode": "dc-untyped", "pictureDownloadCode": "pdc-untyped"},
+            {"pictureDownloadCode": "pdc-only"},
+            {"text": "after"},
+        ]
+    }
+    msg = mapped(msgtype="richText", text=None, content=content)
+    assert msg.content == "before after"
+    assert [i.kind for i in msg.images] == ["image", "image"]
+    ref = quoted({"msgId": "q1", "msgType": "richText", "senderId": USER, "content": content})
+    assert ref.content == "before after" and ref.attachments == [m_att("image"), m_att("image")]
+
+
+@pytest.mark.parametrize("field", ["sessionWebhookExpiredTime", "createAt"])
+def test_epoch_milliseconds_may_be_digit_strings_but_not_other_strings(field: str) -> None:
+    msg = mapped(**{field: "1796034600000"})
+    assert isinstance(msg.route, Route)
+    got = msg.route.webhook_expires_at if field != "createAt" else msg.received_at
+    assert got == 1796034600.0
+    for bad in ("soon", "", "1796034600000ms", "-5", "\u0661\u0662"):
+        item = MAPPER.decode_raw(json.dumps(robot(**{field: bad})).encode())
+        assert isinstance(item, Skip) and item.reason == "malformed", (bad, item)
+        assert field in item.detail
+
+
 @pytest.mark.parametrize("as_string", [False, True])
 def test_content_may_be_an_object_or_a_json_string(as_string: bool) -> None:
     content: Any = {"downloadCode": "f1", "fileName": "report.pdf"}

@@ -67,7 +67,7 @@ class RobotMessage(msgspec.Struct, kw_only=True, gc=False):
     isInAtList: bool | None = None
     atUsers: list[AtUser] | None = None
     sessionWebhook: str | None = None
-    sessionWebhookExpiredTime: int | float | None = None
+    sessionWebhookExpiredTime: int | float | str | None = None
     originalMsgId: str | None = None
     originalProcessQueryKey: str | None = None
     quoteMessage: msgspec.Raw = NULL

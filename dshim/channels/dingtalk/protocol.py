@@ -34,7 +34,11 @@ app's connections; order across connections is not promised.
 Mapping (:class:`MessageMapper`, table-tested): conversation = ``conversationId``;
 ``conversationType`` "1" direct, "2" group; the platform pushes group messages only
 when the bot is @-mentioned, so a group message is addressed unless ``isInAtList`` is
-false;
+false, and its leading @bot mention is removed (text and richText alike, when the bot
+is the one user @-ed); richText segments are text runs, ``at`` names and pictures (a
+segment without ``type`` that carries a ``downloadCode`` is a picture); ``createAt`` and
+``sessionWebhookExpiredTime`` are epoch milliseconds, numbers or digit strings (another
+string is ``malformed``);
 sender ``senderStaffId`` (else ``senderId``), ``senderNick``.  Quotes come from
 ``text.isReplyMsg`` + ``text.repliedMsg``, the legacy ``quoteMessage``, or only
 ``originalMsgId``; DingTalk has no fetch-by-id API, so a quote without content is
@@ -260,11 +264,16 @@ MediaFactory = Callable[[str], Fetcher | None]
 _AT_TOKEN = re.compile(r"^@\S+\s*")
 
 
+def _digits(value: str) -> bool:
+    value = value.strip()
+    return value.isascii() and value.isdigit()
+
+
 def _ms(value: object) -> float | None:
     """Epoch milliseconds (number or digit string) as epoch seconds."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and _digits(value):
         value = int(value.strip())
     if isinstance(value, int | float) and 0 < value < 1e15:  # finite, before year 33658
         return float(value) / 1000.0
@@ -312,6 +321,17 @@ class MessageMapper:
         direct = ctype == "1"
         if not msg.msgId or not msg.conversationId:
             return Skip(reason="malformed", detail="no msgId or conversationId")
+        for name, value in (
+            ("createAt", msg.createAt),
+            ("sessionWebhookExpiredTime", msg.sessionWebhookExpiredTime),
+        ):
+            # Epoch milliseconds come as numbers, and from some clients as digit strings.
+            if isinstance(value, str) and not _digits(value):
+                return Skip(
+                    reason="malformed",
+                    detail=f"{name}: not epoch milliseconds",
+                    message_id=msg.msgId,
+                )
         bot_user = msg.chatbotUserId or self.chatbot_user_id
         if bot_user and msg.senderId == bot_user:
             return Skip(reason="echo", message_id=msg.msgId)
@@ -373,20 +393,31 @@ class MessageMapper:
         files: list[MediaRef] = []
         text = ""
         c = content if isinstance(content, dict) else {}
+        # In a group the text still starts with the @bot mention (removed like this).
+        mention = not direct and msg.isInAtList is not False
         if kind == "text":
             text = msg.text.content if msg.text is not None else ""
             text = text.strip()
-            if not direct and msg.isInAtList is not False:
+            if mention:
                 text = _strip_bot_mention(text, msg)
         elif kind == "richText":
-            parts: list[str] = []
+            parts: list[tuple[str, bool]] = []  # (text, is an at segment)
             for seg in _segments(c.get("richText")):
                 if (code := _picture_code(seg)) is not None:
                     if (ref := self._handle("image", code)) is not None:
                         images.append(ref)
-                elif (piece := _segment_text(seg)) is not None:
-                    parts.append(piece)
-            text = "".join(parts).strip()
+                if (piece := _segment_text(seg)) is not None:  # an untyped picture's too
+                    parts.append((piece, _seg_type(seg) == "at"))
+            if mention and _sole_at_is_bot(msg):
+                # The leading mention: an at segment of its own, or the first run's "@name".
+                first = next((i for i, (t, _) in enumerate(parts) if t.strip()), None)
+                if first is not None and parts[first][1]:
+                    del parts[first]
+                    text = "".join(t for t, _ in parts).strip()
+                else:
+                    text = _strip_bot_mention("".join(t for t, _ in parts).strip(), msg)
+            else:
+                text = "".join(t for t, _ in parts).strip()
         elif kind == "picture":
             ref = self._handle("image", c.get("downloadCode") or c.get("pictureDownloadCode"))
             if ref is not None:
@@ -443,10 +474,15 @@ def _content(raw: msgspec.Raw) -> Any:
     return _json(raw)
 
 
+def _sole_at_is_bot(msg: m.RobotMessage) -> bool:
+    """The bot is the one user @-ed: a leading mention must be it."""
+    ats = msg.atUsers or []
+    return len(ats) == 1 and ats[0].dingtalkId == msg.chatbotUserId
+
+
 def _strip_bot_mention(text: str, msg: m.RobotMessage) -> str:
     """Drop a leading ``@name`` only when the bot is the one user @-ed (it must be it)."""
-    ats = msg.atUsers or []
-    if len(ats) == 1 and ats[0].dingtalkId == msg.chatbotUserId and text.startswith("@"):
+    if _sole_at_is_bot(msg) and text.startswith("@"):
         return _AT_TOKEN.sub("", text, count=1).strip()
     return text
 
@@ -463,9 +499,14 @@ def _seg_type(seg: Mapping[str, Any]) -> str:
 
 
 def _picture_code(seg: Mapping[str, Any]) -> str | None:
-    if _seg_type(seg) != "picture":
-        return None
+    """A picture segment's download code ("" when it has none); None for other segments.
+
+    A segment with no ``type`` is a picture when it carries a download code (the SDKs
+    tell pictures from text runs by that key alone)."""
     code = seg.get("downloadCode") or seg.get("pictureDownloadCode")
+    untyped = "type" not in seg and "msgType" not in seg
+    if _seg_type(seg) != "picture" and not (untyped and isinstance(code, str) and code):
+        return None
     return code if isinstance(code, str) else ""
 
 
@@ -562,7 +603,7 @@ def quote_reference(
         for seg in _segments(c.get("richText")):
             if _picture_code(seg) is not None:
                 attachments.append(Attachment(kind="image"))
-            elif (piece := _segment_text(seg)) is not None:
+            if (piece := _segment_text(seg)) is not None:
                 parts.append(piece)
         text = "".join(parts) or bare
     elif kind == "picture":
