@@ -608,3 +608,30 @@ async def test_definite_profile_outcomes_are_cached_and_transient_ones_never(
     assert flaky == ["error", "error"] and recovered.outcome == "ok"
     paths = [c.path.rsplit("/", 1)[1] for c in fake.calls_to(PROFILE)]
     assert paths == ["ou_gone", OLGA["open_id"], "ou_flaky", "ou_flaky", "ou_flaky"]
+
+
+async def test_a_typed_open_id_of_another_app_is_a_warning_at_start(
+    tmp_path: Path, autojump_clock: object
+) -> None:
+    xapp = "ou_xapp0000000000000000000000001"
+
+    def other_app(fake: FakeFeishu) -> None:
+        directory(fake)
+        fake.contact_errors[xapp] = (403, 99992361)
+
+    targets = [{"open_id": OLGA["open_id"]}, {"name": "Xavier", "open_id": xapp}]
+    with capture_logs() as logs:
+        async with world(tmp_path, other_app) as (fake, store):
+            options = {"substitute": {"enabled": True, "targets": targets}}
+            async with serving(fake, store, **options):
+                await fake.user_message(fake.group_chat, "{0} help?", people=[OLGA])
+                await fake.wait_until(lambda: len(group_answers(fake)) == 1)
+    warned = [e for e in logs if e["log_level"] == "warning" and "substitute" in e["event"]]
+    assert [(e["event"], e["bot"], e["key"], e["target"]) for e in warned] == [
+        ("substitute_target_cross_app", "fs", "substitute.targets[1].open_id", "Xavier")
+    ]
+    assert fake.app_secret not in repr(logs) and not any(t in repr(logs) for t in fake.tokens)
+    # Checked before the long connection opened; the other target still answers.
+    endpoint = fake.calls_to("POST /callback/ws/endpoint")[0]
+    assert all(c.at <= endpoint.at for c in fake.calls_to(PROFILE))
+    assert '"target":{"id":"' + OLGA["open_id"] in group_answers(fake)[0].text

@@ -9,7 +9,8 @@ JSON as received (the inbox decodes it again after a restart) and are acked once
 accepted; a recall goes to ``retract`` (never a turn), a control notice's button to
 ``substitute_control`` (acked with the result as a toast).  Substitute targets given by
 email or union_id are resolved to open_ids before the start (:func:`startup_targets`,
-bounded, never fatal) and handed to the pipeline.  Only AuthError, FatalChannelError and
+bounded, never fatal) and handed to the pipeline; a hand-typed open_id of another app is
+a warning then, as in the probe.  Only AuthError, FatalChannelError and
 ConfigError escape ``run``.
 """
 
@@ -253,17 +254,40 @@ async def run(
 async def startup_targets(rest: RestClient, bot: BotConfig) -> list[SubstituteTarget] | None:
     """The substitute targets matching uses: those given by email or union_id resolved
     to open_ids (bounded by :data:`RESOLVE_TIMEOUT_S`, never fatal; None: nothing to
-    resolve, the configured ones apply).  An unresolvable target is logged and dropped."""
+    resolve, the configured ones apply).  An unresolvable target is logged and dropped.
+
+    Hand-typed open_ids get the probe's check as well: one that belongs to another app
+    (a Feishu open_id is per app, so it never matches a mention here) is a warning naming
+    the bot and the key path; the target stays as configured (its other ids may match),
+    and any other outcome of that check (a lookup failure included) says nothing."""
     sub = bot.substitute
-    if not sub.enabled or not needs_lookup(sub.targets):
+    typed = any(t.open_id is not None for t in sub.targets)
+    lookup = needs_lookup(sub.targets)
+    if not sub.enabled or not (typed or lookup):
         return None
     found: list[Resolution] | None = None
     with trio.move_on_after(RESOLVE_TIMEOUT_S):
-        found = await resolve_targets(Directory(rest), sub.targets)
+        found = await resolve_targets(Directory(rest), sub.targets, check_open_ids=typed)
     if found is None:
+        if not lookup:  # only the typed open_ids' check ran out of time: they apply as typed
+            log.info("substitute_open_ids_unchecked", reason="resolve_failed", timeout=True)
+            return None
         log.warning("substitute_targets_unresolved", reason="resolve_failed", timeout=True)
         return [t for t in sub.targets if t.ids()]
-    for r in found:
+    out: list[SubstituteTarget] = []
+    for index, r in enumerate(found):
+        if r.configured.open_id is not None:
+            if r.reason == "cross_app_open_id":
+                log.warning(
+                    "substitute_target_cross_app",
+                    bot=bot.name,
+                    key=f"substitute.targets[{index}].open_id",
+                    target=r.label,
+                    reason=r.reason,
+                    hint=REASON_TEXT[r.reason],
+                )
+            out.append(r.configured)  # as typed: matched as is, as without the check
+            continue
         if r.reason is not None:
             log.warning(
                 "substitute_target_unresolved",
@@ -271,7 +295,9 @@ async def startup_targets(rest: RestClient, bot: BotConfig) -> list[SubstituteTa
                 reason=r.reason,
                 dropped=r.target is None,
             )
-    return [r.target for r in found if r.target is not None]
+        if r.target is not None:
+            out.append(r.target)
+    return out if lookup else None
 
 
 @asynccontextmanager
