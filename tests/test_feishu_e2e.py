@@ -396,9 +396,8 @@ async def test_a_topic_group_topic_is_one_conversation(
     def topics(fake: FakeFeishu) -> None:
         fake.starter_thread_ids = starter_thread_id
 
-    chat = "oc_topic0000000000000000000000001"
     async with running_bot(tmp_path, configure=topics) as (bot, fake):
-        assert chat == fake.topic_chat
+        chat = fake.topic_chat  # a native topic group: each top-level message is a topic
         starter = await fake.user_message(chat, "echo:slow 20 plan it", mention_bot=True)
         await fake.wait_until(lambda: len(fake.bot_messages(chat)) == 1)
         # A reply in the topic while the first answer still runs: the same lane, so it waits.
@@ -412,6 +411,9 @@ async def test_a_topic_group_topic_is_one_conversation(
     assert first.in_thread and second.in_thread  # both answers in the topic
     assert len(bot.harness.sessions) == 2 and len(set(bot.harness.sessions)) == 1
     assert fake.calls_to(GET) == []  # the topic's root is context, not a quote
+    # One lane: the reply's answer started only once the first one was closed.
+    [second_reply] = [c for c in fake.calls_to(REPLY) if reply["message_id"] in c.path]
+    assert second_reply.at >= fake.calls_to(SETTINGS)[0].at
 
 
 # -- recall --------------------------------------------------------------------------------

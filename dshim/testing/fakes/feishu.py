@@ -39,7 +39,9 @@ connection, :meth:`close_connection` closes it cleanly; ``drop_after(k)`` after 
 events; ``max_connections`` refuses more with 514 / ``Handshake-Autherrcode: 1000040350``;
 ``global_rate_limit = n`` answers the next n Open API calls (any route) with 429;
 :meth:`lose_response_next` carries a call out and then drops its answer.  Injection: :meth:`user_message`
-(text, post, image, file...; mentions of the bot, of ``people``, replies, topics), :meth:`recall`,
+(text, post, image, file...; mentions of the bot, of ``people``, replies, topics -- ``topic=``
+a topic's root message, :attr:`topic_chat` a native topic group whose first messages carry
+their ``omt_`` thread id unless ``starter_thread_ids = False``), :meth:`recall`,
 :meth:`click` (a card button: ``card.action.trigger``), :meth:`push_event` (any event),
 :meth:`push_frame` (raw bytes).
 
