@@ -25,8 +25,8 @@ chat, see :class:`ChatPacer`), then retry; :class:`~dshim.errors.TransportError`
 (network, timeout, 5xx) -> retry with backoff (a *send* of unknown outcome at most once, see
 below); :class:`~dshim.errors.NotFound` on an edit
 (the user deleted the message) -> the text is sent as a new message instead; anything
-else is final and raised from :meth:`EditStream.finish`.  Every retry loop is capped
-(``Limits.max_attempts``).
+else is final and raised from :meth:`EditStream.finish`.  Every retry loop is capped in
+time (``Limits.send_retry_s``, 120 s by default).
 
 Limits (:class:`Limits`) come from the platform: the maximum message length measured by a
 platform length function (e.g. UTF-16 code units, or code points), the
@@ -58,13 +58,16 @@ whose send returned an id is only ever edited afterwards, so retries never dupli
 
 Delivery exactly once, as far as the platform lets us know: a send that failed before
 the request left (:class:`~dshim.errors.TransportError` with ``request_sent=False``,
-could not connect) or that the platform refused with a 429 certainly created nothing and
-is retried as often as the limits allow.  A send whose outcome is unknown (the request
-went out, the answer was lost: ``request_sent=True``, a timeout, a dropped connection, a
-5xx) may have created the message without our knowing its id.  Such a message slot is
-treated as possibly delivered: intermediate previews stop, and ``finish`` repeats the send
-*once* (:data:`UNSURE_SENDS_MAX` sends in all); if that one is unsure too it gives up
-(raises) rather than post copy after copy.  Text after a send that did return an id goes
+could not connect) or that the platform answered with a failure (a 5xx status, a 429)
+certainly created nothing and is retried with backoff for ``send_retry_s``.  A send
+whose outcome is unknown (the request went out, no answer came back: ``request_sent=True``
+without a status — a timeout, a connection lost after the request was written) may have
+created the message without our knowing its id.  Such a message slot is treated as
+possibly delivered: intermediate previews stop, and ``finish`` repeats the send *once*
+(:data:`UNSURE_SENDS_MAX` sends in all) — ``unknown_repeat_wait_s`` later and once the
+platform answers again (the transport's optional ``reachable()`` probe, retried with
+backoff), so a short outage costs no answer; if that one is unsure too it gives up (raises) rather than post copy
+after copy.  Text after a send that did return an id goes
 by edit to that message.  The user sees at most two copies, never a loop of them.
 Transports whose platform deduplicates sends declare ``idempotent_sends = True`` and are
 retried normally.
@@ -151,8 +154,12 @@ class Limits:
     #: quick answer then costs no typing call; a chat also gets at most one typing call
     #: per ``typing_interval_s`` across the answers it receives.
     typing_grace_s: float = 0.0
-    #: Attempts per call after transient failures (network, 5xx) before giving up.
-    max_attempts: int = 10
+    #: How long one call is retried, with backoff, after failures that prove it was not
+    #: delivered (could not connect, a 5xx or other failure status) before it gives up.
+    send_retry_s: float = 120.0
+    #: The one repeat of a send of unknown outcome waits at least this long (and until the
+    #: platform answers a probe), so it does not fall into the outage that lost the first.
+    unknown_repeat_wait_s: float = 15.0
     #: 429s are retried as the platform asks until this much waiting for one call has
     #: accumulated: a long flood-control storm delays the final text, it does not drop it.
     rate_limit_budget_s: float = 900.0
@@ -533,12 +540,12 @@ class EditStream:
         self._typing_done.set()
         return m
 
-    async def _retrying(self, backoff: Backoff, exc: ChannelError) -> None:
-        """Account one failed attempt: wait as the error asks, or re-raise when out of tries.
+    async def _retrying(self, backoff: Backoff, exc: ChannelError, give_up_at: float) -> None:
+        """Account one failed attempt: wait as the error asks, or re-raise when the call's
+        retry time (``send_retry_s``, ending at ``give_up_at``) is spent.
 
-        ``backoff.failures`` counts transient failures; 429 waits are charged to the
-        stream's rate-limit budget instead, so flood control never makes us drop the final
-        text.
+        429 waits are charged to the stream's rate-limit budget instead, so flood control
+        never makes us drop the final text.
         """
         if isinstance(exc, RateLimited):
             self._rate_limited_s += exc.retry_after
@@ -551,7 +558,7 @@ class EditStream:
             self.pacer.pause(exc.retry_after)
             return
         delay = backoff.next_delay()
-        if backoff.failures >= self.limits.max_attempts:
+        if trio.current_time() + delay > give_up_at:
             log.warning("stream_delivery_gave_up", attempts=backoff.failures, error=_short(exc))
             raise exc
         log.info("stream_delivery_retry", error=_short(exc), retry_in_s=delay)
@@ -560,20 +567,43 @@ class EditStream:
     def _unsure_send(self, slot: int, exc: ChannelError) -> bool:
         """Count a send of message ``slot`` that may have been delivered; True if it was one.
 
-        A send is unsure when the request reached the platform and no answer came back
-        (:attr:`TransportError.request_sent`), unless the transport's sends are idempotent.
+        A send is unsure when the request went out and no answer came back
+        (:attr:`TransportError.request_sent` without a status: a timeout, a connection lost
+        after the request was written), unless the transport's sends are idempotent.  A
+        failure status (5xx) is an answer: the platform did not create the message.
         """
         if (
             isinstance(exc, TransportError)
             and exc.request_sent
+            and exc.status is None
             and not getattr(self.transport, "idempotent_sends", False)
         ):
             self._unsure[slot] = self._unsure.get(slot, 0) + 1
             return True
         return False
 
+    async def _until_reachable(self, backoff: Backoff, give_up_at: float) -> None:
+        """Before the one repeat of a send of unknown outcome: wait
+        ``unknown_repeat_wait_s`` (a brief outage that drops requests is over by then: the
+        repeat must not fall into it), then until the platform answers again (the
+        transport's optional ``reachable`` probe, retried with backoff)."""
+        probe: Callable[[], Awaitable[None]] | None = getattr(self.transport, "reachable", None)
+        now = trio.current_time()
+        await trio.sleep(max(0.0, min(self.limits.unknown_repeat_wait_s, give_up_at - now)))
+        while probe is not None:
+            try:
+                await probe()
+                return
+            except ChannelError as exc:
+                log.info("stream_platform_unreachable", error=_short(exc))
+            delay = backoff.next_delay()
+            if trio.current_time() + delay > give_up_at:
+                return  # out of time: the repeat goes now, once
+            await trio.sleep(delay)
+
     async def _final_send(self, text: str, *, reply: bool, slot: int) -> None:
         backoff = self._backoff()
+        give_up_at = trio.current_time() + self.limits.send_retry_s
         while True:
             if self._unsure.get(slot, 0) >= UNSURE_SENDS_MAX:
                 raise TransportError("the message could not be confirmed", request_sent=True)
@@ -582,16 +612,21 @@ class EditStream:
                 await self._record_send(text, reply=reply)
                 return
             except (RateLimited, TransportError) as exc:
-                if self._unsure_send(slot, exc) and self._unsure[slot] >= UNSURE_SENDS_MAX:
-                    # Delivered already, probably (twice, maybe): never a loop of copies.
-                    log.warning(
-                        "stream_delivery_gave_up", outcome="unknown", sends=self._unsure[slot]
-                    )
-                    raise
-                await self._retrying(backoff, exc)
+                if self._unsure_send(slot, exc):
+                    if self._unsure[slot] >= UNSURE_SENDS_MAX:
+                        # Delivered already, probably (twice, maybe): never a loop of copies.
+                        log.warning(
+                            "stream_delivery_gave_up", outcome="unknown", sends=self._unsure[slot]
+                        )
+                        raise
+                    log.info("stream_send_unconfirmed", error=_short(exc))
+                    await self._until_reachable(backoff, give_up_at)
+                    continue
+                await self._retrying(backoff, exc, give_up_at)
 
     async def _final_edit(self, index: int, text: str) -> None:
         backoff = self._backoff()
+        give_up_at = trio.current_time() + self.limits.send_retry_s
         m = self._msgs[index]
         while True:
             await trio.sleep_until(m.last_call + self.limits.edit_interval_s)
@@ -609,7 +644,7 @@ class EditStream:
                 self._msgs.insert(index, self._msgs.pop())
                 return
             except (RateLimited, TransportError) as exc:
-                await self._retrying(backoff, exc)
+                await self._retrying(backoff, exc, give_up_at)
 
 
 def _unwrap(eg: BaseExceptionGroup[BaseException]) -> BaseException:

@@ -190,9 +190,9 @@ async def test_a_long_flood_control_storm_delays_but_never_drops_the_final_text(
 ) -> None:
     with trio.fail_after(DEADLINE):
         t = Transport()
-        # Far more 429s than the transient-failure attempt cap, on every call.
-        t.failures["send"] = [RateLimited("flood", retry_after=5)] * (LIMITS.max_attempts + 5)
-        t.failures["edit"] = [RateLimited("flood", retry_after=5)] * (LIMITS.max_attempts * 3)
+        # 429s on every call for far longer than send_retry_s: charged to its own budget.
+        t.failures["send"] = [RateLimited("flood", retry_after=5)] * 15
+        t.failures["edit"] = [RateLimited("flood", retry_after=5)] * 30
         async with open_edit_stream(t, LIMITS, clock=clock) as stream:
             await stream_text(stream, ["one ", "two ", "three "], 0.5)
             delivered = await stream.finish("one two three, finally")
@@ -370,9 +370,86 @@ async def test_transient_send_failures_are_retried_with_a_cap(
         t2.failures["send"] = [refused] * 50
         with pytest.raises(TransportError):
             await deliver_text(t2, LIMITS, "hello", clock=clock)
-        assert len(t2.failed_at) == LIMITS.max_attempts
+        # Retried with backoff for send_retry_s (120 s), then the failure stands.
+        assert LIMITS.send_retry_s == 120.0
+        assert LIMITS.send_retry_s - 30.0 <= t2.failed_at[-1][0] <= LIMITS.send_retry_s
         gaps = [b[0] - a[0] for a, b in zip(t2.failed_at, t2.failed_at[1:], strict=False)]
         assert all(g >= 1.0 for g in gaps) and max(gaps) <= 30.1  # backoff 1 s .. 30 s
+
+
+class Outage(Transport):
+    """A platform that is down until ``until`` (virtual seconds): each send fails with
+    ``fault`` — answered with 5xx, refused, or dropped before or after processing."""
+
+    def __init__(self, fault: str, until: float, *, probe: bool = True) -> None:
+        super().__init__()
+        self.fault, self.until = fault, until
+        self.probes: list[float] = []
+        if not probe:
+            self.reachable = None  # type: ignore[assignment]
+
+    def _down(self) -> bool:
+        return self.now() < self.until
+
+    async def send(self, text: str, *, reply: bool) -> str:
+        if self._down():
+            await trio.sleep(0.01)
+            self.failed_at.append((self.now(), "send"))
+            if self.fault == "500":
+                raise TransportError("sendMessage: HTTP 500", status=500, request_sent=True)
+            if self.fault == "refused":
+                raise TransportError("cannot connect", request_sent=False)
+            if self.fault == "drop-after":  # the message exists, the answer is lost
+                mid = await super().send(text, reply=reply)
+                del mid
+            raise TransportError("sendMessage: connection failed", request_sent=True)
+        return await super().send(text, reply=reply)
+
+    async def reachable(self) -> None:
+        self.probes.append(self.now())
+        await trio.sleep(0.01)
+        if self._down():
+            raise TransportError("getMe: connection failed", request_sent=True)
+
+
+@pytest.mark.parametrize("fault", ["500", "refused", "drop-before"])
+async def test_a_ten_second_outage_loses_no_answer_and_doubles_none(
+    autojump_clock: trio.abc.Clock, fault: str
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Outage(fault, until=10.0)
+        async with open_edit_stream(t, LIMITS, clock=clock) as stream:
+            await stream.update("the answer")
+            delivered = await stream.finish("the answer, complete")
+    assert t.final == ["the answer, complete"]  # delivered, exactly once
+    assert [d.text for d in delivered] == ["the answer, complete"]
+    assert t.calls[0][0] >= 10.0
+
+
+async def test_a_send_lost_after_processing_makes_at_most_one_extra_copy(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Outage("drop-after", until=10.0)
+        assert [d.text for d in await deliver_text(t, LIMITS, "hello", clock=clock)] == ["hello"]
+        assert t.final == ["hello", "hello"]  # the lost one and the confirmed repeat
+        forever = Outage("drop-after", until=10_000.0)
+        with pytest.raises(TransportError):
+            await deliver_text(forever, LIMITS, "hello", clock=clock)
+    assert forever.final == ["hello", "hello"]  # two copies at most, never a loop of them
+
+
+async def test_an_unknown_outcome_waits_for_the_platform_before_its_one_repeat(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    with trio.fail_after(DEADLINE):
+        t = Outage("drop-before", until=25.0)
+        await deliver_text(t, LIMITS, "hello", clock=clock)
+    assert len(t.failed_at) == 1  # one lost send, then no send until the platform is back
+    assert t.probes[0] >= LIMITS.unknown_repeat_wait_s  # a pause first, then probes
+    assert len(t.probes) >= 2 and t.probes[-1] >= 25.0
+    assert t.calls[0][0] >= 25.0
+    assert t.final == ["hello"]
 
 
 async def test_intermediate_failures_end_only_the_live_preview(

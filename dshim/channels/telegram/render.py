@@ -145,6 +145,11 @@ class TelegramTransport:
     async def typing(self) -> None:
         await self._client.send_chat_action(self.chat_id, "typing", thread_id=self._thread)
 
+    async def reachable(self) -> None:
+        """Does the Bot API answer again? (``getMe``: cheap, idempotent; before the one
+        repeat of a send whose outcome is unknown, see :mod:`dshim.render`)."""
+        await self._client.get_me()
+
 
 class TelegramOutbound(EditOutbound):
     """Sends notices and streams answers for one bot."""

@@ -15,7 +15,7 @@ no intermediate text is ever sent, the typing refresh and the exactly-once rules
 one message per 6 s (WhatsApp's pair rate, error 131056 when exceeded): a long split
 answer is queued, never burst.  Errors: throughput / pair / API limits (130429, 131056,
 4, 80007) carry no retry-after and created nothing: the engine backs off exponentially
-(2 s doubling, at most :data:`SEND_ATTEMPTS` tries); a send whose outcome is unknown
+(2 s doubling, for the engine's ``send_retry_s``); a send whose outcome is unknown
 (timeout after the request went out) is repeated at most once, never in a loop; 131047
 (more than 24 h since the user wrote) ends delivery to that user at once, logged and
 counted, until the user writes again; 190 (expired token) is reported to the channel,
@@ -43,8 +43,6 @@ from dshim.render import ChatPacer, EditOutbound, EditStream, Limits
 
 log = structlog.get_logger("dshim.whatsapp")
 
-#: Tries of one message through throttling errors (2, 4, 8, 16, then 30 s between them).
-SEND_ATTEMPTS = 10
 #: WhatsApp's pair rate: about one message per 6 s to one user, sustained.
 PAIR_INTERVAL_S = 6.0
 TYPING_REFRESH_S = 20.0
@@ -53,7 +51,6 @@ LIMITS = Limits(
     first_send_delay_s=math.inf,  # no edits: nothing is shown before the final text
     edit_interval_s=0.0,
     typing_interval_s=TYPING_REFRESH_S,
-    max_attempts=SEND_ATTEMPTS,
     retry_backoff_s=2.0,
 )
 CLOSED_WINDOWS_MAX = 4096

@@ -13,7 +13,8 @@ every fake the same three things, so tests read the same on every channel:
 - :attr:`FakePlatform.faults`, a :class:`FaultQueue` keyed by operation name (a Bot
   API method, ``"POST /channels/{channel_id}/messages"``, a frame type ...):
   ``fail_next(op, count, status=..., retry_after=...)``, ``slow_next(op, seconds)``,
-  ``drop_next(op)``.  The fake's handler calls :meth:`FakePlatform.faults_for` at the
+  ``drop_next(op)``, and :meth:`FakePlatform.outage` for a time (every call fails with a
+  500, is dropped before or lost after processing).  The fake's handler calls :meth:`FakePlatform.faults_for` at the
   start of each operation: slow faults sleep there, drop faults raise
   :class:`~dshim.testing.fakes.http.DropConnection` (the socket closes unanswered and the
   operation is not performed), and the returned status fault (if any) is answered in the
@@ -116,6 +117,7 @@ class FakePlatform(Generic[C]):
         self.calls: list[C] = []
         self.faults = FaultQueue()
         self._changed = trio.Event()
+        self._outages: list[tuple[float, str, frozenset[str]]] = []
 
     # -- observation ----------------------------------------------------------------------
 
@@ -149,12 +151,40 @@ class FakePlatform(Generic[C]):
         """See :meth:`FaultQueue.drop_next`."""
         self.faults.drop_next(op, count)
 
+    def outage(self, seconds: float, kind: str = "500", ops: tuple[str, ...] = ()) -> None:
+        """For the next ``seconds`` (trio time), every call of ``ops`` (empty: of every
+        operation) fails: ``"500"`` answers HTTP 500 (processed nothing), ``"drop"``
+        closes the connection unanswered and unprocessed, ``"lost"`` processes the call
+        and then closes the connection (the fake must ask :meth:`losing` after handling)."""
+        if kind not in ("500", "drop", "lost"):
+            raise ValueError(f"outage kind must be 500, drop or lost, not {kind!r}")
+        until = trio.current_time() + seconds
+        self._outages.append((until, kind, frozenset(o.lower() for o in ops)))
+
+    def _outage(self, op: str) -> str | None:
+        now = trio.current_time()
+        self._outages = [o for o in self._outages if o[0] > now]
+        for _, kind, ops in self._outages:
+            if not ops or op.lower() in ops:
+                return kind
+        return None
+
+    def losing(self, op: str) -> bool:
+        """True while a ``"lost"`` outage covers ``op``: the processed call's answer is
+        to be dropped."""
+        return self._outage(op) == "lost"
+
     async def faults_for(self, op: str) -> Fault | None:
-        """Apply the faults queued for one call of ``op``.
+        """Apply the faults queued for one call of ``op`` (and any :meth:`outage`).
 
         Sleeps for slow faults, raises :class:`DropConnection` for a drop, and returns
         the first status fault for the fake to answer (None: handle the call normally).
         """
+        outage = self._outage(op)
+        if outage == "drop":
+            raise DropConnection(op)
+        if outage == "500":
+            return Fault("status", 1, 500, description="Internal Server Error")
         status: Fault | None = None
         for fault in self.faults.take(op):
             if fault.kind == "slow":

@@ -574,7 +574,7 @@ class FakeTelegram(FakePlatform[Call]):
         except DropConnection:
             self.changed()
             raise
-        if self._lost.take(method):
+        if self._lost.take(method) or self.losing(method):
             # Processed, but the answer never reaches the bot (connection lost after it).
             call.status = response.status
             self.changed()
