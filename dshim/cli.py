@@ -160,13 +160,24 @@ def probe(
             "--send-test", help='Send "dshim connection test" to the last direct conversation.'
         ),
     ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            min=0.1,
+            help="Give each check at most this long (default: 20 s for most).",
+            metavar="SECONDS",
+        ),
+    ] = None,
 ) -> None:
     """Check configuration, data dir, store, harness and each bot's platform connection."""
     g: Globals = ctx.obj
     setup_logging(g, [])
     from dshim.probe import run_probe
 
-    code = run_probe(config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo)
+    code = run_probe(
+        config_path(g), g.data_dir, bot=bot, send_test=send_test, out=typer.echo, timeout_s=timeout
+    )
     raise typer.Exit(code)
 
 

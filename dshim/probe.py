@@ -4,12 +4,21 @@ Core checks: config valid, data dir writable, store opens and migrates, harness
 reachable.  Each channel adds its own checks through ``probe_checks(ctx)``.  Exit code 0
 when nothing failed, 1 when a check failed, 2 for configuration errors.  Details never
 contain secrets: they are passed through the log redactor before printing.
+
+A check that fails on the network says which host and why, in its one row: DNS lookup
+failed, connection refused, TLS handshake failed, no answer within the check's limit
+(``--timeout`` sets every check's limit).  The host comes from the failed request, else
+from the URLs in the bot's settings.  The probe takes no lock on the data directory: it
+runs next to a running ``dshim serve``.
 """
 
 from __future__ import annotations
 
+import functools
+import socket
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -48,8 +57,21 @@ class ProbeRow(msgspec.Struct, frozen=True):
 class BotProbe:
     """The :class:`~dshim.channels.base.ProbeRows` of one bot: its rows of the table."""
 
-    def __init__(self, *, config: Config, bot: BotConfig, store: Store, send_test: bool) -> None:
+    def __init__(
+        self,
+        *,
+        config: Config,
+        bot: BotConfig,
+        store: Store,
+        send_test: bool,
+        timeout_s: float | None = None,
+        hosts: Sequence[str] = (),
+    ) -> None:
         self.config = config
+        #: The hosts the bot's settings name, for failures that do not say which one.
+        self._hosts = tuple(hosts)
+        #: ``--timeout``: every check's limit instead of its own (None: its own).
+        self._timeout_s = timeout_s
         self._bot = bot
         self._store = BoundStore(store, bot.name)
         path = getattr(store, "path", None)
@@ -94,17 +116,25 @@ class BotProbe:
         *,
         timeout_s: float = CHECK_TIMEOUT_S,
     ) -> Result:
-        """Time one check; exceptions and timeouts become a ``fail`` row."""
+        """Time one check; exceptions and timeouts become a ``fail`` row.  A network
+        failure's row names the host and the cause (see :func:`network_failure`)."""
+        if self._timeout_s is not None:
+            timeout_s = self._timeout_s
         t0 = time.perf_counter()
         try:
             with trio.fail_after(timeout_s):
                 result, detail = await fn()
         except trio.TooSlowError:
-            result, detail = "fail", f"no answer within {timeout_s:g} s"
-        except (DshimError, OSError) as exc:
-            result, detail = "fail", f"{type(exc).__name__}: {exc}"
+            result, detail = "fail", f"no answer within {timeout_s:g} s{self._from_hosts()}"
+        except Exception as exc:
+            if not all(isinstance(e, _CHECK_FAILURES) for e in _leaves(exc)):
+                raise  # a bug: its traceback is what should be seen
+            result, detail = "fail", network_failure(exc, self._hosts) or _plain(exc)
         self.add(check, result, detail, (time.perf_counter() - t0) * 1000)
         return result
+
+    def _from_hosts(self) -> str:
+        return f" from {' or '.join(self._hosts)}" if self._hosts else ""
 
     async def standard(
         self,
@@ -157,6 +187,110 @@ class BotProbe:
         await self.run("send test", test_message)
 
 
+# --- failures ---------------------------------------------------------------------------------
+
+#: What a check may fail with (anything else is a bug and propagates).
+_CHECK_FAILURES = (DshimError, OSError, trio.BrokenResourceError)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for sub in exc.exceptions for leaf in _leaves(sub)]
+    return [exc]
+
+
+def _plain(exc: BaseException) -> str:
+    return "; ".join(f"{type(e).__name__}: {e}" for e in _leaves(exc))
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, what caused it (``__cause__`` / ``__context__``) and the members of every
+    group on the way, in that order, each once."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo:
+        e = todo.pop(0)
+        if any(e is seen for seen in out):
+            continue
+        out.append(e)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(e.exceptions)
+        for nxt in (e.__cause__, e.__context__):
+            if nxt is not None:
+                todo.append(nxt)
+    return out
+
+
+def host_of(url: str) -> str | None:
+    """``host`` or ``host:port`` (a port only when the URL gives one) of a URL; never its
+    user, path or query (those can carry tokens)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{host}:{port}" if port is not None else host
+
+
+def _request_host(exc: BaseException) -> str | None:
+    import httpx
+
+    if not isinstance(exc, httpx.RequestError):
+        return None
+    try:
+        url = exc.request.url
+    except RuntimeError:  # raised without its request
+        return None
+    return host_of(str(url))
+
+
+def network_failure(exc: BaseException, hosts: Sequence[str] = ()) -> str | None:
+    """One line naming the host and the cause of a network failure (DNS, refused, TLS,
+    timeout, reset) in ``exc`` or what caused it; None when it is not one.
+
+    The host is the failed request's (httpx errors carry it), else ``hosts`` (the ones
+    the bot's settings name).
+    """
+    import ssl
+
+    import httpx
+
+    chain = _causes(exc)
+    host = next((h for h in map(_request_host, chain) if h is not None), None)
+    where = host or " or ".join(hosts) or "the platform"
+    for e in chain:
+        if isinstance(e, socket.gaierror):
+            return f"DNS lookup of {where} failed: {e.strerror or e}"
+    for e in chain:
+        if isinstance(e, ssl.SSLCertVerificationError):
+            return f"TLS handshake with {where} failed: {e.verify_message or e.reason or e}"
+        if isinstance(e, ssl.SSLError):
+            reason = (e.reason or str(e)).replace("_", " ").lower()
+            hint = " (is it a TLS port?)" if "wrong version" in reason else ""
+            return f"TLS handshake with {where} failed: {reason}{hint}"
+    for e in chain:
+        if isinstance(e, ConnectionRefusedError):
+            return f"cannot connect to {where}: connection refused"
+    for e in chain:
+        if isinstance(e, httpx.ConnectTimeout):
+            return f"cannot connect to {where}: timed out"
+        if isinstance(e, (httpx.TimeoutException, TimeoutError)):
+            return f"no answer from {where}: timed out"
+    for e in chain:
+        if isinstance(e, ConnectionResetError):
+            return f"the connection to {where} was reset"
+        if isinstance(e, trio.BrokenResourceError | httpx.RemoteProtocolError):
+            return f"the connection to {where} broke: {_plain(e)}"
+    for e in chain:
+        if isinstance(e, OSError):
+            return f"cannot connect to {where}: {e.strerror or e}"
+    return None
+
+
 def _safe(text: str) -> str:
     from dshim.log import redact
 
@@ -183,7 +317,12 @@ def format_table(rows: list[ProbeRow]) -> str:
 
 
 async def _probe(
-    config_path: Path | None, data_dir_opt: Path | None, bot_name: str | None, send_test: bool
+    config_path: Path | None,
+    data_dir_opt: Path | None,
+    bot_name: str | None,
+    send_test: bool,
+    *,
+    timeout_s: float | None = None,
 ) -> tuple[list[ProbeRow], int]:
     rows: list[ProbeRow] = []
     t0 = time.perf_counter()
@@ -242,9 +381,9 @@ async def _probe(
                     "store", "ok", f"schema version {version}", (time.perf_counter() - t0) * 1000
                 )
             )
-            await _harness_check(config, rows)
+            await _harness_check(config, rows, timeout_s or CHECK_TIMEOUT_S)
             for bot in bots:
-                rows.extend(await _bot_checks(config, bot, store, send_test))
+                rows.extend(await _bot_checks(config, bot, store, send_test, timeout_s))
     except DshimError as exc:
         rows.append(ProbeRow("store", "fail", _safe(str(exc)), (time.perf_counter() - t0) * 1000))
     if not config.bots:
@@ -264,7 +403,7 @@ def _check_writable(path: Path) -> tuple[bool, str]:
     return True, f"{path} is writable"
 
 
-async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
+async def _harness_check(config: Config, rows: list[ProbeRow], timeout_s: float) -> None:
     """The harness row, then one row per capability the adapter reports (ACP: image,
     load session, models, steer; OpenAI: vision).  ACP agents are spawned, initialized,
     asked and shut down again; OpenAI checks that ``GET /models`` lists the model."""
@@ -275,7 +414,7 @@ async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
     try:
         harness = create_harness(config.harness, bot="probe", store=None, workspace=None)
         async with open_harness(harness) as h:
-            with trio.fail_after(CHECK_TIMEOUT_S):
+            with trio.fail_after(timeout_s):
                 detail = await h.check()
             rows.append(
                 ProbeRow(
@@ -287,7 +426,7 @@ async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
             )
             if isinstance(h, ProbesCapabilities):
                 t1 = time.perf_counter()
-                with trio.fail_after(CHECK_TIMEOUT_S):
+                with trio.fail_after(timeout_s):
                     items = await h.probe_details()
                 ms = (time.perf_counter() - t1) * 1000
                 for item in items:
@@ -306,20 +445,45 @@ async def _harness_check(config: Config, rows: list[ProbeRow]) -> None:
 
 
 async def _bot_checks(
-    config: Config, bot: BotConfig, store: Store, send_test: bool
+    config: Config, bot: BotConfig, store: Store, send_test: bool, timeout_s: float | None
 ) -> list[ProbeRow]:
     from dshim.channels import load_channel
 
-    rows = BotProbe(config=config, bot=bot, store=store, send_test=send_test)
     try:
         channel = load_channel(bot.channel)
     except ConfigError as exc:
+        rows = BotProbe(config=config, bot=bot, store=store, send_test=send_test)
         rows.add("channel", "fail", str(exc))
         return rows.rows
+    rows = BotProbe(
+        config=config,
+        bot=bot,
+        store=store,
+        send_test=send_test,
+        timeout_s=timeout_s,
+        hosts=_setting_hosts(bot, channel.settings),
+    )
     if not bot.enabled:
         rows.add("enabled", "warn", "enabled = false: serve will not start this bot")
     await channel.probe(rows)
     return rows.rows
+
+
+def _setting_hosts(bot: BotConfig, kind: type[msgspec.Struct]) -> list[str]:
+    """The hosts of the URLs in the bot's settings (``api_base``, ``ws_url`` ...,
+    their defaults included), in field order, each once."""
+    try:
+        settings = settings_of(bot, kind)
+    except ConfigError:
+        return []
+    hosts: list[str] = []
+    for field in msgspec.structs.fields(kind):
+        value = getattr(settings, field.name, None)
+        if isinstance(value, str) and value.startswith(("http://", "https://", "ws://", "wss://")):
+            host = host_of(value)
+            if host is not None and host not in hosts:
+                hosts.append(host)
+    return hosts
 
 
 def run_probe(
@@ -329,7 +493,12 @@ def run_probe(
     bot: str | None,
     send_test: bool,
     out: Callable[[str], Any],
+    timeout_s: float | None = None,
 ) -> int:
-    rows, code = trio.run(_probe, config_path, data_dir, bot, send_test)
+    """Run ``dshim probe`` and print its table; the exit code.  ``timeout_s`` (``--timeout``)
+    is the limit of every check instead of its own (20 s for most)."""
+    rows, code = trio.run(
+        functools.partial(_probe, config_path, data_dir, bot, send_test, timeout_s=timeout_s)
+    )
     out(format_table(rows))
     return code

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random as _random
 import time
+import urllib.parse
 from dataclasses import dataclass
 
 import httpx
@@ -36,7 +37,7 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.http import open_http
+from dshim.channels.kit.http import default_ssl_context, open_http
 from dshim.channels.wecom import media
 from dshim.channels.wecom import models as m
 from dshim.channels.wecom import protocol as p
@@ -48,7 +49,7 @@ from dshim.channels.wecom.client import (
     download,
 )
 from dshim.channels.wecom.render import RenderTuning, WecomOutbound, split
-from dshim.errors import ChannelError, FatalChannelError, single_error
+from dshim.errors import ChannelError, FatalChannelError, TransportError, single_error
 from dshim.model import Fetcher, InboundMessage, Skip
 
 log = structlog.get_logger("dshim.wecom")
@@ -295,8 +296,32 @@ class WecomReplayAdapter:
 # --- probe -----------------------------------------------------------------------------------
 
 
+async def _reach(url: str) -> None:
+    """One TCP connection to the long connection's host (and its TLS handshake for
+    ``wss://``), closed at once; TransportError (caused by the network's error) when it
+    fails.  The link retries a failed connection for as long as it runs, as serve needs:
+    the probe fails here at once instead, and can say why (DNS, refused, TLS)."""
+    parts = urllib.parse.urlsplit(url)
+    secure = parts.scheme == "wss"
+    host = parts.hostname or ""
+    try:
+        stream = await trio.open_tcp_stream(host, parts.port or (443 if secure else 80))
+        async with stream:
+            if secure:
+                tls = trio.SSLStream(
+                    stream, default_ssl_context(), server_hostname=host, https_compatible=True
+                )
+                await tls.do_handshake()
+    except (OSError, trio.BrokenResourceError) as exc:
+        raise TransportError(
+            f"long connection: cannot connect ({type(exc).__name__})", request_sent=False
+        ) from exc
+
+
 async def _probe_connection(settings: WecomSettings) -> tuple[ProbeResult, str]:
-    """Connect, subscribe (AuthError when rejected), one ping and its ack, close."""
+    """Reach the host, connect, subscribe (AuthError when rejected), one ping and its ack,
+    close."""
+    await _reach(settings.ws_url)
     tuning = LinkTuning(connect_wait_s=5.0)
     link = WecomLink(settings.ws_url, settings.bot_id, settings.secret.get(), tuning=tuning)
     callbacks_in, _callbacks = trio.open_memory_channel[p.Callback](16)
