@@ -92,18 +92,30 @@ class TranscriptRow(msgspec.Struct, frozen=True, kw_only=True):
     completed: bool
 
 
+class OutboxEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """The final text of an answer the platform did not take yet, and the raw event of
+    the message it answers (None if that entry is gone)."""
+
+    conversation_id: str
+    message_id: str
+    text: str
+    created_at: float
+    raw: bytes | None
+
+
 class InboxEntry(msgspec.Struct, frozen=True, kw_only=True):
     """An accepted message whose handling has not finished (survives a restart).
 
     ``state``: ``queued`` (waiting for its turn), ``running`` (its turn started and had
-    shown nothing yet), ``delivered`` (its turn may have shown the user part of an answer).
+    shown nothing yet), ``delivered`` (its turn may have shown the user part of an answer),
+    ``undelivered`` (its answer waits in the outbox).
     ``attempts``: how many turns were started for it.
     """
 
     conversation_id: str
     message_id: str
     raw: bytes
-    state: str  # "queued" | "running" | "delivered"
+    state: str  # "queued" | "running" | "delivered" | "undelivered"
     accepted_at: float
     attempts: int = 0
 
@@ -168,6 +180,20 @@ class Store(Protocol):
     async def inbox_set_state(
         self, bot: str, conversation_id: str, message_id: str, state: str
     ) -> None: ...
+
+    async def outbox_put(
+        self, bot: str, conversation_id: str, message_id: str, text: str, *, now: float
+    ) -> None:
+        """Keep the final text of an answer the platform did not take (see the sqlite store)."""
+        ...
+
+    async def outbox_pending(self, bot: str) -> list[OutboxEntry]:
+        """The bot's undelivered answers, oldest first."""
+        ...
+
+    async def outbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        """The answer (or a notice in its place) was delivered."""
+        ...
 
     async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
         """Count one resume of a queued entry after a restart (as an attempt, like a turn

@@ -1,6 +1,6 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 6; see :data:`MIGRATIONS`):
+Tables (schema version 7; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
@@ -13,6 +13,10 @@ Tables (schema version 6; see :data:`MIGRATIONS`):
                  answer may have reached the user); no row means ``queued``, 0 attempts.
                  Apart from ``inbox`` so that a state change rewrites a small row, not
                  the raw event (a few KB) it belongs to.
+``outbox``       (bot, conversation_id, message_id) -> text, created_at.  The final text
+                 of an answer the platform certainly did not take (an outage longer
+                 than the engine's retries); its inbox entry stays, in state
+                 ``undelivered``, until the text (or a notice) is delivered.
 ``bindings``     (bot, conversation_id, thread_id) -> session_id, title, created_at,
                  updated_at.  ``thread_id`` is ``""`` for "no thread".
 ``cursors``      (bot, name) -> value.  Transport offsets, sequence numbers, session ids.
@@ -91,6 +95,7 @@ from dshim.store.base import (
     InboxEntry,
     LoggedMessage,
     OutboundEntry,
+    OutboxEntry,
     PromptRow,
     TranscriptRow,
     TurnRecord,
@@ -136,7 +141,7 @@ MESSAGE_LOG_CAP = 500
 #: Logged text is cut to this many Unicode code points.
 MESSAGE_TEXT_MAX = 100_000
 #: Inbox states the pipeline may set.
-INBOX_STATES = frozenset({"queued", "running", "delivered"})
+INBOX_STATES = frozenset({"queued", "running", "delivered", "undelivered"})
 
 #: ``PRAGMA application_id`` of a dshim store: b"dshm" as a big-endian int.
 APPLICATION_ID = 0x6473686D
@@ -295,6 +300,19 @@ MIGRATIONS: tuple[Migration, ...] = (
                 WHERE state != 'queued' OR attempts != 0""",
             "ALTER TABLE inbox DROP COLUMN state",
             "ALTER TABLE inbox DROP COLUMN attempts",
+        ),
+    ),
+    Migration(
+        "answers the platform did not take yet (the durable outbox)",
+        (
+            """CREATE TABLE outbox (
+                bot TEXT NOT NULL,
+                conversation_id TEXT NOT NULL,
+                message_id TEXT NOT NULL,
+                text TEXT NOT NULL,
+                created_at REAL NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            ) WITHOUT ROWID""",
         ),
     ),
 )
@@ -837,6 +855,22 @@ class SqliteStore:
             raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
         await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
 
+    async def outbox_put(
+        self, bot: str, conversation_id: str, message_id: str, text: str, *, now: float
+    ) -> None:
+        """Keep the final text of an answer the platform did not take; its inbox entry
+        stays (state ``undelivered``) until :meth:`outbox_done`."""
+        await self._call(_outbox_put, bot, conversation_id, message_id, text, now)
+
+    async def outbox_pending(self, bot: str) -> list[OutboxEntry]:
+        """The bot's undelivered answers, oldest first, with their messages' raw events."""
+        entries: list[OutboxEntry] = await self._call(_outbox_pending, bot)
+        return entries
+
+    async def outbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        """The answer (or a notice in its place) was delivered: drop it and its entry."""
+        await self._call(_outbox_done, bot, conversation_id, message_id)
+
     async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
         """Count one resume of a queued entry after a restart, as an attempt (committed at
         once, so an entry that takes the bot down before its turn starts still reaches the
@@ -1150,6 +1184,39 @@ def _inbox_set_state(
         " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state",
         (state, *key),
     )
+
+
+def _outbox_put(
+    conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str, text: str, now: float
+) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO outbox (bot, conversation_id, message_id, text, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (bot, conversation_id, message_id, text, now),
+    )
+    _inbox_set_state(conn, bot, conversation_id, message_id, "undelivered")
+
+
+def _outbox_pending(conn: sqlite3.Connection, bot: str) -> list[OutboxEntry]:
+    rows = conn.execute(
+        "SELECT o.conversation_id, o.message_id, o.text, o.created_at, i.raw"
+        " FROM outbox AS o LEFT JOIN inbox AS i ON i.bot = o.bot"
+        " AND i.conversation_id = o.conversation_id AND i.message_id = o.message_id"
+        " WHERE o.bot = ? ORDER BY o.created_at",
+        (bot,),
+    )
+    return [
+        OutboxEntry(conversation_id=c, message_id=m, text=t, created_at=a, raw=r)
+        for c, m, t, a, r in rows
+    ]
+
+
+def _outbox_done(conn: sqlite3.Connection, bot: str, conversation_id: str, message_id: str) -> None:
+    conn.execute(
+        "DELETE FROM outbox WHERE bot = ? AND conversation_id = ? AND message_id = ?",
+        (bot, conversation_id, message_id),
+    )
+    _inbox_done(conn, bot, conversation_id, message_id)
 
 
 def _inbox_resumed(
