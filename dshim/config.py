@@ -97,8 +97,14 @@ class HttpSection(_Base):
     enabled: bool = True
     #: ``host:port`` (IPv6 as ``[::1]:8910``); anything but loopback needs ``token``.
     listen: str = "127.0.0.1:8910"
-    #: Bearer token every route but /healthz requires (write ``"${DSHIM_HTTP_TOKEN}"``).
+    #: Bearer token every route but /healthz requires (write ``"${DSHIM_HTTP_TOKEN}"``);
+    #: off loopback at least :data:`HTTP_TOKEN_MIN` characters.
     token: Secret | None = None
+    #: The name the endpoint is reached by besides its listen address (a reverse proxy's
+    #: public host, ``chat.example.com`` or ``chat.example.com:8443``): requests naming
+    #: another ``Host`` are refused (DNS rebinding), and pages served under this name may
+    #: open the web chat's socket.
+    public_host: str | None = None
 
     @property
     def host(self) -> str:
@@ -732,6 +738,13 @@ def _check_webhook_bots(config: Config, label: str) -> None:
             )
 
 
+#: The shortest ``[http] token`` accepted off loopback (characters).
+HTTP_TOKEN_MIN = 16
+_HOST_NAME = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.)*[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?\.?"
+)
+
+
 def _check_http(http: HttpSection, prefix: str) -> None:
     try:
         host, _ = split_listen(http.listen)
@@ -742,6 +755,44 @@ def _check_http(http: HttpSection, prefix: str) -> None:
             f"{prefix}http.token: required when http.listen is not a loopback address "
             f'({http.listen}): set token = "${{DSHIM_HTTP_TOKEN}}", or listen on 127.0.0.1'
         )
+    if http.enabled and not is_loopback(host) and http.token:
+        # The token is all that guards the endpoint off loopback: a short one is guessed.
+        if len(http.token.get().strip()) < HTTP_TOKEN_MIN:
+            raise ConfigError(
+                f"{prefix}http.token: must be at least {HTTP_TOKEN_MIN} characters when "
+                f"http.listen is not a loopback address ({http.listen}); make one with "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
+    if http.public_host is not None and not is_host_name(http.public_host):
+        raise ConfigError(
+            f"{prefix}http.public_host: expected a host name, optionally with a port "
+            f"(chat.example.com, chat.example.com:8443, [2001:db8::1]), got "
+            f"{_describe_value(http.public_host[:100])}"
+        )
+
+
+def is_host_name(value: str) -> bool:
+    """``name``, ``name:port``, an IPv4 address or a bracketed IPv6 one (with a port or
+    not): what a ``Host`` header may name."""
+    import ipaddress
+
+    if not value or len(value) > 260:
+        return False
+    name, port = value, ""
+    if value.startswith("["):
+        name, sep, rest = value[1:].partition("]")
+        if not sep or (rest and not (rest[:1] == ":" and rest[1:].isdigit())):
+            return False
+        try:
+            ipaddress.IPv6Address(name)
+        except ValueError:
+            return False
+        return True
+    if value.count(":") == 1:
+        name, _, port = value.partition(":")
+        if not port.isdigit() or int(port) > 65535:
+            return False
+    return len(name) <= 253 and _HOST_NAME.fullmatch(name) is not None
 
 
 def override_listen(config: Config, listen: str, *, origin: str) -> Config:

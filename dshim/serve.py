@@ -429,7 +429,11 @@ def browser_url(bind: str) -> str:
 def make_endpoint(config: Config, statuses: BotStatuses, metrics: ProcessMetrics) -> Endpoint:
     """The endpoint ``[http]`` describes, with the operators' routes."""
     http = config.http
-    endpoint = Endpoint(token=http.token.get() if http.token else None, host=http.host)
+    endpoint = Endpoint(
+        token=http.token.get() if http.token else None,
+        host=http.host,
+        public_host=http.public_host,
+    )
     endpoint.root_bot = next(
         (b.name for b in config.bots if b.enabled and b.channel == ROOT_CHANNEL), None
     )

@@ -126,7 +126,7 @@ async def test_an_oversized_body_is_413_json_before_it_is_read() -> None:
         # Declared too large: refused at once, without waiting for the (unsent) body.
         status, headers, body = await raw_request(
             base,
-            b"POST /hooks/wa HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n",
+            b"POST /hooks/wa HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000000\r\n\r\n",
         )
         assert status == 413 and json.loads(body)["error"] == "too_large"
         assert headers["content-type"].startswith("application/json")
@@ -134,7 +134,7 @@ async def test_an_oversized_body_is_413_json_before_it_is_read() -> None:
         chunk = b"x" * 1500
         status, _, body = await raw_request(
             base,
-            b"POST /hooks/wa HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            b"POST /hooks/wa HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
             + f"{len(chunk):x}\r\n".encode()
             + chunk
             + b"\r\n0\r\n\r\n",

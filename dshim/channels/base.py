@@ -255,6 +255,9 @@ class HttpRequest:
     query: str
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    #: The client's address as the endpoint's limits group it (an IPv4 address, an IPv6
+    #: /64); empty when unknown.
+    client: str = ""
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -303,6 +306,11 @@ class WebSocket(Protocol):
 
     @property
     def headers(self) -> tuple[tuple[str, str], ...]: ...
+
+    @property
+    def client(self) -> str:
+        """The peer's address as the endpoint's limits group it (see ``HttpRequest``)."""
+        ...
 
     async def receive(self) -> str | bytes: ...
 

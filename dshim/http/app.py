@@ -16,14 +16,24 @@ outside:
 - more routes (readiness, metrics) are added with :meth:`Endpoint.route`; ``HEAD`` is
   answered like ``GET`` (without the body) where a route has no ``HEAD`` of its own.
 
-Before anything else runs, a request is checked against ``[http] token``
-(:mod:`dshim.http.auth`): every route but ``/healthz`` and the login form needs the bearer
-token or the session cookie — an unknown path too, so that nothing is revealed without
-it.  A mount its channel made public (``mount(..., public=True)``: a platform webhook that
-cannot send the token and checks its own signature) is served without it, its bodies
-capped at :data:`PUBLIC_MOUNT_MAX_BODY`.  A browser navigating without it is sent to the login form (303); any other client
-gets 401.  A websocket upgrade is also checked for ``Origin``, then for the token, then for
-a handler, and refused with a JSON answer (403, 401, 404) before it is accepted.
+Before anything else runs, a request's ``Host`` is checked (:class:`~.auth.HostPolicy`:
+the listen address, loopback names, ``[http] public_host``; else 421 with a short text),
+then ``[http] token`` (:mod:`dshim.http.auth`): every route but ``/healthz`` and the login
+form needs the bearer token or the session cookie — an unknown path too, so that nothing
+is revealed without it.  A mount its channel made public (``mount(..., public=True)``: a
+platform webhook that cannot send the token and checks its own signature) is served
+without it, its bodies capped at :data:`PUBLIC_MOUNT_MAX_BODY`.  A browser navigating
+without it is sent to the login form (303); any other client gets 401; an address that
+guessed too often gets 429 (:class:`~.auth.GuessThrottle`).  A websocket upgrade is
+checked for ``Host``, ``Origin``, then for the token, then for a handler, and refused with
+an HTTP answer (421, 403, 401, 429, 404) before it is accepted.
+
+Public mounts and ``/healthz`` are not checked for ``Host``, by decision: a webhook is
+called by the platform, usually through a reverse proxy that forwards whatever public name
+the operator gave the platform (``public_host`` may not be set, or the proxy may pass its
+own upstream name), and it authenticates every request by its signature, so a
+DNS-rebinding page reads nothing there the internet cannot; ``/healthz`` says only ``ok``
+and load balancers probe it by any name.
 
 Handlers receive :class:`~dshim.channels.base.HttpRequest` (the body read, capped at
 ``max_body``: a larger ``Content-Length`` is refused before reading) and return
@@ -53,7 +63,16 @@ from dshim.channels.base import (
     WebSocketClosed,
     WebSocketHandler,
 )
-from dshim.http.auth import Auth, OriginPolicy, login_form, login_page, safe_next
+from dshim.http.auth import (
+    Auth,
+    GuessThrottle,
+    HostPolicy,
+    OriginPolicy,
+    client_key,
+    login_form,
+    login_page,
+    safe_next,
+)
 
 __all__ = ["MAX_BODY", "AsgiWebSocket", "Endpoint", "json_error"]
 
@@ -120,6 +139,10 @@ class AsgiWebSocket:
     def headers(self) -> tuple[tuple[str, str], ...]:
         return _headers(self._scope)
 
+    @property
+    def client(self) -> str:
+        return _client(self._scope)
+
     async def accept(self) -> None:
         await self._send({"type": "websocket.accept"})
 
@@ -166,16 +189,27 @@ def _headers(scope: Scope) -> tuple[tuple[str, str], ...]:
     )
 
 
+def _client(scope: Scope) -> str:
+    """The peer's address as the limits group it (:func:`~.auth.client_key`)."""
+    peer = scope.get("client")
+    return client_key(str(peer[0])) if peer else ""
+
+
 class Endpoint:
     """The ASGI application (see the module docstring).
 
     ``token``: the bearer token every route but ``/healthz`` needs (None: open);
-    ``host``: the configured listen host (websocket ``Origin`` checks); ``max_body``: the
-    request body limit.
+    ``host``: the configured listen host (``Host`` and websocket ``Origin`` checks);
+    ``public_host``: ``[http] public_host``; ``max_body``: the request body limit.
     """
 
     def __init__(
-        self, *, token: str | None = None, host: str = "127.0.0.1", max_body: int = MAX_BODY
+        self,
+        *,
+        token: str | None = None,
+        host: str = "127.0.0.1",
+        public_host: str | None = None,
+        max_body: int = MAX_BODY,
     ) -> None:
         self._bots: dict[str, _Mounts] = {}
         self._routes: dict[str, dict[str, HttpHandler]] = {}
@@ -183,7 +217,9 @@ class Endpoint:
         self.root_bot: str | None = None
         self._sockets: set[AsgiWebSocket] = set()
         self.auth = Auth(token)
-        self.origins = OriginPolicy(host)
+        self.hosts = HostPolicy(host, public_host)
+        self.origins = OriginPolicy(host, public_host)
+        self.guesses = GuessThrottle()
         self.max_body = max_body
         self.route("GET", "/healthz", _healthz)
         if self.auth.required:
@@ -256,11 +292,17 @@ class Endpoint:
         headers = _headers(scope)
         head = method == "HEAD"
         query = bytes(scope.get("query_string", b"")).decode("latin-1")
+        client = _client(scope)
         public = self._public(path)
         public_mount = not public and self._public_mount(path)
-        if not public and not public_mount and not self.auth.allows(headers):
-            await _respond(send, _unauthorized(method, path, query, headers), head=head)
+        if path not in PUBLIC and not public_mount and not self._host_allowed(path, headers):
+            await _respond(send, _misdirected(), head=head)
             return
+        if not public and not public_mount:
+            refusal = self._credential_refusal(method, path, query, headers, client)
+            if refusal is not None:
+                await _respond(send, refusal, head=head)
+                return
         limit = self.max_body
         if public:
             limit = min(self.max_body, PUBLIC_MAX_BODY)
@@ -282,7 +324,7 @@ class Endpoint:
             if not message.get("more_body"):
                 break
         request = HttpRequest(
-            method=method, path=path, query=query, headers=headers, body=bytes(body)
+            method=method, path=path, query=query, headers=headers, body=bytes(body), client=client
         )
         methods = self._routes.get(path)
         handler = None
@@ -308,7 +350,7 @@ class Endpoint:
                 handler = mounts.http.get(_norm(target[1]))
                 if handler is not None:
                     request = HttpRequest(
-                        method, target[1], request.query, request.headers, request.body
+                        method, target[1], request.query, request.headers, request.body, client
                     )
         if handler is None:
             await _respond(
@@ -344,6 +386,42 @@ class Endpoint:
     def _public(self, path: str) -> bool:
         return path in PUBLIC or (path == LOGIN and self.auth.required)
 
+    def _host_allowed(self, path: str, headers: tuple[tuple[str, str], ...]) -> bool:
+        host = next((v for k, v in headers if k == "host"), None)
+        if self.hosts.allows(host):
+            return True
+        log.info("http_host_refused", path=path[:200], host=(host or "")[:100])
+        return False
+
+    def _credential_refusal(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        headers: tuple[tuple[str, str], ...],
+        client: str,
+    ) -> HttpResponse | None:
+        """None when the request carries the token (or none is needed); else 401/303, or
+        429 for an address out of guesses (then even the right token waits: no oracle)."""
+        verdict = self.auth.check(headers)
+        if verdict == "missing":
+            return _unauthorized(method, path, query, headers)
+        if verdict == "ok" and not self.auth.required:
+            return None
+        if self.guesses.wait_s(client) > 0:
+            return self._too_many_guesses(client)
+        if verdict == "wrong":
+            self.guesses.failed(client)
+            return _unauthorized(method, path, query, ())
+        return None
+
+    def _too_many_guesses(self, client: str) -> HttpResponse:
+        log.info("http_guesses_throttled")
+        error = json_error(
+            429, "too_many_requests", "too many wrong tokens from this address: try again later"
+        )
+        return _with_headers(error, ("retry-after", self.guesses.retry_after(client)))
+
     async def _login_post(self, request: HttpRequest) -> HttpResponse:
         form = login_form(request)
         if form is None:
@@ -353,9 +431,13 @@ class Endpoint:
                 "expected a form (application/x-www-form-urlencoded) with one token field",
             )
         token, next_path = form
+        if self.guesses.wait_s(request.client) > 0:
+            return self._too_many_guesses(request.client)
         if not self.auth.token_matches(token):
             log.info("http_login_refused")
+            self.guesses.failed(request.client)
             return json_error(401, "unauthorized", "that is not the token")
+        self.guesses.succeeded(request.client)
         return HttpResponse(
             303,
             b"",
@@ -375,13 +457,19 @@ class Endpoint:
         origin = next((v for k, v in headers if k == "origin"), None)
         server = scope.get("server") or (None, None)
         host_header = next((v for k, v in headers if k == "host"), None)
+        if not self._host_allowed(path, headers):
+            await _deny(scope, send, _misdirected())
+            return
         if origin is not None and not self.origins.allows(origin, host_header, server[1]):
             log.info("websocket_origin_refused", path=path, origin=origin[:200])
             error = json_error(403, "forbidden", "this page's origin may not open dshim sockets")
             await _deny(scope, send, error)
             return
-        if not self.auth.allows(headers):
-            await _deny(scope, send, _unauthorized("GET", path, "", ()))
+        refusal = self._credential_refusal("GET", path, "", headers, _client(scope))
+        if refusal is not None:
+            if refusal.status == 303:  # an upgrade is no navigation: no redirect
+                refusal = _unauthorized("GET", path, "", ())
+            await _deny(scope, send, refusal)
             return
         if handler is None or target is None:
             await _deny(scope, send, json_error(404, "not_found", f"no websocket at {path[:200]}"))
@@ -429,6 +517,16 @@ def _unauthorized(
         401, "unauthorized", "this endpoint needs its token: Authorization: Bearer <token>"
     )
     return _with_headers(error, ("www-authenticate", 'Bearer realm="dshim"'))
+
+
+def _misdirected() -> HttpResponse:
+    """421: the request names a host this endpoint does not answer for."""
+    return HttpResponse(
+        421,
+        b"421 Misdirected Request: this dshim does not answer for that Host name "
+        b"(an operator can add it as [http] public_host)\n",
+        "text/plain; charset=utf-8",
+    )
 
 
 def _too_large(limit: int) -> HttpResponse:

@@ -1,0 +1,293 @@
+"""The local HTTP endpoint under abuse: what it refuses, and that the right user still gets in.
+
+A token that can be guessed, a login form that answers guesses as fast as they come, a
+DNS-rebinding page that reads the endpoint through a name of its own, websocket frames
+read whole before their size is checked.  Every test serves a real
+:class:`~dshim.http.app.Endpoint` with hypercorn's trio worker on 127.0.0.1, port 0, and
+talks to it over real sockets (httpx, raw bytes, trio-websocket); the autojump clock where
+time matters, the conftest deadline around each test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from dshim.channels.base import HttpRequest, HttpResponse, WebSocket
+from dshim.config import parse_config
+from dshim.errors import ConfigError
+from dshim.http.app import Endpoint
+from dshim.http.ops import add_operator_routes
+from dshim.http.server import serve_endpoint
+from dshim.http.status import BotStatuses
+from dshim.metrics import ProcessMetrics
+from dshim.serve import make_endpoint
+from tests.http_client import port_of, raw_request
+
+TOKEN = "s3cret-endpoint-token-0123456789"
+REPO = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def serving(endpoint: Endpoint, listen: str = "127.0.0.1:0") -> AsyncIterator[str]:
+    """Serve ``endpoint``; yields its base URL (``http://127.0.0.1:PORT``)."""
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(partial(serve_endpoint, endpoint, listen, shutdown=shutdown))
+        try:
+            yield binds[0]
+        finally:
+            shutdown.set()
+
+
+# --- the token and public_host in the configuration ------------------------------------------
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:8910", "192.168.1.5:80", "[::]:8910"])
+@pytest.mark.parametrize("token", ["x", "fifteen-chars-x", "   padded-15ch  "])
+def test_off_loopback_a_short_token_is_a_config_error_naming_the_key(
+    listen: str, token: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"http": {"listen": listen, "token": token}}, env={})
+    message = str(info.value)
+    assert message.startswith("dshim.toml: http.token: ") and "16" in message
+    assert token.strip() not in message  # the token itself is never shown
+
+
+def test_a_16_character_token_is_enough_and_loopback_needs_none() -> None:
+    config = parse_config({"http": {"listen": "0.0.0.0:8910", "token": "0123456789abcdef"}}, env={})
+    assert config.http.token is not None and config.http.token.get() == "0123456789abcdef"
+    assert parse_config({"http": {"listen": "127.0.0.1:8910"}}, env={}).http.token is None
+
+
+def test_serve_with_a_short_token_off_loopback_exits_2_naming_the_key(tmp_path: Path) -> None:
+    cfg = tmp_path / "dshim.toml"
+    cfg.write_text(
+        '[http]\nlisten = "0.0.0.0:0"\ntoken = "abc"\n\n[[bots]]\nname = "web"\nchannel = "webchat"\n'
+    )
+    env = {"DSHIM_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run(
+        [sys.executable, "-m", "dshim", "--config", str(cfg), "serve"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "http.token" in r.stderr and "16" in r.stderr and "Traceback" not in r.stderr
+    assert '"abc"' not in r.stderr and "'abc'" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "value", ["https://chat.example.com", "chat.example.com/x", "two words", "", "a" * 300]
+)
+def test_a_public_host_that_is_not_a_host_name_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"http": {"public_host": value}}, env={})
+    message = str(info.value)
+    assert message.startswith("dshim.toml: http.public_host: ") and "host name" in message
+
+
+def test_public_host_is_read() -> None:
+    config = parse_config({"http": {"public_host": "Chat.Example.com:8443"}}, env={})
+    assert config.http.public_host == "Chat.Example.com:8443"
+    assert parse_config({"http": {}}, env={}).http.public_host is None
+
+
+# --- Host: DNS rebinding ---------------------------------------------------------------------
+
+
+async def page(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(200, b"<p>the web chat</p>", "text/html; charset=utf-8")
+
+
+async def webhook(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(200, b"EVENT_RECEIVED", "text/plain")
+
+
+def operator_endpoint(**kw: Any) -> Endpoint:
+    """An endpoint with the web chat's page at the root, a signed webhook, and the
+    operators' routes (``/readyz``, ``/metrics``) as ``dshim serve`` adds them."""
+    endpoint = Endpoint(**kw)
+    endpoint.mount("web", "", page)
+    endpoint.mount_websocket("web", "ws", echo_socket)
+    endpoint.mount("wa", "", webhook, public=True)
+    endpoint.root_bot = "web"
+    statuses = BotStatuses(time.time)
+    statuses.store_open = True
+    add_operator_routes(endpoint, statuses, ProcessMetrics(statuses.up_flags))
+    return endpoint
+
+
+async def echo_socket(ws: WebSocket) -> None:
+    while True:
+        await ws.send("echo:" + str(await ws.receive()))
+
+
+async def get(
+    base: str, path: str, host: str | None, *extra: str, method: str = "GET"
+) -> tuple[int, bytes]:
+    """One request with ``Host: host`` (None: no Host header, HTTP/1.0) as raw bytes."""
+    version = "HTTP/1.1" if host is not None else "HTTP/1.0"
+    lines = [f"{method} {path} {version}", *([f"Host: {host}"] if host is not None else [])]
+    status, _, body = await raw_request(base, ("\r\n".join([*lines, *extra]) + "\r\n\r\n").encode())
+    return status, body
+
+
+async def ws_upgrade(base: str, path: str, host: str, *extra: str) -> tuple[int, bytes]:
+    """A websocket upgrade with ``Host: host``; the HTTP status (101: accepted)."""
+    return await get(
+        base,
+        path,
+        host,
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+        "Sec-WebSocket-Version: 13",
+        *extra,
+    )
+
+
+REBINDING = ["evil.example", "evil.example:8910", "127.0.0.1.evil.example", "localhost.evil"]
+
+
+async def test_a_page_naming_another_host_reads_nothing_without_a_token() -> None:
+    # No token on loopback: only the Host header tells a DNS-rebinding page (its own name
+    # resolved to 127.0.0.1) from the user's browser at 127.0.0.1 or localhost.
+    async with serving(operator_endpoint()) as base:
+        port = port_of(base)
+        for host in REBINDING:
+            for path in ("/", "/readyz", "/metrics", "/hooks/web/", "/no/such/page"):
+                status, body = await get(base, path, host)
+                assert status == 421, (host, path, status)
+                assert len(body) < 200 and b"the web chat" not in body and b"dshim_" not in body
+            # The socket too, before Origin or the token are looked at.
+            status, _ = await ws_upgrade(base, "/ws", host)
+            assert status == 421
+        for host in (f"127.0.0.1:{port}", "127.0.0.1", f"localhost:{port}", "LOCALHOST", "[::1]"):
+            status, body = await get(base, "/", host)
+            assert (status, body) == (200, b"<p>the web chat</p>"), host
+            assert (await get(base, "/readyz", host))[0] == 200
+            assert (await get(base, "/metrics", host))[0] == 200
+        # /healthz says only "ok": load balancers probe it by any name.
+        assert await get(base, "/healthz", "evil.example") == (200, b"ok")
+
+
+async def test_the_public_host_and_the_listen_address_are_answered_and_webhooks_by_any_name() -> (
+    None
+):
+    endpoint = operator_endpoint(token=TOKEN, host="0.0.0.0", public_host="Chat.Example.com:8443")
+    auth = f"Authorization: Bearer {TOKEN}"
+    async with serving(endpoint, "127.0.0.1:0") as base:
+        port = port_of(base)
+        # A wildcard listen address answers its addresses (any IP literal: a rebinding
+        # page has a name of its own), loopback names and the public host, port or not.
+        for host in (
+            f"127.0.0.1:{port}",
+            "10.1.2.3:8910",
+            "[2001:db8::7]:8910",
+            "localhost",
+            "chat.example.com",
+            "chat.example.com:443",
+            "CHAT.EXAMPLE.COM.",
+        ):
+            assert await get(base, "/", host, auth) == (200, b"<p>the web chat</p>"), host
+        for host in ("evil.example", "example.com", "chat.example.com.evil", "[::1"):
+            status, body = await get(base, "/readyz", host, auth)
+            assert status == 421 and b"Host" in body, host
+        # A signed webhook (public mount) is served by whatever name the platform or the
+        # reverse proxy in front uses: it authenticates each request itself.
+        status, body = await get(base, "/hooks/wa", "dshim-proxy.internal:8080", method="GET")
+        assert (status, body) == (200, b"EVENT_RECEIVED")
+        # Without a Host header (HTTP/1.0: not a browser) the request is not refused for it.
+        assert (await get(base, "/readyz", None, auth))[0] == 200
+
+
+async def test_a_listen_address_names_only_itself() -> None:
+    async with serving(operator_endpoint(host="127.0.0.1")) as base:
+        for host in ("127.0.0.2", "10.0.0.1", "0.0.0.0", "[::2]"):
+            assert (await get(base, "/", host))[0] == 421, host
+
+
+# --- /login and bearer guesses: a token bucket per address -------------------------------------
+
+
+FORM = {"content-type": "application/x-www-form-urlencoded"}
+
+
+async def test_login_guesses_are_slowed_per_address_and_the_right_token_elsewhere_is_not(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with serving(Endpoint(token=TOKEN)) as base:
+        here = httpx.AsyncClient(base_url=base)
+        # Another client address (Linux routes all of 127.0.0.0/8 to loopback).
+        there = httpx.AsyncClient(
+            base_url=base, transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        )
+        async with here, there:
+            answers = [
+                (await here.post("/login", content=f"token=guess-{i}", headers=FORM)).status_code
+                for i in range(50)
+            ]
+            # A few tries are checked, then every further one is 429 at once.
+            assert answers[:5] == [401] * 5 and set(answers[5:]) == {429}, answers
+            refused = await here.post("/login", content=f"token={TOKEN}", headers=FORM)
+            assert refused.status_code == 429  # no oracle: the right one waits too
+            assert refused.json()["error"] == "too_many_requests"
+            retry_after = int(refused.headers["retry-after"])
+            assert 1 <= retry_after <= 60 and "set-cookie" not in refused.headers
+            # Another address signs in at once.
+            ok = await there.post("/login", content=f"token={TOKEN}", headers=FORM)
+            assert ok.status_code == 303 and "set-cookie" in ok.headers
+            # Once Retry-After has passed, this address may try again.
+            await trio.sleep(retry_after)
+            again = await here.post("/login", content=f"token={TOKEN}", headers=FORM)
+            assert again.status_code == 303
+
+
+async def test_bearer_guesses_are_slowed_like_login_tries(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    endpoint = operator_endpoint(token=TOKEN)
+    async with serving(endpoint) as base:
+        port = port_of(base)
+        host = f"127.0.0.1:{port}"
+        statuses = [
+            (await get(base, "/metrics", host, f"Authorization: Bearer guess-{i}"))[0]
+            for i in range(20)
+        ]
+        assert statuses[:5] == [401] * 5 and set(statuses[5:]) == {429}, statuses
+        # No credential at all is not a guess: a browser is still sent to the form.
+        status, _ = await get(base, "/", host, "Accept: text/html")
+        assert status == 303
+        # The right token from another address is served at once.
+        there = httpx.AsyncClient(
+            base_url=base, transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        )
+        async with there:
+            resp = await there.get("/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert resp.status_code == 200
+        # A websocket upgrade with a guessed token is refused the same way.
+        status, _ = await ws_upgrade(base, "/ws", host, "Authorization: Bearer guess")
+        assert status == 429
+
+
+async def test_dshim_serve_answers_the_configured_public_host() -> None:
+    config = parse_config({"http": {"public_host": "chat.example.com"}}, env={})
+    statuses = BotStatuses(time.time)
+    endpoint = make_endpoint(config, statuses, ProcessMetrics(statuses.up_flags))
+    async with serving(endpoint) as base:
+        assert (await get(base, "/readyz", "chat.example.com"))[0] == 503  # served: no store
+        assert (await get(base, "/readyz", "chat.example.org"))[0] == 421
