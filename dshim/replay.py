@@ -18,16 +18,24 @@ its timeout; after the last event everything runs to its end.  Output lines (JSO
                                                           stale, malformed, denied)
     {"fixture":F,"kind":"command","index":I,"name":NAME}
     {"fixture":F,"kind":"http","method":M,"path":P}
+
+A channel whose reader holds events back in ``serve`` (Telegram collects an album's
+parts into one message) does the same here, with the same code, through its adapter's
+``collect`` (:class:`Collecting`), on the fixture's timeline (each event at its time):
+what it holds is handed over when it is due (before a later event, or after the last one,
+the virtual clock moving there), so the output is what ``serve`` answers and the
+collection window takes no real time.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import httpx
 import msgspec
@@ -90,6 +98,30 @@ class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     outbound: dict[str, list[OutboundSeed]] = msgspec.field(default_factory=dict)
     expect: list[dict[str, Any]] | None = None
     description: str | None = None
+
+
+#: An event ready for the pipeline: what it maps to, its raw form, and the index of the
+#: fixture event it stands for (an album: its first part).
+Collected = tuple[InboundMessage | Skip, bytes, int]
+
+
+@runtime_checkable
+class Collecting(Protocol):
+    """A replay adapter whose channel holds events back before the pipeline sees them
+    (Telegram's albums), with the collection code its reader runs in ``serve``.  ``now``
+    is the fixture's timeline: epoch seconds, never decreasing."""
+
+    def collect(self, raw: bytes, index: int, now: float) -> list[Collected]:
+        """Take fixture event ``index``; the events ready now (possibly none)."""
+        ...
+
+    def collect_due(self) -> float | None:
+        """When held events are next ready (None: nothing is held)."""
+        ...
+
+    def collect_ready(self, now: float) -> list[Collected]:
+        """The held events ready at ``now``."""
+        ...
 
 
 class NormalizedAdapter:
@@ -347,16 +379,47 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
             decode_raw=adapter.decode,
             restore=False,
         ) as rt:
-            for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
-                rec.index = i
-                if isinstance(item, InboundMessage) and item.received_at > clock():
-                    await trio.sleep(item.received_at - clock())  # time moves to the event
+            collector = adapter if isinstance(adapter, Collecting) else None
+
+            async def hand(item: InboundMessage | Skip, raw: bytes, index: int) -> None:
+                rec.index = index
                 if received is not None:
                     await received(item, raw)
                 await rt.accept(item, raw if fx.format == "raw" else None)
                 # A pending approval or question waits for the next event (perhaps its
                 # answer) instead of running out its timeout on the virtual clock.
                 await rt.wait_settled()
+
+            async def hand_held(until: float) -> None:
+                # What the adapter holds, each when it is due, up to ``until``; the clock
+                # moves to a due time that lies ahead.
+                assert collector is not None
+                while (due := collector.collect_due()) is not None and due <= until:
+                    if due > clock():
+                        await trio.sleep(due - clock())
+                    for ready in collector.collect_ready(due):
+                        await hand(*ready)
+
+            # The collection runs on the fixture's timeline (epoch seconds): each event
+            # arrives at its own time (or, when that lies before the previous event's,
+            # right after it), so what serve would hand over before an event comes first.
+            arrived = -math.inf
+            for i, (item, raw) in enumerate(zip(items, raws, strict=True)):
+                if isinstance(item, InboundMessage) and item.received_at:
+                    arrived = max(arrived, item.received_at)
+                elif arrived == -math.inf:
+                    arrived = clock()
+                if collector is not None:
+                    await hand_held(arrived)
+                if isinstance(item, InboundMessage) and item.received_at > clock():
+                    await trio.sleep(item.received_at - clock())  # time moves to the event
+                if collector is None:
+                    await hand(item, raw, i)
+                    continue
+                for ready in collector.collect(raw, i, arrived):
+                    await hand(*ready)
+            if collector is not None:
+                await hand_held(math.inf)
             await rt.wait_idle()
     return rec.lines
 

@@ -4,9 +4,13 @@ one bad fixture is one FAIL, and memory stays linear in the length of an answer.
 from __future__ import annotations
 
 import json
+import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
+from dshim.channels.telegram import protocol as telegram_protocol
 from dshim.replay import TEXT_PRINT_MAX, replay, run_fixture
 
 DEEP = 3000
@@ -128,3 +132,41 @@ def test_update_of_a_golden_with_a_lone_surrogate_keeps_the_fixture(tmp_path: Pa
     _write_expect(path, [{"kind": "prompt", "text": "bad \ud800 text"}])
     data = json.loads(path.read_text(encoding="utf-8"))
     assert data["events"] and data["expect"] == [{"kind": "prompt", "text": "bad \ud800 text"}]
+
+
+def telegram_update(uid: int, mid: int, **message: object) -> bytes:
+    chat = {"id": 42, "first_name": "Ada", "type": "private"}
+    sender = {"id": 42, "is_bot": False, "first_name": "Ada"}
+    body = {"message_id": mid, "from": sender, "chat": chat, "date": 1796032800, **message}
+    return json.dumps({"update_id": uid, "message": body}).encode()
+
+
+def album_part(uid: int, n: int, **extra: object) -> bytes:
+    photo = [{"file_id": f"p{n}", "file_unique_id": f"u{n}", "width": 9, "height": 9}]
+    return telegram_update(uid, 100 + n, media_group_id="1348000000000001", photo=photo, **extra)
+
+
+def test_a_telegram_album_is_collected_as_serve_does_on_the_replay_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A collection window of two minutes: a replay that really waited would take them.
+    slow = telegram_protocol.AlbumLimits(quiet_s=120.0, max_s=300.0)
+    monkeypatch.setattr(telegram_protocol, "ALBUM_LIMITS", slow)
+    events = [
+        album_part(1, 1),
+        album_part(2, 2, caption="compare these three"),
+        album_part(3, 3),
+        telegram_update(4, 200, text="and a text"),
+    ]
+    head = json.dumps({"channel": "telegram", "format": "raw", "bot": {"id": 9, "username": "b"}})
+    path = tmp_path / "album.json"
+    path.write_bytes(head[:-1].encode() + b', "events": [' + b",".join(events) + b"]}")
+    started = time.monotonic()
+    lines = run_fixture(path)
+    assert time.monotonic() - started < 60
+    prompts = [
+        (str(x["text"]).rsplit("\n\n", 1)[-1], x["images"]) for x in lines if x["kind"] == "prompt"
+    ]
+    # As serve hands them over: the text at once, the album once it is complete, whole.
+    assert prompts == [("and a text", 0), ("compare these three", 3)]
+    assert not [x for x in lines if x["kind"] == "drop"]

@@ -425,7 +425,9 @@ class ReplayAdapter(Protocol):
     awaited right before each event is handed to the pipeline, for a channel that does
     something of its own with every event it receives (the web chat logs it).
     ``def expand(raw) -> list[bytes]`` cuts one fixture event into the events it carries
-    (a webhook body with several messages), each then decoded on its own.
+    (a webhook body with several messages), each then decoded on its own.  ``collect``,
+    ``collect_due`` and ``collect_ready`` (:class:`dshim.replay.Collecting`) hold events
+    back as the channel's reader does in ``serve`` (Telegram's albums).
     """
 
     @property

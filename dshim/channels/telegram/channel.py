@@ -177,8 +177,14 @@ async def _set_commands(client: BotApiClient) -> None:
 # --- replay ---------------------------------------------------------------------------------
 
 
+#: An event ready for replay's pipeline: its item, its raw form, the fixture event's index.
+_Ready = tuple[InboundMessage | Skip, bytes, int]
+
+
 class ReplayAdapter:
-    """Decodes fixture events (Update objects) with the real mapping code."""
+    """Decodes fixture events (Update objects) with the real mapping code, and collects
+    albums as the reader does (:class:`~.protocol.AlbumCollector`, on the replay's
+    timeline: ``dshim.replay.Collecting``)."""
 
     def __init__(self, fx: ReplaySource) -> None:
         if fx.bot_id is None or not fx.bot_id.lstrip("-").isdigit():
@@ -188,9 +194,31 @@ class ReplayAdapter:
         self.identity = BotIdentity(int(fx.bot_id), fx.bot_username)
         self.bot_id = str(self.identity.id)
         self.bot_username = self.identity.username
+        self.albums = protocol.AlbumCollector(protocol.ALBUM_LIMITS)
+        #: update_id of a held album part -> the fixture event it came in.
+        self._index: dict[int, int] = {}
 
     def decode(self, raw: bytes) -> InboundMessage | Skip:
         return protocol.decode_update(raw, self.identity)
+
+    def collect(self, raw: bytes, index: int, now: float) -> list[_Ready]:
+        """One fixture update: an album part is held (what it completes is handed over),
+        anything else is ready at once."""
+        parsed = protocol.parse_update(raw, self.identity)
+        uid = parsed.update_id
+        if parsed.album is None or not isinstance(parsed.item, InboundMessage) or uid is None:
+            return [(parsed.item, raw, index)]
+        self._index[uid] = index
+        return self._ready(self.albums.add(parsed.album, uid, parsed.item, raw, now))
+
+    def collect_due(self) -> float | None:
+        return self.albums.due_at()
+
+    def collect_ready(self, now: float) -> list[_Ready]:
+        return self._ready(self.albums.due(now))
+
+    def _ready(self, albums: list[protocol.Collected]) -> list[_Ready]:
+        return [(a.item, a.raw, self._index.pop(a.update_id, 0)) for a in albums]
 
     #: The chunks an answer is delivered in (the renderer's own split).
     split = staticmethod(split)

@@ -699,6 +699,82 @@ class _Album:
         return min(self.last_at + limits.quiet_s, self.first_at + limits.max_s)
 
 
+class Collected(NamedTuple):
+    """A collected album, handed over: one message for all its parts."""
+
+    #: The first part's update_id.
+    update_id: int
+    item: InboundMessage
+    #: The part's raw update, or (several parts) the JSON array of their raws, which
+    #: :func:`decode_update` reads back into the same message.
+    raw: bytes
+
+
+class AlbumCollector:
+    """Collects the parts of albums (per chat and ``media_group_id``) until each is
+    complete (see :class:`AlbumLimits`), then hands it over as *one* message
+    (:func:`combine_album`).  The one collection both ``serve`` (:class:`UpdateFeed`)
+    and ``dshim replay`` run; time is the caller's (``now``, any monotonic clock)."""
+
+    def __init__(self, limits: AlbumLimits = ALBUM_LIMITS) -> None:
+        self.limits = limits
+        #: Albums being collected, oldest first.
+        self._albums: dict[tuple[int, str], _Album] = {}
+
+    @property
+    def holding(self) -> bool:
+        """True while album parts are held."""
+        return bool(self._albums)
+
+    def due_at(self) -> float | None:
+        """When the next held album is complete (None: nothing held)."""
+        if not self._albums:
+            return None
+        return min(a.due_at(self.limits) for a in self._albums.values())
+
+    def first_held(self) -> int | None:
+        """The lowest update_id held (None: nothing held)."""
+        if not self._albums:
+            return None
+        return min(a.parts[0][0] for a in self._albums.values())
+
+    def add(
+        self, key: tuple[int, str], uid: int, item: InboundMessage, raw: bytes, now: float
+    ) -> list[Collected]:
+        """Hold one part; the albums this completes (Telegram's parts limit) or pushes out
+        (too many open at once: the oldest goes as it is)."""
+        album = self._albums.get(key)
+        if album is None:
+            album = self._albums[key] = _Album(now)
+        album.parts.append((uid, item, raw))
+        album.last_at = now
+        if len(album.parts) >= self.limits.max_parts:
+            return [self._hand_over(key)]
+        if len(self._albums) > self.limits.max_open:
+            return [self._hand_over(next(iter(self._albums)))]
+        return []
+
+    def next_due(self, now: float) -> Collected | None:
+        """Hand over the oldest album complete at ``now`` (None: none is)."""
+        for key, album in self._albums.items():
+            if now >= album.due_at(self.limits):
+                return self._hand_over(key)
+        return None
+
+    def due(self, now: float) -> list[Collected]:
+        """Hand over every album complete at ``now``, oldest first."""
+        out: list[Collected] = []
+        while (album := self.next_due(now)) is not None:
+            out.append(album)
+        return out
+
+    def _hand_over(self, key: tuple[int, str]) -> Collected:
+        parts = self._albums.pop(key).parts
+        item = combine_album([p[1] for p in parts])
+        raw = parts[0][2] if len(parts) == 1 else b"[" + b",".join(p[2] for p in parts) + b"]"
+        return Collected(parts[0][0], item, raw)
+
+
 # --- polling -------------------------------------------------------------------------------
 
 
@@ -746,8 +822,9 @@ class UpdateFeed:
 
     Albums: Telegram delivers each photo of an album as its own update, all with one
     ``media_group_id``, the caption on one of them.  The feed holds the parts of an album
-    (per chat and media_group_id) until about a second after its last part arrived
-    (bounded in time and parts, see :class:`AlbumLimits`), then hands over *one* message
+    (:class:`AlbumCollector`: per chat and media_group_id) until about a second after its
+    last part arrived (bounded in time and parts, see :class:`AlbumLimits`), then hands
+    over *one* message
     (:func:`combine_album`) whose raw is the JSON array of the parts' raws (the durable
     inbox keeps it; :func:`decode_update` reads it back).  While parts are held, no
     offset passes the first of them: other updates are handed over meanwhile, but the
@@ -768,22 +845,19 @@ class UpdateFeed:
     ) -> None:
         self.me = me
         self.fetcher = fetcher
-        self.limits = albums
-        #: Albums being collected, oldest first.
-        self._albums: dict[tuple[int, str], _Album] = {}
+        #: The album collection (the same one ``dshim replay`` runs).
+        self.albums = AlbumCollector(albums)
         #: The highest update_id handed over or held in this run.
         self._seen: int | None = None
 
     @property
     def holding(self) -> bool:
         """True while album parts are held (the offset must not pass them)."""
-        return bool(self._albums)
+        return self.albums.holding
 
     def due_at(self) -> float | None:
         """When the next held album is complete (None: nothing held)."""
-        if not self._albums:
-            return None
-        return min(a.due_at(self.limits) for a in self._albums.values())
+        return self.albums.due_at()
 
     def take(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> list[Ready]:
         """Map an answer's updates, in order; drop the ones below ``offset`` or already
@@ -801,39 +875,20 @@ class UpdateFeed:
                 continue
             self._seen = uid
             if parsed.album is not None and isinstance(parsed.item, InboundMessage):
-                self._collect(parsed.album, uid, parsed.item, raw, now, out)
+                # Held first, so the offset handed over with an album pushed out stops
+                # below this part.
+                self._hand_over(self.albums.add(parsed.album, uid, parsed.item, raw, now), out)
                 continue
             out.append(Ready(parsed, raw, self._confirming()))
-        for key in [k for k, a in self._albums.items() if now >= a.due_at(self.limits)]:
-            self._hand_over(key, out)
+        # One at a time: each offset stops below the albums still held after it.
+        while (album := self.albums.next_due(now)) is not None:
+            self._hand_over([album], out)
         return out
 
-    def _collect(
-        self,
-        key: tuple[int, str],
-        uid: int,
-        item: InboundMessage,
-        raw: bytes,
-        now: float,
-        out: list[Ready],
-    ) -> None:
-        album = self._albums.get(key)
-        if album is None:
-            album = self._albums[key] = _Album(now)
-        album.parts.append((uid, item, raw))
-        album.last_at = now
-        if len(album.parts) >= self.limits.max_parts:
-            self._hand_over(key, out)
-        elif len(self._albums) > self.limits.max_open:
-            # Held first, so the offset handed over with the oldest stops below this one.
-            self._hand_over(next(iter(self._albums)), out)
-
-    def _hand_over(self, key: tuple[int, str], out: list[Ready]) -> None:
-        parts = self._albums.pop(key).parts
-        first_uid = parts[0][0]
-        item = combine_album([p[1] for p in parts])
-        raw = parts[0][2] if len(parts) == 1 else b"[" + b",".join(p[2] for p in parts) + b"]"
-        out.append(Ready(ParsedUpdate(first_uid, item), raw, self._confirming()))
+    def _hand_over(self, collected: list[Collected], out: list[Ready]) -> None:
+        for album in collected:
+            parsed = ParsedUpdate(album.update_id, album.item)
+            out.append(Ready(parsed, album.raw, self._confirming()))
 
     def _confirming(self) -> int | None:
         """The offset that confirms everything handed over so far and nothing held:
@@ -841,6 +896,5 @@ class UpdateFeed:
         if self._seen is None:
             return None
         offset = self._seen + 1
-        for album in self._albums.values():
-            offset = min(offset, album.parts[0][0])
-        return offset
+        held = self.albums.first_held()
+        return offset if held is None else min(offset, held)
