@@ -344,7 +344,8 @@ class BotRuntime:
             return self._drop(msg, "duplicate")
         if judged.denied:
             self._drop(msg, "denied", sender=msg.sender_id)
-            return ACCEPTED
+            # Durable (its key is kept) but never work: a channel must not act on it.
+            return Verdict(True, "denied")
         self.metrics.event("accepted")
         if msg.substitute is not None:
             await self.substitute.remember_anchor(msg, msg.substitute)
