@@ -11,11 +11,11 @@ the bot's own echoes), answering ``getupdates`` 100 at a time.  Measured in one 
 1. ``floor``    -- raw transport + JSON decode: httpx POSTs ``getupdates`` with the cursor
                    and ``json.loads`` the answer (no mapping, no store);
 2. ``pipeline`` -- the channel's real reader: ``IlinkClient.get_updates`` (split, envelope),
-                   ``UpdateSource.poll`` (msgspec mapping, newest context token per user
-                   persisted, ids to flush), the kit's ``accept_batch`` =
-                   ``BotRuntime.accept`` (steps 1-6, dedup and the durable inbox in SQLite,
-                   cursor persisted per batch) with the message index recorded for each
-                   accepted message; the turn (step 7) is a no-op.
+                   ``UpdateSource.poll`` (msgspec mapping, ids to flush), the kit's
+                   ``accept_batch`` = ``BotRuntime.accept`` (steps 1-6, dedup and the
+                   durable inbox in SQLite, cursor persisted per batch) with, for each
+                   accepted message, the newest context token per user persisted and
+                   the message index recorded; the turn (step 7) is a no-op.
 
 Figures: messages/s (wall) and CPU ms per message of this process (the fake's CPU is its
 own), median of ``--repeat`` runs, with the ratio to the floor.
@@ -158,8 +158,8 @@ async def bench_pipeline(url: str, n: int) -> tuple[float, float, dict[str, int]
                 decode = channel.mapper(
                     bot_id=BOT_ID, clock=now, fetcher_for=client.fetcher, loader_for=None
                 )
-                source = channel.UpdateSource(client, decode, book, outbound, now)
-                inbound = channel.IndexingInbound(rt, bound, now)
+                source = channel.UpdateSource(client, decode, outbound, now)
+                inbound = channel.IndexingInbound(rt, bound, now, book)
                 cursor: str | None = None
                 seen = 0
                 c0, t0 = time.process_time(), time.perf_counter()

@@ -347,3 +347,114 @@ async def test_a_server_without_notifystart_still_runs_the_bot(
                 await polling(w.fake)
                 await _answered(w, "no notifystart here")
     assert len(w.fake.calls_to("msg/notifystart")) == 1
+
+
+# --- context tokens -------------------------------------------------------------------------
+
+#: A sequence number above every later message's (a backlog or redelivered message).
+HIGH_SEQ = 1_000_000
+
+
+def _sends(w: World) -> list[tuple[int | None, str]]:
+    """Each ``sendmessage``: its ``ret`` and the context token it carried."""
+    return [(c.ret, c.body["msg"]["context_token"]) for c in w.fake.calls_to("sendmessage")]
+
+
+def _backlog_ms(w: World) -> int:
+    """A time far beyond the backlog limit (600 s)."""
+    return int((w.clock() - 3600) * 1000)
+
+
+async def test_messages_the_pipeline_drops_never_replace_the_context_token(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE), capture_logs() as logs:
+        async with weixin_world(tmp_path) as w, running_bot(w):
+            await polling(w.fake)
+            first = w.fake.user_message("hello")
+            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+            # Each with a higher seq than any later message and a token iLink refuses.
+            w.fake.user_message(
+                "from the backlog", seq=HIGH_SEQ, sent_ms=_backlog_ms(w), revoked=True
+            )
+            w.fake.redeliver(first | {"seq": HIGH_SEQ + 1, "context_token": "ctx-never-issued"})
+            w.fake.user_message(items=[{"type": 1, "text_item": {"text": " "}}], seq=HIGH_SEQ + 2)
+            w.fake.revoke(w.fake.log[-1]["context_token"])
+            await trio.sleep(10)
+            after = w.fake.user_message("after the drops")
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
+            await trio.sleep(30)
+    dropped = [e["reason"] for e in logs if e["event"] == "event_dropped"]
+    assert dropped == ["stale", "duplicate", "ignored"]
+    assert texts(w.fake) == [echo_of("hello"), echo_of("after the drops")]
+    assert _sends(w) == [(0, first["context_token"]), (0, after["context_token"])]
+
+
+async def test_a_stale_message_does_not_poison_the_context_token_across_a_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with weixin_world(tmp_path) as w:
+            async with running_bot(w):
+                await polling(w.fake)
+                first = await _answered(w, "before the restart")
+                w.fake.user_message(
+                    "from the backlog", seq=HIGH_SEQ, sent_ms=_backlog_ms(w), revoked=True
+                )
+                await trio.sleep(10)
+            async with running_bot(w):
+                await polling(w.fake)
+                after = w.fake.user_message("after the restart")
+                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
+                await trio.sleep(30)
+    assert first.text == echo_of("before the restart")
+    assert texts(w.fake) == [echo_of("before the restart"), echo_of("after the restart")]
+    assert _sends(w)[1] == (0, after["context_token"])
+
+
+async def test_a_denied_message_does_not_poison_the_context_token_for_later(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    allowlist = {"mode": "allowlist", "users": ["someone-else@im.wechat"]}
+    with trio.fail_after(DEADLINE), capture_logs() as logs:
+        async with weixin_world(tmp_path) as w:
+            async with running_bot(w):
+                await polling(w.fake)
+                await _answered(w, "hello")
+            async with running_bot(w, access=allowlist):
+                await polling(w.fake)
+                w.fake.user_message("while not allowed", seq=HIGH_SEQ, revoked=True)
+                await trio.sleep(10)
+            async with running_bot(w):  # allowed again
+                await polling(w.fake)
+                back = w.fake.user_message("allowed again")
+                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
+                await trio.sleep(30)
+    assert [e["reason"] for e in logs if e["event"] == "event_dropped"] == ["denied"]
+    assert texts(w.fake) == [echo_of("hello"), echo_of("allowed again")]
+    assert _sends(w)[1] == (0, back["context_token"])
+
+
+async def test_a_refused_token_falls_back_once_to_the_last_one_that_worked(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with weixin_world(tmp_path) as w, running_bot(w):
+            await polling(w.fake)
+            first = w.fake.user_message("first")
+            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+            good = first["context_token"]
+            # The server already refuses the next message's own token.
+            second = w.fake.user_message("second", revoked=True)
+            await trio.sleep(60)
+            assert _sends(w) == [(0, good), (-2, second["context_token"]), (0, good)]
+            # Both refused: one fallback, never a loop.
+            w.fake.revoke(good)
+            with capture_logs() as logs:
+                third = w.fake.user_message("third", revoked=True)
+                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 5)
+                await trio.sleep(60)
+    assert _sends(w)[3:] == [(-2, third["context_token"]), (-2, good)]
+    assert texts(w.fake) == [echo_of("first"), echo_of("second")]
+    assert [e["reason"] for e in logs if e["event"] == "reply_undelivered"] == ["ReplyRefused"]
+    assert not [e for e in logs if good in repr(e) or third["context_token"] in repr(e)]

@@ -185,3 +185,24 @@ async def test_the_fake_refuses_an_eleventh_reply_to_one_message(
             await r.out.deliver(USER, "one too many")
         rets = [c.ret for c in r.fake.calls_to("sendmessage")]
     assert rets == [0] * 10 + [-2, -2]  # refused, retried once after 3 s, refused again
+
+
+async def test_the_token_that_worked_survives_a_restart_and_replaces_a_refused_one(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with rig(tmp_path) as r:
+        await written(r, "ctx-good")
+        await r.out.deliver(USER, "one")
+    async with rig(tmp_path) as r:  # a restart: the book is read back from the store
+        r.fake.issue_context(USER, "ctx-good")
+        await written(r, "ctx-refused", seq=2)
+        r.fake.revoke("ctx-refused")
+        await r.out.deliver(USER, "two")
+        await r.out.deliver(USER, "three")  # the refused token is not tried first again
+        sends = [(c.ret, c.body["msg"]["context_token"]) for c in r.fake.calls_to("sendmessage")]
+        await written(r, "ctx-next", seq=3)  # the user writes again: the newest wins
+        await r.out.deliver(USER, "four")
+        last = r.fake.calls_to("sendmessage")[-1].body["msg"]["context_token"]
+    assert sends == [(-2, "ctx-refused"), (0, "ctx-good"), (0, "ctx-good")]
+    assert [b.text for b in r.fake.sent_to(USER)] == ["two", "three", "four"]
+    assert last == "ctx-next"

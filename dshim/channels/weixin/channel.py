@@ -4,11 +4,13 @@
 BOT`` saved in the data directory), announces the bot (``msg/notifystart``, retried
 through transient failures; ``-14`` stops the bot: the session expired, log in again),
 opens the pipeline, reports started, then long-polls ``getupdates`` with the kit's poll
-loop (:mod:`dshim.channels.kit.poll`): :class:`UpdateSource` maps each message, keeps
-the sender's newest context token (:mod:`~dshim.channels.weixin.contexts`), and hands
-the batch over in order; the opaque cursor (``weixin.cursor``) is stored only after the
-whole batch was accepted.  Every accepted user message is recorded in the message index
-(:class:`IndexingInbound`) so later quotes of it resolve without a fetch-by-id API.
+loop (:mod:`dshim.channels.kit.poll`): :class:`UpdateSource` maps each message and
+hands the batch over in order; the opaque cursor (``weixin.cursor``) is stored only
+after the whole batch was accepted.  Once the pipeline took a user message,
+:class:`IndexingInbound` keeps its context token when it is the sender's newest
+(:mod:`~dshim.channels.weixin.contexts`: a dropped message never moves it) and records
+the message in the message index so later quotes of it resolve without a fetch-by-id
+API.
 Failures back off 2 s, and 30 s from the third in a row (the plugin's policy,
 :class:`IlinkBackoff`).  On the way out ``msg/notifystop`` is sent (10 s at most).
 """
@@ -223,21 +225,41 @@ def mapper(
 
 
 class IndexingInbound:
-    """The pipeline's receiving side, recording every accepted direct message in the
-    message index once ``accept`` confirmed it."""
+    """The pipeline's receiving side: once ``accept`` took a direct message, its context
+    token is kept (when it is the sender's newest) and the message is recorded in the
+    message index.
 
-    def __init__(self, inner: Inbound, store: ChannelStore, clock: Callable[[], float]) -> None:
+    Only a message that became work moves the token: a dropped one (stale, duplicate,
+    unaddressed, malformed, ignored) or a denied one (accepted, but refused at step 4)
+    may carry a higher ``seq`` and a token iLink refuses, which would silence every
+    later answer to that user."""
+
+    def __init__(
+        self,
+        inner: Inbound,
+        store: ChannelStore,
+        clock: Callable[[], float],
+        contexts: ContextBook,
+    ) -> None:
         self._inner = inner
         self._store = store
         self._clock = clock
+        self._contexts = contexts
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         verdict = await self._inner.accept(item, raw)
-        if verdict.accepted and isinstance(item, InboundMessage):
+        if not (verdict.accepted and isinstance(item, InboundMessage)):
+            return verdict
+        route = item.route
+        if verdict.reason is None and isinstance(route, protocol.Route) and route.context:
             try:
-                await record_inbound(self._store, item, self._clock())
-            except StoreError as exc:  # the message is taken; only a later quote of it suffers
-                log.warning("message_index_write_failed", error=str(exc))
+                await self._contexts.observe(item.sender_id, route.context, at=self._clock())
+            except StoreError as exc:  # the turn's answer adopts it from its route
+                log.warning("context_token_write_failed", error=str(exc))
+        try:
+            await record_inbound(self._store, item, self._clock())
+        except StoreError as exc:  # the message is taken; only a later quote of it suffers
+            log.warning("message_index_write_failed", error=str(exc))
         return verdict
 
     async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
@@ -268,13 +290,11 @@ class UpdateSource:
         self,
         client: IlinkClient,
         decode: Callable[[bytes], protocol.Mapped],
-        contexts: ContextBook,
         outbound: WeixinOutbound,
         clock: Callable[[], float],
     ) -> None:
         self.client = client
         self.decode = decode
-        self.contexts = contexts
         self.outbound = outbound
         self.clock = clock
         self.window_s = protocol.POLL_WINDOW_S
@@ -291,9 +311,7 @@ class UpdateSource:
             if mapped.group_id is not None:
                 self._group_seen(mapped.group_id)
             elif mapped.user is not None:
-                if mapped.context is not None:
-                    at = self.clock()
-                    await self.contexts.observe(mapped.user, mapped.context, at=at)
+                # The context token waits for the pipeline's verdict (IndexingInbound).
                 await self.outbound.flush_ids(mapped.user)
             events.append(PollEvent(mapped.item, raw))
         # The cursor moves only with a non-empty one, once the whole batch is accepted.
@@ -347,8 +365,8 @@ async def run(
                 outbound=outbound, bot_id=found.bot_id, decode_raw=lambda raw: decode(raw).item
             ) as rt:
                 task_status.started()
-                source = UpdateSource(client, decode, contexts, outbound, host.clock)
-                inbound = IndexingInbound(rt, store, host.clock)
+                source = UpdateSource(client, decode, outbound, host.clock)
+                inbound = IndexingInbound(rt, store, host.clock, contexts)
                 reader = partial(_poll, source, inbound, store, name)
                 await host.serve(rt, reader)
         finally:

@@ -2,10 +2,16 @@
 
 Every user message carries a ``context_token``; a send must echo the newest one of that
 user (newer ``seq``, else newer time, wins — a redelivered old message never replaces
-it).  The tokens are kept in the bot's cursors (``ctx:<user>``) so they survive a
-restart, tagged with a fingerprint of the bot token: a new login (another token) starts
-with none.  At most :data:`~dshim.channels.weixin.protocol.CONTEXT_USERS_MAX` users are
-kept in memory; the rest are read back from the store on demand.  Tokens are secrets:
+it).  Only a message the pipeline took may move it (:meth:`ContextBook.observe` is
+called once the verdict is in): a stale, duplicate, unaddressed, denied or malformed
+one can carry a higher ``seq`` and a token iLink refuses, and would silence every later
+answer.  Beside the latest, the book keeps the last token a send succeeded with
+(:meth:`ContextBook.worked`): a send refused for its token falls back to it once.
+
+The tokens are kept in the bot's cursors (``ctx:<user>``) so they survive a restart,
+tagged with a fingerprint of the bot token: a new login (another token) starts with
+none.  At most :data:`~dshim.channels.weixin.protocol.CONTEXT_USERS_MAX` users are kept
+in memory; the rest are read back from the store on demand.  Tokens are secrets:
 registered with the log redactor, never logged.
 """
 
@@ -26,23 +32,41 @@ log = structlog.get_logger("dshim.weixin")
 PREFIX = "ctx:"
 
 
+class _Token(msgspec.Struct, kw_only=True):
+    t: str
+    seq: int | None = None
+    ms: int | None = None
+
+
 class _Stored(msgspec.Struct, kw_only=True):
     h: str
     t: str
     seq: int | None = None
     ms: int | None = None
     at: float = 0.0
+    #: The last token a send succeeded with (absent in records of older versions).
+    ok: _Token | None = None
 
 
 _DECODER = msgspec.json.Decoder(_Stored)
 
 
+def _token(s: _Token) -> ContextToken:
+    return ContextToken(s.t, s.seq, s.ms)
+
+
+def _stored(t: ContextToken) -> _Token:
+    return _Token(t=t.token, seq=t.seq, ms=t.time_ms)
+
+
 @dataclass(frozen=True, slots=True)
 class UserContext:
-    """A user's latest token and when their last message arrived (epoch seconds)."""
+    """A user's latest token, when their last message arrived (epoch seconds), and the
+    last token a send to them succeeded with (None: none yet)."""
 
     token: ContextToken
     last_seen: float
+    worked: ContextToken | None = None
 
 
 class ContextBook:
@@ -77,24 +101,53 @@ class ContextBook:
             else:
                 if s.h == self._credential:  # a token of another login is worthless
                     self._register(s.t)
-                    found = UserContext(ContextToken(s.t, s.seq, s.ms), s.at)
+                    worked = _token(s.ok) if s.ok is not None else None
+                    if worked is not None:
+                        self._register(worked.token)
+                    found = UserContext(ContextToken(s.t, s.seq, s.ms), s.at, worked)
         self._remember(user, found)
         return found
 
     async def observe(self, user: str, token: ContextToken, *, at: float | None = None) -> bool:
-        """A user's message carried ``token``: keep it when it is newer.  True if kept."""
+        """A message of the user's that the pipeline took carried ``token``: keep it when
+        it is newer.  True if kept."""
         current = await self.get(user)
-        if current is not None and not token.newer_than(current.token):
+        if current is not None and (
+            token.token == current.token.token or not token.newer_than(current.token)
+        ):
             return False
         self._register(token.token)
         seen = self._clock() if at is None else at
-        ctx = UserContext(token, seen)
+        await self._keep(user, UserContext(token, seen, current.worked if current else None))
+        return True
+
+    async def worked(
+        self, user: str, token: ContextToken, *, instead_of: ContextToken | None = None
+    ) -> None:
+        """A send to ``user`` succeeded with ``token``.  ``instead_of``: it stood in for
+        that one, refused — if that is still the latest, ``token`` takes its place, so
+        the refused token is never tried first again (a later message replaces it)."""
+        current = await self.get(user)
+        if current is None:
+            return
+        latest = current.token
+        if instead_of is not None and latest.token == instead_of.token:
+            latest = token
+        if latest is current.token and current.worked == token:
+            return  # nothing new: no write per message sent
+        await self._keep(user, UserContext(latest, current.last_seen, token))
+
+    async def _keep(self, user: str, ctx: UserContext) -> None:
         self._remember(user, ctx)
         stored = _Stored(
-            h=self._credential, t=token.token, seq=token.seq, ms=token.time_ms, at=seen
+            h=self._credential,
+            t=ctx.token.token,
+            seq=ctx.token.seq,
+            ms=ctx.token.time_ms,
+            at=ctx.last_seen,
+            ok=_stored(ctx.worked) if ctx.worked is not None else None,
         )
         await self._store.set_cursor(PREFIX + user, msgspec.json.encode(stored).decode())
-        return True
 
     def _remember(self, user: str, ctx: UserContext | None) -> None:
         self._mem[user] = ctx

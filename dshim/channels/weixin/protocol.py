@@ -32,7 +32,9 @@ user logs in again), ``-2`` is "no valid context token / too many replies / slow
 Identity: direct chats only (the plugin hard-codes "direct"); a message with a
 ``group_id`` is mapped as an unaddressed group message.  Users are ``...@im.wechat``,
 the bot ``...@im.bot``.  Sending needs the latest ``context_token`` the user's messages
-carried (:class:`ContextToken`, newer ``seq``/time wins).
+carried (:class:`ContextToken`, newer ``seq``/time wins).  A message's token travels in
+its :class:`Route`: the channel keeps it only once the pipeline took the message — a
+stale, duplicate or denied one may carry a higher ``seq`` and a token iLink refuses.
 
 Quotes: the first item of any type with ``ref_msg``.  The quoted content is read by
 field shape (``text_item.text``, ``voice_item.text``, media items), never by ``type``:
@@ -458,9 +460,11 @@ class ContextToken:
 @dataclass(frozen=True, slots=True)
 class Route:
     """What the channel keeps with a mapped message (``InboundMessage.route``): the
-    further ids it is indexed under (its items' ``msg_id`` s, its ``client_id``)."""
+    further ids it is indexed under (its items' ``msg_id`` s, its ``client_id``), and
+    the context token of a direct message (an answer to it may carry it)."""
 
     extra_ids: tuple[str, ...] = ()
+    context: ContextToken | None = None
 
 
 @dataclass(slots=True)
@@ -545,7 +549,7 @@ def map_message(
         files=files,
         reply_to=reply_to,
         received_at=time_ms / 1000 if time_ms else 0.0,
-        route=Route(_extra_ids(msg, mid)),
+        route=Route(_extra_ids(msg, mid), context if group is None else None),
     )
     return Mapped(inbound, user=user, context=context, group_id=group, time_ms=time_ms)
 

@@ -10,7 +10,9 @@ from ``getconfig`` (cached per user for a day, a failure backs off a minute) and
 failures never fail a turn.
 
 Every send gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2``
-(no valid context token, the reply cap, slow down) is retried once after 3 s; a 429
+(no valid context token, the reply cap, slow down) is retried once after 3 s: with the
+last token a send to that user succeeded with when the refused one was another (which
+then takes the refused one's place, :meth:`ContextBook.worked`), else with the same; a 429
 waits as asked; a send that never left (cannot connect) is retried with a backoff; a
 send whose outcome is unknown (timeout after the request went out, 5xx) is repeated at
 most once, with the same ``client_id``, so the user sees at most two copies and never a
@@ -18,7 +20,9 @@ loop of them.  A message that still fails ends the answer there: logged
 (``reply_undelivered``) and counted; the transcript keeps the whole answer.
 
 Replies need the user's latest context token and are only possible within 24 h of their
-last message: outside it nothing is attempted (``reply_not_attempted``).  Each delivered
+last message: outside it nothing is attempted (``reply_not_attempted``).  The message an
+answer or notice is for was taken by the pipeline, so its own token (in the target's
+:class:`~dshim.channels.weixin.protocol.Route`) is adopted first when it is newer.  Each delivered
 message is indexed by the pipeline under the server's ``message_id`` when the answer
 has one (else the ``client_id``); the other id is added to the index entry before the
 user's next message is handed over (:meth:`WeixinOutbound.flush_ids`).
@@ -45,6 +49,7 @@ from dshim.errors import (
     ChannelError,
     DshimError,
     RateLimited,
+    StoreError,
     TransportError,
     single_error,
 )
@@ -116,11 +121,13 @@ class WeixinOutbound:
     # -- the Outbound contract ------------------------------------------------------------
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        return await self.deliver(target.conversation_id, text)
+        return await self.deliver(target.conversation_id, text, context=_context_of(target))
 
     @asynccontextmanager
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WeixinStream]:
-        stream = WeixinStream(self, target.conversation_id)
+        context = _context_of(target)
+        await self._adopt(target.conversation_id, context)  # typing's ticket asks with it
+        stream = WeixinStream(self, target.conversation_id, context)
         # The typing task never raises: what the block raises comes out as itself.
         with single_error():
             async with trio.open_nursery() as nursery:
@@ -140,12 +147,16 @@ class WeixinOutbound:
         user: str,
         text: str,
         *,
+        context: protocol.ContextToken | None = None,
         before_first: Callable[[], Awaitable[None]] | None = None,
     ) -> list[Delivered]:
-        """Send ``text`` to ``user`` as few plain-text messages; the delivered ones."""
+        """Send ``text`` to ``user`` as few plain-text messages; the delivered ones.
+
+        ``context``: the token of the message this answers (one the pipeline took)."""
         chunks = split(text)
         if not chunks:
             return []
+        await self._adopt(user, context)
         ctx = await self.contexts.get(user)
         now = self.clock()
         if ctx is None:
@@ -156,10 +167,16 @@ class WeixinOutbound:
             raise ReplyNotPossible("the user's last message is over 24 h old: WeChat refuses")
         if before_first is not None:
             await before_first()
+        token = ctx.token
+        # The fallback of a refusal: the last token that worked, else the answered
+        # message's own.
+        fallback = next(
+            (t for t in (ctx.worked, context) if t is not None and t.token != token.token), None
+        )
         delivered: list[Delivered] = []
         for index, chunk in enumerate(chunks):
             try:
-                sent = await self._send_one(user, ctx.token.token, chunk)
+                sent, used = await self._send_one(user, token, fallback, chunk)
             except ChannelError as exc:
                 reason = type(exc).__name__
                 log.warning(
@@ -174,16 +191,42 @@ class WeixinOutbound:
                     raise
                 return delivered
             delivered.append(sent)
+            await self._worked(user, used, instead_of=token if used is not token else None)
+            if used is not token:
+                token, fallback = used, None
         return delivered
+
+    async def _adopt(self, user: str, context: protocol.ContextToken | None) -> None:
+        if context is None:
+            return
+        try:
+            await self.contexts.observe(user, context)
+        except StoreError as exc:  # kept in memory all the same
+            log.warning("context_token_write_failed", error=str(exc))
+
+    async def _worked(
+        self, user: str, token: protocol.ContextToken, *, instead_of: protocol.ContextToken | None
+    ) -> None:
+        try:
+            await self.contexts.worked(user, token, instead_of=instead_of)
+        except StoreError as exc:  # the message is out; only a later refusal suffers
+            log.warning("context_token_write_failed", error=str(exc))
 
     def _not_attempted(self, reason: str) -> None:
         log.warning("reply_not_attempted", reason=reason)
         count_request("reply_not_attempted", reason)
 
-    async def _send_one(self, user: str, context_token: str, text: str) -> Delivered:
+    async def _send_one(
+        self,
+        user: str,
+        token: protocol.ContextToken,
+        fallback: protocol.ContextToken | None,
+        text: str,
+    ) -> tuple[Delivered, protocol.ContextToken]:
+        """One message; with the token it went out with (``fallback`` after a refusal)."""
         client_id = self.new_client_id()
         body = protocol.send_body(
-            to_user=user, client_id=client_id, context_token=context_token, text=text
+            to_user=user, client_id=client_id, context_token=token.token, text=text
         )
         sent_at = self.clock()
         refused = unsent = unsure = 0
@@ -197,7 +240,14 @@ class WeixinOutbound:
                 refused += 1
                 if refused > 1:
                     raise
-                log.info("reply_refused_retrying", retry_in_s=REFUSED_RETRY_S)
+                if fallback is not None:  # once: the next refusal raises
+                    token = fallback
+                    body["context_token"] = token.token
+                log.info(
+                    "reply_refused_retrying",
+                    retry_in_s=REFUSED_RETRY_S,
+                    token="last_worked" if fallback is not None else "same",
+                )
                 await trio.sleep(REFUSED_RETRY_S)
                 client_id = body["client_id"] = self.new_client_id()  # nothing was created
             except RateLimited as exc:
@@ -222,9 +272,10 @@ class WeixinOutbound:
         done = self.clock()
         if server_id is not None and server_id != client_id:
             self._remember_ids(user, server_id, client_id)
-        return Delivered(
+        sent = Delivered(
             message_id=server_id or client_id, text=text, sent_at=sent_at, completed_at=done
         )
+        return sent, token
 
     # -- index ids --------------------------------------------------------------------------
 
@@ -290,12 +341,21 @@ class WeixinOutbound:
             self._tickets.popitem(last=False)
 
 
+def _context_of(target: ReplyTarget) -> protocol.ContextToken | None:
+    """The context token of the message a target answers (None: no such message)."""
+    route = target.route
+    return route.context if isinstance(route, protocol.Route) else None
+
+
 class WeixinStream:
     """One answer: typing until it is complete, then delivered in one go."""
 
-    def __init__(self, outbound: WeixinOutbound, user: str) -> None:
+    def __init__(
+        self, outbound: WeixinOutbound, user: str, context: protocol.ContextToken | None = None
+    ) -> None:
         self._out = outbound
         self._user = user
+        self._context = context
         self._typing_done = trio.Event()
         self._typing_shown = False
         self._hook: Callable[[], Awaitable[None]] | None = None
@@ -329,4 +389,4 @@ class WeixinStream:
             if self._hook is not None:
                 await self._hook()
 
-        return await self._out.deliver(self._user, text, before_first=first)
+        return await self._out.deliver(self._user, text, context=self._context, before_first=first)
