@@ -10,6 +10,7 @@
     │   ├── RateLimited             429 / flood control: carries retry_after seconds
     │   ├── NotFound                the message/chat/target does not exist (404-like)
     │   ├── PermissionDenied        blocked, kicked, missing access (401/403-like)
+    │   ├── TooLarge                a download is over its byte limit (declared or read)
     │   ├── Conflict                another poller / webhook owns the bot (Telegram 409)
     │   └── FatalChannelError       do not reconnect (e.g. Discord close 4004)
     └── HarnessError                the agent backend failed or is unreachable
@@ -111,6 +112,11 @@ class PermissionDenied(ChannelError):
 
     def __init__(self, message: str, *, status: int | None = 403, code: int | str | None = None):
         super().__init__(message, status=status, code=code)
+
+
+class TooLarge(ChannelError):
+    """A download is over the byte limit it was given (a declared size, or what was read
+    before it was cut off): nothing of it is used."""
 
 
 class Conflict(ChannelError):

@@ -46,6 +46,7 @@ from dshim.errors import (
     NotFound,
     PermissionDenied,
     RateLimited,
+    TooLarge,
     TransportError,
 )
 
@@ -419,8 +420,9 @@ async def download_capped(
     """GET ``url`` and return its body, never reading more than ``max_bytes``.
 
     ``allowed_hosts`` (when given) is the set of host names a URL taken from a payload may
-    point to; anything else is refused before a connection is made.  A declared or
-    actual size over the limit raises ChannelError; 404/410 raise NotFound (the file is
+    point to; anything else is refused before a connection is made.  A declared size
+    (``Content-Length``) over the limit raises TooLarge before the body is read, and so
+    does a body that grows past it (reading stops there); 404/410 raise NotFound (the file is
     gone or too old), 401/403 PermissionDenied, 5xx and network failures TransportError.
     """
     if allowed_hosts is not None:
@@ -442,7 +444,7 @@ async def download_capped(
                 raise status_error(resp.status_code, what, headers=resp.headers)
             declared = resp.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
-                raise ChannelError(f"{what}: {declared} bytes is over the {max_bytes} byte limit")
+                raise TooLarge(f"{what}: {declared} bytes is over the {max_bytes} byte limit")
             data = bytearray()
             # aiter_bytes is an async generator: close it when stopping early.
             chunk_gen = cast(AsyncGenerator[bytes, None], resp.aiter_bytes())
@@ -450,7 +452,7 @@ async def download_capped(
                 async for chunk in chunks:
                     data += chunk
                     if len(data) > max_bytes:
-                        raise ChannelError(f"{what}: over the {max_bytes} byte limit")
+                        raise TooLarge(f"{what}: over the {max_bytes} byte limit")
             return bytes(data)
 
 

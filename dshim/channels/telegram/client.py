@@ -22,7 +22,7 @@ from dshim.channels.kit import http as kit_http
 from dshim.channels.telegram import models as m
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.protocol import NotModified
-from dshim.errors import ChannelError, NotFound
+from dshim.errors import NotFound, TooLarge
 from dshim.model import Fetcher
 
 DEFAULT_API_BASE = "https://api.telegram.org"
@@ -185,7 +185,7 @@ class BotApiClient:
         """getFile, then download (the link is fresh: it is asked for inside the turn)."""
         f = await self.get_file(file_id)
         if f.file_size is not None and f.file_size > max_bytes:
-            raise ChannelError(f"the file is {f.file_size} bytes, over the {max_bytes} byte limit")
+            raise TooLarge(f"the file is {f.file_size} bytes, over the {max_bytes} byte limit")
         if not f.file_path:
             raise NotFound("getFile: the file is unavailable (no file_path in the answer)")
         return await self.download(f.file_path, max_bytes)

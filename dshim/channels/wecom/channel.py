@@ -49,7 +49,13 @@ from dshim.channels.wecom.client import (
     download,
 )
 from dshim.channels.wecom.render import RenderTuning, WecomOutbound, split
-from dshim.errors import ChannelError, FatalChannelError, TransportError, single_error
+from dshim.errors import (
+    ChannelError,
+    FatalChannelError,
+    TooLarge,
+    TransportError,
+    single_error,
+)
 from dshim.model import Fetcher, InboundMessage, Skip
 
 log = structlog.get_logger("dshim.wecom")
@@ -112,7 +118,7 @@ def media_factory(http: httpx.AsyncClient) -> p.MediaFactory:
             key = media.media_key(aeskey)
             data = media.decrypt(await download(http, url, max_bytes), key)
             if len(data) > max_bytes:
-                raise ChannelError(f"wecom media: over the {max_bytes} byte limit")
+                raise TooLarge(f"wecom media: over the {max_bytes} byte limit")
             return data
 
         return fetch

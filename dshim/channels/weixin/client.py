@@ -24,7 +24,7 @@ from dshim.channels.weixin import media as crypto
 from dshim.channels.weixin import models as m
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.protocol import MediaHandle, UpdateBatch
-from dshim.errors import ChannelError, TransportError
+from dshim.errors import ChannelError, TooLarge, TransportError
 from dshim.model import Fetcher
 
 USER_AGENT = f"dshim/{dshim.__version__} (+weixin ilink client)"
@@ -228,7 +228,7 @@ class IlinkClient:
         )
         plain = crypto.decrypt(data, handle.key) if handle.key is not None else data
         if len(plain) > max_bytes:
-            raise ChannelError(f"{handle.kind} download: over the {max_bytes} byte limit")
+            raise TooLarge(f"{handle.kind} download: over the {max_bytes} byte limit")
         return plain
 
     def fetcher(self, handle: MediaHandle) -> Fetcher:

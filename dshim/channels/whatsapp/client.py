@@ -21,7 +21,7 @@ from dshim.channels.kit import decode as kit_decode
 from dshim.channels.kit import http as kit_http
 from dshim.channels.whatsapp import models as m
 from dshim.channels.whatsapp import protocol
-from dshim.errors import ChannelError, PermissionDenied, RemoteProtocolError
+from dshim.errors import ChannelError, PermissionDenied, RemoteProtocolError, TooLarge
 from dshim.model import Fetcher
 
 DEFAULT_API_BASE = "https://graph.facebook.com/v23.0"
@@ -90,7 +90,7 @@ class GraphClient:
         asked for inside the turn), at most ``max_bytes``; the ``sha256`` is checked."""
         info = await self.media_info(media_id)
         if info.file_size is not None and info.file_size > max_bytes:
-            raise ChannelError(f"the media is {info.file_size} bytes, over the {max_bytes} limit")
+            raise TooLarge(f"the media is {info.file_size} bytes, over the {max_bytes} limit")
         parts = urllib.parse.urlsplit(info.url)
         host = (parts.hostname or "").lower()
         # The bearer goes along: never in clear text, but to a local stand-in (the fake).
