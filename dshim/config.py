@@ -5,6 +5,7 @@
                    max_context_messages, vision) | "acp" (command, env, cwd, mode) |
                    "dsh" (base_url, token, workspace, agent_preset); interaction_timeout_s
     [[bots]]       name, channel, enabled, credentials ("${ENV}"), api_base, backlog_max_age_s,
+                   max_file_bytes, files_ttl_s,
                    [bots.access] [bots.prompt] [bots.reply] [bots.lanes]
 
 Every error is a :class:`~dshim.errors.ConfigError` whose message starts with
@@ -47,6 +48,8 @@ SOURCE_FIELDS = (
     "conversationTitle",
     "threadId",
 )
+DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
+DEFAULT_FILES_TTL_S = 7 * 86400.0
 ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 
 
@@ -274,6 +277,10 @@ class BotConfig(_Base):
     channel: str
     enabled: bool = True
     backlog_max_age_s: float | None = None
+    #: A current attachment that is not an image is saved for the agent up to this size.
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    #: Saved attachments are removed this long after they were saved.
+    files_ttl_s: float = DEFAULT_FILES_TTL_S
     workspace: str | None = None
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
     prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
@@ -657,6 +664,14 @@ def _check_semantics(config: Config, label: str) -> None:
         if bot.lanes.max_queue < 1:
             raise ConfigError(
                 f"{where}.lanes.max_queue: expected at least 1, got {bot.lanes.max_queue}"
+            )
+        if bot.max_file_bytes < 1:
+            raise ConfigError(
+                f"{where}.max_file_bytes: expected at least 1, got {_describe_value(bot.max_file_bytes)}"
+            )
+        if not 0 < bot.files_ttl_s < float("inf"):
+            raise ConfigError(
+                f"{where}.files_ttl_s: expected a positive number of seconds, got {bot.files_ttl_s!r}"
             )
         if bot.reply.pages < 0 or bot.reply.rows_per_page < 1:
             raise ConfigError(f"{where}.reply: pages must be >= 0 and rows_per_page >= 1")

@@ -245,10 +245,30 @@ class ImagePart(msgspec.Struct, kw_only=True, frozen=True):
 
 
 class FilePart(msgspec.Struct, kw_only=True, frozen=True):
-    name: str
-    data: bytes
-    mime: str | None = None
+    """A current attachment that is not an image, saved for the agent in the data
+    directory (``path``, absolute).  ``data`` is its content when it is small enough to
+    be inlined into the prompt as text (:data:`dshim.prompt.FILE_INLINE_MAX`), else empty:
+    the file itself is at ``path``."""
 
+    name: str
+    path: str
+    size: int
+    mime: str
+    kind: str = "file"
+    data: bytes = b""
+
+
+class MissingFile(msgspec.Struct, kw_only=True, frozen=True):
+    """A current attachment that is not an image and could not be had: listed in the
+    prompt's files block with its ``reason`` (:data:`FILE_UNAVAILABLE_REASONS`)."""
+
+    name: str
+    reason: str
+    kind: str = "file"
+
+
+#: Why a current file is not on disk for the agent (``unavailableReason`` of the block).
+FILE_UNAVAILABLE_REASONS = frozenset({"too-large", "not-found", "failed"})
 
 PromptPart = TextPart | ImagePart | FilePart
 

@@ -1,12 +1,20 @@
 """Prompt assembly: what the harness receives for one turn.
 
 Text parts, each its own :class:`~dshim.model.TextPart`, in this order and only those that
-apply: the ``<dsh_im_source>`` block, the ``<dsh_im_reply_to>`` block, the current text,
-notes about attachments that could not be included.
+apply: the ``<dsh_im_source>`` block, the ``<dsh_im_substitute>`` block, the
+``<dsh_im_reply_to>`` block, the current text, the content of small UTF-8 text files
+(:func:`inline_file_text`), notes about attachments that could not be included, and last
+the ``<dsh_im_files>`` block (:func:`files_block`).
 Images and files follow as their own parts.  Harnesses that want one string join the text
 parts with one blank line (:func:`prompt_text`).
 
-The source block uses the same JSON encoding and escaping as the reply block
+The files block lists the current attachments that are not images, in message order, as
+a JSON array: ``{"name","kind","mediaType","size","path"}`` for a file saved for the agent
+(``path`` absolute, in the data directory), ``{"name","kind","unavailableReason"}`` for
+one that could not be had (``too-large``, ``not-found``, ``failed``); keys in exactly that
+order.  A quoted message's files are never downloaded: the reply block names them.
+
+The source and files blocks use the same JSON encoding and escaping as the reply block
 (:func:`dshim.reply.encode_block`).  Its keys come in a fixed order -- ``channel``,
 ``conversationType``, ``senderId``, ``senderName``, ``conversationTitle``, ``threadId`` --
 restricted to ``PromptConfig.source_fields``; each value is cleaned, single-line, cut at
@@ -38,6 +46,7 @@ from dshim.model import (
     FilePart,
     ImagePart,
     InboundMessage,
+    MissingFile,
     PromptPart,
     QuotedMessage,
     SubstituteTurn,
@@ -53,6 +62,8 @@ from dshim.reply import (
 )
 
 __all__ = [
+    "FILES_TAG",
+    "FILE_INLINE_MAX",
     "SOURCE_TAG",
     "SOURCE_VALUE_MAX",
     "SUBSTITUTE_NOTE_NONE",
@@ -60,6 +71,8 @@ __all__ = [
     "SUBSTITUTE_TAG",
     "TITLE_MAX",
     "assemble",
+    "files_block",
+    "inline_file_text",
     "neutralize_tags",
     "prompt_text",
     "session_title",
@@ -68,6 +81,9 @@ __all__ = [
 ]
 
 SOURCE_TAG = "dsh_im_source"
+FILES_TAG = "dsh_im_files"
+#: UTF-8 text files up to this size are also inlined into the prompt as text.
+FILE_INLINE_MAX = 200 * 1024
 SOURCE_VALUE_MAX = 256
 TITLE_MAX = 60
 PART_SEPARATOR = "\n\n"
@@ -153,17 +169,61 @@ def substitute_block(sub: SubstituteTurn) -> str:
     )
 
 
+def files_block(files: Sequence[FilePart | MissingFile]) -> str:
+    """The ``<dsh_im_files>`` block of a turn's current files (keys in the fixed order)."""
+    entries: list[dict[str, object]] = []
+    for f in files:
+        if isinstance(f, FilePart):
+            entries.append(
+                {
+                    "name": f.name,
+                    "kind": f.kind,
+                    "mediaType": f.mime,
+                    "size": f.size,
+                    "path": f.path,
+                }
+            )
+        else:
+            entries.append({"name": f.name, "kind": f.kind, "unavailableReason": f.reason})
+    return encode_block(FILES_TAG, entries)
+
+
+#: Control characters that make a file binary, not text (tab, newlines, form feed are text).
+_BINARY = re.compile(r"[\x00-\x08\x0b\x0e-\x1f\x7f]")
+
+
+def inline_file_text(part: FilePart) -> str | None:
+    """A saved file's content as prompt text, under a header naming it, when it is UTF-8
+    text (no control characters but tab, newlines and form feed) of at most
+    :data:`FILE_INLINE_MAX` bytes; else None (the files block has it).
+
+    Name and content follow the prompt's rule for user text: nothing in them reads as a
+    dshim block tag (:func:`neutralize_tags`).
+    """
+    if part.size > FILE_INLINE_MAX or len(part.data) != part.size:
+        return None
+    try:
+        content = part.data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if _BINARY.search(content):
+        return None
+    head = f"[attached file: {part.name}, {part.mime}, {part.size} bytes]"
+    return neutralize_tags(f"{head}\n{content}")
+
+
 def assemble(
     msg: InboundMessage,
     quoted: QuotedMessage | None,
     cfg: PromptConfig,
     *,
     images: Sequence[ImagePart] = (),
-    files: Sequence[FilePart] = (),
+    files: Sequence[FilePart | MissingFile] = (),
     notes: Sequence[str] = (),
 ) -> list[PromptPart]:
-    """Build the prompt parts of a turn: source block, reply block, text, notes about the
-    attachments (one part, when there are any), images, files."""
+    """Build the prompt parts of a turn: source block, reply block, text, small text files
+    inlined, notes about the attachments (one part, when there are any), the files block
+    (when there are files), then images and the saved files as their own parts."""
     parts: list[PromptPart] = []
     source = source_block(msg, cfg)
     if source is not None:
@@ -175,10 +235,17 @@ def assemble(
     text = neutralize_tags(_normalize_newlines(msg.content).strip())
     if text:
         parts.append(TextPart(text))
+    saved = [f for f in files if isinstance(f, FilePart)]
+    for f in saved:
+        inlined = inline_file_text(f)
+        if inlined is not None:
+            parts.append(TextPart(inlined))
     if notes:
         parts.append(TextPart(neutralize_tags("\n".join(notes))))
+    if files:
+        parts.append(TextPart(files_block(files)))
     parts.extend(images)
-    parts.extend(files)
+    parts.extend(saved)
     return parts
 
 

@@ -8,7 +8,9 @@ parameters in any order).  Events are fed
 one at a time and the pipeline is allowed to settle after each, so the output follows
 event order: the clock moves to an event's time when it lies ahead, and a pending
 approval or question waits for the next event (it may be the answer) rather than for
-its timeout; after the last event everything runs to its end.  Output lines (JSON, one per line)::
+its timeout; after the last event everything runs to its end.  Files a turn saves for the
+agent go to the run's temporary data directory, never anywhere else, and their paths are
+printed under ``$DATA_DIR``.  Output lines (JSON, one per line)::
 
     {"fixture":F,"kind":"prompt","conversation":C,"thread":T,"text":TEXT,"images":N,"files":N}
     {"fixture":F,"kind":"send","conversation":C,"reply_to":ID_OR_NULL,"text":FINAL_TEXT}
@@ -188,13 +190,25 @@ def _ts(value: str | float) -> float:
     return t
 
 
+#: Printed in place of the fixture's temporary data directory (saved files' paths).
+DATA_DIR_MARK = "$DATA_DIR"
+
+
 class _Recorder:
     """Collects output lines; implements the pipeline Observer."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, data_dir: Path | None = None) -> None:
         self.name = name
         self.lines: list[Line] = []
         self.index = 0
+        #: The run's temporary data directory: printed as DATA_DIR_MARK, so goldens
+        #: with the path of a saved file stay the same from run to run.
+        self._data_dir = str(data_dir.absolute()) if data_dir is not None else None
+
+    def _text(self, text: str) -> str:
+        if self._data_dir is not None:
+            text = text.replace(self._data_dir, DATA_DIR_MARK)
+        return _bounded(text)
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.lines.append({"fixture": self.name, "kind": kind, **fields})
@@ -213,7 +227,7 @@ class _Recorder:
             "prompt",
             conversation=msg.conversation_id,
             thread=msg.thread_id,
-            text=_bounded(prompt_text(parts)),
+            text=self._text(prompt_text(parts)),
             images=len(msg.images),
             files=len(msg.files),
         )
@@ -225,7 +239,7 @@ class _Recorder:
                 "send",
                 conversation=sent.target.conversation_id,
                 reply_to=sent.target.reply_to_message_id,
-                text=_bounded(sent.text),
+                text=self._text(sent.text),
             )
             return
         # A substitute answer: placed by its own anchor, addressed to the asker.
@@ -235,7 +249,7 @@ class _Recorder:
             reply_to=anchor.message_id,
             anchor=anchor.mode,
             mention=anchor.mention_id,
-            text=_bounded(sent.text),
+            text=self._text(sent.text),
         )
 
 
@@ -284,7 +298,7 @@ class _EpochClock:
 
 
 async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
-    rec = _Recorder(name)
+    rec = _Recorder(name, data_dir)
     bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
     try:
         config = parse_config(

@@ -53,7 +53,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -153,7 +153,7 @@ def cut(s: str, n: int) -> tuple[str, bool]:
     return s[:n].strip(), True
 
 
-def encode_block(tag: str, obj: Mapping[str, Any]) -> str:
+def encode_block(tag: str, obj: Mapping[str, Any] | Sequence[Any]) -> str:
     """``<tag>`` + compact UTF-8 JSON with ``<``, ``>``, ``&`` as ``\\u003c`` ... + ``</tag>``.
 
     The escaping makes it impossible for any string inside to close (or open) a tag.

@@ -191,10 +191,29 @@ async def test_attachments_reach_the_agent_as_parts_and_over_the_limit_is_refuse
     assert [p for p in parts if isinstance(p, ImagePart)] == [
         ImagePart(mime="image/png", data=PNG, name="cat.png")
     ]
+    saved = tmp_path / "files" / "web" / "c1" / "u-ann-k1-e937310d9096_1_notes.txt"
     assert [p for p in parts if isinstance(p, FilePart)] == [
-        FilePart(name="notes.txt", data=b"some notes", mime="text/plain")
+        FilePart(name="notes.txt", path=str(saved), size=10, mime="text/plain", data=b"some notes")
     ]
-    assert [p.text for p in parts if isinstance(p, TextPart)] == [source_block(), "look"]
+    assert saved.read_bytes() == b"some notes"
+    files = json.dumps(
+        [
+            {
+                "name": "notes.txt",
+                "kind": "file",
+                "mediaType": "text/plain",
+                "size": 10,
+                "path": str(saved),
+            }
+        ],
+        separators=(",", ":"),
+    )
+    assert [p.text for p in parts if isinstance(p, TextPart)] == [
+        source_block(),
+        "look",
+        "[attached file: notes.txt, text/plain, 10 bytes]\nsome notes",
+        f"<dsh_im_files>{files}</dsh_im_files>",
+    ]
     [mine] = [m for m in ann.in_conversation("c1", bot=False)]
     assert mine.files == [
         {"kind": "image", "name": "cat.png"},

@@ -9,6 +9,12 @@ Optional abilities, checked with ``isinstance``: :class:`ProbesCapabilities` (pr
 :class:`ReadsHistory` (the backend's session history for quote recovery),
 :class:`ClosesSessions` (free a session when its conversation idles or is reset) and
 :class:`HasAgentCommands` (the agent's own slash commands).
+
+Current files that are not images reach a harness in the prompt's text already (the
+``<dsh_im_files>`` block with each saved file's path, small UTF-8 text files inlined:
+:mod:`dshim.prompt`), so a text-only adapter need do nothing more; the
+:class:`~dshim.model.FilePart` parts that follow carry path, name, media type and size
+for adapters that can hand files on (ACP: ``resource_link`` blocks).
 """
 
 from __future__ import annotations
@@ -18,8 +24,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from dshim.model import FilePart, PromptPart, TurnEvent
-from dshim.prompt import neutralize_tags
+from dshim.model import PromptPart, TurnEvent
 
 
 class TurnContext(msgspec.Struct, kw_only=True, frozen=True):
@@ -136,23 +141,3 @@ class Harness(Protocol):
         ...
 
     async def aclose(self) -> None: ...
-
-
-#: Text files up to this size are inlined into the prompt by adapters without file blocks.
-FILE_INLINE_MAX = 200 * 1024
-
-
-def file_part_text(part: FilePart) -> str:
-    """A current file attachment as prompt text: a header, then its UTF-8 content when small.
-
-    Name and content follow the prompt's rule for user text: nothing in them reads as a
-    dshim block tag (:func:`dshim.prompt.neutralize_tags`).
-    """
-    head = f"[attached file: {part.name}, {part.mime or 'unknown type'}, {len(part.data)} bytes]"
-    head = neutralize_tags(head)
-    if len(part.data) <= FILE_INLINE_MAX:
-        try:
-            return f"{head}\n{neutralize_tags(part.data.decode('utf-8'))}"
-        except UnicodeDecodeError:
-            pass
-    return f"{head}\n(binary or too large: content not included)"

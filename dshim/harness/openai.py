@@ -55,11 +55,10 @@ import trio
 import dshim
 from dshim.backoff import Backoff
 from dshim.errors import HarnessError
-from dshim.harness.base import ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.harness.base import ModelInfo, ProbeItem, TurnContext
 from dshim.harness.httpio import release_response
 from dshim.log import register_secret
 from dshim.model import (
-    FilePart,
     ImagePart,
     PromptPart,
     TextDelta,
@@ -433,9 +432,6 @@ class OpenAIHarness:
         return messages
 
     def _user_content(self, text: str, parts: Sequence[PromptPart]) -> str | list[dict[str, Any]]:
-        files = [p for p in parts if isinstance(p, FilePart)]
-        for f in files:
-            text += "\n\n" + file_part_text(f)
         images = [p for p in parts if isinstance(p, ImagePart)]
         if not images:
             return text

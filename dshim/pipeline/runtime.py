@@ -46,6 +46,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import msgspec
@@ -64,6 +65,7 @@ from dshim.pipeline import commands as cmds
 from dshim.pipeline import gates
 from dshim.pipeline.activity import Activity
 from dshim.pipeline.batch import Batch, Batches, Step
+from dshim.pipeline.files import FileStash
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
 from dshim.pipeline.notices import Notifier, Outcome, short
@@ -149,6 +151,7 @@ class BotRuntime:
         decode_raw: RawDecoder | None,
         metrics: BotMetrics = NO_METRICS,
         substitute_targets: Sequence[SubstituteTarget] | None = None,
+        files: FileStash | None = None,
     ) -> None:
         self.config = config
         self.bot = bot
@@ -186,6 +189,7 @@ class BotRuntime:
             observer=observer,
             metrics=metrics,
             substitute=self.substitute,
+            files=files,
         )
         self._closing = False
         #: Inbox keys of turns waiting in a lane, and those withdrawn meanwhile (retract).
@@ -818,6 +822,12 @@ def wall_clock() -> float:
     return time.time()
 
 
+def _store_dir(store: Store) -> Path | None:
+    """The directory of a store kept in a file (the data directory), else None."""
+    path = getattr(store, "path", None)
+    return Path(path).parent if isinstance(path, str) else None
+
+
 @asynccontextmanager
 async def open_bot_runtime(
     *,
@@ -833,11 +843,15 @@ async def open_bot_runtime(
     restore: bool = True,
     metrics: BotMetrics = NO_METRICS,
     substitute_targets: Sequence[SubstituteTarget] | None = None,
+    data_dir: Path | None = None,
 ) -> AsyncIterator[BotRuntime]:
-    """Open a bot's pipeline: its harness, lanes and notice sender.
+    """Open a bot's pipeline: its harness, lanes, notice sender and file sweeper.
 
     ``substitute_targets``: the targets substitute triggers match, when the channel
     resolved the configured ones (e.g. an email to the platform id); None: as configured.
+    ``data_dir``: where turns save current files for the agent (``files/<bot>/``, swept
+    at start and then periodically); by default the store's directory, and with neither
+    the files are listed as ``failed``.
 
     On exit everything still running is cancelled; call :meth:`BotRuntime.drain` first
     for a graceful stop.
@@ -854,6 +868,12 @@ async def open_bot_runtime(
                 )
             else:
                 h = harness
+            root = data_dir if data_dir is not None else _store_dir(store)
+            files = (
+                FileStash(root, bot.name, ttl_s=bot.files_ttl_s, clock=clock)
+                if root is not None
+                else None
+            )
             async with trio.open_nursery() as nursery:
                 rt = BotRuntime(
                     config=config,
@@ -868,8 +888,11 @@ async def open_bot_runtime(
                     decode_raw=decode_raw,
                     metrics=metrics,
                     substitute_targets=substitute_targets,
+                    files=files,
                 )
                 nursery.start_soon(rt.notifier.run_worker)
+                if files is not None:
+                    nursery.start_soon(files.run_sweeper)
                 metrics.watch_lanes(rt.lanes)
                 with structlog.contextvars.bound_contextvars(bot=bot.name):
                     try:

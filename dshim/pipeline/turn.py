@@ -36,18 +36,20 @@ import trio
 
 from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
-from dshim.config import BotConfig
-from dshim.errors import ChannelError, DshimError, HarnessError, StoreError
+from dshim.config import DEFAULT_MAX_FILE_BYTES, BotConfig
+from dshim.errors import ChannelError, DshimError, HarnessError, NotFound, StoreError, TooLarge
 from dshim.harness.base import Harness, ReadsHistory, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
     AGENT_FAILED_NOTE,
+    ATTACHMENT_KINDS,
     ApprovalRequest,
     Delivered,
     FilePart,
     ImagePart,
     InboundMessage,
     MediaRef,
+    MissingFile,
     PromptPart,
     QuestionRequest,
     ReplyTarget,
@@ -56,6 +58,8 @@ from dshim.model import (
     TurnEnd,
 )
 from dshim.outbound import Outbound, ReplyStream, watch_delivery, watch_stop
+from dshim.pipeline import files as files_mod
+from dshim.pipeline.files import FileStash
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
 from dshim.pipeline.notices import Notifier
@@ -69,7 +73,7 @@ _ids = random.Random()
 MAX_IMAGES = 20
 IMAGE_MAX_BYTES = 5 * 1024 * 1024
 IMAGES_TOTAL_BYTES = 20 * 1024 * 1024
-FILE_MAX_BYTES = 20 * 1024 * 1024
+FILE_MAX_BYTES = DEFAULT_MAX_FILE_BYTES
 MEDIA_DEADLINE_S = 60.0
 STOPPED_MARK = "⏹ Stopped."
 CUT_MARK = "✂️ Cut short: dshim was restarted while answering. Send your message again for a complete answer."
@@ -77,14 +81,24 @@ TOO_LARGE = "the answer was too large to handle (dshim ran out of memory)"
 EMPTY_ANSWER = "(The agent returned an empty answer.)"
 
 
-async def fetch_media(msg: InboundMessage) -> tuple[list[ImagePart], list[FilePart], list[str]]:
+async def fetch_media(
+    msg: InboundMessage,
+    stash: FileStash | None = None,
+    *,
+    max_file_bytes: int = FILE_MAX_BYTES,
+) -> tuple[list[ImagePart], list[FilePart | MissingFile], list[str]]:
     """Download the current attachments within the core's limits.
 
-    Returns the parts and notes about what could not be included (told to the agent).
-    Attachments without a download handle (replayed events) become empty placeholders.
+    Images become image parts.  Every other attachment is downloaded (at most
+    ``max_file_bytes``) and saved in ``stash`` (:mod:`dshim.pipeline.files`): a
+    :class:`FilePart` with its path, or a :class:`MissingFile` saying why it could not be
+    had (``too-large``, ``not-found``, ``failed``), in attachment order.  Returns the
+    parts and notes about what could not be included (told to the agent).  Images without
+    a download handle (replayed events) become empty placeholders; such a file is
+    ``failed``.
     """
     images: list[ImagePart] = []
-    files: list[FilePart] = []
+    files: list[FilePart | MissingFile] = []
     notes: list[str] = []
     if not msg.images and not msg.files:
         return images, files, notes
@@ -97,9 +111,10 @@ async def fetch_media(msg: InboundMessage) -> tuple[list[ImagePart], list[FilePa
                     f"[{len(msg.images) - MAX_IMAGES} more image(s) not included: at most {MAX_IMAGES} per message]"
                 )
                 break
-            data = await _fetch(ref, min(IMAGE_MAX_BYTES, IMAGES_TOTAL_BYTES - total), label, notes)
-            if data is None:
+            got = await _fetch(ref, min(IMAGE_MAX_BYTES, IMAGES_TOTAL_BYTES - total), label, notes)
+            if isinstance(got, str):
                 continue
+            data = got
             total += len(data)
             images.append(
                 ImagePart(
@@ -108,31 +123,77 @@ async def fetch_media(msg: InboundMessage) -> tuple[list[ImagePart], list[FilePa
                     name=ref.name,
                 )
             )
-        for i, ref in enumerate(msg.files):
-            label = ref.name or f"file {i + 1}"
-            data = await _fetch(ref, FILE_MAX_BYTES, label, notes)
-            if data is None:
-                continue
-            files.append(FilePart(name=ref.name or f"file-{i + 1}", data=data, mime=ref.mime))
+        for i, ref in enumerate(msg.files, 1):
+            files.append(await _fetch_file(msg, ref, i, stash, max_file_bytes, notes))
     if scope.cancelled_caught:
         notes.append("[some attachments were not included: downloading took too long]")
+        for i, ref in enumerate(msg.files[len(files) :], len(files) + 1):
+            files.append(MissingFile(name=_file_name(ref, i), kind=_kind(ref), reason="failed"))
     return images, files, notes
 
 
-async def _fetch(ref: MediaRef, limit: int, label: str, notes: list[str]) -> bytes | None:
-    if ref.size is not None and ref.size > limit:
+def _kind(ref: MediaRef) -> str:
+    return ref.kind if ref.kind in ATTACHMENT_KINDS else "other"
+
+
+def _file_name(ref: MediaRef, index: int) -> str:
+    return files_mod.display_name(ref.name) or files_mod.default_name(_kind(ref), index, ref.mime)
+
+
+async def _fetch_file(
+    msg: InboundMessage,
+    ref: MediaRef,
+    index: int,
+    stash: FileStash | None,
+    limit: int,
+    notes: list[str],
+) -> FilePart | MissingFile:
+    """One current file: downloaded within ``limit`` and saved, or why it could not be."""
+    name = _file_name(ref, index)
+    kind = _kind(ref)
+    if ref.fetch is None:  # a replayed event, or a platform that gave no download handle
+        return MissingFile(name=name, kind=kind, reason="failed")
+    got = await _fetch(ref, limit, ref.name or f"file {index}", notes)
+    if isinstance(got, str):
+        return MissingFile(name=name, kind=kind, reason=got)
+    if stash is None:
+        log.warning("file_not_saved", reason="no data directory")
+        return MissingFile(name=name, kind=kind, reason="failed")
+    try:
+        path = await stash.save(msg.conversation_id, msg.message_id, index, name, got)
+    except OSError as exc:
+        log.warning("file_save_failed", error=f"{type(exc).__name__}: {exc.strerror or exc}")
+        notes.append(f"[{ref.name or f'file {index}'} could not be saved for the agent]")
+        return MissingFile(name=name, kind=kind, reason="failed")
+    return FilePart(
+        name=name,
+        path=str(path),
+        size=len(got),
+        mime=files_mod.media_type(ref.mime, name),
+        kind=kind,
+        data=got if len(got) <= prompt_mod.FILE_INLINE_MAX else b"",
+    )
+
+
+async def _fetch(ref: MediaRef, limit: int, label: str, notes: list[str]) -> bytes | str:
+    """The attachment's bytes, or why not (``too-large``, ``not-found``, ``failed``), with
+    a note for the agent.  Without a download handle: empty bytes."""
+    if ref.size is not None and ref.size > limit:  # declared too large: nothing is fetched
         notes.append(f"[{label} not included: {ref.size} bytes is over the {limit} byte limit]")
-        return None
+        return "too-large"
     if ref.fetch is None:
         return b""
     try:
         data = await ref.fetch(limit)
+    except TooLarge:
+        notes.append(f"[{label} not included: over the {limit} byte limit]")
+        return "too-large"
     except ChannelError as exc:
         notes.append(f"[{label} could not be downloaded: {exc}]")
-        return None
+        return "not-found" if isinstance(exc, NotFound) else "failed"
     if len(data) > limit:
         notes.append(f"[{label} not included: over the {limit} byte limit]")
-        return None
+        return "too-large"
     return data
 
 
@@ -175,6 +236,9 @@ class TurnDeps:
     observer: Observer | None = None
     metrics: BotMetrics = NO_METRICS
     substitute: SubstituteGate | None = None
+    #: Where the turn saves current files for the agent (None: nowhere, they are listed
+    #: as ``failed``).
+    files: FileStash | None = None
 
 
 class _Turn:
@@ -349,7 +413,9 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
             history=deps.harness if isinstance(deps.harness, ReadsHistory) else None,
         )
         quoted = await reply_mod.resolve(msg.reply_to, ctx)
-    images, files, notes = await fetch_media(msg)
+    images, files, notes = await fetch_media(
+        msg, deps.files, max_file_bytes=deps.bot.max_file_bytes
+    )
     return prompt_mod.assemble(
         msg, quoted, deps.bot.prompt, images=images, files=files, notes=notes
     )

@@ -177,8 +177,11 @@ class Chat:
         clock: Callable[[], float],
         history_limit: int = 200,
         bot: str = "web",
+        file_max: int = protocol.FILE_MAX_BYTES,
     ) -> None:
         self.bot = bot
+        #: The bot's ``max_file_bytes``: a larger upload is refused when it is sent.
+        self.file_max = file_max
         self.store = store
         self.me = me
         self.clock = clock
@@ -277,7 +280,7 @@ class Chat:
                 tab.leave(frame.conversation)
             elif isinstance(frame, m.SendFrame):
                 member = _member(tab, frame.conversation, frame.client_id)
-                raw = protocol.build_event(frame, member, at=self.clock())
+                raw = protocol.build_event(frame, member, at=self.clock(), file_max=self.file_max)
                 await self._submit(tab, raw, frame.client_id)
             else:
                 member = _member(tab, frame.conversation, frame.client_id)
@@ -360,6 +363,7 @@ async def run(
         clock=host.clock,
         history_limit=settings.history_limit,
         bot=host.bot.name,
+        file_max=host.bot.max_file_bytes,
     )
     for path in ASSETS:
         host.mount(path, serve_asset)

@@ -38,11 +38,12 @@ What the "platform" guarantees is what this module and the page make of it:
   lazy loader run inside the turn; an id the log does not know in this conversation (nor
   the outbound index, which also holds the bot's answers) is ``not-found``.
 * **Attachments**: base64 in the frame; images (PNG, JPEG, GIF, WebP, by their bytes)
-  reach the harness as image parts, everything else as file parts.  At most
-  :data:`MAX_ATTACHMENTS` per message, an image at most :data:`IMAGE_MAX_BYTES`, a file
-  at most :data:`FILE_MAX_BYTES`, all together at most :data:`UPLOAD_TOTAL_MAX_BYTES` (one
-  frame carries them); over a limit the send is refused with an error frame saying which
-  file and which limit.
+  reach the harness as image parts; everything else takes every channel's file path (the
+  turn saves it in the data directory and lists it in the ``<dsh_im_files>`` block).  At
+  most :data:`MAX_ATTACHMENTS` per message, an image at most :data:`IMAGE_MAX_BYTES`, a
+  file at most :data:`FILE_MAX_BYTES` and the bot's ``max_file_bytes``, all together at
+  most :data:`UPLOAD_TOTAL_MAX_BYTES` (one frame carries them); over a limit the send is
+  refused with an error frame saying which file and which limit.
 
 Frames dshim sends are built here too (:func:`message_frame`, :func:`history_frame` ...);
 times are ISO 8601 in UTC.  Nothing here imports trio or reads a clock: ``at`` is an
@@ -282,8 +283,11 @@ def _size(n: int) -> str:
     return f"{n / MIB:.1f} MiB" if n >= MIB else f"{n} bytes"
 
 
-def _uploads(files: Sequence[m.FileUpload], client_id: str | None) -> list[_Upload]:
-    """Decode and check the attachments against the limits (FrameError names the file)."""
+def _uploads(
+    files: Sequence[m.FileUpload], client_id: str | None, file_max: int = FILE_MAX_BYTES
+) -> list[_Upload]:
+    """Decode and check the attachments against the limits (FrameError names the file);
+    ``file_max`` is the bot's own limit for a file (never above :data:`FILE_MAX_BYTES`)."""
     if len(files) > MAX_ATTACHMENTS:
         raise FrameError(
             "too_many_attachments",
@@ -301,7 +305,7 @@ def _uploads(files: Sequence[m.FileUpload], client_id: str | None) -> list[_Uplo
                 "bad_attachment", f"{label[:80]}: data_b64 is not valid base64", client_id=client_id
             ) from None
         image = _image_type(data)
-        limit = IMAGE_MAX_BYTES if image else FILE_MAX_BYTES
+        limit = IMAGE_MAX_BYTES if image else min(FILE_MAX_BYTES, file_max)
         if len(data) > limit:
             what = "an image" if image else "a file"
             raise FrameError(
@@ -321,7 +325,7 @@ def _uploads(files: Sequence[m.FileUpload], client_id: str | None) -> list[_Uplo
     return out
 
 
-def _check_event(ev: m.Event) -> tuple[Member, list[_Upload]]:
+def _check_event(ev: m.Event, file_max: int = FILE_MAX_BYTES) -> tuple[Member, list[_Upload]]:
     """Validate a ``send`` with its sender (FrameError says what is wrong)."""
     cid = _check_id(ev.client_id, "client_id")
     member = check_join(m.JoinFrame(conversation=ev.conversation, user=ev.user, kind=ev.kind))
@@ -331,14 +335,18 @@ def _check_event(ev: m.Event) -> tuple[Member, list[_Upload]]:
         raise FrameError(
             "too_large", f"the text is longer than {MAX_TEXT} characters", client_id=cid
         )
-    uploads = _uploads(ev.files, cid)
+    uploads = _uploads(ev.files, cid, file_max)
     if not ev.text.strip() and not uploads and ev.reply_to is None:
         raise FrameError("empty", "nothing to send: no text, no file", client_id=cid)
     return member, uploads
 
 
-def build_event(frame: m.SendFrame, member: Member, *, at: float) -> bytes:
-    """The stored event of a member's ``send`` (validated; FrameError when refused)."""
+def build_event(
+    frame: m.SendFrame, member: Member, *, at: float, file_max: int = FILE_MAX_BYTES
+) -> bytes:
+    """The stored event of a member's ``send`` (validated; FrameError when refused).
+    ``file_max``: the bot's ``max_file_bytes`` (a file above it is refused here, where
+    the sender learns it at once, rather than listed as too large to the agent)."""
     ev = m.Event(
         client_id=frame.client_id,
         conversation=frame.conversation,
@@ -349,7 +357,7 @@ def build_event(frame: m.SendFrame, member: Member, *, at: float) -> bytes:
         kind=member.kind,
         at=at,
     )
-    _check_event(ev)
+    _check_event(ev, file_max)
     return m.encoder.encode(ev)
 
 

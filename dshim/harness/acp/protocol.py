@@ -13,8 +13,8 @@ them and :mod:`~dshim.harness.acp.harness` holds the state machine of sessions a
 - ``session/new``/``resume``/``load`` results carry the session's ``configOptions``
   (the first ``category: "model"`` select is the model choice) or the legacy ``models``
   object; :func:`decode_session`, :func:`model_option`, :func:`choose`.
-- A turn is one ``session/prompt`` request with text and image content blocks
-  (:func:`blocks`); it ends with the response's ``stopReason`` (:func:`prompt_outcome`,
+- A turn is one ``session/prompt`` request with text, image and ``resource_link``
+  (a saved file) content blocks (:func:`blocks`); it ends with the response's ``stopReason`` (:func:`prompt_outcome`,
   :func:`end_event`).  Meanwhile ``session/update`` notifications stream the answer:
   :func:`event_for` maps ``agent_message_chunk`` to text (a new ``messageId`` within the
   turn starts a new paragraph), ``agent_thought_chunk`` to thinking, ``tool_call`` /
@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -52,7 +53,6 @@ from dshim.harness.acp.models import (
     SteerResult,
     Update,
 )
-from dshim.harness.base import file_part_text
 from dshim.model import (
     FilePart,
     ImagePart,
@@ -366,7 +366,13 @@ def steer_outcome(raw: msgspec.Raw) -> bool:
 
 
 def blocks(parts: Sequence[PromptPart]) -> list[dict[str, Any]]:
-    """Prompt parts as ACP content blocks (files as text: no embedded resources)."""
+    """Prompt parts as ACP content blocks.
+
+    A saved file is a ``resource_link`` (``file://`` URI of its path, name, mimeType,
+    size): every agent must accept one (the baseline content types are text and
+    resource_link, https://agentclientprotocol.com/protocol/content), and the text parts
+    already carry the files block and any small text file inlined.
+    """
     out: list[dict[str, Any]] = []
     for part in parts:
         if isinstance(part, TextPart):
@@ -380,7 +386,15 @@ def blocks(parts: Sequence[PromptPart]) -> list[dict[str, Any]]:
                 }
             )
         elif isinstance(part, FilePart):
-            out.append({"type": "text", "text": file_part_text(part)})
+            out.append(
+                {
+                    "type": "resource_link",
+                    "uri": Path(part.path).as_uri(),
+                    "name": part.name,
+                    "mimeType": part.mime,
+                    "size": part.size,
+                }
+            )
     return out
 
 

@@ -64,7 +64,7 @@ import dshim
 from dshim.backoff import Backoff
 from dshim.channels.kit.ws import WsOptions, open_client_websocket
 from dshim.errors import HarnessError
-from dshim.harness.base import HistoryPage, ModelInfo, ProbeItem, TurnContext, file_part_text
+from dshim.harness.base import HistoryPage, ModelInfo, ProbeItem, TurnContext
 from dshim.harness.dsh import protocol
 from dshim.harness.dsh.protocol import (
     APPROVAL_OPTIONS,
@@ -77,7 +77,6 @@ from dshim.harness.httpio import release_response
 from dshim.log import register_secret
 from dshim.model import (
     ApprovalRequest,
-    FilePart,
     ImagePart,
     Option,
     PromptPart,
@@ -460,9 +459,6 @@ class DshHarness:
         self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
     ) -> AsyncGenerator[TurnEvent, None]:
         text = prompt_text(parts)
-        for f in parts:
-            if isinstance(f, FilePart):
-                text += "\n\n" + file_part_text(f)
         images = [p for p in parts if isinstance(p, ImagePart)]
         rpc_id = _rpc_id()
         owner = object()

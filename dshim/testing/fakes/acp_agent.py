@@ -2,7 +2,9 @@
 
 It speaks the real wire format (JSON-RPC 2.0, one message per line on stdio) so the
 adapter's spawn, framing, EOF and restart paths are exercised for real.  Behaviour is
-chosen by the *last text block* of a prompt (dshim puts the user's text there):
+chosen by the user's text: the first text block of a prompt after dshim's leading
+blocks (``<dsh_im_source>``, ``<dsh_im_reply_to>`` ...; what follows it -- inlined files,
+notes, the ``<dsh_im_files>`` block -- is not a command):
 
 ====================  =====================================================================
 ``/slow N [ms]``      N message chunks ``chunk i``, ``ms`` (default 100) apart; a
@@ -34,7 +36,9 @@ chosen by the *last text block* of a prompt (dshim puts the user's text there):
 ``/unknown-id``       one chunk, then a response to a request id the client never sent
 anything else         a thought ``thinking about: ...`` then ``echo: <text>`` in chunks,
                       prefixed ``[<model>]`` when a non-default model is selected; image
-                      blocks are reported as ``image <mime> <bytes> bytes``
+                      blocks are reported as ``image <mime> <bytes> bytes``, resource
+                      links as ``file <name> <mimeType> <size> bytes, <n> on disk`` (``n``:
+                      what the ``file://`` URI holds, ``-`` when it cannot be read)
 ====================  =====================================================================
 
 Flags turn capabilities off so "unsupported" branches can be tested: ``--no-image``,
@@ -388,7 +392,8 @@ class FakeAgent:
         self, sid: str, blocks: list[dict[str, Any]], prompt: _Prompt
     ) -> str | dict[str, Any]:
         texts = [b.get("text", "") for b in blocks if b.get("type") == "text"]
-        current = texts[-1].strip() if texts else ""
+        users = [t for t in texts if not t.startswith("<dsh_im_")]
+        current = users[0].strip() if users else ""
         words = current.split()
         command = words[0] if words and words[0].startswith("/") else ""
         model = self.sessions[sid]["model"]
@@ -629,6 +634,12 @@ class FakeAgent:
             for b in blocks
             if b.get("type") == "image"
         ]
+        lines += [
+            f"file {b.get('name')} {b.get('mimeType')} {b.get('size')} bytes, "
+            f"{_on_disk(str(b.get('uri', '')))} on disk"
+            for b in blocks
+            if b.get("type") == "resource_link"
+        ]
         text = prefix + "echo: " + current + ("\n" + "\n".join(lines) if lines else "")
         self.counter += 1
         mid = f"msg-{self.counter}"
@@ -636,6 +647,19 @@ class FakeAgent:
             await self.chunk(sid, text[i : i + 20], mid=mid)
         await self.update(sid, {"sessionUpdate": "usage_update", "used": 10, "size": 1000})
         return "end_turn"
+
+
+def _on_disk(uri: str) -> str:
+    """How many bytes the file a ``file://`` URI names holds, ``-`` when unreadable."""
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme != "file":
+        return "-"
+    try:
+        return str(os.path.getsize(urllib.parse.unquote(parts.path)))
+    except OSError:
+        return "-"
 
 
 def _b64len(data: str) -> bytes:
