@@ -520,7 +520,9 @@ async def test_a_voice_message_reaches_the_agent_as_text_and_audio(
             ],
         )
         await fake.wait_until(lambda: len(bot.events.prompts) == 1)
-    assert bot.events.prompts[0].endswith("what is the weather")
+    text, _, block = bot.events.prompts[0].rpartition("\n\n")
+    assert text.endswith("what is the weather")  # the current text, then the files block
+    assert block.startswith('<dsh_im_files>[{"name":"v.silk","kind":"audio",')
     [msg] = bot.events.prompt_msgs
     assert [(f.kind, f.name) for f in msg.files] == [("audio", "v.silk")]
     [download] = [c for c in fake.calls if c.path.startswith("/media/")]
