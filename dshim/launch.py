@@ -18,6 +18,7 @@ exactly as it always did.  Both routes run the one :func:`serve` below.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,27 @@ class Exit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+class EarlySignals:
+    """SIGINT/SIGTERM while ``serve`` starts (before its own signal receiver is open) or
+    after that receiver closed: remembered instead of a KeyboardInterrupt traceback or
+    the default SIGTERM death.  ``serve`` then stops at once, with exit code 0."""
+
+    def __init__(self) -> None:
+        #: The first such signal, if any.
+        self.received: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._record)
+
+    def _record(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+
+    def __call__(self) -> bool:
+        return self.received is not None
 
 
 def fail(message: str, code: int) -> Exit:
@@ -100,7 +122,10 @@ def serve(
     listen: str | None,
 ) -> int:
     """``dshim serve``: run every enabled bot (or the named ones) until SIGINT/SIGTERM;
-    the exit code.  Raises :class:`Exit` for a configuration or store error (printed)."""
+    the exit code (0 after a signal, whenever it came).  Raises :class:`Exit` for a
+    configuration or store error (printed)."""
+    early = EarlySignals()
+    early.install()
     cfg, label = load(g)
     zero_config = config_path(g) is None
     from dshim.config import data_dir_origin, override_listen, prepare_data_dir
@@ -123,8 +148,10 @@ def serve(
         if zero_config:
             print(ZERO_CONFIG_HINT, file=sys.stderr, flush=True)
 
+    if early():
+        return 0  # stopped before anything started
     try:
-        return run_serve(cfg, where, announce=announce)
+        return run_serve(cfg, where, announce=announce, signalled=early)
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
     except StoreError as exc:

@@ -539,7 +539,10 @@ async def _run_endpoint(
 
 
 async def _serve_main(
-    config: Config, data_dir: Path, announce: Callable[[str], None] | None
+    config: Config,
+    data_dir: Path,
+    announce: Callable[[str], None] | None,
+    signalled: Callable[[], bool],
 ) -> int:
     enabled = [b for b in config.bots if b.enabled]
     if not enabled:
@@ -574,6 +577,10 @@ async def _serve_main(
                 root.cancel_scope.cancel()
 
             root.start_soon(signals)
+            if signalled():  # a signal came before the receiver was open
+                log.info("shutdown_requested", signal="before the start")
+                shutdown.set()
+                root.start_soon(hard_stop)
             log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
             results = await serve_process(
                 config, store, shutdown=shutdown, channels=channels, announce=announce
@@ -584,13 +591,19 @@ async def _serve_main(
 
 
 def run_serve(
-    config: Config, data_dir: Path, *, announce: Callable[[str], None] | None = None
+    config: Config,
+    data_dir: Path,
+    *,
+    announce: Callable[[str], None] | None = None,
+    signalled: Callable[[], bool] = lambda: False,
 ) -> int:
     """Run ``dshim serve`` to completion; returns the exit code.
 
-    ``announce`` gets the endpoint's URL once it listens (the CLI prints it).  The data
+    ``announce`` gets the endpoint's URL once it listens (the CLI prints it);
+    ``signalled`` says whether SIGINT/SIGTERM came before the run (it then stops at once:
+    the caller's handler remembered it, see :class:`dshim.launch.EarlySignals`).  The data
     directory is locked for the whole run: a second serve on it raises
     :class:`~dshim.errors.StoreError` before it starts anything.
     """
     with hold_data_dir_lock(data_dir):
-        return trio.run(functools.partial(_serve_main, config, data_dir, announce))
+        return trio.run(functools.partial(_serve_main, config, data_dir, announce, signalled))

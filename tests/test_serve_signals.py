@@ -7,6 +7,7 @@ Real clock; each test is bounded by ``trio.fail_after``.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -290,3 +291,40 @@ async def test_a_signal_during_start_up_retries_stops_at_once_and_exits_0(
     assert waited < 3, text[-3000:]  # not the grace and the 5 s after it
     assert "Traceback" not in text
     assert TEST_TOKEN not in text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+async def test_a_signal_while_serve_reads_its_configuration_exits_0(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The configuration is a FIFO: the signal comes while serve is known to be reading it,
+    before anything has started."""
+    text = write_config(tmp_path, f"http://127.0.0.1:{closed_port()}").read_bytes()
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    log = tmp_path / "serve.log"
+    with trio.fail_after(30):
+        proc = await start_serve(fifo, log)
+        try:
+            while True:  # a writer opens without blocking only once serve has it open
+                try:
+                    writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.ENXIO:
+                        raise
+                    await trio.sleep(0.01)
+            proc.send_signal(sig)
+            try:
+                os.write(writer, text)
+            finally:
+                os.close(writer)
+            with trio.fail_after(20):
+                code = await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert "Traceback" not in output
+    assert "serve_started" not in output  # stopped before it started anything
