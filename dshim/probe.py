@@ -403,7 +403,9 @@ def _check_writable(path: Path) -> tuple[bool, str]:
     return True, f"{path} is writable"
 
 
-async def _harness_check(config: Config, rows: list[ProbeRow], timeout_s: float) -> None:
+async def _harness_check(
+    config: Config, rows: list[ProbeRow], timeout_s: float = CHECK_TIMEOUT_S
+) -> None:
     """The harness row, then one row per capability the adapter reports (ACP: image,
     load session, models, steer; OpenAI: vision).  ACP agents are spawned, initialized,
     asked and shut down again; OpenAI checks that ``GET /models`` lists the model."""
