@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 import trio
 
+from dshim.pipeline.runtime import LATE_ANSWER_TEXT
 from dshim.testing.fakes.telegram import FakeTelegram
-from tests.test_telegram_e2e import DEADLINE, echo_of, polling, running_bot, telegram_world
+from tests.test_telegram_e2e import (
+    ADA,
+    DEADLINE,
+    echo_of,
+    polling,
+    running_bot,
+    telegram_world,
+)
 
 USERS = [FakeTelegram.user(1000 + i, f"User{i}") for i in range(20)]
 
@@ -70,3 +78,61 @@ async def test_sends_lost_after_processing_show_at_most_one_extra_copy(
         answer = echo_of(user, f"echo:sleep 2 question of {user['first_name']}")
         texts = [m.text for m in fake.bot_messages(user["id"])]
         assert texts and all(t == answer for t in texts) and len(texts) <= 2
+
+
+async def test_an_outage_longer_than_the_retries_delivers_from_the_outbox_when_back(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(chat, ADA, "echo:sleep 2 are you there?")
+                await trio.sleep(0.5)
+                fake.outage(240.0, "500", ("sendMessage",))  # twice the engine's retries
+                await trio.sleep(200)
+                assert fake.bot_messages(ADA["id"]) == []  # still down, nothing given up
+                await fake.wait_until(lambda: len(fake.bot_messages(ADA["id"])) >= 1)
+                await trio.sleep(600)
+    assert [m.text for m in fake.bot_messages(ADA["id"])] == [
+        echo_of(ADA, "echo:sleep 2 are you there?")
+    ]
+
+
+async def test_a_postponed_answer_survives_a_restart(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(chat, ADA, "echo:sleep 2 hold on to this")
+                await trio.sleep(0.5)
+                fake.outage(400.0, "500", ("sendMessage",))
+                await trio.sleep(200)  # postponed by now; then a restart during the outage
+            assert fake.bot_messages(ADA["id"]) == []
+            async with running_bot(fake, store, clock):
+                await fake.wait_until(lambda: len(fake.bot_messages(ADA["id"])) >= 1)
+                await trio.sleep(60)
+    assert [m.text for m in fake.bot_messages(ADA["id"])] == [
+        echo_of(ADA, "echo:sleep 2 hold on to this")
+    ]
+
+
+async def test_an_answer_too_late_to_make_sense_becomes_a_short_notice(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    with trio.fail_after(DEADLINE * 3):
+        async with telegram_world(tmp_path) as (fake, store, clock):
+            chat = fake.private_chat(ADA)
+            async with running_bot(fake, store, clock):
+                await polling(fake)
+                fake.user_message(chat, ADA, "echo:sleep 2 old news")
+                await trio.sleep(0.5)
+                fake.outage(1200.0, "500", ("sendMessage",))  # past backlog_max_age_s (600)
+                await fake.wait_until(lambda: len(fake.bot_messages(ADA["id"])) >= 1)
+                await trio.sleep(600)
+    [notice] = fake.bot_messages(ADA["id"])
+    assert notice.text == LATE_ANSWER_TEXT

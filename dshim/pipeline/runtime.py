@@ -54,6 +54,7 @@ import structlog
 import trio
 
 from dshim import normalized
+from dshim.backoff import Backoff
 from dshim.config import BotConfig, Config, SubstituteTarget, backlog_max_age
 from dshim.errors import DshimError, HarnessError, single_error
 from dshim.harness import create_harness, open_harness
@@ -72,7 +73,7 @@ from dshim.pipeline.notices import Notifier, Outcome, short
 from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, chat_allowed
 from dshim.pipeline.turn import TurnDeps, run_turn
-from dshim.store.base import InboxEntry, Store
+from dshim.store.base import InboxEntry, OutboxEntry, Store
 
 #: What :meth:`BotRuntime.retract` did (``dshim.channels.base.RetractOutcome``).
 RetractOutcome = Literal["dropped", "stopped", "none"]
@@ -97,6 +98,13 @@ RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
 BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
 INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
 STATUS_TIMEOUT_S = 5.0
+LATE_ANSWER_TEXT = (
+    "The answer to this message could not be delivered in time (the platform was"
+    " unreachable). Send it again to retry."
+)
+#: The outbox's first retry while the platform stays down, and its longest wait.
+OUTBOX_RETRY_S = 30.0
+OUTBOX_RETRY_MAX_S = 300.0
 #: Turns started for one message before a restart gives up on it (with a notice).
 MAX_TURN_ATTEMPTS = 2
 GAVE_UP_TEXT = (
@@ -190,7 +198,9 @@ class BotRuntime:
             metrics=metrics,
             substitute=self.substitute,
             files=files,
+            outbox_wake=self._wake_outbox,
         )
+        self._outbox_due = trio.Event()
         self._closing = False
         #: Inbox keys of turns waiting in a lane, and those withdrawn meanwhile (retract).
         self._queued: set[tuple[str, str]] = set()
@@ -721,6 +731,8 @@ class BotRuntime:
                 )
                 await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
                 continue
+            if entry.state == "undelivered":
+                continue  # its answer waits in the outbox (run_outbox delivers it)
             if entry.state in ("running", "delivered"):
                 resumed += await self._restore_interrupted(entry, item)
                 continue
@@ -792,6 +804,59 @@ class BotRuntime:
             await self.store.inbox_done(self.bot.name, conversation_id, message_id)
 
         await self.notifier.notify(ReplyTarget.for_message(item), text, then=noticed)
+
+    # -- the durable outbox --------------------------------------------------------------
+
+    def _wake_outbox(self) -> None:
+        self._outbox_due.set()
+
+    async def run_outbox(self) -> None:
+        """Deliver the answers the platform did not take (an outage longer than the
+        engine's retries), oldest first, for as long as the bot runs: at start (they
+        survive restarts), when a turn postpones one, and again with backoff while the
+        platform stays down.  An answer older than ``backlog_max_age_s`` makes no sense
+        any more: a short notice under the message takes its place."""
+        backoff = Backoff(OUTBOX_RETRY_S, OUTBOX_RETRY_MAX_S, 2.0, jitter=0.1)
+        while True:
+            self._outbox_due = trio.Event()
+            entries = await self.store.outbox_pending(self.bot.name)
+            waiting = 0
+            for entry in entries:
+                if not await self._deliver_postponed(entry):
+                    waiting += 1
+            if waiting:
+                delay = backoff.next_delay()
+                log.info("outbox_waiting", answers=waiting, retry_in_s=round(delay, 1))
+                with trio.move_on_after(delay):
+                    await self._outbox_due.wait()
+            else:
+                backoff.reset()
+                await self._outbox_due.wait()
+
+    async def _deliver_postponed(self, entry: OutboxEntry) -> bool:
+        """Try one postponed answer; False while the platform still does not take it."""
+        bot = self.bot.name
+        item = None
+        if entry.raw is not None:
+            try:
+                item = self._decode_stored(entry.raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+                item = None
+        if not isinstance(item, InboundMessage):
+            log.warning("outbox_entry_unreadable", message_id=entry.message_id)
+            await self.store.outbox_done(bot, entry.conversation_id, entry.message_id)
+            return True
+        target = ReplyTarget.for_message(item)
+        if item.substitute is not None:
+            target = await self.substitute.target_for(item, target)
+        late = self.clock() - entry.created_at > self.backlog_max_age_s
+        text = LATE_ANSWER_TEXT if late else entry.text
+        _, outcome = await self.notifier.send_outcome(target, text)
+        if outcome == "later":
+            return False
+        log.info("outbox_delivered", message_id=entry.message_id, late=late, outcome=outcome)
+        await self.store.outbox_done(bot, entry.conversation_id, entry.message_id)
+        return True
 
     def _is_command(self, msg: InboundMessage) -> bool:
         typed = not (msg.images or msg.files or msg.forwarded)
@@ -891,6 +956,7 @@ async def open_bot_runtime(
                     files=files,
                 )
                 nursery.start_soon(rt.notifier.run_worker)
+                nursery.start_soon(rt.run_outbox)
                 if files is not None:
                     nursery.start_soon(files.run_sweeper)
                 metrics.watch_lanes(rt.lanes)

@@ -62,7 +62,7 @@ from dshim.pipeline import files as files_mod
 from dshim.pipeline.files import FileStash
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem
-from dshim.pipeline.notices import Notifier
+from dshim.pipeline.notices import Notifier, outcome_of
 from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, send_control_notice
 from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord
@@ -239,6 +239,8 @@ class TurnDeps:
     #: Where the turn saves current files for the agent (None: nowhere, they are listed
     #: as ``failed``).
     files: FileStash | None = None
+    #: Wakes the bot's outbox worker when an answer was postponed.
+    outbox_wake: Callable[[], None] | None = None
 
 
 class _Turn:
@@ -261,6 +263,7 @@ class _Turn:
         "first_delta_at",
         "opened_session",
         "notes",
+        "postponed",
     )
 
     def __init__(self, item: LaneItem, *, started_at: float) -> None:
@@ -287,6 +290,8 @@ class _Turn:
         self.opened_session = False
         #: What the harness asked to tell the user as the turn ended (TurnContext.notes).
         self.notes: list[str] = []
+        #: The final text went to the outbox (its inbox entry stays until delivered).
+        self.postponed = False
 
 
 class _Delivery:
@@ -339,6 +344,7 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
     stop_scope = trio.CancelScope()
     lane.stop_scope = stop_scope
     msg = turn.msg
+    answer: str | None = None  # the final text, once it is handed to the platform
     # Bound by hand (bound_contextvars is a generator context manager: every turn pays it).
     tokens = structlog.contextvars.bind_contextvars(conversation=msg.conversation_id, turn=turn.id)
     try:
@@ -368,10 +374,15 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                     final = "\n\n".join([final, *turn.notes])
                 if delivery.due:
                     await delivery.mark()
+                answer = final
                 turn.delivered = await stream.finish(final)
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
             turn.error = turn.error or f"delivery failed: {exc}"
+            if answer is not None and outcome_of(exc) == "later":
+                # Certainly not delivered, the platform is down or busy: the outbox
+                # delivers it when the platform is back, also after a restart.
+                await _postpone(deps, turn, answer)
         except (DshimError, MemoryError) as exc:  # the store failed, or memory ran out
             log.warning("turn_failed", error=str(exc), kind=type(exc).__name__)
             if isinstance(exc, MemoryError):
@@ -516,6 +527,23 @@ async def _relay(
         log.warning("turn_out_of_memory")
 
 
+def _inbox_key(msg: InboundMessage) -> tuple[str, str]:
+    return (msg.conversation_id, msg.message_id)
+
+
+async def _postpone(deps: TurnDeps, turn: _Turn, text: str) -> None:
+    msg = turn.msg
+    if _inbox_key(msg) not in turn.item.inbox_keys:
+        return  # nothing in the inbox to deliver it from after a restart
+    await deps.store.outbox_put(
+        deps.bot.name, msg.conversation_id, msg.message_id, text, now=deps.clock()
+    )
+    turn.postponed = True
+    log.warning("answer_postponed", message_id=msg.message_id, chars=len(text))
+    if deps.outbox_wake is not None:
+        deps.outbox_wake()
+
+
 async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
     """Write the turn's answer, delivered messages and inbox completion in one go."""
     completed_at = deps.clock()
@@ -532,7 +560,9 @@ async def _record(deps: TurnDeps, turn: _Turn, *, stopped: bool) -> None:
             answer_at=delivered[0].sent_at if delivered else completed_at,
             completed=turn.error is None and not stopped,
             delivered=[OutboundEntry.from_delivered(d) for d in delivered],
-            inbox_done=turn.item.inbox_keys,
+            inbox_done=[k for k in turn.item.inbox_keys if k != _inbox_key(turn.msg)]
+            if turn.postponed
+            else turn.item.inbox_keys,
         ),
         now=completed_at,
     )
