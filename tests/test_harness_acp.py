@@ -166,19 +166,35 @@ async def test_wrong_user_in_a_group_cannot_approve(tmp_path: Path) -> None:
 
 
 async def test_quoted_yes_does_not_approve(tmp_path: Path) -> None:
+    """Only the reply's own text answers: a quoted "yes" is never the answer."""
     from dshim.model import ReplyReference
 
     with trio.fail_after(DEADLINE_S):
         async with acp_rig(tmp_path) as (rig, _):
             await rig.rt.accept(msg("/approve"))
             await presented(rig, "🔐")
-            await rig.rt.accept(msg("yes", reply_to=ReplyReference(message_id="5", content="yes")))
+            quoting = ReplyReference(message_id="5", content="yes")
+            await rig.rt.accept(msg("what about this?", reply_to=quoting))
             await trio.sleep(0.3)
             assert not any(t.startswith("permission:") for t in rig.texts)
             await rig.rt.accept(msg("1"))
             await rig.rt.wait_idle()
     assert [t for t in rig.texts if t.startswith("permission:")] == ["permission: allow-once"]
-    assert rig.texts[-1] == "echo: yes"  # the quoting message ran as its own prompt
+    assert rig.texts[1].startswith("That is not an answer to the pending request.")
+
+
+async def test_a_reply_whose_own_text_is_yes_approves(tmp_path: Path) -> None:
+    from dshim.model import ReplyReference
+
+    with trio.fail_after(DEADLINE_S):
+        async with acp_rig(tmp_path) as (rig, _):
+            await rig.rt.accept(msg("/approve"))
+            await presented(rig, "🔐")
+            prompt = ReplyReference(message_id="5", content="🔐 permission needed")
+            await rig.rt.accept(msg("yes", reply_to=prompt))
+            await rig.rt.wait_idle()
+    assert [t for t in rig.texts if t.startswith("permission:")] == ["permission: allow-once"]
+    assert not any(t.startswith("echo:") for t in rig.texts)
 
 
 async def test_unanswered_approval_is_rejected_after_the_timeout(tmp_path: Path) -> None:
