@@ -24,15 +24,17 @@ import pytest
 import trio
 
 from dshim.channels.base import HttpRequest, HttpResponse, WebSocket
+from dshim.channels.webchat import protocol as webchat_protocol
 from dshim.config import parse_config
 from dshim.errors import ConfigError
 from dshim.http.app import Endpoint
 from dshim.http.ops import add_operator_routes
 from dshim.http.server import serve_endpoint
 from dshim.http.status import BotStatuses
+from dshim.http.wsstream import PING_INTERVAL_S, WS_MAX_MESSAGE
 from dshim.metrics import ProcessMetrics
 from dshim.serve import make_endpoint
-from tests.http_client import port_of, raw_request
+from tests.http_client import open_ws, port_of, raw_request
 
 TOKEN = "s3cret-endpoint-token-0123456789"
 REPO = Path(__file__).resolve().parent.parent
@@ -291,3 +293,228 @@ async def test_dshim_serve_answers_the_configured_public_host() -> None:
     async with serving(endpoint) as base:
         assert (await get(base, "/readyz", "chat.example.com"))[0] == 503  # served: no store
         assert (await get(base, "/readyz", "chat.example.org"))[0] == 421
+
+
+# --- websocket frames: the cap while reading, one budget across sockets ------------------------
+
+MIB = 1024 * 1024
+
+
+class RawSocket:
+    """A websocket client written from RFC 6455 alone, for what real clients never do:
+    announce a frame and send only part of it, never answer a ping.  ``local`` is the
+    address to connect from (127.0.0.0/8 is all loopback on Linux: other clients)."""
+
+    def __init__(self, stream: trio.SocketStream, answer: bytes) -> None:
+        self.stream = stream
+        self.answer = answer
+        self._buffer = b""
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, base: str, path: str = "/ws", *headers: str, local: str | None = None
+    ) -> AsyncIterator[RawSocket]:
+        stream = await trio.open_tcp_stream("127.0.0.1", port_of(base), local_address=local)
+        async with stream:
+            request = [
+                f"GET {path} HTTP/1.1",
+                f"Host: 127.0.0.1:{port_of(base)}",
+                "Upgrade: websocket",
+                "Connection: Upgrade",
+                "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==",
+                "Sec-WebSocket-Version: 13",
+                *headers,
+            ]
+            await stream.send_all(("\r\n".join(request) + "\r\n\r\n").encode())
+            sock = cls(stream, b"")
+            while b"\r\n\r\n" not in sock._buffer:
+                chunk = await stream.receive_some(65536)
+                assert chunk, "closed during the handshake"
+                sock._buffer += chunk
+            sock.answer, _, sock._buffer = sock._buffer.partition(b"\r\n\r\n")
+            yield sock
+
+    @property
+    def status(self) -> int:
+        return int(self.answer.split(b" ", 2)[1])
+
+    async def send_header(self, length: int, opcode: int = 0x1) -> None:
+        """A final frame's header announcing ``length`` payload bytes (mask key 0: the
+        payload goes as it is)."""
+        if length < 126:
+            size = bytes([0x80 | length])
+        elif length < 65536:
+            size = bytes([0x80 | 126]) + length.to_bytes(2, "big")
+        else:
+            size = bytes([0x80 | 127]) + length.to_bytes(8, "big")
+        await self.stream.send_all(bytes([0x80 | opcode]) + size + b"\0\0\0\0")
+
+    async def send_frame(self, payload: bytes, opcode: int = 0x1) -> None:
+        await self.send_header(len(payload), opcode)
+        await self.stream.send_all(payload)
+
+    async def read_frame(self) -> tuple[int, bytes] | None:
+        """The next frame from the server (opcode, payload); None at EOF."""
+        while True:
+            frame = self._parse()
+            if frame is not None:
+                return frame
+            try:
+                chunk = await self.stream.receive_some(65536)
+            except trio.BrokenResourceError:
+                return None
+            if not chunk:
+                return None
+            self._buffer += chunk
+
+    def _parse(self) -> tuple[int, bytes] | None:
+        data = self._buffer
+        if len(data) < 2:
+            return None
+        length, at = data[1] & 0x7F, 2
+        if length == 126:
+            length, at = int.from_bytes(data[2:4], "big"), 4
+        elif length == 127:
+            length, at = int.from_bytes(data[2:10], "big"), 10
+        if len(data) < at + length:
+            return None
+        self._buffer = data[at + length :]
+        return data[0] & 0x0F, data[at : at + length]
+
+    async def read_message(self) -> tuple[int, bytes] | None:
+        """The next frame that is not a ping or a pong (they are not answered)."""
+        while (frame := await self.read_frame()) is not None and frame[0] in (0x9, 0xA):
+            pass
+        return frame
+
+    async def close_code(self) -> int | None:
+        """Read (ignoring pings and messages) until the server's close frame; its code."""
+        while True:
+            frame = await self.read_frame()
+            if frame is None:
+                return None
+            opcode, payload = frame
+            if opcode == 0x8:
+                return int.from_bytes(payload[:2], "big")
+
+
+async def chunked_send(sock: RawSocket, size: int) -> None:
+    """``size`` bytes of payload in 1 MiB writes (stops quietly when the server hung up)."""
+    chunk = b"x" * MIB
+    sent = 0
+    try:
+        while sent < size:
+            piece = chunk[: min(MIB, size - sent)]
+            await sock.stream.send_all(piece)
+            sent += len(piece)
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+def socket_endpoint() -> Endpoint:
+    endpoint = Endpoint()
+    endpoint.mount_websocket("web", "ws", echo_socket)
+    endpoint.root_bot = "web"
+    return endpoint
+
+
+async def test_a_frame_over_the_cap_is_refused_while_it_is_read() -> None:
+    async with serving(socket_endpoint()) as base, RawSocket.open(base) as sock:
+        assert sock.status == 101
+        # 63 MiB announced; the server closes (1009) after the cap, before the rest comes.
+        await sock.send_header(63 * MIB)
+        await chunked_send(sock, WS_MAX_MESSAGE + MIB)
+        with trio.fail_after(20):
+            assert await sock.close_code() == 1009
+
+
+async def test_the_cap_is_the_web_chats_frame_limit() -> None:
+    # A frame the web chat would refuse as too large never reaches it whole.
+    assert WS_MAX_MESSAGE == webchat_protocol.MAX_FRAME_BYTES
+
+
+async def test_one_budget_bounds_what_all_sockets_hold_and_one_address_holds_half() -> None:
+    near_cap = WS_MAX_MESSAGE - MIB
+    async with serving(socket_endpoint()) as base, trio.open_nursery() as nursery:
+        socks: list[RawSocket] = []
+        for local in ("127.0.0.1", "127.0.0.1", "127.0.0.2", "127.0.0.2"):
+            sock = await nursery.start(hold_partial, base, local, near_cap)
+            socks.append(sock)
+        # Four sockets hold 4 x 27 MiB of frames they have not finished: the budget is spent.
+        async with RawSocket.open(base, local="127.0.0.3") as late:
+            await late.send_header(near_cap)
+            await chunked_send(late, near_cap)
+            with trio.fail_after(20):
+                assert await late.close_code() == 1013  # try again later
+        # A third from an address that already holds its share is refused the same way,
+        # while a small message from anyone still goes through.
+        async with RawSocket.open(base, local="127.0.0.1") as third:
+            await third.send_header(near_cap)
+            await chunked_send(third, near_cap)
+            with trio.fail_after(20):
+                assert await third.close_code() == 1013
+        async with RawSocket.open(base, local="127.0.0.4") as small:
+            await small.send_frame(b"hello")
+            with trio.fail_after(20):
+                assert await small.read_message() == (0x1, b"echo:hello")
+        # One holder finishes its frame: what it held is free again for another.
+        await chunked_send(socks[0], MIB)
+        with trio.fail_after(20):
+            assert await socks[0].read_message() == (0x1, b"echo:" + b"x" * WS_MAX_MESSAGE)
+        async with RawSocket.open(base, local="127.0.0.3") as next_one:
+            await next_one.send_frame(b"y" * near_cap)
+            with trio.fail_after(20):
+                assert await next_one.read_message() == (0x1, b"echo:" + b"y" * near_cap)
+        nursery.cancel_scope.cancel()
+
+
+async def hold_partial(
+    base: str, local: str, size: int, *, task_status: trio.TaskStatus[RawSocket]
+) -> None:
+    """A socket that sends all of a ``size + 1 MiB`` frame but its last MiB, and holds it."""
+    async with RawSocket.open(base, local=local) as sock:
+        await sock.send_header(size + MIB)
+        await chunked_send(sock, size)
+        await trio.sleep(0.5)  # the server has read it
+        task_status.started(sock)
+        await trio.sleep_forever()
+
+
+async def test_compression_is_not_negotiated_so_no_frame_inflates_past_the_cap() -> None:
+    async with serving(socket_endpoint()) as base:
+        async with RawSocket.open(
+            base, "/ws", "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits"
+        ) as sock:
+            assert sock.status == 101
+            assert b"sec-websocket-extensions" not in sock.answer.lower()
+            await sock.send_frame(b"plain")
+            with trio.fail_after(20):
+                assert await sock.read_message() == (0x1, b"echo:plain")
+
+
+# --- websockets that stop answering -----------------------------------------------------------
+
+
+async def test_a_socket_that_stops_answering_pings_is_closed(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with serving(socket_endpoint()) as base:
+        async with RawSocket.open(base) as dead:
+            start = trio.current_time()
+            with trio.fail_after(600):
+                frames = []
+                while (frame := await dead.read_frame()) is not None:
+                    frames.append(frame[0])  # it reads, but never answers
+            gone = trio.current_time() - start
+        assert 0x9 in frames  # it was pinged
+        assert PING_INTERVAL_S <= gone <= 3 * PING_INTERVAL_S
+
+
+async def test_a_socket_that_answers_pings_stays_open_however_quiet(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with serving(socket_endpoint()) as base, open_ws(base, "/ws") as ws:
+        await trio.sleep(30 * PING_INTERVAL_S)  # trio-websocket answers every ping
+        await ws.send_message("still there?")
+        assert await ws.get_message() == "echo:still there?"

@@ -74,7 +74,7 @@ from dshim.http.auth import (
     safe_next,
 )
 
-__all__ = ["MAX_BODY", "AsgiWebSocket", "Endpoint", "json_error"]
+__all__ = ["CLOSE_WAIT_S", "MAX_BODY", "RELEASE_KEY", "AsgiWebSocket", "Endpoint", "json_error"]
 
 log = structlog.get_logger("dshim.http")
 
@@ -87,6 +87,11 @@ Send = Callable[[Message], Awaitable[None]]
 MAX_BODY = 32 * 1024 * 1024
 #: How long the server lets requests in flight finish when it stops (seconds).
 GRACEFUL_S = 3.0
+#: How long a websocket dshim closed waits for the peer's closing answer.
+CLOSE_WAIT_S = 5.0
+#: The key of a received websocket message whose value frees what it held in the
+#: server's budget (:mod:`dshim.http.wsstream`), called when the next one is taken.
+RELEASE_KEY = "dshim.release"
 HOOKS = "/hooks/"
 LOGIN = "/login"
 #: Open without the token.
@@ -115,7 +120,10 @@ class AsgiWebSocket:
     """An accepted ASGI websocket as :class:`dshim.channels.base.WebSocket`.
 
     Sends are serialized (several tasks may answer into one socket); ``receive`` belongs
-    to one task.
+    to one task.  Taking the next message tells the server the previous one is handled
+    (:data:`RELEASE_KEY`: what it held leaves the server's budget).  Once dshim closed
+    the socket, a ``receive`` waits at most :data:`CLOSE_WAIT_S` for the peer's answer:
+    a peer that never answers cannot keep the handler (and its slot) forever.
     """
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
@@ -124,6 +132,8 @@ class AsgiWebSocket:
         self._send = send
         self._path = path
         self._lock = trio.Lock()
+        self._release: Callable[[], None] | None = None
+        self._receiving: trio.CancelScope | None = None
         self.closed: int | None = None
 
     @property
@@ -147,19 +157,31 @@ class AsgiWebSocket:
         await self._send({"type": "websocket.accept"})
 
     async def receive(self) -> str | bytes:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
         if self.closed is not None:
             raise WebSocketClosed(self.closed)
-        while True:
-            message = await self._receive()
-            kind = message.get("type")
-            if kind == "websocket.receive":
-                text = message.get("text")
-                if text is not None:
-                    return str(text)
-                return bytes(message.get("bytes") or b"")
-            if kind == "websocket.disconnect":
-                self.closed = int(message.get("code") or 1005)
-                raise WebSocketClosed(self.closed)
+        self._receiving = scope = trio.CancelScope()
+        try:
+            with scope:
+                while True:
+                    message = await self._receive()
+                    kind = message.get("type")
+                    if kind == "websocket.receive":
+                        done = message.get(RELEASE_KEY)
+                        self._release = done if callable(done) else None
+                        text = message.get("text")
+                        if text is not None:
+                            return str(text)
+                        return bytes(message.get("bytes") or b"")
+                    if kind == "websocket.disconnect":
+                        self.closed = int(message.get("code") or 1005)
+                        raise WebSocketClosed(self.closed)
+        finally:
+            self._receiving = None
+        # Closed by dshim, and the peer did not answer within CLOSE_WAIT_S.
+        raise WebSocketClosed(self.closed or 1006)
 
     async def send(self, data: str) -> None:
         async with self._lock:
@@ -176,6 +198,10 @@ class AsgiWebSocket:
             if self.closed is not None:
                 return
             self.closed = code
+            if self._receiving is not None:
+                self._receiving.deadline = min(
+                    self._receiving.deadline, trio.current_time() + CLOSE_WAIT_S
+                )
             try:
                 await self._send({"type": "websocket.close", "code": code, "reason": reason})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):

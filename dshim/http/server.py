@@ -6,6 +6,12 @@ addresses through ``task_status`` (the bots start after that), and stops when
 ``shutdown`` is set — open websockets are closed first, then hypercorn finishes the
 requests in flight (at most :data:`GRACEFUL_S`).  A bind failure (the port is taken, the
 address is not ours) is a :class:`~dshim.errors.ConfigError` naming ``http.listen``.
+
+Websockets are read by :class:`~dshim.http.wsstream.DshimWSStream` with one
+:class:`~dshim.http.wsstream.WsLimits` per server: a message over
+:data:`~dshim.http.wsstream.WS_MAX_MESSAGE` (28 MiB) is refused (1009) as its bytes pass
+the cap, all sockets share one budget for what they hold, silent sockets are pinged and
+closed.
 """
 
 from __future__ import annotations
@@ -19,23 +25,22 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from dshim.errors import ConfigError
-from dshim.http.app import GRACEFUL_S, MAX_BODY, Endpoint
+from dshim.http.app import GRACEFUL_S, Endpoint
+from dshim.http.wsstream import WS_MAX_MESSAGE, DshimConfig, WsLimits, install
 
-__all__ = ["GRACEFUL_S", "serve_endpoint"]
+__all__ = ["GRACEFUL_S", "WS_MAX_MESSAGE", "serve_endpoint"]
 
 log = structlog.get_logger("dshim.http")
 
-#: Websocket messages up to this size reach the handler (which answers an oversized one
-#: with an error frame and keeps the socket); only beyond it does the server close the
-#: socket (1009).  Twice the largest body a handler accepts.
-WS_MAX_MESSAGE = 2 * MAX_BODY
 
-
-def _hypercorn_config(listen: str) -> HypercornConfig:
-    config = HypercornConfig()
+def _hypercorn_config(listen: str, limits: WsLimits) -> HypercornConfig:
+    install()
+    config = DshimConfig()
+    config.ws_limits = limits
     config.bind = [listen]
     config.graceful_timeout = GRACEFUL_S
-    config.websocket_max_message_size = WS_MAX_MESSAGE
+    config.websocket_max_message_size = limits.max_message
+    config.websocket_ping_interval = limits.ping_interval_s
     config.include_server_header = False
     config.accesslog = None
     # hypercorn's own error log goes through stdlib logging (structlog renders it); its
@@ -54,9 +59,11 @@ async def serve_endpoint(
     *,
     shutdown: trio.Event,
     label: str = "http.listen",
+    ws_limits: WsLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``endpoint`` on ``listen`` (``host:port``) until ``shutdown`` is set."""
+    """Serve ``endpoint`` on ``listen`` (``host:port``) until ``shutdown`` is set
+    (``ws_limits``: the websockets' limits, dshim's defaults when None)."""
 
     async def stopping() -> None:
         await shutdown.wait()
@@ -65,7 +72,7 @@ async def serve_endpoint(
     try:
         await serve(
             endpoint,  # type: ignore[arg-type]  # hypercorn's ASGI typing is stricter than ours
-            _hypercorn_config(listen),
+            _hypercorn_config(listen, ws_limits or WsLimits()),
             shutdown_trigger=stopping,
             task_status=task_status,
         )

@@ -1,0 +1,306 @@
+"""hypercorn's websocket stream with dshim's limits: the cap while reading, one budget, pings.
+
+Theory of operation
+-------------------
+hypercorn reads a websocket message into a buffer and hands it to the ASGI application
+only once it is complete; its one limit is a per-message cap (``websocket_max_message_size``)
+and it keeps reading into the buffer after refusing a message until the peer closes.  It
+has no hook for a limit across sockets, none for a peer that stops answering, and it
+inflates permessage-deflate frames before any size check can see them.  So this module
+is the one place where dshim reaches into hypercorn: :func:`install` makes hypercorn's
+HTTP/1.1 and HTTP/2 protocols open :class:`DshimWSStream` instead of its ``WSStream``.
+The subclass behaves as its parent unless the server's configuration is a
+:class:`DshimConfig` with :class:`WsLimits` (dshim's own, :mod:`dshim.http.server`).
+Tested against hypercorn 0.17-0.18 (``tests/test_http_abuse.py`` fails if the names it
+replaces move).
+
+Per socket, with limits:
+
+- **Cap while reading**: a message is refused the moment its bytes pass
+  :data:`WS_MAX_MESSAGE` (close 1009), not after it was read whole; nothing more of it
+  is kept.
+- **One budget** (:class:`MessageBudget`): the bytes of messages being read *and* of
+  messages handed to the application that it has not finished with (it takes the next
+  one: :data:`~dshim.http.app.RELEASE_KEY`) count against :data:`WS_BUFFERED_MAX` for
+  all sockets together and :data:`WS_BUFFERED_PER_CLIENT` for one client address (an
+  address cannot take it all).  A message that would pass either is refused with 1013
+  ("try again later"; the page sends it again after reconnecting) and what its socket
+  held is free again.  A refused socket is read no further (what arrives is dropped) and
+  is closed :data:`CLOSE_LINGER_S` after its close frame, answered or not.
+- **Liveness**: every :data:`PING_INTERVAL_S` the socket is pinged; one that has sent
+  nothing (no pong, no frame) since the last ping is closed (1001) and its TCP
+  connection ends.  A socket whose messages wait for the application counts as heard.
+- **No compression**: permessage-deflate is not negotiated (a 64 KiB read could inflate
+  to 64 MiB before the buffer sees it); the web chat's frames are JSON and base64,
+  browsers and scripts work without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.protocol import h2 as hypercorn_h2
+from hypercorn.protocol import h11 as hypercorn_h11
+from hypercorn.protocol.events import Data, Event, StreamClosed
+from hypercorn.protocol.ws_stream import WebsocketBuffer, WSStream
+from hypercorn.typing import WebsocketAcceptEvent
+from wsproto.events import CloseConnection, Message, Ping
+
+from dshim.http.app import RELEASE_KEY
+from dshim.http.auth import client_key
+
+__all__ = [
+    "CLOSE_LINGER_S",
+    "PING_INTERVAL_S",
+    "WS_BUFFERED_MAX",
+    "WS_BUFFERED_PER_CLIENT",
+    "WS_MAX_MESSAGE",
+    "DshimConfig",
+    "DshimWSStream",
+    "MessageBudget",
+    "WsLimits",
+    "install",
+]
+
+log = structlog.get_logger("dshim.http")
+
+MIB = 1024 * 1024
+#: The largest websocket message read (the web chat's ``MAX_FRAME_BYTES``: one message
+#: with 20 MiB of attachments in base64 fits).
+WS_MAX_MESSAGE = 28 * MIB
+#: What all sockets together may hold of messages being read or not yet handled.
+WS_BUFFERED_MAX = 4 * WS_MAX_MESSAGE
+#: What the sockets of one client address may hold of it.
+WS_BUFFERED_PER_CLIENT = 2 * WS_MAX_MESSAGE
+#: How often a socket is pinged; one silent for a whole interval after a ping is closed.
+PING_INTERVAL_S = 20.0
+#: How long a refused socket waits for the peer's close before its connection ends.
+CLOSE_LINGER_S = 5.0
+MESSAGE_TOO_BIG = 1009
+TRY_AGAIN_LATER = 1013
+GOING_AWAY = 1001
+
+
+class MessageBudget:
+    """Bytes held by websocket messages, for all sockets and per client address."""
+
+    def __init__(
+        self, total: int = WS_BUFFERED_MAX, per_client: int = WS_BUFFERED_PER_CLIENT
+    ) -> None:
+        self.total = total
+        self.per_client = per_client
+        self.used = 0
+        self._by_client: dict[str, int] = {}
+
+    def take(self, client: str, n: int) -> bool:
+        """Hold ``n`` more bytes for ``client``; False (nothing held) when over a limit."""
+        mine = self._by_client.get(client, 0)
+        if self.used + n > self.total or mine + n > self.per_client:
+            return False
+        self.used += n
+        self._by_client[client] = mine + n
+        return True
+
+    def give(self, client: str, n: int) -> None:
+        """``n`` bytes of ``client`` are free again."""
+        if n <= 0:
+            return
+        self.used -= n
+        left = self._by_client.get(client, 0) - n
+        if left > 0:
+            self._by_client[client] = left
+        else:
+            self._by_client.pop(client, None)
+
+    def held_by(self, client: str) -> int:
+        return self._by_client.get(client, 0)
+
+
+@dataclass
+class WsLimits:
+    """The limits of one server's websockets (see the module docstring)."""
+
+    max_message: int = WS_MAX_MESSAGE
+    budget: MessageBudget = field(default_factory=MessageBudget)
+    ping_interval_s: float = PING_INTERVAL_S
+
+
+class DshimConfig(HypercornConfig):
+    """hypercorn's configuration with dshim's websocket limits (None: hypercorn's own)."""
+
+    ws_limits: WsLimits | None = None
+
+
+class _Refused(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def _cost(data: str | bytes) -> int:
+    """What a piece of a message holds in memory: a str takes 1, 2 or 4 bytes a
+    character, by its widest one (CPython's compact strings)."""
+    if isinstance(data, bytes) or data.isascii():
+        return len(data)
+    widest = ord(max(data))
+    return len(data) * (1 if widest < 0x100 else 2 if widest < 0x10000 else 4)
+
+
+class _BudgetedBuffer(WebsocketBuffer):
+    """hypercorn's message buffer, checked and counted before anything is kept."""
+
+    def __init__(self, stream: DshimWSStream, max_length: int) -> None:
+        super().__init__(max_length)
+        self._stream = stream
+        self.held = 0
+
+    def extend(self, event: Message[Any]) -> None:
+        data: str | bytes = event.data
+        if self.length + len(data) > self.max_length:
+            raise _Refused(
+                MESSAGE_TOO_BIG, f"a message may be at most {self.max_length // MIB} MiB"
+            )
+        cost = _cost(data)
+        if not self._stream.hold(cost):
+            raise _Refused(TRY_AGAIN_LATER, "too much data waiting: send it again in a moment")
+        self.held += cost
+        super().extend(event)
+
+    def to_message(self) -> dict[str, Any]:
+        message: dict[str, Any] = dict(super().to_message())
+        message[RELEASE_KEY] = self._stream.releaser(self.held)
+        return message
+
+    def clear(self) -> None:
+        super().clear()
+        self.held = 0
+
+
+class DshimWSStream(WSStream):
+    """hypercorn's websocket stream with :class:`WsLimits` (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.limits: WsLimits | None = getattr(self.config, "ws_limits", None)
+        self.client_key = client_key(str(self.client[0])) if self.client else ""
+        self._held = 0
+        self._released = False
+        self._refused = False
+        self._handling = False
+        self._heard_at = trio.current_time()
+        #: Set when the stream ends: the ping task stops at once (the connection's task
+        #: group, and a graceful shutdown, would wait for its sleep).
+        self._ended = trio.Event()
+        if self.limits is not None:
+            self.buffer = _BudgetedBuffer(self, self.limits.max_message)
+
+    # -- the budget ------------------------------------------------------------------------
+
+    def hold(self, n: int) -> bool:
+        """Count ``n`` more bytes against the budget (False: over it)."""
+        assert self.limits is not None
+        if self._released or not self.limits.budget.take(self.client_key, n):
+            return False
+        self._held += n
+        return True
+
+    def releaser(self, n: int) -> Callable[[], None]:
+        """Frees a delivered message's ``n`` bytes, once (the application took the next)."""
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if done or self._released or self.limits is None:
+                return
+            done = True
+            self._held -= n
+            self.limits.budget.give(self.client_key, n)
+
+        return release
+
+    def _release_all(self) -> None:
+        if self.limits is not None and not self._released:
+            self._released = True
+            self.limits.budget.give(self.client_key, self._held)
+            self._held = 0
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def handle(self, event: Event) -> None:
+        if self.limits is None:
+            await super().handle(event)
+            return
+        if isinstance(event, StreamClosed):
+            self._release_all()
+            self._ended.set()
+        elif isinstance(event, Data):
+            self._heard_at = trio.current_time()
+            if self._refused:
+                return  # nothing more of a refused socket is read
+        self._handling = True
+        try:
+            await super().handle(event)
+        except _Refused as refusal:
+            await self._refuse(refusal)
+        finally:
+            self._handling = False
+
+    async def _refuse(self, refusal: _Refused) -> None:
+        log.info("websocket_message_refused", code=refusal.code, reason=refusal.reason)
+        self._refused = True
+        self.buffer.clear()
+        self._release_all()
+        await self._send_wsproto_event(CloseConnection(code=refusal.code, reason=refusal.reason))
+        self.task_group.spawn(self._end_after, CLOSE_LINGER_S)
+
+    async def _end_after(self, delay_s: float) -> None:
+        with trio.move_on_after(delay_s):
+            await self._ended.wait()
+        await self._end()
+
+    async def _end(self) -> None:
+        """End the stream (and for HTTP/1.1 its connection) without waiting for the peer."""
+        if not self.closed:
+            await self.send(StreamClosed(stream_id=self.stream_id))
+
+    async def _accept(self, message: WebsocketAcceptEvent) -> None:
+        if self.limits is not None:
+            self.handshake.extensions = None  # no permessage-deflate (module docstring)
+        await super()._accept(message)
+
+    async def _send_pings(self) -> None:
+        if self.limits is None:
+            await super()._send_pings()
+            return
+        interval = self.limits.ping_interval_s
+        while not self.closed:
+            pinged_at = trio.current_time()
+            await self._send_wsproto_event(Ping())
+            with trio.move_on_after(interval):
+                await self._ended.wait()
+            if self.closed or self._ended.is_set():
+                return
+            if self._handling:  # its messages wait for the application: it is there
+                continue
+            if self._heard_at < pinged_at:
+                log.info("websocket_ping_unanswered", silent_s=round(interval, 1))
+                await self._send_wsproto_event(
+                    CloseConnection(code=GOING_AWAY, reason="no answer to ping")
+                )
+                await self._end()
+                return
+
+
+def install() -> None:
+    """Make hypercorn's HTTP/1.1 and HTTP/2 protocols open :class:`DshimWSStream` (its
+    HTTP/3 needs QUIC, which dshim never binds).  Idempotent."""
+    for module in (hypercorn_h11, hypercorn_h2):
+        if getattr(module, "WSStream", None) not in (WSStream, DshimWSStream):
+            raise RuntimeError(f"{module.__name__}.WSStream is not hypercorn's: cannot limit it")
+        setattr(module, "WSStream", DshimWSStream)  # noqa: B010
