@@ -199,6 +199,13 @@ class InboundMessage(msgspec.Struct, kw_only=True):
     substitute: SubstituteTurn | None = None
 
     @property
+    def in_thread(self) -> bool:
+        """Whether the message was written inside a thread or topic.  A message whose
+        thread is named after the message itself (a Slack top-level message the bot
+        answers in its own thread) opened that thread and was written in the chat."""
+        return self.thread_id is not None and self.thread_id != self.message_id
+
+    @property
     def lane_key(self) -> tuple[str, str]:
         """Conversation plus thread: one session and one turn at a time per key."""
         return (self.conversation_id, self.thread_id or "")

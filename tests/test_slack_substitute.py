@@ -344,3 +344,23 @@ async def test_a_streamed_substitute_answer_keeps_the_askers_mention_through_edi
     for shown in answer.shown:
         assert shown.startswith(f"<@{fake.user}> ") and shown.endswith(link)
     assert answer.thread_ts is None and "status?" in answer.text
+
+
+async def test_a_top_level_mention_is_no_thread_message_for_topic_groups_false(
+    tmp_path: Any, autojump_clock: object
+) -> None:
+    # The bot answers a top-level mention in the message's own thread (thread_id = its
+    # ts), but the message itself was written in the channel: topic_groups = false does
+    # not apply to it, to its /substitute command, nor to the operators' notice.
+    options = {"substitute": {**SUB, "topic_groups": False}, "access": ACCESS}
+    async with running_bot(tmp_path, configure=add_people, **options) as (bot, fake):
+        await fake.user_message(fake.general, f"<@{BOT}> /substitute status")
+        await fake.wait_until(lambda: len(answers(fake)) == 1)
+        assert "topic_groups = false" not in answers(fake)[0].text
+        trigger = await fake.user_message(fake.general, f"<@{BOT}> <@{OWNER}> is prod down?")
+        await until(lambda: len(bot.events.prompts) == 1)
+        await fake.wait_until(lambda: OPS in fake.dm_channels)
+        await fake.wait_until(lambda: len(answers(fake)) == 2)
+        await trio.sleep(3)
+    assert "<dsh_im_substitute>" in bot.events.prompts[0]
+    assert answers(fake)[1].thread_ts == trigger["ts"]

@@ -532,7 +532,7 @@ class BotRuntime:
         cfg = self.bot.substitute
         if not cfg.enabled:
             return "Substitute mode is not enabled for this bot (see [bots.substitute] in the configuration)."
-        if msg.thread_id is not None and not cfg.topic_groups:
+        if msg.in_thread and not cfg.topic_groups:
             return "Substitute mode is disabled for topic groups and threads on this bot (topic_groups = false)."
         if not chat_allowed(cfg, msg.conversation_id):
             return (

@@ -139,7 +139,7 @@ def decide(msg: InboundMessage, cfg: SubstituteConfig) -> SubstituteTurn | None:
         reply_mode=cfg.reply_mode,
         anchor_id=msg.thread_id or msg.message_id,
         stream=cfg.stream,
-        in_topic=msg.thread_id is not None,
+        in_topic=msg.in_thread,
     )
 
 
@@ -203,7 +203,7 @@ class SubstituteGate:
             return None
         if not chat_allowed(cfg, msg.conversation_id):
             return None
-        if msg.thread_id is not None and not cfg.topic_groups:
+        if msg.in_thread and not cfg.topic_groups:
             return None
         if not msg.mentions:  # nothing can match: spare the toggle lookup
             return None
