@@ -34,6 +34,10 @@ REQUIRED: dict[str, set[str]] = {
         "forum_topic_root",
         "quoted_new_not_executed",
         "duplicate_update",
+        "album_group_caption_mention",
+        "album_private_three_photos",
+        "approval_answered_by_reply",
+        "forum_topic_and_general_conversations",
     },
     "slack": {
         "dm_text",
@@ -61,6 +65,7 @@ REQUIRED: dict[str, set[str]] = {
         "text_decoding",
         "scope_known_missing_no_request",
         "lookup_thread_not_found",
+        "top_level_mention_thread_is_one_conversation",
     },  # noqa: E501
     "dingtalk": {
         "dm_text",
@@ -83,6 +88,9 @@ REQUIRED: dict[str, set[str]] = {
         "quoted_new_not_executed",
         "duplicate_event",
         "malformed_event",
+        "epoch_digit_strings",
+        "richtext_group_mention",
+        "richtext_untyped_picture",
     },
     "discord": {
         "dm",
@@ -95,6 +103,8 @@ REQUIRED: dict[str, set[str]] = {
         "quote_lookup_other_channel_answer",
         "quote_deleted",
         "quoted_new_not_executed",
+        "forum_post_starter_and_reply",
+        "thread_from_a_message",
     },
     "feishu": {
         "dm_text",
@@ -120,6 +130,10 @@ REQUIRED: dict[str, set[str]] = {
         "quoted_new_not_executed",
         "topic_message",
         "topic_quote_non_root",
+        "quote_lookup_without_chat_id",
+        "topic_group_one_conversation",
+        "topic_group_starter_without_thread_id",
+        "topic_reply_quotes_root",
     },
     "wecom": {
         "dm_text",
@@ -138,6 +152,7 @@ REQUIRED: dict[str, set[str]] = {
         "duplicate_msgid",
         "enter_chat",
         "malformed",
+        "takeover_event",
     },
     "webchat": {
         "dm",
@@ -151,6 +166,7 @@ REQUIRED: dict[str, set[str]] = {
         "quoted_new_not_executed",
         "duplicate_client_id",
         "malformed",
+        "files_block",
     },
     "weixin": {
         "dm_text",
@@ -191,6 +207,8 @@ REQUIRED: dict[str, set[str]] = {
         "duplicate_wamid",
         "quoted_new_not_executed",
         "malformed_events",
+        "group_reply_to_bot",
+        "group_reply_to_bot_by_index",
     },
     "qq": {
         "dm_text",
@@ -208,6 +226,11 @@ REQUIRED: dict[str, set[str]] = {
         "malformed_event",
         "voice_asr",
         "auth_token_never_in_prompt",
+        "guild_dm_quote",
+        "guild_message_create",
+        "guild_quote_from_index",
+        "guild_quote_lookup",
+        "guild_quote_lookup_failed",
     },
 }
 
