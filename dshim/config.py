@@ -88,15 +88,24 @@ class ChannelSettings(_Base):
 
 
 class DshimSection(_Base):
+    #: The data directory (store, saved files, logins); ``~`` is expanded. Default:
+    #: ``$XDG_STATE_HOME/dshim``, else ``~/.local/state/dshim``; ``--data-dir`` /
+    #: ``DSHIM_DATA_DIR`` win.
     data_dir: str | None = None
+    #: A message older than this when it arrives (after downtime) is dropped as stale, never
+    #: run.
     backlog_max_age_s: float = 600.0
+    #: How long accepted message ids are remembered, so a redelivery is dropped (48 h).
     dedup_ttl_s: float = 48 * 3600.0
+    #: On SIGINT/SIGTERM, running answers get this long to finish before they are cut.
     shutdown_grace_s: float = 10.0
 
 
 class HttpSection(_Base):
     """The local HTTP endpoint: web chat, health, metrics, platform webhooks."""
 
+    #: Serve the endpoint; false: none (a WhatsApp bot, which needs its webhook, then refuses
+    #: to load).
     enabled: bool = True
     #: ``host:port`` (IPv6 as ``[::1]:8910``); anything but loopback needs ``token``.
     listen: str = "127.0.0.1:8910"
@@ -141,30 +150,50 @@ def is_loopback(host: str) -> bool:
 
 
 class HarnessConfig(_Base):
+    #: The adapter: ``echo`` answers with the prompt it got, ``openai`` a Chat Completions
+    #: server, ``acp`` an ACP agent process, ``dsh`` a DSH agent host.
     kind: Literal["echo", "openai", "acp", "dsh"] = "echo"
     # openai, dsh
+    #: openai (required): the server, ``POST {base_url}/chat/completions``; dsh: the host
+    #: (default ``http://127.0.0.1:3080``).
     base_url: str | None = None
+    #: openai: sent as ``Authorization: Bearer``; optional for local servers.
     api_key: Secret | None = None
+    #: openai (required): the default model; ``/model`` changes it per conversation.
     model: str | None = None
+    #: openai: a system message sent first in every request.
     system_prompt: str | None = None
+    #: openai: the newest transcript messages sent as context, the new one included.
     max_context_messages: int = 40
+    #: openai: send images as ``image_url`` parts; false: a message with images is refused.
     vision: bool = False
     # acp
+    #: acp (required): the agent's argv, e.g. ``["claude-agent-acp"]``.
     command: list[str] | None = None
+    #: acp: variables added to dshim's environment for the agent process.
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    #: acp: the agent's working directory and session workspace (a bot's ``workspace`` wins;
+    #: default: dshim's own).
     cwd: str | None = None
     #: The agent's mode (ACP config option of category "mode"), applied to every session.
     mode: str | None = None
     # dsh
+    #: dsh: sent as ``Authorization: Bearer``; optional.
     token: Secret | None = None
+    #: dsh: the workspace sessions are created in, registered when missing (a bot's
+    #: ``workspace`` wins; else ``cwd``).
     workspace: str | None = None
+    #: dsh: ``session.create``'s ``agentPreset``.
     agent_preset: str | None = None
     # shared
+    #: Approvals and questions left unanswered this long are rejected, and the chat is told.
     interaction_timeout_s: float = 600.0
 
 
 class AccessConfig(_Base):
+    #: ``open``: everyone; ``allowlist``: only ``users``, in direct chats (groups are denied).
     mode: Literal["open", "allowlist"] = "open"
+    #: The platform user ids ``allowlist`` admits.
     users: list[str | int] = msgspec.field(default_factory=list)
     #: Users who may run operator commands (``/substitute on|off``) and get the
     #: substitute control notice.  Empty: nobody.
@@ -188,12 +217,19 @@ TARGET_ID_KINDS = ("open_id", "id", "user_id", "union_id", "username")
 class SubstituteTarget(_Base):
     """A person the bot stands in for: the ids its channel knows them by."""
 
+    #: The person's name, as the prompt names them (never matched).
     name: str | None = None
+    #: The platform user id (Slack ``U…``, Discord snowflake, Telegram numeric id).
     id: str | int | None = None
+    #: Telegram: the username, without ``@``, any case.
     username: str | None = None
+    #: Feishu: the user's open_id for this app.
     open_id: str | None = None
+    #: Feishu: the user_id.
     user_id: str | None = None
+    #: Feishu: the union_id (resolved to an open_id at start).
     union_id: str | None = None
+    #: Feishu: resolved to an open_id at start; elsewhere never matched.
     email: str | None = None
 
     def __post_init__(self) -> None:
@@ -231,13 +267,22 @@ class SubstituteTarget(_Base):
 class SubstituteConfig(_Base):
     """``[bots.substitute]``: answer group messages that mention a target person."""
 
+    #: Answer group messages that mention a target (needs ``[bots.access] mode = "open"``).
     enabled: bool = False
+    #: The people the bot stands in for.
     targets: list[SubstituteTarget] = msgspec.field(default_factory=list)
+    #: Group ids where substitute mode works; empty: every group.
     chats: list[str | int] = msgspec.field(default_factory=list)
+    #: ``thread``: answer in the trigger's thread; ``quote``: quote it in the main flow.
     reply_mode: Literal["thread", "quote"] = "thread"
+    #: ``prefix``: the agent is told to say it answers on the person's behalf; ``none``: it is
+    #: not.
     disclosure: Literal["prefix", "none"] = "prefix"
+    #: Also in threads and forum topics.
     topic_groups: bool = True
+    #: Send the operators a direct message when a substitute turn opens a session.
     control_notice: bool = True
+    #: Stream substitute answers in the main chat too; false: one finished message.
     stream: bool = False
 
     def __post_init__(self) -> None:
@@ -245,7 +290,10 @@ class SubstituteConfig(_Base):
 
 
 class PromptConfig(_Base):
+    #: Start each prompt with the ``<dsh_im_source>`` block.
     source_block: bool = True
+    #: The keys of the source block: ``channel``, ``conversationType``, ``senderId``,
+    #: ``senderName``, ``conversationTitle``, ``threadId``.
     source_fields: list[
         Literal[
             "channel", "conversationType", "senderId", "senderName", "conversationTitle", "threadId"
@@ -258,14 +306,22 @@ class PromptConfig(_Base):
 class ReplyBudget(_Base):
     """Budgets for resolving a quoted message (platform lookup and history recovery)."""
 
+    #: One deadline for looking up a quoted message (platform lookup or history recovery).
     deadline_s: float = 5.0
+    #: Session-history recovery reads at most this many pages ...
     pages: int = 3
+    #: ... of this many rows.
     rows_per_page: int = 100
+    #: A recovered answer must be within this many seconds of the quoted message's time.
     window_s: float = 15.0
 
 
 class LanesConfig(_Base):
+    #: Messages a conversation queues behind a turn that has run for a second or more; more get
+    #: a "busy" reply.
     max_queue: int = 8
+    #: An idle conversation's lane is released (and an ACP session that can resume is closed)
+    #: after this long.
     idle_exit_s: float = 600.0
 
 
@@ -273,19 +329,31 @@ class BotConfig(_Base):
     """One bot: the keys every channel shares.  The channel's own keys (credentials,
     ``api_base`` ...) are validated by its settings struct into :attr:`settings`."""
 
+    #: The bot's name: 1-64 letters, digits, ``_``, ``-`` or ``.``, unique (log records,
+    #: ``--bot``, ``/hooks/<name>``).
     name: str
+    #: The platform: one of the channel sections below.
     channel: str
+    #: false: ``serve`` does not run this bot.
     enabled: bool = True
+    #: This bot's ``[dshim] backlog_max_age_s`` (default: that one).
     backlog_max_age_s: float | None = None
     #: A current attachment that is not an image is saved for the agent up to this size.
     max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
     #: Saved attachments are removed this long after they were saved.
     files_ttl_s: float = DEFAULT_FILES_TTL_S
+    #: The agent workspace of this bot's sessions (overrides ``[harness] cwd`` /
+    #: ``workspace``).
     workspace: str | None = None
+    #: Who may use the bot.
     access: AccessConfig = msgspec.field(default_factory=AccessConfig)
+    #: What the prompt tells the agent about the message's source.
     prompt: PromptConfig = msgspec.field(default_factory=PromptConfig)
+    #: Budgets for resolving quoted messages.
     reply: ReplyBudget = msgspec.field(default_factory=ReplyBudget)
+    #: The per-conversation queues.
     lanes: LanesConfig = msgspec.field(default_factory=LanesConfig)
+    #: Substitute mode: answer group messages that mention a person.
     substitute: SubstituteConfig = msgspec.field(default_factory=SubstituteConfig)
     #: The channel's settings (``Channel.settings``); None when loaded without them.
     settings: msgspec.Struct | None = None

@@ -80,7 +80,9 @@ class DingTalkSettings(ChannelSettings):
     client_secret: Secret
     #: The robot code (internal apps: the Client ID, the default).
     robot_code: str | None = None
+    #: The OpenAPI host, also for the Stream-mode registration (the fake in tests).
     api_base: str = DEFAULT_API_BASE
+    #: The oapi host: a message's session webhook is only posted to when it points here.
     oapi_base: str = DEFAULT_OAPI_BASE
     #: The streaming AI-card template (default: DingTalk's public AI-card template).
     card_template_id: str = DEFAULT_CARD_TEMPLATE

@@ -75,6 +75,7 @@ TAKEN_OVER = (
 class WelcomeSettings(ChannelSettings):
     """``[bots.welcome]``: the text sent when a user opens the single chat."""
 
+    #: The welcome text (at most 20480 UTF-8 bytes).
     text: str
 
 

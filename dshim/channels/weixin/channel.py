@@ -88,7 +88,9 @@ class WeixinSettings(ChannelSettings):
     token: Secret | None = None
     #: The bot's ``ilink_bot_id`` (``...@im.bot``) when ``token`` is given.
     bot_id: str | None = None
+    #: The iLink API and QR-login host (the fake in tests).
     api_base: str = protocol.DEFAULT_API_BASE
+    #: The media CDN images and files are downloaded from and uploaded to.
     cdn_base: str = protocol.DEFAULT_CDN_BASE
 
     def __post_init__(self) -> None:
