@@ -4,13 +4,14 @@ dshim runs in the test's trio run on the real clock (the store, the local HTTP e
 on 127.0.0.1 port 0, the echo harness); the browser is driven with Playwright's sync API
 in a worker thread (``trio.to_thread.run_sync``: Playwright's async API does not run on
 trio).  Every Playwright wait has a timeout and the test has a hard deadline, so a
-broken page fails instead of hanging.  The system Chromium is used (Playwright's own
-browser download is not available here); nothing leaves 127.0.0.1.
+broken page fails instead of hanging.  The system Chromium is used, ``$CHROMIUM`` when set
+(Playwright's own browser download is not available here); nothing leaves 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 from dshim.harness.echo import EchoHarness
 from tests.rig_webchat import bot_quote, serving, source_block
 
-CHROMIUM = "/usr/bin/chromium"
+#: The browser: ``$CHROMIUM`` when set (a path), else Debian's (``scripts/chromium`` installs it).
+CHROMIUM = os.environ.get("CHROMIUM") or "/usr/bin/chromium"
 ARGS = [
     "--headless",
     "--no-sandbox",
