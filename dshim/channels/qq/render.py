@@ -4,8 +4,14 @@ QQ has no edit for C2C and group messages, and every reply is passive: it carrie
 inbound ``msg_id`` and a ``msg_seq`` unique per reply to that message, within a window
 (C2C 60 min, groups and guild channels 5 min) and a count (C2C 4, groups 5).
 :class:`~.protocol.PassiveBudget` hands out the ``msg_seq`` values; a send is retried
-(timeout, 5xx, 429) with the *same* ``msg_seq``, so a send that landed is refused as a
-duplicate (40054005, counted as sent) instead of shown twice.  304023/304024 (pending
+with the *same* ``msg_seq``, so a send that landed is refused as a duplicate (40054005,
+counted as sent) instead of shown twice.  A failure that proves nothing was delivered
+(could not connect, a 5xx, a 429) is retried with backoff for ``send_retry_s`` (120 s),
+then raised for the pipeline's outbox; a call whose answer was lost after it went out is
+repeated once, after a pause and once ``GET /users/@me`` answers (:class:`_Retries`).  A
+stream preview of unknown outcome stops the previews; when a stream's start turns out to
+have landed unseen (40054005 on its repeat) with other text than the final one, the
+final text goes in a new message.  304023/304024 (pending
 audit) count as sent without an id; 304027/40034128 (window expired) end the delivery of
 this answer with one log line, never a retry loop.
 
@@ -96,6 +102,8 @@ SPLIT_MIN_FRACTION = 0.55
 MAX_BUDGETS = 4096
 #: Stream input states.
 GENERATING, DONE = 1, 10
+#: A chunk for a stream that is closed already (a repeat of a closing chunk that landed).
+STREAM_FINISHED = 40054015
 #: ``open_interaction(target, prompt)`` (see :mod:`dshim.outbound`).
 Presenter = Callable[[ReplyTarget, InteractionPrompt], AbstractAsyncContextManager[list[Delivered]]]
 
@@ -110,8 +118,12 @@ class Timings:
     working_after_s: float = 10.0
     #: Groups: send what exists this long before the passive window closes (4.5 of 5 min).
     cut_before_end_s: float = 30.0
-    #: Attempts of one send after network failures and 5xx (same ``msg_seq``).
-    max_attempts: int = 8
+    #: How long one reply is retried (same ``msg_seq``) after failures that prove it was
+    #: not delivered (could not connect, a 5xx, a 429) -- never past the reply window.
+    send_retry_s: float = 120.0
+    #: The one repeat of a reply whose answer was lost waits this long, then until QQ
+    #: answers ``GET /users/@me`` again (see :class:`_Retries`).
+    unknown_repeat_wait_s: float = 15.0
     #: Closing a stream when the answer is cancelled: at most this long.
     close_timeout_s: float = 5.0
 
@@ -217,30 +229,70 @@ def _delivered_id(sent: m.Sent | None, route: Route, seq: int) -> str:
 
 
 class _Retries:
-    """The waits between the attempts of one reply: a 429 as long as QQ asks (never past the
-    reply window: then ReplyWindowClosed), network failures and 5xx with a capped backoff
-    (the last failure is raised after ``max_attempts``)."""
+    """The waits between the attempts of one reply (the same ``msg_seq`` every time).
 
-    def __init__(self, out: QQOutbound, budget: PassiveBudget) -> None:
+    A failure that proves the reply was not delivered (could not connect, a 5xx, a 429) is
+    retried with backoff -- a 429 as long as QQ asks -- for ``send_retry_s``; then it is
+    raised: the pipeline's outbox delivers the answer when QQ is back.  A reply whose
+    answer was lost after the request went out (unknown outcome) is repeated once, after
+    ``unknown_repeat_wait_s`` and once QQ answers again; its ``msg_seq`` makes QQ refuse
+    the repeat (40054005) should the first have landed.  A second unknown outcome is
+    raised.  Nothing waits past the reply window (then ReplyWindowClosed)."""
+
+    def __init__(self, out: QQOutbound, budget: PassiveBudget, *, unknown: int = 0) -> None:
         self._out = out
         self._budget = budget
         self._backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
-        self._attempts = 0
+        self._give_up_at = min(out.mono() + out.timings.send_retry_s, budget.deadline)
+        #: Unknown outcomes so far (a stream's preview may have had one already).
+        self.unknown = unknown
 
     async def wait(self, exc: RateLimited | TransportError, **log_context: object) -> None:
+        out = self._out
         if isinstance(exc, RateLimited):
             wait = exc.retry_after or 1.0
-            if self._out.mono() + wait >= self._budget.deadline:
+            if out.mono() + wait >= self._budget.deadline:
                 raise ReplyWindowClosed("rate limited until the reply window closes") from exc
             log.info("rate_limited", retry_after=round(wait, 3), **log_context)
             await trio.sleep(wait)
             return
-        self._attempts += 1
-        if self._attempts >= self._out.timings.max_attempts:
-            raise exc
+        if unknown_outcome(exc):
+            self.unknown += 1
+            if self.unknown > 1:
+                log.warning("reply_delivery_gave_up", outcome="unknown", **log_context)
+                raise exc
+            log.info("reply_unconfirmed", error=str(exc)[:200], **log_context)
+            await self.until_reachable()
+            return
         delay = self._backoff.next_delay()
-        log.info("reply_retrying", error=str(exc), retry_in_s=delay, **log_context)
+        if out.mono() + delay > self._give_up_at:
+            log.warning("reply_delivery_gave_up", error=str(exc)[:200], **log_context)
+            raise exc
+        log.info("reply_retrying", error=str(exc)[:200], retry_in_s=delay, **log_context)
         await trio.sleep(delay)
+
+    async def until_reachable(self) -> None:
+        """Before the one repeat of a reply of unknown outcome: a pause (the outage that
+        lost the answer is likely still on), then until QQ answers ``GET /users/@me``."""
+        out = self._out
+        give_up_at = max(self._give_up_at, out.mono())
+        await trio.sleep(min(out.timings.unknown_repeat_wait_s, give_up_at - out.mono()))
+        while True:
+            try:
+                await out.api.get_me()
+                return
+            except ChannelError as exc:
+                log.info("platform_unreachable", error=str(exc)[:200])
+            delay = self._backoff.next_delay()
+            if out.mono() + delay > give_up_at:
+                return  # out of time: the repeat goes now, once
+            await trio.sleep(delay)
+
+
+def unknown_outcome(exc: ChannelError) -> bool:
+    """The request went out and no answer came back (timeout, connection lost after it
+    was written): the platform may have processed it.  A status is an answer."""
+    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
 
 
 class QQOutbound:
@@ -520,7 +572,7 @@ async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
 class _Message:
     """One streamed message: its stream id, next index, ``msg_seq`` and what it shows."""
 
-    __slots__ = ("seq", "stream_id", "index", "shown", "ref_idx", "sent_at", "first")
+    __slots__ = ("seq", "stream_id", "index", "shown", "ref_idx", "sent_at", "first", "unsure")
 
     def __init__(self, seq: int, sent_at: float, *, first: bool) -> None:
         self.seq = seq
@@ -530,6 +582,8 @@ class _Message:
         self.ref_idx: str | None = None
         self.sent_at = sent_at
         self.first = first
+        #: (content, input_state) of the calls whose answer was lost: QQ may have them.
+        self.unsure: list[tuple[str, int]] = []
 
 
 class C2CStream:
@@ -550,6 +604,8 @@ class C2CStream:
         self._closed_window = False
         self._hook: Callable[[], Awaitable[None]] | None = None
         self._last_call = -math.inf
+        #: Calls whose answer was lost while previewing (finish makes the one repeat).
+        self._unknown = 0
 
     def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
         self._hook = hook
@@ -577,6 +633,11 @@ class C2CStream:
                 try:
                     await self._step(self._text, final=False)
                 except (RateLimited, TransportError) as exc:
+                    if unknown_outcome(exc):
+                        # QQ may show this chunk: no more previews, finish repeats it once.
+                        log.warning("stream_updates_stopped", error=str(exc)[:200])
+                        self._unknown += 1
+                        return
                     wait = exc.retry_after if isinstance(exc, RateLimited) else interval
                     log.info("stream_update_failed", error=str(exc)[:200])
                     self._last_call = self._out.mono() + (wait or interval) - interval
@@ -606,25 +667,32 @@ class C2CStream:
                 return
             if len(portion) <= limit:
                 # Trailing blanks are never shown: the next chunk must start with it.
-                await self._chunk(portion.rstrip(), DONE if final else GENERATING)
-                return
+                if await self._chunk(portion.rstrip(), DONE if final else GENERATING):
+                    return
+                continue  # that message cannot take it: a new one
             shown = len(cur.shown) if cur is not None else 0
             left = self._budget.left(self._out.mono())
             if left == 0 or (cur is None and left == 1):
                 # This is the last message QQ allows: it ends with the cut notice.
                 room = max(1, limit - len(TOO_LONG_NOTICE) - 2)
                 cut = cut_point(portion, room, shown)  # never before what is shown
-                await self._chunk(portion[:cut].rstrip() + "\n\n" + TOO_LONG_NOTICE, DONE)
+                content = portion[:cut].rstrip() + "\n\n" + TOO_LONG_NOTICE
+                if not await self._chunk(content, DONE):
+                    continue
                 self._closed_window = True
                 return
             cut = cut_point(portion, limit, shown)
-            await self._chunk(portion[:cut].rstrip(), DONE)
+            if not await self._chunk(portion[:cut].rstrip(), DONE):
+                continue
             self._start += cut
             if not final:
                 return
 
-    async def _chunk(self, content: str, state: int) -> None:
-        """One stream call for the current message (a new message when there is none)."""
+    async def _chunk(self, content: str, state: int) -> bool:
+        """One stream call for the current message (a new message when there is none).
+
+        False when the message cannot take it: its start landed in an earlier attempt
+        whose answer was lost, so its id is unknown -- the text goes in a new message."""
         out = self._out
         cur = self._cur
         if cur is None:
@@ -656,36 +724,56 @@ class C2CStream:
                 raise
             log.info("markdown_rejected_using_text")
             out.markdown = False
-            await self._chunk(content, state)
-            return
+            return await self._chunk(content, state)
         except StreamPrefixRejected:
             # What the message shows is not what we think: finish it, go on anew.
             if content != cur.shown:
                 await self._close(cur)
-                return
+                return True
             raise
         except AlreadySent:
-            # The first chunk landed earlier but its id was lost: that message cannot be
-            # continued; close our record of it and go on in a new one.
+            # The start landed in an earlier attempt (same msg_seq) whose answer was lost:
+            # its id is unknown, so that message cannot be continued or closed.
             log.info("stream_start_counted_as_sent", seq=cur.seq)
-            self._end(cur, cur.shown or content)
-            return
+            if cur.unsure and all(u[0] == content for u in cur.unsure):
+                # What landed shows this very text (left open, when it was a preview:
+                # without its id it cannot be closed, but the text is all there).
+                self._end(cur, content)
+                return True
+            self._end(cur, cur.unsure[-1][0] if cur.unsure else cur.shown)
+            return False
+        except TransportError as exc:
+            if unknown_outcome(exc):
+                cur.unsure.append((content, state))
+            raise
         except ChannelError as exc:
+            if (
+                exc.code == STREAM_FINISHED
+                and state == DONE
+                and cur.stream_id is not None
+                and (content, DONE) in cur.unsure
+            ):
+                # The closing chunk landed earlier; only its answer was lost.
+                log.info("stream_close_counted_as_sent", seq=cur.seq)
+                cur.shown = content
+                self._end(cur, content)
+                return True
             if "message_reference" not in body or type(exc) is not ChannelError:
                 raise
             # The stream endpoint refused the quote: stream without it from now on.
             log.info("stream_quote_rejected", error=str(exc)[:200])
             out.stream_quotes = False
-            await self._chunk(content, state)
-            return
+            return await self._chunk(content, state)
         cur.index += 1  # a failed call is repeated with its index (QQ takes a repeat)
         if cur.stream_id is None and sent.id:
             cur.stream_id = sent.id
         if sent.ext_info is not None and sent.ext_info.ref_idx:
             cur.ref_idx = sent.ext_info.ref_idx
         cur.shown = content
+        cur.unsure.clear()
         if state == DONE:
             self._end(cur, content)
+        return True
 
     async def _close(self, cur: _Message) -> None:
         """Finish the current message as it is (``input_state`` 10)."""
@@ -722,7 +810,9 @@ class C2CStream:
         return list(self._delivered)
 
     async def _final(self, text: str) -> None:
-        retries = _Retries(self._out, self._budget)
+        retries = _Retries(self._out, self._budget, unknown=self._unknown)
+        if self._unknown:
+            await retries.until_reachable()  # before the one repeat of the lost chunk
         while True:
             try:
                 await self._step(text, final=True)

@@ -47,6 +47,8 @@ Knobs and faults: ``heartbeat_interval_ms``, ``ack_heartbeats``; ``force_close_e
 ``flood_on_ready`` (benchmarks); the shared fault queue keyed ``"METHOD /route"``
 (``fail_next(op, n, status=..., code=...)``, ``slow_next``, ``drop_next``),
 :meth:`rate_limit` (429 with code 22009) and :meth:`drop_response_next` (processed,
+answer lost); :meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (every
+call, or the ops named, answers 500, is dropped unprocessed, or is processed with its
 answer lost).  Reading: :attr:`calls`, :meth:`bot_messages`, :attr:`identifies`,
 :attr:`resumes`, :attr:`connections`, :attr:`token_calls`.
 """
@@ -385,11 +387,14 @@ class FakeQQ(FakePlatform[RestCall]):
         quote: str | None = None,
         snapshot: bool = True,
         attachments: list[dict[str, Any]] | None = None,
+        user: str | None = None,
     ) -> dict[str, Any]:
         """A C2C_MESSAGE_CREATE ``d`` (registered for passive replies); ``quote`` is the
-        ``ref_idx`` of the quoted message."""
+        ``ref_idx`` of the quoted message; ``user`` another user's openid (its
+        conversation is ``c2c:<openid>``) than :attr:`user_openid`."""
         msg_idx = refidx()
-        author = {"id": self.user_openid, "user_openid": self.user_openid}
+        openid = user or self.user_openid
+        author = {"id": openid, "user_openid": openid}
         d: dict[str, Any] = {
             "id": _uid("ROBOT1.0_c2c"),
             "author": author,
@@ -400,7 +405,7 @@ class FakeQQ(FakePlatform[RestCall]):
             "message_scene": self._scene(msg_idx, None),
         }
         self._quote(d, quote, snapshot)
-        self._register("c2c", self.user_openid, d, author)
+        self._register("c2c", openid, d, author)
         return d
 
     def group_payload(
@@ -788,8 +793,9 @@ class FakeQQ(FakePlatform[RestCall]):
             )
         )
         lost = self._lost.get(op.lower(), 0)
-        if lost:
-            self._lost[op.lower()] = lost - 1
+        if lost or self.losing(op):  # processed, but the answer never reaches the bot
+            if lost:
+                self._lost[op.lower()] = lost - 1
             raise DropConnection(op)
         return response
 
