@@ -42,7 +42,6 @@ files, pictures, audio).  :meth:`bot_messages` is what a chat shows of the bot.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import sys
@@ -57,6 +56,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
@@ -818,47 +818,65 @@ def _fault_response(fault: Fault) -> Response:
 
 
 @asynccontextmanager
-async def open_fake_dingtalk(**kwargs: Any) -> AsyncIterator[FakeDingTalk]:
+async def open_fake_dingtalk(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeDingTalk]:
     """Run a fake DingTalk (HTTP + Stream websocket on 127.0.0.1) for the block."""
     fake = FakeDingTalk(**kwargs)
 
     async def stream(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._stream, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._stream, host, 0, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, port=port, task_status=task_status)
 
     async with open_servers(http, stream) as (http_server, ws_server):
         fake.api_base = http_server.url
-        fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.ws_url = f"ws://{host}:{ws_server.port}"
         yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line with its URLs."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="robot messages after every connect")
-    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
+    (benchmarks) pushes n robot messages after every connect and prints one JSON line."""
+    module = "dshim.testing.fakes.dingtalk"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=None,
+        metavar="N",
+        help="robot messages after every connect (benchmarks; prints JSON)",
+    )
+    args = p.parse_args(argv)
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_dingtalk() as fake:
-                fake.redeliver_after_s = None
-                fake.flood_on_connect = args.flood
-                print(
-                    json.dumps(
-                        {
-                            "api_base": fake.api_base,
-                            "client_id": fake.client_id,
-                            "client_secret": fake.client_secret,
-                        }
-                    ),
-                    flush=True,
-                )
-                await trio.sleep_forever()
+    def announce(fake: FakeDingTalk) -> cli.Announcement:
+        if args.flood is not None:
+            fake.redeliver_after_s = None
+            fake.flood_on_connect = args.flood
+        settings = {
+            "client_id": fake.client_id,
+            "client_secret": fake.client_secret,
+            "api_base": fake.api_base,
+            "oapi_base": fake.api_base,
+        }
+        notes = {"stream": fake.ws_url}
+        line = {
+            "api_base": fake.api_base,
+            "client_id": fake.client_id,
+            "client_secret": fake.client_secret,
+        }
+        return cli.Announcement(
+            "DingTalk OpenAPI + Stream", fake.api_base, "dingtalk", settings, notes, line
+        )
 
-    trio.run(serve)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_dingtalk(host=args.host, port=args.port),
+        announce=announce,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,6 @@ autojump clock).  :meth:`wait_until` waits for a condition on any of them.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -99,6 +98,7 @@ from urllib.parse import parse_qs
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
@@ -1317,53 +1317,64 @@ def _rate_limited(retry_after: float, is_global: bool) -> Response:
 
 
 @asynccontextmanager
-async def open_fake_discord(**kwargs: Any) -> AsyncIterator[FakeDiscord]:
+async def open_fake_discord(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeDiscord]:
     """Run a fake Discord (REST + gateway on 127.0.0.1, kernel-chosen ports) for the block."""
     fake = FakeDiscord(**kwargs)
 
     async def gateway(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._gateway, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._gateway, host, 0, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, port=port, task_status=task_status)
 
     async with open_servers(http, gateway) as (http_server, ws_server):
         fake.http_url = http_server.url
         fake.api_base = http_server.url + API_PREFIX
-        fake.gateway_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.gateway_url = f"ws://{host}:{ws_server.port}"
         yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line with its URLs."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="MESSAGE_CREATEs after each READY")
-    parser.add_argument("--heartbeat-ms", type=float, default=41250)
-    parser.add_argument("--token", default="fake-discord-token")
-    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
+    (benchmarks) dispatches n MESSAGE_CREATEs after every READY and prints one JSON line."""
+    module = "dshim.testing.fakes.discord"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=None,
+        metavar="N",
+        help="MESSAGE_CREATEs after each READY (benchmarks; prints JSON)",
+    )
+    p.add_argument("--heartbeat-ms", type=float, default=41250, metavar="MS")
+    p.add_argument("--token", default="fake-discord-token", metavar="TOKEN")
+    args = p.parse_args(argv)
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_discord(
-                token=args.token, heartbeat_interval_ms=args.heartbeat_ms
-            ) as fake:
-                fake.flood_on_ready = args.flood
-                fake.identify_window_s = 0.0
-                print(
-                    json.dumps(
-                        {
-                            "api_base": fake.api_base,
-                            "gateway_url": fake.gateway_url,
-                            "token": fake.token,
-                            "bot_id": fake.bot_user["id"],
-                        }
-                    ),
-                    flush=True,
-                )
-                await trio.sleep_forever()
+    def announce(fake: FakeDiscord) -> cli.Announcement:
+        if args.flood is not None:
+            fake.flood_on_ready = args.flood
+            fake.identify_window_s = 0.0
+        settings = {"token": fake.token, "api_base": fake.api_base, "gateway_url": fake.gateway_url}
+        notes = {"bot_id": str(fake.bot_user["id"]), "dm_channel": str(fake.dm_channel)}
+        line = {**settings, "bot_id": fake.bot_user["id"]}
+        return cli.Announcement(
+            "Discord REST + Gateway", fake.api_base, "discord", settings, notes, line
+        )
 
-    trio.run(serve)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_discord(
+            host=args.host,
+            port=args.port,
+            token=args.token,
+            heartbeat_interval_ms=args.heartbeat_ms,
+        ),
+        announce=announce,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ now, with every text each one showed).
 
 from __future__ import annotations
 
-import argparse
 import html
 import itertools
 import json
@@ -1087,15 +1086,17 @@ def _fault_response(fault: Fault) -> tuple[Response, int]:
 
 
 @asynccontextmanager
-async def open_fake_feishu(**kwargs: Any) -> AsyncIterator[FakeFeishu]:
+async def open_fake_feishu(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeFeishu]:
     """Run a fake Feishu (Open API + long connection on 127.0.0.1) for the block."""
     fake = FakeFeishu(**kwargs)
 
     async def ws(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._ws, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._ws, host, 0, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, port=port, task_status=task_status)
 
     async def redeliverer(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started(None)
@@ -1104,40 +1105,47 @@ async def open_fake_feishu(**kwargs: Any) -> AsyncIterator[FakeFeishu]:
     async with open_servers(http, ws, redeliverer) as (http_server, ws_server, _):
         fake.http_url = http_server.url
         fake.api_base = http_server.url
-        fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.ws_url = f"ws://{host}:{ws_server.port}"
         yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line, then floods on
-    ``--flood`` events per connection."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="direct messages after connecting")
-    parser.add_argument("--lifetime", type=float, default=600.0)
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
+    (benchmarks) sends n direct messages on every new connection and prints one JSON
+    line."""
+    from dshim.testing.fakes import cli
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_feishu() as fake:
-                print(
-                    json.dumps(
-                        {
-                            "api_base": fake.api_base,
-                            "app_id": fake.app_id,
-                            "app_secret": fake.app_secret,
-                            "dm_chat": fake.dm_chat,
-                        }
-                    ),
-                    flush=True,
-                )
-                seen = [0]
-                while True:
-                    await fake.wait_until(lambda: len(fake.connections) > seen[0])
-                    seen[0] = len(fake.connections)
-                    for i in range(args.flood):
-                        await fake.user_message(fake.dm_chat, f"bench {i}")
+    module = "dshim.testing.fakes.feishu"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood", type=int, default=None, metavar="N", help="DMs on each connection (benchmarks)"
+    )
+    args = p.parse_args(argv)
 
-    trio.run(serve)
+    def announce(fake: FakeFeishu) -> cli.Announcement:
+        settings = {"app_id": fake.app_id, "app_secret": fake.app_secret, "api_base": fake.api_base}
+        notes = {"long_connection": fake.ws_url, "dm_chat": fake.dm_chat}
+        line = {**settings, "dm_chat": fake.dm_chat}
+        return cli.Announcement(
+            "Feishu Open API + long connection", fake.api_base, "feishu", settings, notes, line
+        )
+
+    async def flood(fake: FakeFeishu) -> None:
+        seen = [0]
+        while True:
+            await fake.wait_until(lambda: len(fake.connections) > seen[0])
+            seen[0] = len(fake.connections)
+            for i in range(args.flood or 0):
+                await fake.user_message(fake.dm_chat, f"bench {i}")
+
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_feishu(host=args.host, port=args.port),
+        announce=announce,
+        serve=flood if args.flood else None,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

@@ -128,8 +128,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 class HttpServer:
     """A running server: where it listens, and how many requests it has answered."""
 
-    def __init__(self, port: int) -> None:
-        self.host = "127.0.0.1"
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.host = host
         self.port = port
         self.requests = 0
         self.connections = 0
@@ -234,12 +234,14 @@ async def serve_http(
     handler: Handler,
     *,
     port: int = 0,
+    host: str = "127.0.0.1",
     max_body: int = MAX_BODY,
     task_status: trio.TaskStatus[HttpServer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``handler`` on 127.0.0.1 until cancelled; ``task_status`` gets the server."""
-    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
-    server = HttpServer(listeners[0].socket.getsockname()[1])
+    """Serve ``handler`` on ``host`` (127.0.0.1) until cancelled; ``task_status`` gets the
+    server."""
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    server = HttpServer(listeners[0].socket.getsockname()[1], host)
 
     async def on_connection(stream: trio.SocketStream) -> None:
         await _serve_connection(stream, handler, server, max_body)

@@ -55,7 +55,6 @@ answer lost).  Reading: :attr:`calls`, :meth:`bot_messages`, :attr:`identifies`,
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import secrets
@@ -1047,48 +1046,69 @@ def _fault_response(fault: Fault) -> Response:
 
 
 @asynccontextmanager
-async def open_fake_qq(**kwargs: Any) -> AsyncIterator[FakeQQ]:
+async def open_fake_qq(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeQQ]:
     """Run a fake QQ (HTTP + gateway on 127.0.0.1, kernel-chosen ports) for the block."""
     fake = FakeQQ(**kwargs)
 
     async def gateway(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._gateway, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._gateway, host, 0, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, port=port, task_status=task_status)
 
     async with open_servers(http, gateway) as (http_server, ws_server):
         fake.http_url = http_server.url
-        fake.gateway_url = f"ws://127.0.0.1:{ws_server.port}/websocket"
+        fake.gateway_url = f"ws://{host}:{ws_server.port}/websocket"
         yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line with its URLs."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="C2C messages after each READY")
-    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
+    (benchmarks) sends n C2C messages after every READY and prints one JSON line."""
+    from dshim.testing.fakes import cli
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_qq() as fake:
-                fake.flood_on_ready = args.flood
-                print(
-                    json.dumps(
-                        {
-                            "http_url": fake.http_url,
-                            "gateway_url": fake.gateway_url,
-                            "app_id": fake.app_id,
-                            "client_secret": fake.client_secret,
-                            "bot_id": fake.bot_user["id"],
-                        }
-                    ),
-                    flush=True,
-                )
-                await trio.sleep_forever()
+    module = "dshim.testing.fakes.qq"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=None,
+        metavar="N",
+        help="C2C messages after each READY (benchmarks; prints JSON)",
+    )
+    args = p.parse_args(argv)
 
-    trio.run(serve)
+    def announce(fake: FakeQQ) -> cli.Announcement:
+        if args.flood is not None:
+            fake.flood_on_ready = args.flood
+        settings = {
+            "app_id": fake.app_id,
+            "client_secret": fake.client_secret,
+            "api_base": fake.http_url,
+            "token_base": fake.http_url,
+            "gateway_url": fake.gateway_url,
+        }
+        notes = {"bot_id": str(fake.bot_user["id"])}
+        line = {
+            "http_url": fake.http_url,
+            "gateway_url": fake.gateway_url,
+            "app_id": fake.app_id,
+            "client_secret": fake.client_secret,
+            "bot_id": fake.bot_user["id"],
+        }
+        return cli.Announcement(
+            "QQ bot OpenAPI v2 + gateway", fake.http_url, "qq", settings, notes, line
+        )
+
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_qq(host=args.host, port=args.port),
+        announce=announce,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

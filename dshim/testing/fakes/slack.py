@@ -47,7 +47,6 @@ time), :meth:`bot_messages` (current text after edits and stream appends),
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import secrets
@@ -1003,15 +1002,15 @@ class _ApiError(Exception):
 
 
 @asynccontextmanager
-async def open_fake_slack() -> AsyncIterator[FakeSlack]:
+async def open_fake_slack(*, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[FakeSlack]:
     """Run a fake Slack (Web API + Socket Mode on 127.0.0.1, kernel-chosen ports)."""
     fake = FakeSlack()
 
     async def socket(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._socket, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._socket, host, 0, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, port=port, task_status=task_status)
 
     async def background(
         *, task_status: trio.TaskStatus[trio.Nursery] = trio.TASK_STATUS_IGNORED
@@ -1034,40 +1033,50 @@ async def open_fake_slack() -> AsyncIterator[FakeSlack]:
     ):
         fake.http_url = http_server.url
         fake.api_base = http_server.url + API_PREFIX
-        fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.ws_url = f"ws://{host}:{ws_server.port}"
         fake.relay_url = f"ws://127.0.0.1:{relay_port}"
         fake._nursery = nursery
         yield fake
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line with its settings,
-    then serves until ``--lifetime`` is over; ``--flood n`` sends n DMs after every hello."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
-    parser.add_argument("--flood", type=int, default=0, help="DMs after each hello")
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
+    (benchmarks) sends n DMs after every hello and prints one JSON line."""
+    from dshim.testing.fakes import cli
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_slack() as fake:
-                fake.redeliver_after_s = 3600.0
-                fake.flood_on_hello = args.flood
-                print(
-                    json.dumps(
-                        {
-                            "api_base": fake.api_base,
-                            "bot_token": fake.bot_token,
-                            "app_token": fake.app_token,
-                            "dm": fake.dm,
-                            "bot_user": fake.bot_user,
-                        }
-                    ),
-                    flush=True,
-                )
-                await trio.sleep_forever()
+    module = "dshim.testing.fakes.slack"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=None,
+        metavar="N",
+        help="DMs after each hello (benchmarks; prints JSON)",
+    )
+    args = p.parse_args(argv)
 
-    trio.run(serve)
+    def announce(fake: FakeSlack) -> cli.Announcement:
+        if args.flood is not None:
+            fake.redeliver_after_s = 3600.0
+            fake.flood_on_hello = args.flood
+        settings = {
+            "bot_token": fake.bot_token,
+            "app_token": fake.app_token,
+            "api_base": fake.api_base,
+        }
+        notes = {"socket_mode": fake.ws_url, "dm": fake.dm, "bot_user": fake.bot_user}
+        line = {**settings, "dm": fake.dm, "bot_user": fake.bot_user}
+        return cli.Announcement(
+            "Slack Web API + Socket Mode", fake.api_base, "slack", settings, notes, line
+        )
+
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_slack(host=args.host, port=args.port),
+        announce=announce,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -44,6 +45,7 @@ from typing import Any
 
 import trio
 
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, Fault, FaultQueue, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
@@ -889,12 +891,36 @@ _METHODS = {
 
 
 @asynccontextmanager
-async def open_fake_telegram(**kwargs: Any) -> AsyncIterator[FakeTelegram]:
+async def open_fake_telegram(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeTelegram]:
     """Serve a :class:`FakeTelegram` on 127.0.0.1 (port 0) for the duration of the block.
 
     An error that ends the server is raised as itself, never as an ExceptionGroup.
     """
     fake = FakeTelegram(**kwargs)
-    async with open_servers(partial(serve_http, fake.handle)) as (server,):
+    async with open_servers(partial(serve_http, fake.handle, host=host, port=port)) as (server,):
         fake.server = server
         yield fake
+
+
+def _announcement(fake: FakeTelegram) -> cli.Announcement:
+    settings = {"token": fake.token, "api_base": fake.url}
+    notes = {"bot": f"@{BOT_USERNAME}"}
+    return cli.Announcement("Telegram Bot API", fake.url, "telegram", settings, notes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`)."""
+    module = "dshim.testing.fakes.telegram"
+    args = cli.parser(__doc__, module=module).parse_args(argv)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_telegram(host=args.host, port=args.port),
+        announce=_announcement,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -34,7 +34,6 @@ conversation shows), :attr:`subscribes`, :attr:`pings`, :attr:`connections`.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import itertools
 import json
@@ -50,6 +49,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.channels.wecom.media import encrypt
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, serve_http
 
@@ -564,19 +564,22 @@ class FakeWecom(FakePlatform[Frame]):
 
 
 @asynccontextmanager
-async def open_fake_wecom(**kwargs: Any) -> AsyncIterator[FakeWecom]:
-    """Run a fake WeCom (websocket + media HTTP on 127.0.0.1, kernel ports) for the block."""
+async def open_fake_wecom(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeWecom]:
+    """Run a fake WeCom (websocket + media HTTP on 127.0.0.1, kernel ports) for the block;
+    ``port`` is the websocket's."""
     fake = FakeWecom(**kwargs)
 
     async def ws(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_websocket(fake._serve, "127.0.0.1", 0, None, task_status=task_status)
+        await serve_websocket(fake._serve, host, port, None, task_status=task_status)
 
     async def http(*, task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
-        await serve_http(fake._http, task_status=task_status)
+        await serve_http(fake._http, host=host, task_status=task_status)
 
     async with open_servers(http, ws) as (http_server, ws_server):
         fake.media_base = http_server.url
-        fake.ws_url = f"ws://127.0.0.1:{ws_server.port}"
+        fake.ws_url = f"ws://{host}:{ws_server.port}"
         yield fake
     if fake.strict_order and fake.order_violations:
         # A frame sent before the previous ack of its req_id: acks would be mis-attributed.
@@ -585,22 +588,37 @@ async def open_fake_wecom(**kwargs: Any) -> AsyncIterator[FakeWecom]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the fake as a process (benchmarks): prints one JSON line with its URL and
-    credentials; ``--flood n`` delivers n text messages after every subscribe."""
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--flood", type=int, default=0, help="messages after each subscribe")
-    parser.add_argument("--lifetime", type=float, default=600.0, help="exit after this long")
-    args = parser.parse_args(argv)
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`; ``--port`` is the
+    websocket's); ``--flood n`` (benchmarks) delivers n text messages after every
+    subscribe and prints one JSON line."""
+    module = "dshim.testing.fakes.wecom"
+    p = cli.parser(__doc__, module=module)
+    p.add_argument(
+        "--flood",
+        type=int,
+        default=None,
+        metavar="N",
+        help="messages after each subscribe (benchmarks; prints JSON)",
+    )
+    args = p.parse_args(argv)
 
-    async def serve() -> None:
-        with trio.move_on_after(args.lifetime):
-            async with open_fake_wecom() as fake:
-                fake.flood_on_subscribe = args.flood
-                line = {"ws_url": fake.ws_url, "bot_id": fake.bot_id, "secret": fake.secret}
-                print(json.dumps(line), flush=True)
-                await trio.sleep_forever()
+    def announce(fake: FakeWecom) -> cli.Announcement:
+        if args.flood is not None:
+            fake.flood_on_subscribe = args.flood
+        settings = {"bot_id": fake.bot_id, "secret": fake.secret, "ws_url": fake.ws_url}
+        notes = {"media_host": fake.media_base}
+        line = {"ws_url": fake.ws_url, "bot_id": fake.bot_id, "secret": fake.secret}
+        return cli.Announcement(
+            "WeCom AI-bot long connection", fake.media_base, "wecom", settings, notes, line
+        )
 
-    trio.run(serve)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_wecom(host=args.host, port=args.port),
+        announce=announce,
+        json_line=args.flood is not None,
+    )
 
 
 if __name__ == "__main__":

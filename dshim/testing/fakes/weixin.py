@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -46,6 +47,7 @@ from typing import Any
 import trio
 
 from dshim.channels.weixin import media as crypto
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
@@ -454,13 +456,45 @@ def dump(msg: dict[str, Any]) -> bytes:
 
 
 @asynccontextmanager
-async def open_fake_weixin(**kwargs: Any) -> AsyncIterator[FakeWeixin]:
+async def open_fake_weixin(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeWeixin]:
     """Run a :class:`FakeWeixin` (and its redirect host) for the duration of the block."""
     fake = FakeWeixin(**kwargs)
-    async with open_servers(partial(serve_http, fake.handle), partial(serve_http, fake.handle)) as (
+    async with open_servers(
+        partial(serve_http, fake.handle, host=host, port=port),
+        partial(serve_http, fake.handle, host=host),
+    ) as (
         main,
         second,
     ):
         fake.server = main
         fake.redirect_server = second
         yield fake
+
+
+def _announcement(fake: FakeWeixin) -> cli.Announcement:
+    settings = {
+        "token": fake.token,
+        "bot_id": fake.bot_id,
+        "api_base": fake.url,
+        "cdn_base": fake.cdn_url,
+    }
+    notes = {"redirect_host": fake.redirect_url}
+    return cli.Announcement("WeChat iLink bot API", fake.url, "weixin", settings, notes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`)."""
+    module = "dshim.testing.fakes.weixin"
+    args = cli.parser(__doc__, module=module).parse_args(argv)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_weixin(host=args.host, port=args.port),
+        announce=_announcement,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

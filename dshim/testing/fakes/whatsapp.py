@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -44,6 +45,7 @@ from typing import Any
 import httpx
 import trio
 
+from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, FaultQueue, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
@@ -510,13 +512,43 @@ def _op(method: str, segments: list[str], pnid: str, body: Any) -> str:
 
 
 @asynccontextmanager
-async def open_fake_whatsapp(**kwargs: Any) -> AsyncIterator[FakeWhatsApp]:
+async def open_fake_whatsapp(
+    *, host: str = "127.0.0.1", port: int = 0, **kwargs: Any
+) -> AsyncIterator[FakeWhatsApp]:
     """Serve a :class:`FakeWhatsApp` on 127.0.0.1 (port 0) for the duration of the block."""
     fake = FakeWhatsApp(**kwargs)
     async with (
         httpx.AsyncClient(timeout=60.0, trust_env=False) as http,
-        open_servers(partial(serve_http, fake.handle)) as (server,),
+        open_servers(partial(serve_http, fake.handle, host=host, port=port)) as (server,),
     ):
         fake.server = server
         fake.http = http
         yield fake
+
+
+def _announcement(fake: FakeWhatsApp) -> cli.Announcement:
+    settings = {
+        "phone_number_id": fake.phone_number_id,
+        "access_token": fake.token,
+        "app_secret": fake.app_secret.decode(),
+        "verify_token": TEST_VERIFY_TOKEN,
+        "api_base": fake.url,
+    }
+    notes = {"webhook": "dshim's http://<[http] listen>/hooks/whatsapp-fake (POSTs signed)"}
+    return cli.Announcement("WhatsApp Cloud API", fake.url, "whatsapp", settings, notes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`)."""
+    module = "dshim.testing.fakes.whatsapp"
+    args = cli.parser(__doc__, module=module).parse_args(argv)
+    cli.run(
+        args,
+        module=module,
+        open_fake=lambda: open_fake_whatsapp(host=args.host, port=args.port),
+        announce=_announcement,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
