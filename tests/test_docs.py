@@ -489,3 +489,25 @@ dshim probe --send-test
     assert command_problems({"serve"}, documented_commands("# dshim\n`dshim serve`\n")) == [
         "README.md has no command-line section (a heading with 'Command line')"
     ]
+
+
+class _AnyEnv(dict[str, str]):
+    """An environment in which every variable is set."""
+
+    def get(self, key: str, default: Any = None) -> str:  # type: ignore[override]
+        return f"value-of-{key}"
+
+
+def test_every_harness_example_loads() -> None:
+    import tomllib
+
+    from dshim.config import parse_config
+
+    text = (REPO / "docs" / "harnesses.md").read_text(encoding="utf-8")
+    blocks = ["\n".join(line for _, line in block) for block in toml_blocks(text)]
+    assert len(blocks) >= 7
+    kinds = set()
+    for block in blocks:
+        config = parse_config(tomllib.loads(block), label="docs/harnesses.md", env=_AnyEnv())
+        kinds.add(config.harness.kind)
+    assert kinds == {"echo", "acp", "dsh", "openai"}
