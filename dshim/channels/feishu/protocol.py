@@ -74,6 +74,7 @@ from msgspec import UNSET
 
 from dshim.channels.feishu import models as m
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.ids import TOKEN, check_id, check_optional_id, check_time, shape, valid_id
 from dshim.channels.kit.ws_session import (
     Action,
     Close,
@@ -105,6 +106,13 @@ from dshim.model import (
 )
 
 CHANNEL = "feishu"
+
+#: Every Feishu id dshim reads -- ``om_``/``oc_``/``ou_``/``omt_`` ids, ``img_v2_``/
+#: ``file_v3_`` resource keys, card tokens (``c-``) -- is letters, digits, ``_`` and ``-``
+#: (feishu.md §4); they go into URL paths (``/messages/{message_id}``,
+#: ``/resources/{file_key}``), so anything else is a malformed event.  A bad
+#: ``parent_id`` / ``root_id`` is only a quote that cannot be had (kit.ids).
+FEISHU_ID = shape("feishu", f"[{TOKEN}]+")
 
 # --- pbbp2 frames (proto2) ------------------------------------------------------------------
 
@@ -1185,7 +1193,8 @@ class EventMapper:
                 return self._message(m.receive_decoder.decode(env.event), header)
             if kind == "im.message.recalled_v1":
                 ev = m.recalled_decoder.decode(env.event)
-                return Recall(ev.chat_id, ev.message_id)
+                check_optional_id(ev.chat_id, FEISHU_ID, "chat_id")
+                return Recall(ev.chat_id, check_id(ev.message_id, FEISHU_ID, "message_id"))
             if kind == "card.action.trigger":
                 return self._card_action(m.card_action_decoder.decode(env.event), header)
             return Skip(reason="ignored", detail=f"event {kind[:60]!r}")
@@ -1204,13 +1213,18 @@ class EventMapper:
         msg = ev.message
         if not msg.message_id or not msg.chat_id:
             return Skip(reason="malformed", detail="message without message_id or chat_id")
+        check_id(msg.message_id, FEISHU_ID, "message_id")
+        check_id(msg.chat_id, FEISHU_ID, "chat_id")
+        check_optional_id(msg.thread_id, FEISHU_ID, "thread_id")
         sender_id = (ev.sender.sender_id.open_id if ev.sender.sender_id else None) or ""
+        check_optional_id(sender_id, FEISHU_ID, "sender open_id")
         names = MentionNames(msg.mentions, self.bot_open_id)
         extracted = content_of(msg.message_type, msg.content, names)
         direct = msg.chat_type == "p2p"
         images: list[MediaRef] = []
         files: list[MediaRef] = []
         for item in extracted.media:
+            check_id(item.key, FEISHU_ID, f"{item.kind} key")
             ref = MediaRef(
                 kind=item.kind,
                 name=item.name,
@@ -1218,6 +1232,7 @@ class EventMapper:
             )
             (images if item.kind == "image" else files).append(ref)
         created = _ms(msg.create_time) or _ms(header.create_time) or 0.0
+        check_time(created, "create_time")
         return InboundMessage(
             channel=CHANNEL,
             bot_id=self.bot_open_id,
@@ -1255,6 +1270,8 @@ class EventMapper:
         return self._quote(msg.chat_id, parent)
 
     def _quote(self, chat_id: str, parent: str) -> ReplyReference:
+        if not valid_id(parent, FEISHU_ID):
+            return ReplyReference(unavailable_reason="not-found")  # never looked up
         loader = self.lookup(chat_id, parent) if self.lookup is not None else None
         if loader is None:
             return ReplyReference(message_id=parent, unavailable_reason="not-delivered")
@@ -1273,6 +1290,10 @@ class EventMapper:
             presser = ev.operator.open_id if ev.operator is not None else None
             if control not in ("stop", "disable") or not chat or not presser:
                 return Skip(reason="malformed", detail="control press without action or chat")
+            check_id(chat, FEISHU_ID, "chat")
+            check_id(presser, FEISHU_ID, "operator open_id")
+            check_optional_id(_card_value_text(value.get("thread")), FEISHU_ID, "thread")
+            check_optional_id(ctx.open_message_id, FEISHU_ID, "open_message_id")
             return ControlPress(
                 action="stop" if control == "stop" else "disable",
                 conversation_id=chat,
@@ -1285,10 +1306,13 @@ class EventMapper:
         sender = ev.operator.open_id if ev.operator is not None else None
         if not answer or not chat or not sender:
             return Skip(reason="malformed", detail="card action without answer, chat or operator")
+        check_id(chat, FEISHU_ID, "chat")
+        check_id(sender, FEISHU_ID, "operator open_id")
+        check_optional_id(ctx.open_message_id, FEISHU_ID, "open_message_id")
         kind = _card_value_text(value.get("kind"))
-        thread = _card_value_text(value.get("thread")) or None
+        thread = check_optional_id(_card_value_text(value.get("thread")), FEISHU_ID, "thread")
         # One click is one message: the card's token (or the event id) keys its dedup.
-        click_id = ev.token or header.event_id
+        click_id = check_id(ev.token or header.event_id, FEISHU_ID, "token")
         return InboundMessage(
             channel=CHANNEL,
             bot_id=self.bot_open_id,
@@ -1299,7 +1323,7 @@ class EventMapper:
             thread_id=thread,
             addressed=True,
             content=answer,
-            received_at=_ms(header.create_time) or 0.0,
+            received_at=check_time(_ms(header.create_time) or 0.0, "create_time"),
             route=ctx.open_message_id or None,  # the card: answers go under it
         )
 

@@ -59,6 +59,16 @@ from dshim.channels.kit.gateway import (
     GatewaySession,
     GatewayTuning,
 )
+from dshim.channels.kit.ids import (
+    DIGITS,
+    TOKEN,
+    BadId,
+    BadTime,
+    check_id,
+    check_time,
+    shape,
+    valid_id,
+)
 from dshim.channels.qq import models as m
 from dshim.errors import (
     AuthError,
@@ -403,7 +413,21 @@ TMP_PREFIX = "TMP_"
 SUMMARY_MAX = 200
 
 #: A quoted guild message id that is looked up (printable ASCII, no spaces, not too long).
-_GUILD_MESSAGE_ID = re.compile(r"[\x21-\x7e]{1,256}")
+# Ids (qq.md §1, kit.ids).  They go into URL paths (``/v2/users/{user_openid}/messages``,
+# ``/channels/{channel_id}/messages/{message_id}``) and store keys; one of another shape
+# is a malformed event, a bad quoted id (``ref_msg_idx``, a guild
+# ``message_reference.message_id``) only a quote that is ``not-found``.
+#: ``user_openid`` / ``group_openid`` / ``member_openid``: opaque, seen as 32 hex digits.
+QQ_OPENID = shape("qq openid", f"[{TOKEN}]+")
+#: Message ids: ``ROBOT1.0_…`` (letters, digits, ``_ . - !``; ``=`` ``+`` seen in others)
+#: in C2C and groups, hex strings in guilds.
+QQ_MESSAGE_ID = shape("qq message", f"[{TOKEN}.!=+]+")
+#: A guild ``message_reference.message_id`` (hex, about 40 characters): at most 256.
+QQ_GUILD_MESSAGE_ID = shape("qq guild message", f"[{TOKEN}.!=+]{{1,256}}")
+#: ``REFIDX_…`` quote indexes (base64, ``==`` at the end) and ``TMP_<uuid>``: store keys.
+QQ_INDEX = shape("qq quote index", f"[{TOKEN}=+/]+")
+#: Guild ``channel_id`` / ``guild_id``: digit strings.
+QQ_GUILD_ID = DIGITS
 
 
 class LookupFactory(Protocol):
@@ -467,11 +491,11 @@ def parse_timestamp(value: str | int | float | None) -> float | None:
         text = text[:-1] + "+00:00"
     try:
         dt = datetime.fromisoformat(text)
-    except ValueError:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    except (ValueError, OverflowError):
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def attachment_kind(a: m.Attachment) -> str:
@@ -646,15 +670,25 @@ class QQMapper:
         return self.map_message(t, msg)
 
     def map_message(self, t: str, msg: m.Message) -> InboundMessage | Skip:
+        """One decoded message event; ids and time of the wrong shape are malformed."""
+        try:
+            return self._map(t, msg)
+        except (BadId, BadTime) as exc:
+            return Skip(reason="malformed", detail=f"{t}: {_short(exc)}")
+
+    def _map(self, t: str, msg: m.Message) -> InboundMessage | Skip:
         where = self._where(t, msg)
         if where is None:
             return Skip(reason="malformed", detail=f"{t}: no sender or conversation id")
         kind, target, sender = where
         ext = parse_ext(msg.message_scene.ext) if msg.message_scene is not None else {}
         msg_idx = ext.get("msg_idx") or None
-        message_id = f"{msg.id}|{msg_idx}" if msg_idx else msg.id
-        if not msg.id or len(message_id) > 512:
+        if not msg.id:
             return Skip(reason="malformed", detail=f"{t}: bad message id")
+        check_id(msg.id, QQ_MESSAGE_ID, "id")
+        if msg_idx is not None:
+            check_id(msg_idx, QQ_INDEX, "msg_idx")
+        message_id = f"{msg.id}|{msg_idx}" if msg_idx else msg.id
         others = {
             x
             for mention in msg.mentions
@@ -710,7 +744,7 @@ class QQMapper:
             (images if a_kind == "image" else files).append(media)
         if not content and not images and not files and reply_to is None:
             return Skip(reason="ignored", detail="nothing for the agent", message_id=message_id)
-        platform_ts = parse_timestamp(msg.timestamp) or 0.0
+        platform_ts = check_time(parse_timestamp(msg.timestamp) or 0.0, "timestamp")
         author = msg.author
         sender_name = (msg.member.nick if msg.member is not None else None) or author.username
         item = InboundMessage(
@@ -737,17 +771,27 @@ class QQMapper:
     def _where(self, t: str, msg: m.Message) -> tuple[str, str, str] | None:
         """(kind, target, sender) of a message event; None when an id is missing."""
         a = msg.author
+        where: tuple[str, str, str] | None = None
         if t == "C2C_MESSAGE_CREATE":
             who = a.user_openid or a.id
-            return (C2C, who, who) if who else None
-        if t in ("GROUP_AT_MESSAGE_CREATE", "GROUP_MESSAGE_CREATE"):
+            where = (C2C, who, who) if who else None
+            shapes = (QQ_OPENID, QQ_OPENID)
+        elif t in ("GROUP_AT_MESSAGE_CREATE", "GROUP_MESSAGE_CREATE"):
             who = a.member_openid or a.id
-            return (GROUP, msg.group_openid, who) if who and msg.group_openid else None
-        if t in GUILD_CHANNEL_EVENTS:
-            return (CHANNEL_KIND, msg.channel_id, a.id) if a.id and msg.channel_id else None
-        if t == "DIRECT_MESSAGE_CREATE":
-            return (DMS, msg.guild_id, a.id) if a.id and msg.guild_id else None
-        return None
+            where = (GROUP, msg.group_openid, who) if who and msg.group_openid else None
+            shapes = (QQ_OPENID, QQ_OPENID)
+        elif t in GUILD_CHANNEL_EVENTS:
+            where = (CHANNEL_KIND, msg.channel_id, a.id) if a.id and msg.channel_id else None
+            shapes = (QQ_GUILD_ID, QQ_GUILD_ID)  # guild user ids are digit strings too
+        elif t == "DIRECT_MESSAGE_CREATE":
+            where = (DMS, msg.guild_id, a.id) if a.id and msg.guild_id else None
+            shapes = (QQ_GUILD_ID, QQ_GUILD_ID)
+        if where is not None:
+            check_id(where[1], shapes[0], f"{where[0]} id")
+            check_id(where[2], shapes[1], "author id")
+            if where[0] == DMS and msg.channel_id:
+                check_id(msg.channel_id, QQ_GUILD_ID, "channel_id")
+        return where
 
     def _strip_mentions(self, content: str, others: set[str]) -> tuple[str, bool]:
         """Content without the bot's mention tokens, trimmed, and whether the bot was
@@ -778,6 +822,8 @@ class QQMapper:
         lookup (pure use) the snapshot, else ``not-found``.
         """
         ref_idx = ext.get("ref_msg_idx") or None
+        if ref_idx is not None and not valid_id(ref_idx, QQ_INDEX):
+            return ReplyReference(unavailable_reason="not-found")  # never looked up
         snapshot = element_reference(msg.msg_elements[0], ref_idx) if msg.msg_elements else None
         if self._lookup is not None:
             return ReplyReference(
@@ -798,13 +844,13 @@ class QQMapper:
         author, the bot's own answer with its exact text); then, in a guild channel, one
         ``GET /channels/{channel_id}/messages/{message_id}`` of the current channel (the
         reference names no other); a guild DM has no message lookup, so a quote the index
-        does not know is ``unsupported``.  An id that is empty, too long or not printable
-        ASCII is ``not-found`` and never looked up.  Without a lookup (pure use): a DM's
+        does not know is ``unsupported``.  An id that is empty or not of
+        :data:`QQ_GUILD_MESSAGE_ID`'s shape is ``not-found`` and never looked up.  Without a lookup (pure use): a DM's
         ``unsupported``, a channel's ``not-delivered``.
         """
         ref = msg.message_reference
         ref_id = ref.message_id if ref is not None else None
-        if not ref_id or not _GUILD_MESSAGE_ID.fullmatch(ref_id):
+        if not ref_id or not valid_id(ref_id, QQ_GUILD_MESSAGE_ID):
             return ReplyReference(unavailable_reason="not-found")
         channel = msg.channel_id if kind == CHANNEL_KIND else None
         snapshot = (
