@@ -38,7 +38,10 @@ old socket ``refresh_close_after_s`` later), :meth:`drop_after` (drop the TCP co
 after k envelopes), :meth:`drop_connection`, ``server_ping_interval_s``, ``revoke()``
 (the bot token answers ``invalid_auth``), and the shared fault queue keyed by method
 name: ``fail_next("chat.update", 2, status=429, retry_after=3)``; ``status=200`` with
-``description="not_in_channel"`` answers ``{"ok": false, "error": ...}``.
+``description="not_in_channel"`` answers ``{"ok": false, "error": ...}``;
+``outage(10, "500" | "drop" | "lost", ("chat.postMessage", ...))`` makes every Web API
+call (or those methods) fail for a time ("lost": processed, then the connection closes
+unanswered).  :meth:`add_dm` opens a DM with one more person (many users at once).
 
 Reading what the bot did: :attr:`calls` (method, arguments, status, token kind, trio
 time), :meth:`bot_messages` (current text after edits and stream appends),
@@ -62,7 +65,13 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.testing.fakes.base import FakePlatform, open_servers
-from dshim.testing.fakes.http import Request, Response, json_response, serve_http
+from dshim.testing.fakes.http import (
+    DropConnection,
+    Request,
+    Response,
+    json_response,
+    serve_http,
+)
 
 __all__ = ["ApiCall", "FakeSlack", "open_fake_slack"]
 
@@ -366,6 +375,17 @@ class FakeSlack(FakePlatform[ApiCall]):
         )
         self.messages[(channel, msg.ts)] = msg
         return msg
+
+    def add_dm(self, user: str, name: str) -> str:
+        """A person (``users.info``) with a DM open to the bot; returns the DM's channel id."""
+        self.users.setdefault(user, _user(user, name.lower(), name))
+        channel = self.dm_channels.get(user)
+        if channel is None:
+            channel = f"D{len(self.dm_channels) + 1:08d}"
+            self.dm_channels[user] = channel
+            self.channel_types[channel] = "im"
+            self.members.add(channel)
+        return channel
 
     def file(self, name: str, data: bytes, mimetype: str) -> dict[str, Any]:
         """A ``files[]`` entry whose ``url_private_download`` this fake serves."""
@@ -735,6 +755,9 @@ class FakeSlack(FakePlatform[ApiCall]):
             body = {"ok": False, "error": exc.error, **exc.extra}
         call.error = None if body.get("ok") else str(body.get("error"))
         self.record(call)
+        if self.losing(method):
+            # Processed, but the answer never reaches the bot (connection lost after it).
+            raise DropConnection(method)
         response = json_response(body)
         if method == "auth.test" and body.get("ok"):
             response.headers.append(("x-oauth-scopes", ",".join(sorted(self.scopes))))
@@ -903,13 +926,8 @@ class FakeSlack(FakePlatform[ApiCall]):
         users = str(args.get("users") or "")
         if users not in self.users:
             raise _ApiError("user_not_found")
-        channel = self.dm_channels.get(users)
-        if channel is None:
-            channel = f"D{len(self.dm_channels) + 1:08d}"
-            self.dm_channels[users] = channel
-            self.channel_types[channel] = "im"
-            self.members.add(channel)
-        return {"ok": True, "channel": {"id": channel}}
+        user = self.users[users]
+        return {"ok": True, "channel": {"id": self.add_dm(users, str(user.get("real_name")))}}
 
     def _history_channel(self, args: dict[str, Any]) -> str:
         channel = str(args.get("channel") or "")
