@@ -63,7 +63,9 @@ certainly created nothing and is retried with backoff for ``send_retry_s``.  A s
 whose outcome is unknown (the request went out, no answer came back: ``request_sent=True``
 without a status — a timeout, a connection lost after the request was written) may have
 created the message without our knowing its id.  Such a message slot is treated as
-possibly delivered: intermediate previews stop, and ``finish`` repeats the send *once*
+possibly delivered (also the first message a channel sent itself, a native stream's
+start, reported with :meth:`EditStream.unconfirmed_send`): intermediate previews stop, and
+``finish`` repeats the send *once*
 (:data:`UNSURE_SENDS_MAX` sends in all) — ``unknown_repeat_wait_s`` later and once the
 platform answers again (the transport's optional ``reachable()`` probe, retried with
 backoff), so a short outage costs no answer; if that one is unsure too it gives up (raises) rather than post copy
@@ -427,8 +429,8 @@ class EditStream:
     def _plan(self) -> tuple[int, str, float] | None:
         """The next intermediate call: (message index, text, earliest trio time)."""
         display = self._display()
-        if not display or self._first_text_at is None:
-            return None
+        if not display or self._first_text_at is None or self._unsure:
+            return None  # (unsure: a message may be up unknown to us; finish repeats it)
         chunks = self.limits.split(display)
         for i, chunk in enumerate(chunks):
             if i < len(self._msgs):
@@ -601,9 +603,19 @@ class EditStream:
                 return  # out of time: the repeat goes now, once
             await trio.sleep(delay)
 
+    def unconfirmed_send(self) -> None:
+        """The answer's first message was sent outside the engine with an unknown outcome
+        (a native stream's start whose answer was lost): it may be on the user's screen.
+        No previews follow; ``finish`` makes the one repeat allowed, after the pause."""
+        self._unsure[0] = self._unsure.get(0, 0) + 1
+
     async def _final_send(self, text: str, *, reply: bool, slot: int) -> None:
         backoff = self._backoff()
         give_up_at = trio.current_time() + self.limits.send_retry_s
+        if self._unsure.get(slot, 0):
+            # An earlier send of it (a preview, or outside the engine) may be up: its one
+            # repeat must not fall into the outage that lost it either.
+            await self._until_reachable(backoff, give_up_at)
         while True:
             if self._unsure.get(slot, 0) >= UNSURE_SENDS_MAX:
                 raise TransportError("the message could not be confirmed", request_sent=True)
