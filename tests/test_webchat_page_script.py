@@ -1,4 +1,5 @@
-"""README's web chat script really chats with a bot (run as a subprocess against dshim)."""
+"""The web chat page's script (docs/channels/webchat.md) really chats with a bot (run as a
+subprocess against dshim)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,14 @@ import trio
 
 from tests.rig_webchat import serving, source_block
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "channels" / "webchat.md"
 
 
 def readme_script() -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("#### The websocket protocol (for scripts)") :]
+    text = PAGE.read_text(encoding="utf-8")
+    section = text[text.index("## The websocket protocol (for scripts)") :]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
-    assert match is not None, "README's web chat section has no Python example"
+    assert match is not None, "the web chat page has no Python example"
     return match.group(1)
 
 
