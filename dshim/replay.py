@@ -8,7 +8,13 @@ parameters in any order).  Events are fed
 one at a time and the pipeline is allowed to settle after each, so the output follows
 event order: the clock moves to an event's time when it lies ahead, and a pending
 approval or question waits for the next event (it may be the answer) rather than for
-its timeout; after the last event everything runs to its end.  Files a turn saves for the
+its timeout; after the last event everything runs to its end.  An event time that is no
+plausible clock reading (:func:`dshim.channels.kit.ids.plausible_time`: past the year
+2100, negative, not finite) is a ``malformed`` drop, as the channels' decode makes it in
+``serve``; a plausible one more than :data:`MAX_LEAP_S` ahead does not move the clock
+(the message arrives at once, as in ``serve`` a message from a clock running ahead), and
+the virtual deadline (:data:`VIRTUAL_DEADLINE_S`, which bounds the work) does not count
+the clock's moves, so no event time can stall or end a fixture.  Files a turn saves for the
 agent go to the run's temporary data directory, never anywhere else, and their paths are
 printed under ``$DATA_DIR``.  Output lines (JSON, one per line)::
 
@@ -48,6 +54,7 @@ from dshim import normalized
 from dshim.channels.base import FixtureError, ReplayAdapter, ReplaySource
 from dshim.channels.kit.decode import decode as bounded_decode
 from dshim.channels.kit.decode import member_span, split_array
+from dshim.channels.kit.ids import plausible_time
 from dshim.config import CHANNEL_KEYS, parse_config
 from dshim.errors import ConfigError
 from dshim.harness.echo import EchoHarness
@@ -65,6 +72,9 @@ TEXT_PRINT_MAX = 100_000
 #: Lookups of raw fixtures go here; the recorded exchanges answer (nothing leaves).
 REPLAY_API_BASE = "https://replay.invalid"
 VIRTUAL_DEADLINE_S = 3600.0
+#: The furthest ahead an event's time moves the clock (one day); one further ahead is
+#: taken for a clock running ahead and arrives at once.
+MAX_LEAP_S = 86_400.0
 
 
 class HttpExchange(msgspec.Struct, kw_only=True):
@@ -297,7 +307,17 @@ class _EpochClock:
         return self.now0 + (trio.current_time() - self.t0)
 
 
-async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
+def _timed(item: InboundMessage | Skip) -> InboundMessage | Skip:
+    """``item``, or a malformed drop when its time is no plausible clock reading (the
+    channels already refuse one; this holds for normalized fixtures and any adapter)."""
+    if isinstance(item, InboundMessage) and not plausible_time(item.received_at):
+        return Skip(reason="malformed", detail="received_at: not a plausible time")
+    return item
+
+
+async def _run_fixture(
+    fx: Fixture, name: str, data_dir: Path, deadline: trio.CancelScope | None = None
+) -> list[Line]:
     rec = _Recorder(name, data_dir)
     bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
     try:
@@ -341,7 +361,7 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
         expand = getattr(adapter, "expand", None)
         if expand is not None:
             raws = [part for raw in raws for part in expand(raw)]
-        items = [adapter.decode(raw) for raw in raws]
+        items = [_timed(adapter.decode(raw)) for raw in raws]
         if fx.now is not None:
             now0 = _ts(fx.now)
         else:
@@ -395,6 +415,15 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
         ) as rt:
             collector = adapter if isinstance(adapter, Collecting) else None
 
+            async def move_to(t: float) -> None:
+                # The clock moves to an event's time (unless that is more than MAX_LEAP_S
+                # ahead); the deadline bounds the work, so it moves along.
+                leap = t - clock()
+                if 0 < leap <= MAX_LEAP_S:
+                    if deadline is not None:
+                        deadline.deadline += leap
+                    await trio.sleep(leap)
+
             async def hand(item: InboundMessage | Skip, raw: bytes, index: int) -> None:
                 rec.index = index
                 if received is not None:
@@ -410,7 +439,7 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
                 assert collector is not None
                 while (due := collector.collect_due()) is not None and due <= until:
                     if due > clock():
-                        await trio.sleep(due - clock())
+                        await move_to(due)
                     for ready in collector.collect_ready(due):
                         await hand(*ready)
 
@@ -426,7 +455,7 @@ async def _run_fixture(fx: Fixture, name: str, data_dir: Path) -> list[Line]:
                 if collector is not None:
                     await hand_held(arrived)
                 if isinstance(item, InboundMessage) and item.received_at > clock():
-                    await trio.sleep(item.received_at - clock())  # time moves to the event
+                    await move_to(item.received_at)  # time moves to the event
                 if collector is None:
                     await hand(item, raw, i)
                     continue
@@ -445,8 +474,8 @@ def run_fixture(path: Path, name: str | None = None) -> list[Line]:
 
     async def main() -> list[Line]:
         with tempfile.TemporaryDirectory(prefix="dshim-replay-") as tmp:
-            with trio.fail_after(VIRTUAL_DEADLINE_S):
-                return await _run_fixture(fx, label, Path(tmp))
+            with trio.fail_after(VIRTUAL_DEADLINE_S) as deadline:
+                return await _run_fixture(fx, label, Path(tmp), deadline)
 
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -493,6 +522,39 @@ def _write_expect(path: Path, expect: list[Line]) -> None:
     path.write_bytes(data)
 
 
+class _HeldLogs:
+    """Log lines written while a fixture runs, held back: a fixture that passed its check
+    expected its warnings (a malformed event dropped, a lookup refused), so they are not
+    printed; any other outcome prints them after its own message."""
+
+    def __init__(self, err: Callable[[str], None]) -> None:
+        self._err = err
+        self._shown = True
+        self._saved: list[tuple[Any, Any]] = []
+
+    def discard(self) -> None:
+        self._shown = False
+
+    def __enter__(self) -> _HeldLogs:
+        import io
+        import logging
+
+        self._buffer = io.StringIO()
+        for handler in logging.getLogger().handlers:
+            if type(handler) is not logging.FileHandler and isinstance(
+                handler, logging.StreamHandler
+            ):
+                self._saved.append((handler, handler.setStream(self._buffer)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handler, stream in self._saved:
+            handler.setStream(stream)
+        held = self._buffer.getvalue().rstrip("\n")
+        if self._shown and held:
+            self._err(held)
+
+
 def replay(
     paths: list[Path],
     *,
@@ -512,32 +574,34 @@ def replay(
         return 2
     failures = 0
     for path in files:
-        try:
-            fx = load_fixture(path)
-            lines = run_fixture(path)
-        except FixtureError as exc:
-            err(f"FAIL {path}: {exc}")
-            failures += 1
-            continue
-        except Exception as exc:  # a bug: report it, and still run the other fixtures
-            err(f"FAIL {path}: crashed: {type(exc).__name__}: {str(exc)[:300]}")
-            failures += 1
-            continue
-        if update:
-            _write_expect(path, [_strip(x) for x in lines])
-            out(f"updated {path} ({len(lines)} lines)")
-        elif check:
-            if fx.expect is None:
-                err(f"FAIL {path}: no 'expect' list to check against")
+        with _HeldLogs(err) as logs:
+            try:
+                fx = load_fixture(path)
+                lines = run_fixture(path)
+            except FixtureError as exc:
+                err(f"FAIL {path}: {exc}")
                 failures += 1
-            elif [_strip(x) for x in fx.expect] != [_strip(x) for x in lines]:
-                err(f"FAIL {path}\n{diff_lines(fx.expect, lines)}")
+                continue
+            except Exception as exc:  # a bug: report it, and still run the other fixtures
+                err(f"FAIL {path}: crashed: {type(exc).__name__}: {str(exc)[:300]}")
                 failures += 1
+                continue
+            if update:
+                _write_expect(path, [_strip(x) for x in lines])
+                out(f"updated {path} ({len(lines)} lines)")
+            elif check:
+                if fx.expect is None:
+                    err(f"FAIL {path}: no 'expect' list to check against")
+                    failures += 1
+                elif [_strip(x) for x in fx.expect] != [_strip(x) for x in lines]:
+                    err(f"FAIL {path}\n{diff_lines(fx.expect, lines)}")
+                    failures += 1
+                else:
+                    logs.discard()
+                    out(f"ok   {path} ({len(lines)} lines)")
             else:
-                out(f"ok   {path} ({len(lines)} lines)")
-        else:
-            for line in lines:
-                out(dump_line(line))
+                for line in lines:
+                    out(dump_line(line))
     if check:
         out(f"{len(files) - failures} passed, {failures} failed")
     return 1 if failures else 0
