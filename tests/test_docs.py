@@ -2,8 +2,9 @@
 
 - docs/configuration.md is what ``python -m dshim.docs_config`` generates from the structs;
 - every channel of the registry has its docs/channels/<channel>.md page;
-- every relative link of README.md and docs/**/*.md, and every backticked repository path
-  (`dshim/config.py`, `scripts/chromium`), names a file or folder that exists;
+- every relative link of README.md and docs/**/*.md, and every repository path in inline
+  code or a shell block (`dshim/config.py`, `python scripts/bench_harness.py`), names a
+  file or folder that exists;
 - every key a ``toml`` example writes (also commented out, ``# key = value``) is a key the
   structs accept in that table; in a ``[[bots]]`` table, the shared keys plus those of the
   channel its ``channel = "..."`` names (all channels' when it names none);
@@ -70,6 +71,7 @@ def lines_of(text: str) -> Iterator[tuple[int, str, str | None]]:
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1")
 _LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REF_LINK = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)")
+SHELL_LANGS = ("sh", "bash", "shell", "console")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
 _REPO_PATH = re.compile(
     r"^(?:\./)?((?:" + "|".join(re.escape(d) for d in REPO_DIRS) + r")/[A-Za-z0-9_./-]*)(?::\d+)?$"
@@ -82,11 +84,17 @@ def broken_links(page: Path, text: str) -> list[str]:
     where = page.relative_to(REPO) if page.is_relative_to(REPO) else page
     for n, line, lang in lines_of(text):
         if lang is not None:
+            if lang in SHELL_LANGS:  # `python scripts/bench_harness.py` in a command
+                for word in line.split():
+                    m = _REPO_PATH.match(word.strip("'\"`(),;"))
+                    if m and not (REPO / m.group(1)).exists():
+                        out.append(f"{where}:{n}: {m.group(1)} does not exist")
             continue
         for span in _CODE_SPAN.finditer(line):
-            m = _REPO_PATH.match(span.group(2).strip())
-            if m and not (REPO / m.group(1)).exists():
-                out.append(f"{where}:{n}: `{span.group(2).strip()}` does not exist")
+            for word in span.group(2).split():
+                m = _REPO_PATH.match(word.strip("'\"(),;"))
+                if m and not (REPO / m.group(1)).exists():
+                    out.append(f"{where}:{n}: `{m.group(1)}` does not exist")
         prose = _CODE_SPAN.sub("", line)
         targets = [m.group(1) for m in _LINK.finditer(prose)]
         ref = _REF_LINK.match(prose)
@@ -401,14 +409,18 @@ def test_a_broken_link_and_a_missing_path_are_reported(tmp_path: Path) -> None:
     text = (
         "See [the reference](configuration.md), [gone](channels/nope.md#setup),\n"
         "[web](https://example.com), [top](#top), `dshim/config.py` and `dshim/nope.py`.\n"
-        "```\n[in code](missing.md) `dshim/also-nope.py`\n```\n"
+        "```text\n[in code](missing.md) `dshim/also-nope.py`\n```\n"
         "[ref]: ../scripts/nothing.sh\n"
-        "`files/<bot>/` and `dshim.toml` are not repository paths.\n"
+        "`files/<bot>/`, `tests/test_*.py` and `dshim.toml` are not repository paths;\n"
+        "run `python scripts/bench_harness.py` or `python scripts/bench_nope.py --x`.\n"
+        "```sh\nscripts/chromium && python tests/gone.py\n```\n"
     )
     assert broken_links(page, text) == [
         "docs/example.md:1: link to channels/nope.md#setup names a file that does not exist",
         "docs/example.md:2: `dshim/nope.py` does not exist",
         "docs/example.md:6: link to ../scripts/nothing.sh names a file that does not exist",
+        "docs/example.md:8: `scripts/bench_nope.py` does not exist",
+        "docs/example.md:10: tests/gone.py does not exist",
     ]
 
 
