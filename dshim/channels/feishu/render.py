@@ -16,7 +16,11 @@ CardKit card streamed by :mod:`dshim.render`'s engine through :class:`FeishuTran
 Text beyond :data:`MAX_CARD_CHARS` continues in follow-up text messages.  Every message
 create and reply and every card update carries a ``uuid`` derived from what it is (the
 answered message, the slot, the sequence), so a retry after an unknown outcome is
-deduplicated by Feishu (one success per uuid per hour): the sends are idempotent.  A card
+deduplicated by Feishu (one success per uuid per hour): the sends are idempotent, and
+the engine retries every failure, of unknown outcome too, for ``send_retry_s`` (120 s).
+An answer still unconfirmed after that is handed to the pipeline's outbox as not
+delivered (:meth:`FeishuStream.finish`): it is sent once more when Feishu is back, also
+after a restart -- at worst one extra copy, never a lost answer.  A card
 entity create takes no uuid (its body is ``type`` and ``data``): each slot's card is
 created once and a repeated reply sends that same card, so the message Feishu delivered
 is the one streamed into.  When CardKit is not permitted
@@ -492,10 +496,31 @@ class FeishuStream:
 
     async def finish(self, text: str) -> list[Delivered]:
         self.transport.finishing = True
-        delivered = await self.inner.finish(text)
+        try:
+            delivered = await self.inner.finish(text)
+        except TransportError as exc:
+            unconfirmed = _unconfirmed(exc)
+            if unconfirmed is exc:
+                raise
+            raise unconfirmed from exc
         self.finished = True
         await self.transport.close_cards(split(text)[0] if text.strip() else text)
         return delivered
+
+
+def _unconfirmed(exc: TransportError) -> TransportError:
+    """A send that stayed unconfirmed through every retry with its uuid, as not delivered.
+
+    Feishu was unreachable, or took one try and lost every answer: the pipeline's outbox
+    sends it again when Feishu is back (a notice's uuid follows from its text, so within
+    Feishu's hour that repeat is the same send) -- one extra copy at worst, never a
+    silently lost answer.  Other failures pass unchanged."""
+    if not (exc.request_sent and exc.status is None):
+        return exc
+    log.warning("answer_unconfirmed", error=str(exc)[:300])
+    return TransportError(
+        f"{exc} (unconfirmed after every retry with its uuid)", code=exc.code, request_sent=False
+    )
 
 
 @dataclass
@@ -520,9 +545,15 @@ class FeishuOutbound(EditOutbound):
         #: result under the notice's text; after a restart under an empty one).
         self._notices: dict[str, ControlNotice] = {}
 
-    def transport(self, target: ReplyTarget) -> FeishuTransport:
-        key = target.reply_to_message_id or target.conversation_id
-        return FeishuTransport(self, target, stream=False, key=f"notice:{key}:{self.epoch()}")
+    def transport(self, target: ReplyTarget, text: str = "") -> FeishuTransport:
+        # Under a message, the uuids follow from the message and the text: the outbox's
+        # repeats of one postponed answer are one send to Feishu (within its hour).
+        mid = target.reply_to_message_id
+        if mid and text:
+            key = f"{mid}:{uuid_for(text)}"
+        else:  # a card (approval, control notice) or a message into the chat: one each
+            key = f"{mid or target.conversation_id}:{self.epoch()}"
+        return FeishuTransport(self, target, stream=False, key=f"notice:{key}")
 
     async def remember(self, target: ReplyTarget, message_id: str, text: str) -> None:
         """Put a just-sent message into the outbound index (before its final text)."""
@@ -537,9 +568,19 @@ class FeishuOutbound(EditOutbound):
             log.warning("outbound_record_failed", error=str(exc)[:200])
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        return await deliver_text(
-            self.transport(target), self.limits, text, clock=self.clock, pacer=self.pacer(target)
-        )
+        try:
+            return await deliver_text(
+                self.transport(target, text),
+                self.limits,
+                text,
+                clock=self.clock,
+                pacer=self.pacer(target),
+            )
+        except TransportError as exc:
+            unconfirmed = _unconfirmed(exc)
+            if unconfirmed is exc or target.reply_to_message_id is None:
+                raise
+            raise unconfirmed from exc
 
     @asynccontextmanager
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[FeishuStream]:  # type: ignore[override]

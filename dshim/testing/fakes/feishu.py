@@ -28,7 +28,11 @@ time.  ``cardkit_enabled = False`` refuses CardKit with 99991672;
 ``lookup_denied`` (message ids) answers lookups with 99991672; the shared fault queue
 keyed by ``"METHOD /template"`` (e.g. ``"PUT /open-apis/cardkit/v1/cards/{card_id}/elements/
 {element_id}/content"``) answers ``fail_next(op, n, status=429|400|5xx, code=...)`` in
-Feishu's shape (429 with ``x-ogw-ratelimit-reset``).
+Feishu's shape (429 with ``x-ogw-ratelimit-reset``);
+:meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (every call, or the ops
+named, answers 500, is dropped unprocessed, or is processed with its answer lost).  A
+chat in :attr:`FakeFeishu.dm_chats` is a DM too (``dm_chats[open_id] = chat_id``: one
+more person's DM with the bot).
 
 Long connection: pings are answered with pongs (``answer_pings = False``: a dead
 server) carrying ``pong_config`` when set; events go out as DATA ``type=event`` frames,
@@ -468,7 +472,7 @@ class FakeFeishu(FakePlatform[RestCall]):
         return message
 
     def _chat_type(self, chat_id: str) -> str:
-        if chat_id == self.dm_chat:
+        if chat_id == self.dm_chat or chat_id in self.dm_chats.values():
             return "p2p"
         return "topic_group" if chat_id == self.topic_chat else "group"
 
@@ -733,8 +737,9 @@ class FakeFeishu(FakePlatform[RestCall]):
                 self._record(request, op, body, data.status, 0)
                 return data
             self._record(request, op, body, 200, 0)
-            if self._lost.get(op.lower(), 0):
-                self._lost[op.lower()] -= 1
+            if self._lost.get(op.lower(), 0) or self.losing(op):
+                if self._lost.get(op.lower(), 0):
+                    self._lost[op.lower()] -= 1
                 raise DropConnection(op)  # done, but the answer never reaches the bot
             return json_response(data)
         self._record(request, request.path, body, 404, 404)
