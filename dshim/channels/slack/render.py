@@ -24,7 +24,21 @@ overflow as further thread posts.  ``chat.update`` is Tier 3, a budget shared by
 whole workspace: every edit takes a slot of one :class:`~dshim.render.ChatPacer` (50 a
 minute).  Posts into one channel are at least :data:`POST_SPACING_S` apart (Slack's
 ~1 message/s per channel).  A 429 pauses only the method it hit (the client).  Slack has
-no idempotency key for posts: a post of unknown outcome is repeated at most once.
+no idempotency key for posts: a post of unknown outcome is repeated at most once, after
+a pause and once ``auth.test`` answers again (:meth:`SlackTransport.reachable`).
+
+Failures follow :mod:`dshim.render`'s rules on both paths.  A failure that proves the
+call did nothing (could not connect, a 5xx, a 429 after its ``Retry-After``) is retried
+with backoff for ``send_retry_s``: an append is made again, a ``chat.startStream`` that
+failed so hands the answer to the fallback's post.  A response lost after the request
+went out is an unknown outcome: after a ``chat.startStream`` the fallback's post is its
+one repeat (:meth:`~dshim.render.EditStream.unconfirmed_send`); after an append the
+stream is stopped and the fallback sets the whole text by ``chat.update`` (appending
+again could show a piece twice); ``chat.stopStream`` is simply repeated (a stream found
+stopped is stopped).  A stream stopped with the final text is the answer, also when the
+stop's answer was lost: it is never posted again.  What still fails after the retries is
+raised from ``finish`` as itself (the turn's failure, never the bot's), so the pipeline's
+outbox delivers an answer the platform certainly did not take once it is back.
 
 Status: ``assistant.threads.setStatus`` "is thinking…" until the first text (a workspace
 or conversation that refuses it is not asked again).
@@ -51,12 +65,13 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
 
 from dshim.channels.base import CONTROL_ACTIONS, ControlNotice, InteractionPrompt
+from dshim.channels.kit import Backoff
 from dshim.channels.slack.client import WebClient
 from dshim.channels.slack.protocol import (
     ACTION_PREFIX,
@@ -70,11 +85,20 @@ from dshim.channels.slack.protocol import (
     pieces,
     stream_suffix,
 )
-from dshim.errors import ChannelError, RateLimited, TransportError
+from dshim.errors import ChannelError, DshimError, RateLimited, TransportError, single_error
 from dshim.model import Delivered, ReplyTarget
-from dshim.render import ChatPacer, EditOutbound, EditStream, Limits, open_edit_stream
+from dshim.render import (
+    BACKOFF_MAX_S,
+    ChatPacer,
+    EditOutbound,
+    EditStream,
+    Limits,
+    open_edit_stream,
+)
 
 log = structlog.get_logger("dshim.slack")
+
+T = TypeVar("T")
 
 #: ``chat.update``'s documented limit; fallback messages are split at it.
 MAX_MESSAGE_LEN = 4000
@@ -199,6 +223,11 @@ class SlackTransport:
     async def typing(self) -> None:
         await self.outbound.status(self.channel, self.thread_ts)
 
+    async def reachable(self) -> None:
+        """Does the Web API answer again?  (``auth.test``: cheap, changes nothing; before
+        the one repeat of a post whose outcome is unknown, see :mod:`dshim.render`.)"""
+        await self.web.auth_test()
+
 
 class NativeStream:
     """One answer streamed with ``chat.startStream`` / ``appendStream`` / ``stopStream``.
@@ -232,6 +261,12 @@ class NativeStream:
         self._delivery_hook: Callable[[], Awaitable[None]] | None = None
         self._stop_hook: Callable[[], object] | None = None
         self.stopped_by_user = False
+        #: A ``chat.startStream`` whose answer was lost: a message may be up, unknown to us.
+        self._start_unsure = False
+        #: Why ``chat.stopStream`` could not be made (the fallback cannot edit the message).
+        self._stop_failed: ChannelError | None = None
+        self._pump_backoff = self._backoff()
+        self._rate_limited_s = 0.0
 
     # -- hooks the pipeline sets ---------------------------------------------------------
 
@@ -271,7 +306,45 @@ class NativeStream:
             if done is not None:
                 return done
         fallback = await self._ensure_fallback()
+        if self._stop_failed is not None:
+            # Still streaming: no edit can land.  A failure that may pass (the platform is
+            # down or busy) lets the pipeline's outbox deliver the answer later.
+            raise self._stop_failed
         return await fallback.finish(text)
+
+    # -- retries ---------------------------------------------------------------------------
+
+    def _backoff(self) -> Backoff:
+        first = self.outbound.limits.retry_backoff_s
+        return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
+
+    async def _retrying(self, call: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
+        """``call()`` under the engine's rules (:mod:`dshim.render`): a failure that proves
+        it did nothing (could not connect, a 5xx) is retried with backoff for
+        ``send_retry_s``, a 429 after its Retry-After (``rate_limit_budget_s`` in all); a
+        response lost after the request went out is raised at once unless the call is
+        ``repeatable`` (making it twice changes nothing)."""
+        limits = self.outbound.limits
+        backoff = self._backoff()
+        give_up_at = trio.current_time() + limits.send_retry_s
+        while True:
+            try:
+                return await call()
+            except RateLimited as exc:
+                # The client waited out what it could; the method stays blocked this long.
+                self._rate_limited_s += exc.retry_after
+                if self._rate_limited_s > limits.rate_limit_budget_s:
+                    raise
+                log.info("stream_rate_limited", retry_after=exc.retry_after)
+                await trio.sleep(exc.retry_after)
+            except TransportError as exc:
+                if unsure(exc) and not repeatable:
+                    raise
+                delay = backoff.next_delay()
+                if trio.current_time() + delay > give_up_at:
+                    raise
+                log.info("stream_call_retry", error=str(exc)[:200], retry_in_s=delay)
+                await trio.sleep(delay)
 
     # -- the native path --------------------------------------------------------------------
 
@@ -313,6 +386,7 @@ class NativeStream:
                 self._last_call = trio.current_time()
                 await self.web.append_stream(self.channel, self.ts, escape(piece))
                 self._shown += piece
+                self._pump_backoff.reset()
                 if len(piece) < len(suffix):
                     self._changed.set()
             return True
@@ -342,9 +416,13 @@ class NativeStream:
         except ChannelError as exc:
             if str(exc.code) in STREAM_UNAVAILABLE:
                 self.outbound.mark_native_unavailable(self.channel_type, str(exc.code))
-            log.info("stream_start_failed", error=str(exc)[:200])
+            # The fallback posts the answer; after a start that may be up, that post is
+            # its one repeat (after a pause, see dshim.render), never a loop of copies.
+            self._start_unsure = unsure(exc)
+            log.info("stream_start_failed", error=str(exc)[:200], unsure=self._start_unsure)
             return False
-        if started.ts is None:
+        if started.ts is None:  # started, but where: as good as a lost answer
+            self._start_unsure = True
             return False
         self.ts = started.ts
         self._shown = first
@@ -368,6 +446,15 @@ class NativeStream:
             self._last_call = trio.current_time() + exc.retry_after
             self._changed.set()
             return True
+        if isinstance(exc, TransportError) and not unsure(exc):
+            # Certainly not appended (could not connect, a 5xx): the same piece, later.
+            delay = self._pump_backoff.next_delay()
+            log.info("stream_append_retry", error=str(exc)[:200], retry_in_s=delay)
+            self._last_call = trio.current_time() + delay
+            self._changed.set()
+            return True
+        # Refused, or perhaps appended (the answer was lost): appending again could show
+        # a piece twice, so the fallback stops the stream and sets the whole text.
         log.info("stream_append_failed", error=str(exc)[:200], code=code)
         return False
 
@@ -378,20 +465,31 @@ class NativeStream:
         suffix = stream_suffix(self._shown, final)
         if suffix is None or len(final) > STREAM_MAX or not final:
             return None
-        try:
-            for piece in pieces(suffix, APPEND_MAX):
+        ts = self.ts
+        for piece in pieces(suffix, APPEND_MAX):
+
+            async def append(piece: str = piece) -> None:
                 wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
                 if wait > 0:
                     await trio.sleep(wait)
                 self._last_call = trio.current_time()
-                await self.web.append_stream(self.channel, self.ts, escape(piece))
-                self._shown += piece
-            await self.web.stop_stream(self.channel, self.ts)
-        except ChannelError as exc:
-            if str(exc.code) == "stopped_by_user":
-                self.stopped_by_user = True
-            log.info("stream_finish_failed", error=str(exc)[:200])
-            return None
+                await self.web.append_stream(self.channel, ts, escape(piece))
+
+            try:
+                await self._retrying(append, repeatable=False)
+            except ChannelError as exc:
+                if str(exc.code) == "stopped_by_user":
+                    self.stopped_by_user = True
+                log.info("stream_finish_failed", error=str(exc)[:200])
+                if isinstance(exc, (RateLimited, TransportError)) and not unsure(exc):
+                    raise  # down or busy all along: nothing to edit now, the outbox retries
+                return None  # refused or perhaps appended: the fallback sets the text
+            self._shown += piece
+        failed = await self._stop()
+        if failed is not None:
+            # Every piece was confirmed: the whole answer is on the screen, still marked as
+            # being written.  Posting it again would show it twice.
+            log.warning("stream_left_open", error=str(failed)[:200])
         now = self.outbound.clock()
         return [Delivered(message_id=self.ts, text=final, sent_at=self._sent_at, completed_at=now)]
 
@@ -410,10 +508,7 @@ class NativeStream:
             transport = SlackTransport(self.outbound, self.target)
             if self.ts is not None:
                 if not self.stopped_by_user:
-                    try:
-                        await self.web.stop_stream(self.channel, self.ts)
-                    except ChannelError as exc:  # stopped already, or gone: update anyway
-                        log.info("stream_stop_failed", error=str(exc)[:200])
+                    self._stop_failed = await self._stop()
                 transport.adopted = Adopted(self.ts, self._sent_at)
             self._fallback_transport = transport
             self._want_fallback.set()
@@ -436,9 +531,30 @@ class NativeStream:
                 hook, self._delivery_hook = self._delivery_hook, None
                 if hook is not None:
                     stream.watch_delivery(hook)
+            if self._start_unsure:
+                stream.unconfirmed_send()
             self._fallback = stream
             self._fallback_ready.set()
             await trio.sleep_forever()
+
+    async def _stop(self) -> ChannelError | None:
+        """``chat.stopStream``, retried while Slack is down or busy (a repeat of a stop
+        whose answer was lost finds the stream stopped: harmless).  Returns the failure
+        that outlasted the retries (None: the message is no longer streaming)."""
+        assert self.ts is not None
+        ts = self.ts
+
+        async def stop() -> None:
+            await self.web.stop_stream(self.channel, ts)
+
+        try:
+            await self._retrying(stop, repeatable=True)
+        except (RateLimited, TransportError) as exc:
+            log.warning("stream_stop_failed", error=str(exc)[:200])
+            return exc
+        except ChannelError as exc:  # stopped already (by us, the person or Slack), or gone
+            log.info("stream_stop_refused", error=str(exc)[:200], code=str(exc.code))
+        return None
 
     async def status(self) -> None:
         """The "is thinking…" status, once, when the grace passed without text (a quick
@@ -607,14 +723,16 @@ class SlackOutbound(EditOutbound):
                 yield edit_stream
             return
         stream = NativeStream(self, target)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(stream.pump)
-            nursery.start_soon(stream.status)
-            nursery.start_soon(stream.run_fallback)
-            try:
-                yield stream
-            finally:
-                nursery.cancel_scope.cancel()
+        # A failed send is the turn's (raised as itself), never a group that restarts the bot.
+        with single_error():
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_guard, stream.pump)
+                nursery.start_soon(_guard, stream.status)
+                nursery.start_soon(_guard, stream.run_fallback)
+                try:
+                    yield stream
+                finally:
+                    nursery.cancel_scope.cancel()
 
     @asynccontextmanager
     async def open_interaction(
@@ -678,6 +796,21 @@ class SlackOutbound(EditOutbound):
                     )
                 except ChannelError as exc:
                     log.info("interaction_update_failed", error=str(exc)[:200])
+
+
+async def _guard(task: Callable[[], Awaitable[None]]) -> None:
+    """A stream's background task never ends the answer (finish reports what failed);
+    anything but a dshim error is a bug and propagates."""
+    try:
+        await task()
+    except DshimError as exc:
+        log.warning("stream_task_failed", error=str(exc)[:200])
+
+
+def unsure(exc: ChannelError) -> bool:
+    """Whether a failed call may have been carried out: the request went out and no
+    answer came back (a status, even a 5xx, is an answer)."""
+    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
 
 
 #: Between a control notice and the result of a press on it.
