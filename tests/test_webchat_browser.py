@@ -10,15 +10,19 @@ broken page fails instead of hanging.  The system Chromium is used, ``$CHROMIUM`
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 from playwright.sync_api import Browser, Page, expect, sync_playwright
+from structlog.testing import capture_logs
 
+from dshim.channels.webchat import channel as webchat_channel
 from dshim.harness.echo import EchoHarness
 from tests.rig_webchat import bot_quote, serving, source_block
 
@@ -212,3 +216,45 @@ def sign_in_and_chat(url: str) -> None:
 async def test_with_a_token_the_page_signs_in_once_and_chats(tmp_path: Path) -> None:
     async with serving(tmp_path, inline=False, token=TOKEN) as s:
         await trio.to_thread.run_sync(sign_in_and_chat, s.url + "/", abandon_on_cancel=True)
+
+
+def closed_and_back(url: str, close: Callable[[], None]) -> None:
+    """dshim closes the page's socket as it closes one that did not join: the page
+    reconnects, joins at once and chats on."""
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            page = open_page(browser, url, "Ann")
+            say(page, "before")
+            expect(bot_messages(page)).to_have_count(1)
+            close()
+            # Sent on the new socket (or from the outbox once it is open): it is answered
+            # only if that socket joined the conversation.
+            say(page, "echo:slow 8 after the close")
+            expect(bot_messages(page)).to_have_count(2)
+            expect(bot_messages(page).nth(1)).not_to_have_class(re.compile(r"\bstreaming\b"))
+            expect(bot_messages(page).nth(1).locator(".body")).to_contain_text("after the close")
+            expect(page.locator("#status")).to_have_text("connected")
+        finally:
+            browser.close()
+
+
+@pytest.mark.deadline(120)
+async def test_the_page_joins_at_once_and_comes_back_after_dshim_closes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A join deadline much shorter than 10 s: a page that did not join as soon as its
+    # socket opens would be closed for it during the slow answer (2 s) below.
+    monkeypatch.setattr(webchat_channel, "JOIN_DEADLINE_S", 0.5)
+    with capture_logs() as logs:
+        async with serving(tmp_path, harness=EchoHarness(slow_interval_s=0.25), inline=False) as s:
+            close = functools.partial(
+                trio.from_thread.run,
+                s.endpoint.close_sockets,
+                webchat_channel.JOIN_TIMEOUT_CODE,
+                "no join within 10 s",
+            )
+            drive = functools.partial(closed_and_back, s.url + "/", close)
+            await trio.to_thread.run_sync(drive, abandon_on_cancel=True)
+    dismissed = [e for e in logs if e["event"] == "tab_dismissed"]
+    assert dismissed == []

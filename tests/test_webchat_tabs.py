@@ -75,7 +75,7 @@ async def test_a_tab_too_far_behind_is_closed_so_the_page_reloads(
     ws = StalledSocket()
     tab = Tab(ws, outbox_max=10)
     tabs = Tabs()
-    tabs.add(tab)
+    assert tabs.admit(tab) == []
     tab.join(Member("c1", "direct", "u1", "Ann"))
     async with trio.open_nursery() as nursery:
         nursery.start_soon(tab.run_writer)

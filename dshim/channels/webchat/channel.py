@@ -16,6 +16,13 @@ keeps one order for all tabs, and it is the bot's task, so a tab that closes in 
 never cuts a message half-accepted.  When the bot stops, every tab is closed (the page
 reconnects with backoff to the next start and reloads the history) and new sockets are
 refused with 1013 until then.
+
+Sockets that only hold a slot: one that has not joined (a valid ``join``) within
+:data:`JOIN_DEADLINE_S` is closed with :data:`JOIN_TIMEOUT_CODE` (the page joins as soon
+as its socket is open); one that stops answering the endpoint's pings is closed by the
+endpoint (:mod:`dshim.http.wsstream`); the caps per client, per address and for all, and
+who loses a slot to a new socket, are :class:`~.client.Tabs`'s.  A socket closed to make
+room, or refused, gets 1013 with the reason.
 """
 
 from __future__ import annotations
@@ -61,6 +68,12 @@ JOB_QUEUE = 64
 #: Close code for sockets while the bot is not running (the page retries).
 RESTARTING_CODE = 1012
 UNAVAILABLE_CODE = 1013
+#: A socket must join within this long of connecting ...
+JOIN_DEADLINE_S = 10.0
+#: ... or it is closed with this code (an application code: 4000 + HTTP 408).
+JOIN_TIMEOUT_CODE = 4408
+#: How long closing a dismissed tab's socket may take (the peer may not read).
+DISMISS_CLOSE_S = 5.0
 HISTORY_MAX = 500
 TEST_TEXT = "✅ dshim connection test: this conversation is reachable."
 #: The page's files (package data), by mount path.
@@ -247,20 +260,36 @@ class Chat:
             if self.closed:
                 await ws.close(RESTARTING_CODE, "the web chat is restarting")
                 return
-            tab = Tab(ws)
-            if not self.tabs.add(tab):
+            tab = Tab(ws, client=ws.client)
+            victims = self.tabs.admit(tab)
+            if victims is None:
                 log.warning("tab_refused", reason="too_many_tabs", tabs=len(self.tabs))
                 await ws.close(UNAVAILABLE_CODE, "too many open tabs")
                 return
+            for victim in victims:
+                log.info("tab_dismissed", reason="made_room", tabs=len(self.tabs))
+                victim.dismiss(UNAVAILABLE_CODE, "closed to make room: it had not joined")
             try:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(tab.run_writer)
-                    try:
-                        await self._read_tab(tab)
-                    finally:
-                        nursery.cancel_scope.cancel()
+                with tab.scope:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(tab.run_writer)
+                        nursery.start_soon(self._join_deadline, tab)
+                        try:
+                            await self._read_tab(tab)
+                        finally:
+                            nursery.cancel_scope.cancel()
             finally:
                 self.tabs.remove(tab)
+            if tab.dismissed is not None:
+                with trio.move_on_after(DISMISS_CLOSE_S):
+                    await ws.close(*tab.dismissed)
+
+    async def _join_deadline(self, tab: Tab) -> None:
+        await trio.sleep(JOIN_DEADLINE_S)
+        if tab.user is None:
+            log.info("tab_dismissed", reason="no_join", tabs=len(self.tabs))
+            self.tabs.remove(tab)
+            tab.dismiss(JOIN_TIMEOUT_CODE, f"no join within {JOIN_DEADLINE_S:g} s")
 
     async def _read_tab(self, tab: Tab) -> None:
         """Handle the tab's frames in order until it closes."""
@@ -293,6 +322,11 @@ class Chat:
             tab.push(protocol.error_frame("unavailable", "the history could not be read"))
 
     async def _join(self, tab: Tab, member: protocol.Member) -> None:
+        if not self.tabs.joining(tab, member.user_id):
+            log.warning("tab_refused", reason="too_many_tabs_of_client", tabs=len(self.tabs))
+            self.tabs.remove(tab)
+            tab.dismiss(UNAVAILABLE_CODE, "too many open tabs for this user")
+            return
         tab.join(member)
         conversation = member.conversation
         logged = await self.store.message_log(conversation, limit=self.history_limit)

@@ -8,12 +8,21 @@ replaces a queued older one in place, so a slow tab gets fewer intermediate text
 a stale one after a newer, and never loses the final one.  A tab whose queue still
 overflows (:data:`OUTBOX_MAX`) is closed with 1013 ("try again later"): the page
 reconnects and reloads the conversation's history.
+
+Admission (:class:`Tabs`): a bot serves at most :data:`TABS_MAX` sockets, one client
+address at most :data:`TABS_PER_ADDRESS` of them (an address cannot take every slot) and
+one client — a user id from one address — at most :data:`TABS_PER_CLIENT`, counted when
+it joins.  A socket that has not joined yet holds its slot loosely: when a new socket
+finds its address's share or all slots taken, the oldest socket that has not joined (of
+that address, or of all) is dismissed to make room, so sockets that never say anything
+cannot keep a real tab out.  Only when every slot in the way is held by a joined tab is
+the new socket refused.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import structlog
 import trio
@@ -29,14 +38,26 @@ OUTBOX_MAX = 512
 JOINED_MAX = 64
 #: Sockets one bot serves at once.
 TABS_MAX = 256
+#: Sockets of one client address (a quarter of all: one address cannot take them all).
+TABS_PER_ADDRESS = 64
+#: Sockets of one client: one user id from one address (a person's tabs).
+TABS_PER_CLIENT = 16
 TOO_SLOW_CODE = 1013
 
 
 class Tab:
     """One connected websocket: its memberships and its outbox."""
 
-    def __init__(self, ws: WebSocket, *, outbox_max: int = OUTBOX_MAX) -> None:
+    def __init__(self, ws: WebSocket, *, client: str = "", outbox_max: int = OUTBOX_MAX) -> None:
         self.ws = ws
+        #: The peer's address as the endpoint's limits group it (``WebSocket.client``).
+        self.client = client
+        #: The user id of its last accepted ``join`` (None: it has not joined).
+        self.user: str | None = None
+        #: Around the tab's tasks: :meth:`dismiss` cancels it from any task.
+        self.scope = trio.CancelScope()
+        #: The close code and reason it was dismissed with.
+        self.dismissed: tuple[int, str] | None = None
         self.outbox_max = outbox_max
         self.joined: OrderedDict[str, Member] = OrderedDict()
         self._queue: OrderedDict[object, str] = OrderedDict()
@@ -55,6 +76,13 @@ class Tab:
 
     def leave(self, conversation: str) -> None:
         self.joined.pop(conversation, None)
+
+    def dismiss(self, code: int, reason: str) -> None:
+        """Stop serving this tab (from any task): its tasks are cancelled and whoever
+        serves it closes the socket with ``code`` and ``reason``."""
+        if self.dismissed is None:
+            self.dismissed = (code, reason)
+        self.scope.cancel()
 
     def push(self, frame: str, *, key: str | None = None) -> None:
         """Queue a frame; one with the ``key`` of a queued frame replaces it in place."""
@@ -99,18 +127,53 @@ class Tab:
 class Tabs:
     """The tabs of one bot, and which conversations each follows."""
 
-    def __init__(self, *, max_tabs: int = TABS_MAX) -> None:
+    def __init__(
+        self,
+        *,
+        max_tabs: int = TABS_MAX,
+        per_address: int = TABS_PER_ADDRESS,
+        per_client: int = TABS_PER_CLIENT,
+    ) -> None:
         self.max_tabs = max_tabs
-        self._tabs: set[Tab] = set()
+        self.per_address = per_address
+        self.per_client = per_client
+        #: Oldest first (a dict keeps the order they came in).
+        self._tabs: dict[Tab, None] = {}
 
-    def add(self, tab: Tab) -> bool:
-        if len(self._tabs) >= self.max_tabs:
+    def admit(self, tab: Tab) -> list[Tab] | None:
+        """Take a new tab (see the module docstring).  Returns the tabs that lost their
+        slot to it — not joined, oldest first, already removed: dismiss them — or None
+        when there is no room (nothing changed)."""
+        victims: list[Tab] = []
+        mine = [t for t in self._tabs if t.client == tab.client]
+        if len(mine) >= self.per_address:
+            victim = _oldest_not_joined(mine)
+            if victim is None:
+                return None
+            victims.append(victim)
+        if len(self._tabs) - len(victims) >= self.max_tabs:
+            victim = _oldest_not_joined(t for t in self._tabs if t not in victims)
+            if victim is None:
+                return None
+            victims.append(victim)
+        for victim in victims:
+            del self._tabs[victim]
+        self._tabs[tab] = None
+        return victims
+
+    def joining(self, tab: Tab, user: str) -> bool:
+        """``tab`` joins as ``user``: False when its client (``user`` from its address)
+        already has :attr:`per_client` other tabs."""
+        others = sum(
+            1 for t in self._tabs if t is not tab and t.client == tab.client and t.user == user
+        )
+        if others >= self.per_client:
             return False
-        self._tabs.add(tab)
+        tab.user = user
         return True
 
     def remove(self, tab: Tab) -> None:
-        self._tabs.discard(tab)
+        self._tabs.pop(tab, None)
 
     def __len__(self) -> int:
         return len(self._tabs)
@@ -129,3 +192,7 @@ class Tabs:
     async def close_all(self, code: int, reason: str) -> None:
         for tab in list(self._tabs):
             await tab.ws.close(code, reason)
+
+
+def _oldest_not_joined(tabs: Iterable[Tab]) -> Tab | None:
+    return next((t for t in tabs if t.user is None), None)

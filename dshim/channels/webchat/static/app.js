@@ -191,6 +191,7 @@
     socket.addEventListener("open", () => {
       attempts = 0;
       setStatus("connected", true);
+      // Join at once: dshim closes a socket that has not joined within 10 s.
       const conv = conversation(current);
       if (conv) socket.send(JSON.stringify(joinFrame(conv)));
       resendOutbox(socket);
@@ -204,13 +205,17 @@
       }
       onFrame(frame);
     });
-    socket.addEventListener("close", () => {
+    // Whatever closed it (dshim restarting, too many open tabs, a socket that had not
+    // joined within 10 s: the page joins on "open", so never this one), try again.
+    socket.addEventListener("close", (event) => {
       if (ws !== socket) return;
       ws = null;
       attempts += 1;
       const delay = Math.min(RECONNECT_MAX_MS, RECONNECT_MIN_MS * 2 ** (attempts - 1));
       const jittered = delay / 2 + Math.random() * (delay / 2);
-      setStatus("reconnecting…", false);
+      // 1013 "try again later" says why (too many open tabs): show it while retrying.
+      const why = event.code === 1013 && event.reason ? event.reason + ": " : "";
+      setStatus(why + "reconnecting…", false);
       setTimeout(connect, jittered);
     });
   }
