@@ -11,9 +11,12 @@ are about the frames a user's page gets and the prompt the agent gets.
 from __future__ import annotations
 
 import json
+import re
 import socket
+import urllib.parse
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import httpx
 import trio
@@ -389,6 +392,21 @@ async def test_the_page_is_served_at_the_root_and_under_hooks(
     assert css.headers["content-type"].startswith("text/css")
     assert post.status_code == 405 and post.json()["error"] == "method_not_allowed"
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+
+
+async def test_the_page_has_its_own_icon_so_the_browser_asks_for_no_favicon_ico(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    async with serving(tmp_path) as s, httpx.AsyncClient(base_url=s.url) as http:
+        page = await http.get("/")
+    [href] = re.findall(rb'<link rel="icon" type="image/svg\+xml" href="([^"]+)">', page.content)
+    # Inline (no request, nothing to serve under /hooks/<bot>/ too), allowed by the CSP.
+    prefix = b"data:image/svg+xml,"
+    assert href.startswith(prefix)
+    assert "data:" in page.headers["content-security-policy"].split("img-src", 1)[1].split(";")[0]
+    svg = ElementTree.fromstring(urllib.parse.unquote(href[len(prefix) :].decode("ascii")))
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and svg.get("viewBox") == "0 0 32 32"
+    assert len(href) < 1024
 
 
 async def test_the_socket_under_hooks_is_the_same_chat(
