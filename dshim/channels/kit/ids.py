@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeGuard
 
 __all__ = [
     "MAX_EPOCH_S",
@@ -104,7 +105,7 @@ def shape(name: str, pattern: str) -> IdShape:
 DIGITS = shape("digits", "[0-9]+")
 
 
-def valid_id(value: str | None, kind: IdShape) -> bool:
+def valid_id(value: str | None, kind: IdShape) -> TypeGuard[str]:
     """True when ``value`` is a string id of shape ``kind`` (None and "" are not)."""
     return isinstance(value, str) and kind.matches(value)
 

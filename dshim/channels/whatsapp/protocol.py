@@ -60,6 +60,17 @@ import msgspec
 from msgspec import UNSET
 
 from dshim.channels.kit import decode as kit_decode
+from dshim.channels.kit.ids import (
+    DIGITS,
+    TOKEN,
+    BadId,
+    BadTime,
+    check_id,
+    check_optional_id,
+    check_time,
+    shape,
+    valid_id,
+)
 from dshim.channels.whatsapp import models as m
 from dshim.errors import (
     AuthError,
@@ -91,6 +102,16 @@ SIGNATURE_HEADER = "x-hub-signature-256"
 OPTION_ID_PREFIX = "dshim.opt."
 #: A BSUID: two-letter country code, a period, then letters and digits (maybe ``ENT.``).
 BSUID_RE = re.compile(r"^[A-Z]{2}\.[A-Za-z0-9.]{1,160}$")
+
+# Ids (whatsapp.md §A, kit.ids): a wamid is ``wamid.`` and base64; phone numbers
+# (``from``, ``wa_id``) are digits; a BSUID is ``CC.<alnum>``; group and media ids are
+# digit strings (letters, ``_``, ``-`` tolerated; media ids go into a URL path).  A message
+# whose own id, sender or group is of another shape is malformed; a bad ``context.id``
+# only makes the quote ``not-found``.
+WAMID = shape("wamid", f"wamid\\.[{TOKEN}=+/]+")
+PHONE = DIGITS
+BSUID = shape("bsuid", "[A-Z]{2}\\.[A-Za-z0-9.]{1,160}")
+GRAPH_ID = shape("graph id", f"[{TOKEN}]+")
 #: Types that carry no prompt (revoke also marks the indexed message deleted).
 NOT_PROMPTS = frozenset(
     {"reaction", "edit", "revoke", "system", "unsupported", "request_welcome", "order", "unknown"}
@@ -335,6 +356,7 @@ def is_bsuid(key: str) -> bool:
 
 
 def _media(kind: str, media: m.Media, fetcher: FetcherFactory | None) -> MediaRef:
+    check_optional_id(media.id, GRAPH_ID, "media id")
     return MediaRef(
         kind=kind,
         name=media.filename,
@@ -428,7 +450,15 @@ def map_message(
 
     ``quote_of_bot``: the index showed that the quoted message is one of the bot's.
     """
-    mid = msg.id
+    mid = check_id(msg.id, WAMID, "id")
+    if msg.from_:
+        check_id(msg.from_, PHONE, "from")
+    if msg.from_user_id:
+        check_id(msg.from_user_id, BSUID, "from_user_id")
+    if contact is not None:
+        check_optional_id(contact.wa_id, PHONE, "wa_id")
+        check_optional_id(contact.user_id, BSUID, "user_id")
+    check_optional_id(msg.group_id, GRAPH_ID, "group_id")
     if msg.type in NOT_PROMPTS:
         return Skip(reason="ignored", detail=f"{msg.type} is not a prompt", message_id=mid)
     key = user_key(msg, contact)
@@ -439,6 +469,7 @@ def map_message(
     at = parse_timestamp(msg.timestamp)
     if at is None:
         return Skip(reason="malformed", detail="timestamp: not epoch seconds", message_id=mid)
+    check_time(at, "timestamp")
     content, images, files = _content(msg, fetcher)
     phone = msg.from_ or (contact.wa_id if contact is not None else None)
     conversation_type: ConversationType = "direct"
@@ -463,7 +494,9 @@ def map_message(
     forwarded = False
     if ctx is not None:
         forwarded = ctx.forwarded or ctx.frequently_forwarded
-        if ctx.id and msg.type not in ("interactive", "button"):
+        if ctx.id and not valid_id(ctx.id, WAMID) and msg.type not in ("interactive", "button"):
+            reply_to = ReplyReference(unavailable_reason="not-found")  # never looked up
+        elif ctx.id and msg.type not in ("interactive", "button"):
             # A button press carries the id of the message with the buttons: that is
             # the press's origin, not a quote (a quote would never count as an answer).
             # Only ids: what was quoted comes from dshim's own message index, in the turn.
@@ -543,12 +576,16 @@ def decode_event(
                     quote_of_bot=env.dshim_quote_of_bot,
                 )
                 revoked = None
-                if msg.type == "revoke" and msg.revoke and msg.revoke.original_message_id:
+                if (
+                    msg.type == "revoke"
+                    and msg.revoke
+                    and valid_id(msg.revoke.original_message_id, WAMID)
+                ):
                     key = user_key(msg, contact)
                     if key:
                         revoked = (msg.group_id or key, msg.revoke.original_message_id)
                 return Decoded(item, revoked)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, BadId, BadTime) as exc:
         return Decoded(Skip(reason="malformed", detail=str(exc)[:300]))
     except (RecursionError, UnicodeError, ValueError) as exc:
         return Decoded(Skip(reason="malformed", detail=type(exc).__name__))
