@@ -92,6 +92,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.ids import plausible_time
 from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.channels.slack import models as m
 from dshim.errors import (
@@ -804,6 +805,8 @@ class EventMapper:
         if not _valid_ids(ev) or ev.user is None:
             return Skip(reason="malformed", detail="missing or malformed channel/ts/user")
         assert ev.channel is not None and ev.ts is not None
+        if not plausible_time(float(ev.ts)):  # 12 digits reach the year 33658
+            return Skip(reason="malformed", detail="ts: not a plausible time")
         if ev.user == me.user_id:
             return Skip(reason="echo", detail="own message", message_id=ev.ts)
         channel, ts = ev.channel, ev.ts
@@ -834,6 +837,8 @@ class EventMapper:
         for f in ev.files:
             if f.mode in ("tombstone", "hidden_by_limit"):
                 continue
+            if f.id and not _ID.fullmatch(f.id):  # F… ids, like every Slack id (kit.ids)
+                return Skip(reason="malformed", detail="a file id of another shape")
             kind_of = attachment_kind(f.mimetype)
             media = MediaRef(
                 kind="image" if kind_of == "image" else "file",
