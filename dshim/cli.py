@@ -17,9 +17,60 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer import _click as click  # the click typer vendors: its contexts and errors
+from typer._click.exceptions import NoSuchOption
+from typer.core import TyperArgument, TyperCommand
 
 from dshim import __version__, launch
 from dshim.launch import LOCAL_CONFIG, Globals, config_path, setup_logging
+
+#: The options of ``dshim`` itself: they go before the command.
+GLOBAL_OPTIONS = ("--config", "--data-dir", "--log-level", "--log-format", "--version")
+
+
+class _Argument(TyperArgument):
+    """An argument listed in ``--help`` by its metavar (PATH, BOT), never by the Python
+    type typer would add (``<list[Path]>``, ``<str>``)."""
+
+    def display_type_rich(self, ctx: click.Context) -> str | None:
+        return None
+
+
+class _Command(TyperCommand):
+    """A dshim command: readable arguments in ``--help``, and a global option given after
+    the command is answered with where it goes instead of a bare "No such option"."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is TyperArgument:
+                param.__class__ = _Argument  # typer offers no argument class of its own
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes its list
+        try:
+            return super().parse_args(ctx, args)
+        except NoSuchOption as exc:
+            if exc.option_name == "--version":
+                exc.message += "\nThe version is an option of dshim itself: dshim --version"
+            elif exc.option_name in GLOBAL_OPTIONS:
+                exc.message += (
+                    f"\nGlobal options go before the command: "
+                    f"dshim {_moved(exc.option_name, given)} {ctx.info_name} ..."
+                )
+            raise
+
+
+def _moved(option: str, args: list[str]) -> str:
+    """``option`` with the value that followed it in ``args`` (for the hint)."""
+    for i, word in enumerate(args):
+        name, eq, _ = word.partition("=")
+        if name == option:
+            if eq or i + 1 == len(args):
+                return word
+            return f"{word} {args[i + 1]}"
+    return option
+
 
 app = typer.Typer(
     add_completion=False,
@@ -98,7 +149,7 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     ctx: typer.Context,
     bot: Annotated[
@@ -126,17 +177,22 @@ def serve(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def init(
     path: Annotated[
         Path,
-        typer.Argument(help="Where to write it (default: ./dshim.toml).", metavar="PATH"),
+        typer.Argument(
+            help="Where to write it (default: ./dshim.toml; - writes to stdout).", metavar="PATH"
+        ),
     ] = LOCAL_CONFIG,
 ) -> None:
-    """Write a commented starter dshim.toml (never overwrites a file)."""
-    from dshim.config import write_starter
+    """Write a commented starter dshim.toml (never overwrites a file); ``-``: to stdout."""
+    from dshim.config import STARTER_TOML, write_starter
     from dshim.errors import ConfigError
 
+    if str(path) == "-":
+        typer.echo(STARTER_TOML, nl=False)
+        return
     try:
         write_starter(path)
     except ConfigError as exc:
@@ -148,7 +204,7 @@ def init(
     )
 
 
-@app.command()
+@app.command(cls=_Command)
 def probe(
     ctx: typer.Context,
     bot: Annotated[
@@ -207,7 +263,7 @@ class _LoginTerminal:
         return await trio.to_thread.run_sync(input, prompt)
 
 
-@app.command()
+@app.command(cls=_Command)
 def login(
     ctx: typer.Context,
     bot: Annotated[str, typer.Argument(help="The bot to log in.", metavar="BOT")],
@@ -242,7 +298,7 @@ def login(
     raise typer.Exit(code)
 
 
-@app.command()
+@app.command(cls=_Command)
 def replay(
     ctx: typer.Context,
     paths: Annotated[
