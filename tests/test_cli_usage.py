@@ -90,3 +90,41 @@ def test_the_whole_golden_set_passes_quietly() -> None:
     r = dshim("replay", "--check", "fixtures/", timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr == "", r.stderr[:3000]
+
+
+def test_a_first_run_logs_one_store_line(tmp_path: Path) -> None:
+    from dshim.store.sqlite import SCHEMA_VERSION
+
+    (tmp_path / "dshim.toml").write_text('[harness]\nkind = "echo"\n')
+    r = dshim("--data-dir", "state", "--log-format", "json", "probe", cwd=tmp_path)
+    records = [json.loads(x) for x in r.stderr.splitlines() if x.startswith("{")]
+    store = [x for x in records if x["event"].startswith("store_")]
+    assert len(store) == 1, r.stderr
+    assert store[0]["event"] == "store_created" and store[0]["schema"] == SCHEMA_VERSION
+    again = dshim("--data-dir", "state", "--log-format", "json", "probe", cwd=tmp_path)
+    assert '"event":"store_' not in again.stderr  # nothing to migrate: nothing said
+
+
+async def test_an_upgrade_logs_the_steps_in_one_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import structlog
+    import trio
+
+    from dshim.store import open_store
+    from dshim.store import sqlite as store_sqlite
+
+    current = store_sqlite.SCHEMA_VERSION
+    with trio.fail_after(30):
+        monkeypatch.setattr(store_sqlite, "SCHEMA_VERSION", current - 2)  # an older dshim
+        async with open_store(tmp_path, inline=True):
+            pass
+        monkeypatch.setattr(store_sqlite, "SCHEMA_VERSION", current)
+        with structlog.testing.capture_logs() as logs:
+            async with open_store(tmp_path, inline=True):
+                pass
+    store = [x for x in logs if x["event"].startswith("store_")]
+    assert len(store) == 1
+    assert store[0]["event"] == "store_migrated"
+    assert (store[0]["from_schema"], store[0]["schema"]) == (current - 2, current)
+    assert [step.split(":")[0] for step in store[0]["steps"]] == [str(current - 1), str(current)]

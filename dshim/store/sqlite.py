@@ -503,8 +503,12 @@ def _check_ownership(conn: sqlite3.Connection, where: str) -> int:
 
 
 def _migrate(conn: sqlite3.Connection, where: str) -> None:
-    """Bring the schema to :data:`SCHEMA_VERSION`, one transaction per migration."""
-    version = _check_ownership(conn, where)
+    """Bring the schema to :data:`SCHEMA_VERSION`, one transaction per migration.
+
+    Logged once: ``store_created`` for a new store, else ``store_migrated`` with the
+    versions applied and what each did (none: nothing is logged)."""
+    version = start = _check_ownership(conn, where)
+    applied: list[str] = []
     while version < SCHEMA_VERSION:
         target = version + 1
         with _transaction(conn):
@@ -515,8 +519,12 @@ def _migrate(conn: sqlite3.Connection, where: str) -> None:
             for statement in MIGRATIONS[version].statements:
                 conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {target}")
-        log.info("store_migrated", path=where, version=target, summary=MIGRATIONS[version].summary)
+        applied.append(f"{target}: {MIGRATIONS[version].summary}")
         version = target
+    if start == 0 and applied:
+        log.info("store_created", path=where, schema=version)
+    elif applied:
+        log.info("store_migrated", path=where, from_schema=start, schema=version, steps=applied)
 
 
 class _Connection(sqlite3.Connection):
