@@ -4,7 +4,8 @@
 id and the URL to render; the QR is printed to the terminal (segno) with the URL, then
 ``get_qrcode_status`` is long-polled (protocol.login_step):
 
-- ``wait`` / ``scaned``: keep polling (1 s apart; a client timeout is ``wait``);
+- ``wait`` / ``scaned``: keep polling (1 s apart; a client timeout is ``wait``); the
+  terminal and the log hear of a status only when it changes, not once a poll;
 - ``need_verifycode``: ask for the number the phone shows, poll again with it;
 - ``expired`` / ``verify_code_blocked``: a new QR, at most :data:`QR_REFRESHES` times;
 - ``scaned_but_redirect``: poll ``https://<redirect_host>`` from now on (only a
@@ -95,6 +96,7 @@ async def _flow(ctx: LoginContext, client: IlinkClient, api_base: str, local: li
         ctx.say(render_qr(qr.qrcode_img_content))
         ctx.say(f"or open: {qr.qrcode_img_content}")
         verify: str | None = None
+        shown: tuple[str, str] | None = None  # the last status told: (action, detail)
         while True:
             try:
                 status = await client.get_qrcode_status(host, qr.qrcode, verify)
@@ -103,9 +105,12 @@ async def _flow(ctx: LoginContext, client: IlinkClient, api_base: str, local: li
                 await trio.sleep(POLL_PAUSE_S * 2)
                 continue
             step = protocol.login_step(status)
-            log.info("login_status_received", action=step.action)
+            changed = (step.action, step.detail) != shown
+            shown = (step.action, step.detail)
+            if changed:
+                log.info("login_status_changed", action=step.action)
             if step.action == "wait":
-                if step.detail:
+                if step.detail and changed:
                     ctx.say(step.detail)
                 await trio.sleep(POLL_PAUSE_S)
                 continue
