@@ -110,7 +110,8 @@ class HttpSection(_Base):
     #: ``host:port`` (IPv6 as ``[::1]:8910``); anything but loopback needs ``token``.
     listen: str = "127.0.0.1:8910"
     #: Bearer token every route but /healthz requires (write ``"${DSHIM_HTTP_TOKEN}"``);
-    #: off loopback at least :data:`HTTP_TOKEN_MIN` characters.
+    #: required, at least :data:`HTTP_TOKEN_MIN` characters, off loopback and whenever
+    #: ``public_host`` is set (behind a proxy the endpoint is public).
     token: Secret | None = None
     #: The name the endpoint is reached by besides its listen address (a reverse proxy's
     #: public host, ``chat.example.com`` or ``chat.example.com:8443``): requests naming
@@ -437,7 +438,7 @@ def load_config(
     except FileNotFoundError:
         raise ConfigError(
             f"{p}: config file not found. Write a commented starter file with "
-            f"`dshim init {p}` (see README.md, 'Configuration'), or pass another "
+            f"`dshim init {p}` (see docs/configuration.md), or pass another "
             f"--config PATH / DSHIM_CONFIG. A minimal file:\n\n"
             f'[harness]\nkind = "echo"\n\n[[bots]]\nname = "mybot"\nchannel = "telegram"\n'
             f'token = "${{TELEGRAM_BOT_TOKEN}}"\n'
@@ -833,25 +834,33 @@ def _check_http(http: HttpSection, prefix: str) -> None:
         host, _ = split_listen(http.listen)
     except ValueError as exc:
         raise ConfigError(f"{prefix}http.listen: {exc}") from None
-    if http.enabled and not is_loopback(host) and not http.token:
-        raise ConfigError(
-            f"{prefix}http.token: required when http.listen is not a loopback address "
-            f'({http.listen}): set token = "${{DSHIM_HTTP_TOKEN}}", or listen on 127.0.0.1'
-        )
-    if http.enabled and not is_loopback(host) and http.token:
-        # The token is all that guards the endpoint off loopback: a short one is guessed.
-        if len(http.token.get().strip()) < HTTP_TOKEN_MIN:
-            raise ConfigError(
-                f"{prefix}http.token: must be at least {HTTP_TOKEN_MIN} characters when "
-                f"http.listen is not a loopback address ({http.listen}); make one with "
-                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
-            )
     if http.public_host is not None and not is_host_name(http.public_host):
         raise ConfigError(
             f"{prefix}http.public_host: expected a host name, optionally with a port "
             f"(chat.example.com, chat.example.com:8443, [2001:db8::1]), got "
             f"{_describe_value(http.public_host[:100])}"
         )
+    # Reachable from elsewhere: off loopback, or on loopback behind a reverse proxy that
+    # serves it under public_host (the proxy's requests come from 127.0.0.1).
+    where = (
+        f"http.listen is not a loopback address ({http.listen})"
+        if not is_loopback(host)
+        else "http.public_host is set (the endpoint is reached through a proxy)"
+    )
+    exposed = not is_loopback(host) or http.public_host is not None
+    if http.enabled and exposed and not http.token:
+        fix = "or listen on 127.0.0.1" if not is_loopback(host) else "or remove public_host"
+        raise ConfigError(
+            f'{prefix}http.token: required when {where}: set token = "${{DSHIM_HTTP_TOKEN}}", {fix}'
+        )
+    if http.enabled and exposed and http.token:
+        # The token is all that guards an exposed endpoint: a short one is guessed.
+        if len(http.token.get().strip()) < HTTP_TOKEN_MIN:
+            raise ConfigError(
+                f"{prefix}http.token: must be at least {HTTP_TOKEN_MIN} characters when "
+                f"{where}; make one with "
+                "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+            )
 
 
 def is_host_name(value: str) -> bool:
@@ -958,7 +967,7 @@ def data_dir_origin(config: Config | None, override: Path | None, label: str) ->
 #: variables set.  Credentials are never written here: ``"${NAME}"`` reads them from the
 #: environment.
 STARTER_TOML = """\
-# dshim.toml, written by `dshim init`.  README.md explains every key.
+# dshim.toml, written by `dshim init`.  docs/configuration.md explains every key.
 # Credentials are never written in this file: "${NAME}" reads the environment variable NAME.
 
 [dshim]

@@ -15,7 +15,7 @@ client library.  ``prometheus_client`` renders them at scrape time from a collec
 registry), together with the gauges, which are read at that moment: the lanes of every
 open bot runtime, and which bots are up.
 
-Names and labels (README lists them too)::
+Names and labels (docs/operations.md lists them too)::
 
     dshim_events_total{bot,channel,outcome}       accepted, or the drop reason
     dshim_turns_total{bot,result}                 ok, error, stopped, busy

@@ -350,7 +350,7 @@ async def _probe(
             ProbeRow(
                 "bots",
                 "fail",
-                "no bots in the configuration: add a [[bots]] table (see README.md)",
+                "no bots in the configuration: add a [[bots]] table (see docs/configuration.md)",
                 0.0,
             )
         )

@@ -547,7 +547,7 @@ async def _serve_main(
     enabled = [b for b in config.bots if b.enabled]
     if not enabled:
         raise ConfigError(
-            "no enabled bots in the configuration: add a [[bots]] table (see README.md)"
+            "no enabled bots in the configuration: add a [[bots]] table (see docs/configuration.md)"
         )
     channels = {b.name: load_channel(b.channel) for b in enabled}
     shutdown = trio.Event()

@@ -103,9 +103,24 @@ def test_a_public_host_that_is_not_a_host_name_is_a_config_error(value: str) -> 
 
 
 def test_public_host_is_read() -> None:
-    config = parse_config({"http": {"public_host": "Chat.Example.com:8443"}}, env={})
+    http = {"public_host": "Chat.Example.com:8443", "token": TOKEN}
+    config = parse_config({"http": http}, env={})
     assert config.http.public_host == "Chat.Example.com:8443"
     assert parse_config({"http": {}}, env={}).http.public_host is None
+
+
+@pytest.mark.parametrize("token", [None, "short"])
+def test_behind_a_proxy_on_loopback_a_public_host_needs_a_token(token: str | None) -> None:
+    # A reverse proxy connects from 127.0.0.1: loopback alone says nothing about who the
+    # endpoint serves once public_host names it to the world.
+    http = {"listen": "127.0.0.1:8910", "public_host": "chat.example.com"}
+    if token is not None:
+        http["token"] = token
+    with pytest.raises(ConfigError) as info:
+        parse_config({"http": http}, env={})
+    message = str(info.value)
+    assert message.startswith("dshim.toml: http.token: ") and "public_host" in message
+    assert token is None or token not in message
 
 
 # --- Host: DNS rebinding ---------------------------------------------------------------------
@@ -287,12 +302,13 @@ async def test_bearer_guesses_are_slowed_like_login_tries(
 
 
 async def test_dshim_serve_answers_the_configured_public_host() -> None:
-    config = parse_config({"http": {"public_host": "chat.example.com"}}, env={})
+    config = parse_config({"http": {"public_host": "chat.example.com", "token": TOKEN}}, env={})
     statuses = BotStatuses(time.time)
     endpoint = make_endpoint(config, statuses, ProcessMetrics(statuses.up_flags))
     async with serving(endpoint) as base:
-        assert (await get(base, "/readyz", "chat.example.com"))[0] == 503  # served: no store
-        assert (await get(base, "/readyz", "chat.example.org"))[0] == 421
+        bearer = f"Authorization: Bearer {TOKEN}"
+        assert (await get(base, "/readyz", "chat.example.com", bearer))[0] == 503  # no store
+        assert (await get(base, "/readyz", "chat.example.org", bearer))[0] == 421
 
 
 # --- websocket frames: the cap while reading, one budget across sockets ------------------------

@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 A browser tab (or a script) holds one websocket to dshim and speaks JSON text frames
-(README.md, "Web chat", documents them for script authors).  Per socket::
+(docs/channels/webchat.md documents them for script authors).  Per socket::
 
     connected --join C--> member of C (history of C sent) --send--> accepted ...
                  (a socket may join several conversations; ``leave`` drops one)
