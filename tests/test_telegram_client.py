@@ -260,7 +260,8 @@ async def test_calls_are_cancellable() -> None:
         (httpx.ConnectTimeout("connect timed out"), False),
         (httpx.PoolTimeout("no free connection"), False),
         (httpx.ReadTimeout("read timed out"), True),
-        (httpx.WriteTimeout("write timed out"), True),
+        (httpx.WriteTimeout("write timed out"), False),  # never reached Telegram whole
+        (httpx.WriteError("broken pipe"), False),
         (httpx.RemoteProtocolError("Server disconnected without sending a response."), True),
         (httpx.ReadError("connection reset"), True),
     ],

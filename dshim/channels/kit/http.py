@@ -186,6 +186,9 @@ def _import_httpcore_without_h2() -> None:
 
 #: httpx failures that happen before a request is on the wire: a retry cannot duplicate.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+#: Failures while the request was being written: it never reached the platform whole, and
+#: a platform does not act on half a request.
+_NOT_WRITTEN = (httpx.WriteError, httpx.WriteTimeout)
 
 
 def transport_error(what: str, exc: httpx.TransportError) -> TransportError:
@@ -193,6 +196,8 @@ def transport_error(what: str, exc: httpx.TransportError) -> TransportError:
     name = type(exc).__name__
     if isinstance(exc, (*_NOT_SENT, httpx.ProxyError)):
         return TransportError(f"{what}: cannot connect ({name})", request_sent=False)
+    if isinstance(exc, _NOT_WRITTEN):
+        return TransportError(f"{what}: the request was not sent ({name})", request_sent=False)
     if isinstance(exc, httpx.TimeoutException):
         return TransportError(f"{what}: timed out ({name})", request_sent=True)
     return TransportError(f"{what}: connection failed ({name})", request_sent=True)
@@ -218,8 +223,9 @@ def httpx_error(what: str, exc: Exception) -> ChannelError:
 def map_httpx_errors(what: str) -> Iterator[None]:
     """Map every httpx failure inside the block to the error tree, once.
 
-    ``request_sent`` is False only when the connection could not be made; timeouts and
-    connections lost after the request went out may have been processed.  A request
+    ``request_sent`` is False when the connection could not be made or the request could
+    not be written whole; read timeouts and connections lost after the request went out
+    may have been processed.  A request
     httpx refuses to build is a plain ChannelError.  The message names ``what`` (a method
     or route), never a URL (URLs can carry tokens).
     """
