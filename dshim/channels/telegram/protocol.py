@@ -49,6 +49,15 @@ import msgspec
 from msgspec import UNSET
 
 from dshim.channels.kit import decode as kit_decode
+from dshim.channels.kit.ids import (
+    MAX_EPOCH_S,
+    TOKEN,
+    BadId,
+    BadTime,
+    check_id,
+    check_optional_id,
+    shape,
+)
 from dshim.channels.telegram import models as m
 from dshim.errors import (
     AuthError,
@@ -79,6 +88,19 @@ POLL_LIMIT = 100
 ALLOWED_UPDATES = ["message"]
 #: dsh-im's token shape: "<numeric bot id>:<secret>".
 TOKEN_RE = re.compile(r"^(\d{5,20}):[A-Za-z0-9_-]{20,}$")
+
+# Ids (core.telegram.org/bots/api, kit.ids).  Chat and user ids are integers of "at most
+# 52 significant bits" by the docs, signed 64-bit by every client (chats negative for
+# groups: -100… for supergroups, and with that prefix past 2**53); message and topic ids
+# positive.  Zero, a negative user or message id, or one past 64 signed bits is no
+# Telegram id but a corrupt or hostile field (a chat id is what every send goes to).  ``file_id`` (a
+# getFile parameter; its ``file_path`` goes into the download URL's path) and
+# ``media_group_id`` (an album key) are URL-safe base64 tokens.  A bad one of these makes
+# the update a ``malformed`` drop; a bad quoted ``message_id`` only a quote that is
+# ``not-found``.
+#: The largest magnitude of a chat, user or message id: a signed 64-bit integer.
+MAX_INT_ID = 2**63 - 1
+TELEGRAM_TOKEN_ID = shape("telegram file", f"[{TOKEN}]+")
 
 #: Builds the download handle of a file: (file_id, declared size) -> fetch(max_bytes).
 FetcherFactory = Callable[[str, "int | None"], Fetcher]
@@ -305,6 +327,8 @@ def _reply_reference(msg: m.Message, me: BotIdentity) -> ReplyReference | None:
     quote = msg.quote.text if msg.quote is not None and msg.quote.text else None
     replied = msg.reply_to_message
     if replied is not None and not _is_topic_root(msg, replied):
+        if not _valid_int(replied.message_id):
+            return ReplyReference(unavailable_reason="not-found")  # never recovered
         # Same chat, one level: text or caption, else the user's quote of it.
         author_id, author_name = _author(replied.sender_chat, replied.from_)
         content = replied.text or replied.caption or quote
@@ -330,6 +354,8 @@ def _reply_reference(msg: m.Message, me: BotIdentity) -> ReplyReference | None:
         ext = msg.external_reply
         author_id, author_name = _origin_author(ext.origin)
         message_id = ext.message_id if ext.message_id is not None else ext.origin.message_id
+        if message_id is not None and not _valid_int(message_id):
+            return ReplyReference(unavailable_reason="not-found")
         return ReplyReference(
             message_id=str(message_id) if message_id is not None else UNSET,
             author_id=author_id if author_id is not None else UNSET,
@@ -354,13 +380,66 @@ def _is_forward(msg: m.Message) -> bool:
     )
 
 
+# --- ids and times (kit.ids) ----------------------------------------------------------------
+
+
+def _valid_int(value: int | None, *, signed: bool = False) -> bool:
+    """A Telegram integer id: non-zero, at most :data:`MAX_INT_ID` in magnitude, positive
+    unless ``signed`` (chat ids)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value == 0:
+        return False
+    return -MAX_INT_ID <= value <= MAX_INT_ID if signed else 0 < value <= MAX_INT_ID
+
+
+def _check_int(value: int | None, field: str, *, signed: bool = False) -> None:
+    # Never the value in the message: it may be 70,000 digits.
+    if value is not None and not _valid_int(value, signed=signed):
+        raise BadId(f"{field}: not a Telegram id")
+
+
+def _check_files(msg: m._Media, where: str) -> None:
+    for size in msg.photo or ():
+        check_id(size.file_id, TELEGRAM_TOKEN_ID, f"{where}photo file_id")
+    for name in ("document", "audio", "voice", "video", "video_note", "animation", "sticker"):
+        f: m.FileView | None = getattr(msg, name)
+        if f is not None:
+            check_id(f.file_id, TELEGRAM_TOKEN_ID, f"{where}{name} file_id")
+
+
+def check_ids(msg: m.Message) -> None:
+    """Raise :class:`~dshim.channels.kit.ids.BadId` / ``BadTime`` when an id the message
+    is answered, keyed or fetched by -- chat, sender, message, topic, album, files, a
+    migration target -- or its ``date`` is no Telegram value.  The quoted message's id is
+    not checked here (a bad one only loses the quote, :func:`_reply_reference`); the
+    quoted message's files are never fetched."""
+    _check_int(msg.message_id, "message_id")
+    _check_int(msg.chat.id, "chat id", signed=True)
+    if msg.from_ is not None:
+        _check_int(msg.from_.id, "from id")
+    if msg.sender_chat is not None:
+        _check_int(msg.sender_chat.id, "sender_chat id", signed=True)
+    _check_int(msg.message_thread_id, "message_thread_id")
+    _check_int(msg.migrate_to_chat_id, "migrate_to_chat_id", signed=True)
+    _check_int(msg.migrate_from_chat_id, "migrate_from_chat_id", signed=True)
+    check_optional_id(msg.media_group_id, TELEGRAM_TOKEN_ID, "media_group_id")
+    _check_files(msg, "")
+    if not 0 <= msg.date <= MAX_EPOCH_S:  # an int: no float conversion of 70,000 digits
+        raise BadTime("date: not a plausible time")
+
+
 # --- the mapping ----------------------------------------------------------------------------
 
 
 def map_message(
     msg: m.Message, me: BotIdentity, *, fetcher: FetcherFactory | None = None
 ) -> InboundMessage | Skip:
-    """Map one ``message`` to the normalized message (or a Skip with the reason)."""
+    """Map one ``message`` to the normalized message (or a Skip with the reason).
+
+    An id or time of another shape (:func:`check_ids`) is a ``malformed`` Skip."""
+    try:
+        check_ids(msg)
+    except (BadId, BadTime) as exc:
+        return Skip(reason="malformed", detail=str(exc))
     chat = msg.chat
     mid = str(msg.message_id)
     conversation_type: ConversationType
@@ -474,6 +553,8 @@ def parse_update(
     elif msg.migrate_from_chat_id is not None:
         migration = (msg.migrate_from_chat_id, msg.chat.id)
     item = map_message(msg, me, fetcher=fetcher)
+    if isinstance(item, Skip) and item.reason == "malformed":
+        return ParsedUpdate(update.update_id, item)  # no migration, no album of bad ids
     album = None
     if msg.media_group_id is not None and isinstance(item, InboundMessage):
         album = (msg.chat.id, msg.media_group_id)
