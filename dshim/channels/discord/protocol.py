@@ -103,6 +103,7 @@ from dshim.channels.kit.gateway import (  # noqa: F401 - re-exported for Discord
     GatewayTuning,
     Mode,
 )
+from dshim.channels.kit.ids import plausible_time
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -425,8 +426,14 @@ THREAD_CHANNEL_TYPES = frozenset({10, 11, 12})
 #: message_reference.type of a forward (its content is in message_snapshots, not a quote).
 REFERENCE_FORWARD = 1
 DISCORD_EPOCH_MS = 1420070400000
-#: Snowflakes are unsigned 64-bit integers written as decimal strings: at most 20 digits.
+#: Snowflakes are unsigned 64-bit integers written as decimal strings: at most 20 digits
+#: (and at most 2**64 - 1: ``99999999999999999999`` has 20 digits and is none).  Every id
+#: dshim reads is one (kit.ids): they go into URL paths
+#: (``/channels/{channel_id}/messages/{message_id}``), so a message whose own ids or
+#: attachment ids are not is ``malformed``, a reference that is not only a quote that is
+#: ``not-found``.
 SNOWFLAKE_MAX_DIGITS = 20
+SNOWFLAKE_MAX = 2**64 - 1
 #: Guild events the mapper reads (the bot's managed role, the guild's threads), never
 #: handed to the pipeline.
 GUILD_EVENTS = frozenset(
@@ -467,6 +474,7 @@ def is_snowflake(value: object) -> bool:
         and 0 < len(value) <= SNOWFLAKE_MAX_DIGITS
         and value.isascii()
         and value.isdigit()
+        and (len(value) < SNOWFLAKE_MAX_DIGITS or int(value) <= SNOWFLAKE_MAX)
     )
 
 
@@ -489,11 +497,11 @@ def parse_timestamp(value: str | None) -> float | None:
         text = text[:-1] + "+00:00"
     try:
         dt = datetime.fromisoformat(text)
-    except ValueError:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        return dt.timestamp()
+    except (ValueError, OverflowError):  # year 1 at +14:00 is before datetime's range
         return None
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    return dt.timestamp()
 
 
 def display_name(user: m.User | None, member: m.Member | None) -> str | None:
@@ -571,10 +579,10 @@ def _own_ids_valid(msg: m.Message) -> bool:
     return (
         ids.isdigit()
         and ids.isascii()
-        and 0 < len(msg.id) <= SNOWFLAKE_MAX_DIGITS
-        and 0 < len(msg.channel_id) <= SNOWFLAKE_MAX_DIGITS
-        and 0 < len(msg.author.id) <= SNOWFLAKE_MAX_DIGITS
-        and (guild_id is None or 0 < len(guild_id) <= SNOWFLAKE_MAX_DIGITS)
+        and is_snowflake(msg.id)
+        and is_snowflake(msg.channel_id)
+        and is_snowflake(msg.author.id)
+        and (guild_id is None or is_snowflake(guild_id))
     )
 
 
@@ -802,6 +810,8 @@ class MessageMapper:
         images: list[MediaRef] = []
         files: list[MediaRef] = []
         for a in attachments:
+            if a.id and not is_snowflake(a.id):
+                return Skip(reason="malformed", detail="an attachment id is not a snowflake")
             kind = attachment_kind(a.content_type, a.filename)
             media = MediaRef(
                 kind="image" if kind == "image" else "file",
@@ -815,6 +825,8 @@ class MessageMapper:
             # A sticker, a poll, an embed, a bare mention: nothing to answer.
             return Skip(reason="ignored", detail="nothing for the agent", message_id=msg.id)
         received_at = parse_timestamp(msg.timestamp) or snowflake_time(msg.id) or 0.0
+        if not plausible_time(received_at):  # year 9999, or a snowflake of 2154 (kit.ids)
+            return Skip(reason="malformed", detail="timestamp: not a plausible time")
         mentions = [] if forwarded else self._people_mentioned(msg, content)
         item = InboundMessage(
             channel=CHANNEL,
@@ -1084,6 +1096,8 @@ def map_interaction(bot_id: str, inter: m.Interaction) -> Press | Skip:
         content=str(number),
         received_at=snowflake_time(inter.id) or 0.0,
     )
+    if not plausible_time(answer.received_at):
+        return Skip(reason="malformed", detail="an interaction id of no plausible time")
     return replace(base, answer=answer)
 
 
