@@ -59,6 +59,16 @@ from msgspec import UNSET
 
 from dshim.channels.dingtalk import models as m
 from dshim.channels.kit.decode import decode, member_span
+from dshim.channels.kit.ids import (
+    ALNUM,
+    BadId,
+    BadTime,
+    check_id,
+    check_optional_id,
+    check_time,
+    shape,
+    valid_id,
+)
 from dshim.channels.kit.ws_session import (
     Action,
     Close,
@@ -258,6 +268,16 @@ def without_webhook(raw: bytes) -> bytes:
 
 # --- mapping -----------------------------------------------------------------------------------
 
+# Ids (dingtalk.md §3, kit.ids).  ``msgId`` (``msg…==``), ``conversationId`` (``cid…==``),
+# ``senderId`` (``$:LWCP_v1:$<base64>``), staff ids and ``downloadCode`` s are base64 and
+# plain ids: letters, digits, ``+ / = _ - $ : . @``.  ``/`` is a base64 letter, so it is
+# accepted -- these ids only ever travel in JSON bodies (``openConversationId``,
+# ``userIds``, ``downloadCode``) and store keys, never in a URL path -- but no id may be
+# or hold a ``.`` / ``..`` path segment.  A message whose own id, conversation, sender or
+# media handle is of another shape is malformed; a bad quoted ``msgId`` /
+# ``originalMsgId`` / ``originalProcessQueryKey`` only makes the quote ``not-found``.
+DINGTALK_ID = shape("dingtalk", f"(?!(?:.*/)?\\.\\.?(?:/|$))[{ALNUM}+/=_\\-$:.@]+")
+
 #: Download handle factory: a ``downloadCode`` -> a fetcher (None in replay).
 MediaFactory = Callable[[str], Fetcher | None]
 
@@ -309,6 +329,8 @@ class MessageMapper:
         try:
             msg = decode(m.message_decoder, raw)
             return self.map(msg)
+        except (BadId, BadTime) as exc:
+            return Skip(reason="malformed", detail=str(exc))
         except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError, ValueError) as exc:
             return Skip(reason="malformed", detail=str(exc)[:200])
 
@@ -321,6 +343,12 @@ class MessageMapper:
         direct = ctype == "1"
         if not msg.msgId or not msg.conversationId:
             return Skip(reason="malformed", detail="no msgId or conversationId")
+        check_id(msg.msgId, DINGTALK_ID, "msgId")
+        check_id(msg.conversationId, DINGTALK_ID, "conversationId")
+        check_optional_id(msg.senderId, DINGTALK_ID, "senderId")
+        check_optional_id(msg.senderStaffId, DINGTALK_ID, "senderStaffId")
+        if isinstance(msg.createAt, int | float) and msg.createAt < 0:
+            raise BadTime("createAt: not a plausible time")
         for name, value in (
             ("createAt", msg.createAt),
             ("sessionWebhookExpiredTime", msg.sessionWebhookExpiredTime),
@@ -372,7 +400,7 @@ class MessageMapper:
             images=images,
             files=files,
             reply_to=reply_to,
-            received_at=_ms(msg.createAt) or 0.0,
+            received_at=check_time(_ms(msg.createAt) or 0.0, "createAt"),
             conversation_title=None if direct else _str(msg.conversationTitle),
             route=route,
         )
@@ -382,6 +410,7 @@ class MessageMapper:
     def _handle(self, kind: str, code: object, name: str | None = None) -> MediaRef | None:
         if not isinstance(code, str) or not code:
             return None
+        check_id(code, DINGTALK_ID, f"{kind} downloadCode")
         fetch = self._media(code) if self._media is not None else None
         return MediaRef(kind=kind, name=name, fetch=fetch)
 
@@ -446,6 +475,10 @@ class MessageMapper:
         if not isinstance(quoted, dict):
             legacy = _json(msg.quoteMessage)
             quoted = _legacy_quote(legacy) if isinstance(legacy, dict) else None
+        if msg.originalMsgId and not valid_id(msg.originalMsgId, DINGTALK_ID):
+            return ReplyReference(unavailable_reason="not-found")  # never recovered
+        if msg.originalProcessQueryKey and not valid_id(msg.originalProcessQueryKey, DINGTALK_ID):
+            return ReplyReference(unavailable_reason="not-found")
         if not isinstance(quoted, dict):
             if msg.originalMsgId:
                 # Only an id: the message index knows it (every accepted message is there).
@@ -582,6 +615,8 @@ def quote_reference(
     quoted time and session history.
     """
     qid = _str(q.get("msgId"))
+    if qid is not None and not valid_id(qid, DINGTALK_ID):
+        return ReplyReference(unavailable_reason="not-found")  # never recovered
     sender = _str(q.get("senderId"))
     nick = _str(q.get("senderNick"))
     created = _ms(q.get("createdAt", q.get("createAt")))
