@@ -74,8 +74,9 @@ class Announcement:
         return json.dumps(line)
 
 
-def parser(doc: str | None, *, module: str) -> argparse.ArgumentParser:
-    """The options every fake has; a fake adds its own (``--flood``) to it."""
+def parser(doc: str | None, *, module: str, flood: str | None = None) -> argparse.ArgumentParser:
+    """The options every fake has, and ``--flood N`` (benchmarks) when ``flood`` says what
+    the fake then sends; a fake adds its own to it."""
     first = (doc or module).strip().splitlines()[0]
     p = argparse.ArgumentParser(
         prog=f"python -m {module}",
@@ -105,6 +106,8 @@ def parser(doc: str | None, *, module: str) -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="exit 0 after this long (default: serve until Ctrl-C)",
     )
+    if flood is not None:
+        p.add_argument("--flood", type=int, default=None, metavar="N", help=flood)
     return p
 
 

@@ -840,13 +840,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
     (benchmarks) pushes n robot messages after every connect and prints one JSON line."""
     module = "dshim.testing.fakes.dingtalk"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood",
-        type=int,
-        default=None,
-        metavar="N",
-        help="robot messages after every connect (benchmarks; prints JSON)",
+    p = cli.parser(
+        __doc__, module=module, flood="robot messages after every connect (benchmarks; prints JSON)"
     )
     args = p.parse_args(argv)
 

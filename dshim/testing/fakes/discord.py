@@ -1340,13 +1340,8 @@ def main(argv: list[str] | None = None) -> None:
     """Run the fake as a process (see :mod:`dshim.testing.fakes.cli`); ``--flood n``
     (benchmarks) dispatches n MESSAGE_CREATEs after every READY and prints one JSON line."""
     module = "dshim.testing.fakes.discord"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood",
-        type=int,
-        default=None,
-        metavar="N",
-        help="MESSAGE_CREATEs after each READY (benchmarks; prints JSON)",
+    p = cli.parser(
+        __doc__, module=module, flood="MESSAGE_CREATEs after each READY (benchmarks; prints JSON)"
     )
     p.add_argument("--heartbeat-ms", type=float, default=41250, metavar="MS")
     p.add_argument("--token", default="fake-discord-token", metavar="TOKEN")

@@ -1121,10 +1121,7 @@ def main(argv: list[str] | None = None) -> None:
     from dshim.testing.fakes import cli
 
     module = "dshim.testing.fakes.feishu"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood", type=int, default=None, metavar="N", help="DMs on each connection (benchmarks)"
-    )
+    p = cli.parser(__doc__, module=module, flood="DMs on each connection (benchmarks)")
     args = p.parse_args(argv)
 
     def announce(fake: FakeFeishu) -> cli.Announcement:

@@ -1070,13 +1070,8 @@ def main(argv: list[str] | None = None) -> None:
     from dshim.testing.fakes import cli
 
     module = "dshim.testing.fakes.qq"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood",
-        type=int,
-        default=None,
-        metavar="N",
-        help="C2C messages after each READY (benchmarks; prints JSON)",
+    p = cli.parser(
+        __doc__, module=module, flood="C2C messages after each READY (benchmarks; prints JSON)"
     )
     args = p.parse_args(argv)
 

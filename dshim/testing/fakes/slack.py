@@ -1063,14 +1063,7 @@ def main(argv: list[str] | None = None) -> None:
     from dshim.testing.fakes import cli
 
     module = "dshim.testing.fakes.slack"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood",
-        type=int,
-        default=None,
-        metavar="N",
-        help="DMs after each hello (benchmarks; prints JSON)",
-    )
+    p = cli.parser(__doc__, module=module, flood="DMs after each hello (benchmarks; prints JSON)")
     args = p.parse_args(argv)
 
     def announce(fake: FakeSlack) -> cli.Announcement:

@@ -592,13 +592,8 @@ def main(argv: list[str] | None = None) -> None:
     websocket's); ``--flood n`` (benchmarks) delivers n text messages after every
     subscribe and prints one JSON line."""
     module = "dshim.testing.fakes.wecom"
-    p = cli.parser(__doc__, module=module)
-    p.add_argument(
-        "--flood",
-        type=int,
-        default=None,
-        metavar="N",
-        help="messages after each subscribe (benchmarks; prints JSON)",
+    p = cli.parser(
+        __doc__, module=module, flood="messages after each subscribe (benchmarks; prints JSON)"
     )
     args = p.parse_args(argv)
 
