@@ -68,6 +68,15 @@ from typing import Any
 import msgspec
 
 from dshim.channels.kit.decode import decode, depth_exceeds
+from dshim.channels.kit.ids import (
+    TOKEN,
+    BadId,
+    BadTime,
+    check_id,
+    check_optional_id,
+    plausible_time,
+    shape,
+)
 from dshim.channels.wecom import models as m
 from dshim.errors import ChannelError, NotFound, RateLimited, TransportError
 from dshim.model import (
@@ -512,8 +521,28 @@ def quote_reference(quote: m.Quote) -> ReplyReference:
     return ref
 
 
+#: Every WeCom id dshim reads -- ``msgid``, ``chatid``, ``from.userid``, ``aibotid``, the
+#: callback's ``req_id`` (answered under) -- is letters, digits and ``_ - @ .`` (a
+#: userid is "1-64 bytes of digits, letters and _-@.", wecom.md §3; kit.ids).  One of
+#: another shape, or a ``create_time`` past 2100 or negative, makes the callback a
+#: ``malformed`` drop.  WeCom quotes carry no id (:func:`quote_reference`).
+WECOM_ID = shape("wecom", f"[{TOKEN}@.]+")
+
+
+def _check_ids(f: m.Frame, body: m.Body) -> None:
+    check_id(body.msgid, WECOM_ID, "msgid")
+    check_optional_id(body.chatid, WECOM_ID, "chatid")
+    check_optional_id(body.sender.userid, WECOM_ID, "from.userid")
+    check_optional_id(body.aibotid, WECOM_ID, "aibotid")
+    check_optional_id(f.headers.req_id, WECOM_ID, "req_id")
+    t = body.create_time
+    if t is not None and (t < 0 or not plausible_time(epoch_seconds(t))):
+        raise BadTime("create_time: not a plausible time")
+
+
 def decode_body(raw: bytes) -> tuple[m.Frame, m.Body] | Skip:
-    """The callback frame and its body, or a ``malformed`` Skip."""
+    """The callback frame and its body, or a ``malformed`` Skip (also for ids and times
+    of another shape, :data:`WECOM_ID`)."""
     try:
         f = decode(m.frame_decoder, raw)
         body = m.body_decoder.decode(f.body)  # depth checked on the whole frame
@@ -521,6 +550,10 @@ def decode_body(raw: bytes) -> tuple[m.Frame, m.Body] | Skip:
         return Skip(reason="malformed", detail=_short(exc))
     if not body.msgid:
         return Skip(reason="malformed", detail="body.msgid is empty")
+    try:
+        _check_ids(f, body)
+    except (BadId, BadTime) as exc:
+        return Skip(reason="malformed", detail=_short(exc))
     return f, body
 
 
