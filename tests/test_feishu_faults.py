@@ -18,6 +18,7 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.testing.fakes.feishu import FakeFeishu
+from tests.fault_matrix import matrix, restarts
 from tests.test_feishu_e2e import DEADLINE, running_bot, source
 
 USERS = [{"open_id": f"ou_user{i:02d}00000000000000000000000", "name": f"U{i}"} for i in range(20)]
@@ -30,12 +31,7 @@ SENDS = (
     "PATCH /open-apis/cardkit/v1/cards/{card_id}/settings",
     "PUT /open-apis/im/v1/messages/{message_id}",
 )
-MATRIX = [
-    ("500", ()),  # 500 on every call
-    ("drop", ()),  # every connection dropped before processing
-    ("500", SENDS),  # 500 on sends
-    ("drop", SENDS),  # sends dropped before processing
-]
+MATRIX = matrix(SENDS)
 
 
 def question(i: int) -> str:
@@ -48,10 +44,6 @@ def answer_of(fake: FakeFeishu, i: int) -> str:
 
 def shown(fake: FakeFeishu, i: int) -> list[str]:
     return [b.text for b in fake.bot_messages(CHATS[i])]
-
-
-def restarts(logs: list[dict[str, object]]) -> list[object]:
-    return [e["event"] for e in logs if str(e["event"]).endswith("_restarting")]
 
 
 async def ask_everyone(fake: FakeFeishu) -> None:

@@ -18,6 +18,7 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.testing.fakes.qq import FakeQQ
+from tests.fault_matrix import matrix, restarts
 from tests.rig_qq import DEADLINE, running_bot
 
 USERS = [f"U{i:02d}E4F3C2B1A0998877665544332211" for i in range(20)]
@@ -26,12 +27,7 @@ C2C_SEND = "POST /v2/users/{openid}/messages"
 GROUP_SEND = "POST /v2/groups/{group_openid}/messages"
 SENDS = (STREAM, C2C_SEND, GROUP_SEND)
 
-MATRIX = [
-    ("500", ()),  # 500 on every call
-    ("drop", ()),  # every connection dropped before processing
-    ("500", SENDS),  # 500 on sends
-    ("drop", SENDS),  # sends dropped before processing
-]
+MATRIX = matrix(SENDS)
 
 
 def question(user: str) -> str:
@@ -47,10 +43,6 @@ def answer_of(user: str, text: str, kind: str = "direct") -> str:
 def shown(fake: FakeQQ, user: str) -> list[str]:
     """What the user's chat shows: the bot's messages as they ended."""
     return [m.content for m in fake.bot_messages(f"c2c:{user}")]
-
-
-def restarts(logs: list[dict[str, object]]) -> list[object]:
-    return [e["event"] for e in logs if str(e["event"]).endswith("_restarting")]
 
 
 async def ask_everyone(fake: FakeQQ) -> None:

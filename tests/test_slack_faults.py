@@ -26,6 +26,7 @@ from structlog.testing import capture_logs
 
 from dshim.channels.slack.protocol import unescape
 from dshim.testing.fakes.slack import FakeSlack
+from tests.fault_matrix import matrix, restarts
 from tests.test_slack_e2e import Bot, running_bot, source
 
 USERS = [(f"U0USR{i:04d}", f"User {i}") for i in range(20)]
@@ -34,12 +35,7 @@ SENDS += ("chat.update",)
 #: Virtual seconds: the answers' wait (500 at most) and the 300 s after them.
 DEADLINE = 1200.0
 
-MATRIX = [
-    ("500", ()),  # 500 on every call
-    ("drop", ()),  # every connection dropped before processing
-    ("500", SENDS),  # 500 on sends
-    ("drop", SENDS),  # sends dropped before processing
-]
+MATRIX = matrix(SENDS)
 
 
 def question(i: int) -> str:
@@ -71,10 +67,6 @@ def shown(fake: FakeSlack, i: int) -> list[str]:
 
 def answered(fake: FakeSlack) -> bool:
     return all(answer_of(fake, i) in shown(fake, i) for i in range(len(USERS)))
-
-
-def restarts(logs: list[dict[str, Any]]) -> list[object]:
-    return [e["event"] for e in logs if str(e["event"]).endswith("_restarting")]
 
 
 def streaming(fake: FakeSlack) -> list[str]:
