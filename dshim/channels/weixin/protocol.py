@@ -59,6 +59,16 @@ from typing import Literal, TypeVar
 import msgspec
 
 from dshim.channels.kit import decode as kit_decode
+from dshim.channels.kit.ids import (
+    MAX_EPOCH_S,
+    TOKEN,
+    BadId,
+    BadTime,
+    check_id,
+    check_optional_id,
+    shape,
+    valid_id,
+)
 from dshim.channels.weixin import models as m
 from dshim.errors import AuthError, ChannelError, RemoteProtocolError
 from dshim.model import (
@@ -203,6 +213,53 @@ def id_time_ms(value: m.Id, *, now_ms: float) -> int | None:
     if ms > MAX_SAFE_INTEGER or ms < ID_TIME_MIN_MS or ms > now_ms + ID_TIME_FUTURE_MS:
         return None
     return ms
+
+
+# Ids (weixin.md §4, kit.ids): ``message_id`` / item ``msg_id`` / ``svr_id`` are uint64
+# (digits, at most 2**64 - 1); users are ``<id>@im.wechat``, bots ``<hex>@im.bot``,
+# groups ``<digits>@chatroom``; ``client_id`` s are prefixed random ids.  A message whose
+# own id, items' ids, sender, group or client id is of another shape, or whose time is
+# past 2100 or negative, is malformed; a bad ``svr_id`` (or quoted item id) only makes
+# the quote ``not-found``.  A ``context_token`` (a secret: never in a log or an error)
+# that is no printable token is never stored -- the message is kept, its answer goes with
+# the user's stored token -- so it cannot poison later sends.
+WEIXIN_NUMBER = shape("weixin message", "[0-9]{1,20}")
+WEIXIN_USER = shape("weixin user", f"[{TOKEN}.]+(@[{TOKEN}.]+)?")
+WEIXIN_CLIENT_ID = shape("weixin client", f"[{TOKEN}.:]+")
+#: Context tokens: printable ASCII without spaces, far shorter than this in practice.
+CONTEXT_TOKEN_RE = re.compile(r"[\x21-\x7e]{1,4096}")
+_UINT64_MAX = 2**64 - 1
+
+
+def valid_number_id(value: m.Id) -> bool:
+    """A uint64 id (as iLink sends it: a JSON number or its decimal string)."""
+    text = id_str(value)
+    return valid_id(text, WEIXIN_NUMBER) and int(text) <= _UINT64_MAX
+
+
+def _check_number_id(value: m.Id, field: str) -> None:
+    if value is None or valid_number_id(value):
+        return
+    text = id_str(value)
+    check_id(text or "", WEIXIN_NUMBER, field)  # the kit's message (names no value)
+    raise BadId(f"{field}: more than 64 bits")
+
+
+def check_ids(msg: m.WeixinMessage) -> None:
+    """Raise ``BadId`` / ``BadTime`` when the message's own ids or times are no iLink
+    values (see :data:`WEIXIN_USER` and the notes above it)."""
+    _check_number_id(msg.message_id, "message_id")
+    for item in msg.item_list:
+        _check_number_id(item.msg_id, "item msg_id")
+    check_optional_id((msg.from_user_id or "").strip(), WEIXIN_USER, "from_user_id")
+    check_optional_id((msg.group_id or "").strip(), WEIXIN_USER, "group_id")
+    check_optional_id(msg.client_id, WEIXIN_CLIENT_ID, "client_id")
+    for name, ms in (
+        ("create_time_ms", msg.create_time_ms),
+        ("update_time_ms", msg.update_time_ms),
+    ):
+        if ms is not None and not 0 <= ms <= MAX_EPOCH_S * 1000:
+            raise BadTime(f"{name}: not a plausible time")
 
 
 def dedup_id(msg: m.WeixinMessage) -> str | None:
@@ -398,6 +455,10 @@ def reply_reference(
 ) -> ReplyReference:
     """The :class:`ReplyReference` of a ``ref_msg`` (one level: its own quote is ignored)."""
     qi = ref.message_item
+    if (ref.svr_id is not None and not valid_number_id(ref.svr_id)) or (
+        qi is not None and qi.msg_id is not None and not valid_number_id(qi.msg_id)
+    ):
+        return ReplyReference(unavailable_reason="not-found")  # never looked up
     svr_id = id_str(ref.svr_id)
     item_id = id_str(qi.msg_id) if qi is not None else None
     qid = svr_id or item_id
@@ -501,6 +562,10 @@ def map_message(
         msg = kit_decode.decode(m.MESSAGE_DECODER, raw)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Mapped(Skip(reason="malformed", detail=str(exc)[:200]))
+    try:
+        check_ids(msg)
+    except (BadId, BadTime) as exc:
+        return Mapped(Skip(reason="malformed", detail=str(exc)))
     # A quote is never newer than the message quoting it (replay decodes before "now").
     now_ms = max(now_ms, msg.create_time_ms or 0)
     mid = dedup_id(msg)
@@ -512,7 +577,9 @@ def map_message(
     if not user:
         return Mapped(Skip(reason="malformed", detail="no from_user_id", message_id=mid))
     time_ms = msg.create_time_ms or msg.update_time_ms or id_time_ms(msg.message_id, now_ms=now_ms)
-    context = ContextToken(msg.context_token, msg.seq, time_ms) if msg.context_token else None
+    token = msg.context_token
+    valid_token = token is not None and CONTEXT_TOKEN_RE.fullmatch(token) is not None
+    context = ContextToken(token, msg.seq, time_ms) if token and valid_token else None
     texts: list[str] = []
     images: list[MediaRef] = []
     files: list[MediaRef] = []
