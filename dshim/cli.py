@@ -165,13 +165,22 @@ def serve(
             metavar="HOST:PORT",
         ),
     ] = None,
+    capture: Annotated[
+        str | None,
+        typer.Option(
+            "--capture",
+            help="Write the traffic as replay fixtures under DIR (overrides [dshim] "
+            "capture_dir; the files hold conversation text).",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Run every enabled bot (or the ones named with --bot) until SIGINT/SIGTERM.
 
     Without a config file: the built-in web chat on http://127.0.0.1:8910/.
     """
     try:
-        code = launch.serve(ctx.obj, bot or [], listen)
+        code = launch.serve(ctx.obj, bot or [], listen, capture)
     except launch.Exit as exc:
         raise typer.Exit(exc.code) from None
     raise typer.Exit(code)

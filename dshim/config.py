@@ -99,6 +99,21 @@ class DshimSection(_Base):
     dedup_ttl_s: float = 48 * 3600.0
     #: On SIGINT/SIGTERM, running answers get this long to finish before they are cut.
     shutdown_grace_s: float = 10.0
+    #: Write every bot's traffic as replay fixtures under this directory (``~`` expanded;
+    #: ``dshim serve --capture DIR`` wins); unset: no capture.  The files hold
+    #: conversation text: see docs/operations.md, "Capture".
+    capture_dir: str | None = None
+    #: A capture file (one per bot, conversation and UTC day) past this many MB is
+    #: continued in a new one (``<day>.2.json`` ...).
+    capture_max_mb: float = 16.0
+    #: All capture files together stay under this many MB: the oldest are removed first.
+    capture_keep_mb: float = 1024.0
+
+    def __post_init__(self) -> None:
+        if not self.capture_max_mb > 0:
+            raise ValueError(f"capture_max_mb: expected more than 0, got {self.capture_max_mb}")
+        if not self.capture_keep_mb > 0:
+            raise ValueError(f"capture_keep_mb: expected more than 0, got {self.capture_keep_mb}")
 
 
 class HttpSection(_Base):
@@ -337,6 +352,8 @@ class BotConfig(_Base):
     channel: str
     #: false: ``serve`` does not run this bot.
     enabled: bool = True
+    #: false: leave this bot out of a capture (``[dshim] capture_dir`` / ``--capture``).
+    capture: bool = True
     #: This bot's ``[dshim] backlog_max_age_s`` (default: that one).
     backlog_max_age_s: float | None = None
     #: A current attachment that is not an image is saved for the agent up to this size.

@@ -6,7 +6,7 @@ pydantic its adapters load) costs ~50 ms and ~10 MB on every start, all for pars
 handful of options.  So :func:`main` reads the usual forms of a serve command itself::
 
     dshim [--config PATH] [--data-dir PATH] [--log-level LEVEL] [--log-format FORMAT]
-          serve [--bot NAME]... [--listen HOST:PORT]
+          serve [--bot NAME]... [--listen HOST:PORT] [--capture DIR]
 
 (each also as ``--option=value``, with ``DSHIM_CONFIG`` / ``DSHIM_DATA_DIR`` /
 ``DSHIM_HTTP_LISTEN`` read as typer reads them) and runs it directly.  Anything else —
@@ -120,6 +120,7 @@ def serve(
     g: Globals,
     bots: Sequence[str],
     listen: str | None,
+    capture: str | None = None,
 ) -> int:
     """``dshim serve``: run every enabled bot (or the named ones) until SIGINT/SIGTERM;
     the exit code (0 after a signal, whenever it came).  Raises :class:`Exit` for a
@@ -134,6 +135,8 @@ def serve(
     try:
         if listen is not None:
             cfg = override_listen(cfg, listen, origin="--listen / DSHIM_HTTP_LISTEN")
+        if capture is not None:
+            cfg = override_capture(cfg, capture)
         if bots:
             cfg = only_bots(cfg, bots, label)
         where = data_dir(g, cfg)
@@ -158,6 +161,15 @@ def serve(
         raise fail(str(exc), 1) from None
 
 
+def override_capture(cfg: Any, capture: str) -> Any:
+    """The configuration with ``[dshim] capture_dir`` set to ``--capture DIR``."""
+    import msgspec
+
+    return msgspec.structs.replace(
+        cfg, dshim=msgspec.structs.replace(cfg.dshim, capture_dir=capture)
+    )
+
+
 def only_bots(cfg: Any, names: Sequence[str], label: str) -> Any:
     """The configuration with only the named bots (each must exist and be enabled)."""
     import msgspec
@@ -178,7 +190,7 @@ def only_bots(cfg: Any, names: Sequence[str], label: str) -> Any:
 # --- the direct route ---------------------------------------------------------------------
 
 _GLOBAL_OPTIONS = ("--config", "--data-dir", "--log-level", "--log-format")
-_SERVE_OPTIONS = ("--bot", "--listen")
+_SERVE_OPTIONS = ("--bot", "--listen", "--capture")
 
 
 def _options(args: list[str], known: tuple[str, ...]) -> list[tuple[str, str]] | None:
@@ -205,8 +217,10 @@ def _env(name: str) -> str | None:
     return os.environ.get(name) or None  # typer ignores a set but empty variable
 
 
-def parse_serve(argv: Sequence[str]) -> tuple[Globals, list[str], str | None] | None:
-    """``(globals, --bot names, --listen)`` when *argv* (without the program name) is a
+def parse_serve(
+    argv: Sequence[str],
+) -> tuple[Globals, list[str], str | None, str | None] | None:
+    """``(globals, --bot names, --listen, --capture)`` when *argv* (without the program name) is a
     plain serve command that typer would accept with the same meaning; None otherwise,
     and typer then handles it (help, errors, other commands)."""
     args = list(argv)
@@ -227,7 +241,7 @@ def parse_serve(argv: Sequence[str]) -> tuple[Globals, list[str], str | None] | 
     g = Globals(Path(config) if config else None, Path(data) if data else None, level, fmt)
     bots = [value for name, value in after if name == "--bot"]
     listen = dict(after).get("--listen") or _env("DSHIM_HTTP_LISTEN")
-    return g, bots, listen
+    return g, bots, listen, dict(after).get("--capture")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -58,9 +58,9 @@ from dshim.channels.kit.ids import plausible_time
 from dshim.config import CHANNEL_KEYS, parse_config
 from dshim.errors import ConfigError
 from dshim.harness.echo import EchoHarness
-from dshim.model import InboundMessage, PromptPart, Skip, TextPart
+from dshim.model import Attachment, InboundMessage, PromptPart, Skip, TextPart
+from dshim.pipeline import observer
 from dshim.pipeline.runtime import open_bot_runtime
-from dshim.prompt import prompt_text
 from dshim.store import open_store
 from dshim.store.base import BoundStore, OutboundEntry
 from dshim.testing.outbound import RecordingOutbound, Sent
@@ -68,7 +68,7 @@ from dshim.testing.outbound import RecordingOutbound, Sent
 Line = dict[str, Any]
 REPLAY_BOT = "replay"
 #: Printed texts (prompts, answers) longer than this are cut, with a note of how much.
-TEXT_PRINT_MAX = 100_000
+TEXT_PRINT_MAX = observer.TEXT_PRINT_MAX
 #: Lookups of raw fixtures go here; the recorded exchanges answer (nothing leaves).
 REPLAY_API_BASE = "https://replay.invalid"
 VIRTUAL_DEADLINE_S = 3600.0
@@ -96,6 +96,13 @@ class OutboundSeed(msgspec.Struct, kw_only=True):
     text: str
     sent_at: str | float
     completed_at: str | float | None = None
+    #: A user's message (channels that index both directions), with its author.
+    inbound: bool = False
+    author_id: str | None = None
+    author_name: str | None = None
+    attachments: list[Attachment] = msgspec.field(default_factory=list)
+    #: ``ok``, ``deleted`` or ``undelivered`` (see the store's OutboundEntry).
+    state: Literal["ok", "deleted", "undelivered"] = "ok"
 
 
 class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -201,72 +208,40 @@ def _ts(value: str | float) -> float:
 
 
 #: Printed in place of the fixture's temporary data directory (saved files' paths).
-DATA_DIR_MARK = "$DATA_DIR"
+DATA_DIR_MARK = observer.DATA_DIR_MARK
 
 
 class _Recorder:
-    """Collects output lines; implements the pipeline Observer."""
+    """Collects output lines; implements the pipeline Observer (the lines are
+    :class:`~dshim.pipeline.observer.Lines`, shared with ``serve --capture``)."""
 
     def __init__(self, name: str, data_dir: Path | None = None) -> None:
         self.name = name
         self.lines: list[Line] = []
         self.index = 0
-        #: The run's temporary data directory: printed as DATA_DIR_MARK, so goldens
-        #: with the path of a saved file stay the same from run to run.
-        self._data_dir = str(data_dir.absolute()) if data_dir is not None else None
+        self._make = observer.Lines(data_dir)
 
-    def _text(self, text: str) -> str:
-        if self._data_dir is not None:
-            text = text.replace(self._data_dir, DATA_DIR_MARK)
-        return _bounded(text)
+    def _add(self, line: Line | None) -> None:
+        if line is not None:
+            self.lines.append({"fixture": self.name, **line})
 
     def emit(self, kind: str, **fields: Any) -> None:
         self.lines.append({"fixture": self.name, "kind": kind, **fields})
 
     def on_drop(self, item: InboundMessage | Skip, reason: str) -> None:
-        # Platform events that are not messages at all (channel posts, edits, service
-        # messages, non-message dispatches) are not drops of a message: no line.
-        if reason != "ignored":
-            self.emit("drop", index=self.index, reason=reason)
+        self._add(self._make.drop(self.index, reason))
 
     def on_command(self, msg: InboundMessage, name: str) -> None:
-        self.emit("command", index=self.index, name=name)
+        self._add(self._make.command(self.index, name))
 
     def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None:
-        self.emit(
-            "prompt",
-            conversation=msg.conversation_id,
-            thread=msg.thread_id,
-            text=self._text(prompt_text(parts)),
-            images=len(msg.images),
-            files=len(msg.files),
-        )
+        self._add(self._make.prompt(msg, parts))
 
     def on_send(self, sent: Sent) -> None:
-        anchor = sent.target.anchor
-        if anchor is None:
-            self.emit(
-                "send",
-                conversation=sent.target.conversation_id,
-                reply_to=sent.target.reply_to_message_id,
-                text=self._text(sent.text),
-            )
-            return
-        # A substitute answer: placed by its own anchor, addressed to the asker.
-        self.emit(
-            "send",
-            conversation=sent.target.conversation_id,
-            reply_to=anchor.message_id,
-            anchor=anchor.mode,
-            mention=anchor.mention_id,
-            text=self._text(sent.text),
-        )
+        self._add(self._make.send(sent.target, sent.text))
 
 
-def _bounded(text: str) -> str:
-    if len(text) <= TEXT_PRINT_MAX:
-        return text
-    return text[:TEXT_PRINT_MAX] + f"…[{len(text) - TEXT_PRINT_MAX} more characters]"
+_bounded = observer.bounded
 
 
 def _query_set(query: str) -> list[tuple[str, str]]:
@@ -279,7 +254,7 @@ def _mock_transport(fx: Fixture, rec: _Recorder, base_path: str) -> httpx.MockTr
         path, _, query = request.url.raw_path.decode("ascii", "replace").partition("?")
         if base_path and path.startswith(base_path):
             path = path[len(base_path) :] or "/"
-        rec.emit("http", method=request.method, path=path)
+        rec._add(rec._make.http(request.method, path))
         params = _query_set(query)
         for ex in fx.http:
             ex_path, has_query, ex_query = ex.path.partition("?")
@@ -327,6 +302,8 @@ async def _run_fixture(
     except ConfigError as exc:
         raise FixtureError(str(exc)) from None
     bot_cfg = config.bots[0]
+    # A capture names its bot (``options.name``): saved files keep their live paths.
+    bot_name = bot_cfg.name
     api_base = REPLAY_API_BASE
     base_path = httpx.URL(api_base).raw_path.decode().rstrip("/")
     clock = _EpochClock()
@@ -351,7 +328,7 @@ async def _run_fixture(
                 bot_username=str(username) if username else None,
                 http=http,
                 api_base=api_base,
-                store=BoundStore(store, REPLAY_BOT),
+                store=BoundStore(store, bot_name),
                 clock=clock,
                 bot_info=dict(fx.bot),
             )
@@ -379,23 +356,28 @@ async def _run_fixture(
         )
         for conv, entries in fx.history.items():
             session = f"replay-session-{conv}"
-            await store.set_binding(REPLAY_BOT, conv, "", session, title=None, now=now0)
+            await store.set_binding(bot_name, conv, "", session, title=None, now=now0)
             for h in entries:
                 await store.append_transcript(
-                    REPLAY_BOT, session, h.role, h.text, at=_ts(h.at), completed=h.completed
+                    bot_name, session, h.role, h.text, at=_ts(h.at), completed=h.completed
                 )
         for conv, seeds in fx.outbound.items():
             for s in seeds:
                 sent_at = _ts(s.sent_at)
                 done_at = _ts(s.completed_at) if s.completed_at is not None else sent_at
                 await store.add_outbound(
-                    REPLAY_BOT,
+                    bot_name,
                     conv,
                     OutboundEntry(
                         message_ids=[str(m) for m in s.message_ids],
                         text=s.text,
                         sent_at=sent_at,
                         completed_at=done_at,
+                        inbound=s.inbound,
+                        author_id=s.author_id,
+                        author_name=s.author_name,
+                        attachments=list(s.attachments),
+                        state=s.state,
                     ),
                     now=now0,
                 )

@@ -36,13 +36,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
 import trio
 
 from dshim.backoff import Backoff
+from dshim.capture import Capture, open_capture
 from dshim.channels import load_channel
 from dshim.channels.base import (
     Channel,
@@ -68,6 +69,7 @@ from dshim.http.ops import add_operator_routes
 from dshim.http.status import BotStatuses
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
+from dshim.model import InboundMessage, PromptPart, Skip
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store
@@ -106,9 +108,12 @@ class ServeHost:
         endpoint: Endpoint | None = None,
         metrics: BotMetrics = NO_METRICS,
         statuses: BotStatuses | None = None,
+        capture: Capture | None = None,
     ) -> None:
         self.config = config
         self._endpoint = endpoint
+        #: This bot's part of ``serve --capture`` (None: off, or ``capture = false``).
+        self.capture = capture.for_bot(bot) if capture is not None else None
         self.metrics = metrics
         #: Where this bot's state is reported (None: nowhere).
         self.statuses = statuses
@@ -147,6 +152,11 @@ class ServeHost:
     def register_secret(self, secret: str) -> None:
         register_secret(secret)
 
+    def capture_identity(self, info: Mapping[str, Any]) -> None:
+        """What the channel learned about itself, for a capture's ``bot`` (no-op when off)."""
+        if self.capture is not None:
+            self.capture.identity(info)
+
     def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
         self._need_endpoint().mount(self._bot.name, path, handler, public=public)
 
@@ -171,6 +181,15 @@ class ServeHost:
         substitute_targets: Sequence[SubstituteTarget] | None = None,
     ) -> AsyncIterator[Inbound]:
         """Open the bot's pipeline (resuming accepted-but-unfinished messages)."""
+        observer = self.observer
+        capture = self.capture
+        if capture is not None:
+            capture.identity(
+                {"id": bot_id, "username": outbound.bot_username}
+                if outbound.bot_username
+                else {"id": bot_id}
+            )
+            observer = capture if observer is None else _Both(observer, capture)
         async with open_bot_runtime(
             config=self.config,
             bot=self._bot,
@@ -179,10 +198,11 @@ class ServeHost:
             outbound=outbound,
             harness=self.harness,
             clock=self._clock,
-            observer=self.observer,
+            observer=observer,
             decode_raw=decode_raw,
             metrics=self.metrics,
             substitute_targets=substitute_targets,
+            capture=capture,
         ) as rt:
             self._runtime = rt
             try:
@@ -214,6 +234,25 @@ class ServeHost:
                 self.statuses.stopped(self._bot.name, "shutting down")
             log.info("bot_draining", grace_s=self.config.dshim.shutdown_grace_s)
             await runtime.drain(self.config.dshim.shutdown_grace_s)
+
+
+class _Both:
+    """Two observers, told in order (a test's, then the capture)."""
+
+    def __init__(self, first: Observer, second: Observer) -> None:
+        self._first, self._second = first, second
+
+    def on_drop(self, item: InboundMessage | Skip, reason: str) -> None:
+        self._first.on_drop(item, reason)
+        self._second.on_drop(item, reason)
+
+    def on_command(self, msg: InboundMessage, name: str) -> None:
+        self._first.on_command(msg, name)
+        self._second.on_command(msg, name)
+
+    def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None:
+        self._first.on_prompt(msg, parts)
+        self._second.on_prompt(msg, parts)
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
@@ -363,6 +402,7 @@ async def serve_bots(
     endpoint: Endpoint | None = None,
     metrics: ProcessMetrics | None = None,
     statuses: BotStatuses | None = None,
+    capture: Capture | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """Supervise every enabled bot until all have ended.  Returns bot -> why it ended.
@@ -388,6 +428,7 @@ async def serve_bots(
             endpoint=endpoint,
             metrics=metrics.for_bot(bot.name, bot.channel) if metrics is not None else NO_METRICS,
             statuses=statuses,
+            capture=capture,
         )
         results[bot.name] = await supervise_bot(channel, host)
 
@@ -464,6 +505,7 @@ async def serve_process(
     observer: Observer | None = None,
     harness: Harness | None = None,
     announce: Callable[[str], None] | None = None,
+    capture: Capture | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """The HTTP endpoint (when ``[http]`` is enabled) and every enabled bot, until every
@@ -512,6 +554,7 @@ async def serve_process(
                     endpoint=endpoint,
                     metrics=metrics,
                     statuses=statuses,
+                    capture=capture,
                 )
                 stop_http.set()  # every bot ended: the endpoint stops too, gracefully
                 with trio.move_on_after(GRACEFUL_S + 1):
@@ -559,7 +602,11 @@ async def _serve_main(
         trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received,
         single_error(),
     ):
-        async with open_store(data_dir) as store, trio.open_nursery() as root:
+        async with (
+            open_store(data_dir) as store,
+            open_capture(config, clock=wall_clock, data_dir=data_dir) as capture,
+            trio.open_nursery() as root,
+        ):
 
             async def signals() -> None:
                 async for signum in received:
@@ -583,7 +630,12 @@ async def _serve_main(
                 root.start_soon(hard_stop)
             log.info("serve_started", bots=[b.name for b in enabled], data_dir=str(data_dir))
             results = await serve_process(
-                config, store, shutdown=shutdown, channels=channels, announce=announce
+                config,
+                store,
+                shutdown=shutdown,
+                channels=channels,
+                announce=announce,
+                capture=capture,
             )
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)

@@ -275,6 +275,8 @@ SERVE_FORMS = [
     ["--config=a.toml", "--data-dir", "d", "serve", "--bot", "one", "--bot=two"],
     ["--log-level", "DEBUG", "--log-format=json", "serve", "--listen", "127.0.0.1:0"],
     ["--config", "a.toml", "--config", "b.toml", "serve", "--listen=h:1", "--listen", "h:2"],
+    ["serve", "--capture", "cap", "--bot", "one"],
+    ["serve", "--capture=cap1", "--capture", "cap2"],
 ]
 NOT_DIRECT = [
     [],
@@ -305,8 +307,10 @@ def _typer_reading(
 
     seen: list[tuple[object, ...]] = []
 
-    def record(g: launch.Globals, bots: list[str], listen: str | None) -> int:
-        seen.append((g.config, g.data_dir, g.log_level, g.log_format, list(bots), listen))
+    def record(
+        g: launch.Globals, bots: list[str], listen: str | None, capture: str | None = None
+    ) -> int:
+        seen.append((g.config, g.data_dir, g.log_level, g.log_format, list(bots), listen, capture))
         return 0
 
     monkeypatch.setattr(launch, "serve", record)
@@ -328,8 +332,8 @@ def test_the_direct_serve_route_reads_options_as_typer_does(
         monkeypatch.setenv(name, value)
     parsed = parse_serve(argv)
     assert parsed is not None
-    g, bots, listen = parsed
-    direct = (g.config, g.data_dir, g.log_level, g.log_format, bots, listen)
+    g, bots, listen, capture = parsed
+    direct = (g.config, g.data_dir, g.log_level, g.log_format, bots, listen, capture)
     assert direct == _typer_reading(argv, env, monkeypatch)
 
 

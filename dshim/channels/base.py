@@ -369,6 +369,13 @@ class BotHost(Protocol):
         """Never log this value (a token minted at runtime)."""
         ...
 
+    def capture_identity(self, info: Mapping[str, Any]) -> None:
+        """Tell ``serve --capture`` more of the bot's identity than ``open_runtime`` did
+        (its ``bot_id`` and the outbound's ``bot_username`` are reported already): the
+        keys the channel's replay adapter reads from ``ReplaySource.bot_info`` (an app
+        id, a robot code ...), never a credential.  A no-op when capture is off."""
+        ...
+
     def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
         """Serve HTTP requests at ``/hooks/<bot>/<path>`` on the local HTTP endpoint
         (platform webhooks; the web chat's page).  ``path`` is relative ("" for the bot's

@@ -18,7 +18,7 @@ the task that sent it.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeAlias
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import structlog
 import trio
@@ -28,6 +28,9 @@ from dshim.model import Delivered, ReplyTarget
 from dshim.outbound import Outbound
 from dshim.pipeline.activity import Activity
 from dshim.store.base import OutboundEntry, Store
+
+if TYPE_CHECKING:
+    from dshim.capture import BotCapture
 
 __all__ = ["NOTICE_QUEUE", "AfterNotice", "Notifier", "Outcome", "outcome_of"]
 
@@ -53,8 +56,10 @@ class Notifier:
         clock: Callable[[], float],
         activity: Activity,
         queue_size: int = NOTICE_QUEUE,
+        capture: BotCapture | None = None,
     ) -> None:
         self.outbound = outbound
+        self.capture = capture
         self.store = store
         self.bot = bot
         self.clock = clock
@@ -85,6 +90,8 @@ class Notifier:
         except DshimError as exc:  # the channel's outbound raises ChannelError only
             log.warning("notice_failed", error=short(exc), conversation=target.conversation_id)
             return [], outcome_of(exc)
+        if self.capture is not None:
+            self.capture.sent(target, delivered)
         now = self.clock()
         for d in delivered:
             await self.store.add_outbound(

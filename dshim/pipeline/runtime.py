@@ -47,7 +47,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 import structlog
@@ -74,6 +74,9 @@ from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, chat_allowed
 from dshim.pipeline.turn import TurnDeps, run_turn
 from dshim.store.base import InboxEntry, OutboxEntry, Store
+
+if TYPE_CHECKING:
+    from dshim.capture import BotCapture
 
 #: What :meth:`BotRuntime.retract` did (``dshim.channels.base.RetractOutcome``).
 RetractOutcome = Literal["dropped", "stopped", "none"]
@@ -160,8 +163,11 @@ class BotRuntime:
         metrics: BotMetrics = NO_METRICS,
         substitute_targets: Sequence[SubstituteTarget] | None = None,
         files: FileStash | None = None,
+        capture: BotCapture | None = None,
     ) -> None:
         self.config = config
+        #: ``serve --capture``: told of every event, drop, prompt and send (None: off).
+        self.capture = capture
         self.bot = bot
         self.bot_id = bot_id
         self.store = store
@@ -174,7 +180,12 @@ class BotRuntime:
         self._nursery = nursery
         self.activity = Activity()
         self.notifier = Notifier(
-            outbound=outbound, store=store, bot=bot.name, clock=clock, activity=self.activity
+            outbound=outbound,
+            store=store,
+            bot=bot.name,
+            clock=clock,
+            activity=self.activity,
+            capture=capture,
         )
         self.interactions = Interactions(self.notifier, config.harness.interaction_timeout_s)
         self.substitute = SubstituteGate(bot, store, clock, targets=substitute_targets)
@@ -199,6 +210,7 @@ class BotRuntime:
             substitute=self.substitute,
             files=files,
             outbox_wake=self._wake_outbox,
+            capture=capture,
         )
         self._outbox_due = trio.Event()
         self._closing = False
@@ -260,6 +272,8 @@ class BotRuntime:
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
+        if self.capture is not None and raw is not None:
+            self.capture.event(item, raw)
         judged = await self._judge(item, raw)
         if isinstance(judged, Verdict):
             return judged
@@ -281,6 +295,8 @@ class BotRuntime:
         refused for shutdown, the rest are too (the platform delivers them again)."""
         verdicts: list[Verdict | _Judged] = []
         for item, raw in events:
+            if self.capture is not None and raw is not None:
+                self.capture.event(item, raw)
             if verdicts and verdicts[-1] is _SHUTDOWN:
                 verdicts.append(_SHUTDOWN)
                 continue
@@ -909,6 +925,7 @@ async def open_bot_runtime(
     metrics: BotMetrics = NO_METRICS,
     substitute_targets: Sequence[SubstituteTarget] | None = None,
     data_dir: Path | None = None,
+    capture: BotCapture | None = None,
 ) -> AsyncIterator[BotRuntime]:
     """Open a bot's pipeline: its harness, lanes, notice sender and file sweeper.
 
@@ -954,6 +971,7 @@ async def open_bot_runtime(
                     metrics=metrics,
                     substitute_targets=substitute_targets,
                     files=files,
+                    capture=capture,
                 )
                 nursery.start_soon(rt.notifier.run_worker)
                 nursery.start_soon(rt.run_outbox)

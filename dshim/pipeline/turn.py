@@ -29,6 +29,7 @@ import random
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 import structlog
@@ -66,6 +67,9 @@ from dshim.pipeline.notices import Notifier, outcome_of
 from dshim.pipeline.observer import Observer
 from dshim.pipeline.substitute import SubstituteGate, send_control_notice
 from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord
+
+if TYPE_CHECKING:
+    from dshim.capture import BotCapture
 
 log = structlog.get_logger("dshim.turn")
 _ids = random.Random()
@@ -241,6 +245,8 @@ class TurnDeps:
     files: FileStash | None = None
     #: Wakes the bot's outbox worker when an answer was postponed.
     outbox_wake: Callable[[], None] | None = None
+    #: ``serve --capture``: told of the quote's resolution and the answer (None: off).
+    capture: BotCapture | None = None
 
 
 class _Turn:
@@ -376,6 +382,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                     await delivery.mark()
                 answer = final
                 turn.delivered = await stream.finish(final)
+                if deps.capture is not None:
+                    deps.capture.sent(turn.target, turn.delivered)
         except ChannelError as exc:
             log.warning("reply_failed", error=str(exc))
             turn.error = turn.error or f"delivery failed: {exc}"
@@ -423,7 +431,11 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
             on_result=deps.metrics.reply_lookup,
             history=deps.harness if isinstance(deps.harness, ReadsHistory) else None,
         )
-        quoted = await reply_mod.resolve(msg.reply_to, ctx)
+        if deps.capture is None:
+            quoted = await reply_mod.resolve(msg.reply_to, ctx)
+        else:
+            async with deps.capture.resolving(msg, deps.store, turn.session_id):
+                quoted = await reply_mod.resolve(msg.reply_to, ctx)
     images, files, notes = await fetch_media(
         msg, deps.files, max_file_bytes=deps.bot.max_file_bytes
     )

@@ -129,15 +129,58 @@ async def open_http(
             max_connections=max_connections,
             ssl_context=ssl_context or default_ssl_context,
         )
+    base = (api_base or "").rstrip("/")
     async with httpx.AsyncClient(
-        base_url=(api_base or "").rstrip("/"),
+        base_url=base,
         timeout=timeout,
         headers={"user-agent": user_agent},
         transport=transport,
         follow_redirects=False,
         trust_env=False,
+        event_hooks={"response": [functools.partial(_report_exchange, _base_path(base))]},
     ) as http:
         yield http
+
+
+# --- capture: the exchanges a quote's resolution made -----------------------------------------
+
+
+class Exchange(msgspec.Struct, frozen=True, kw_only=True):
+    """One platform exchange, as a replay fixture's ``http`` lists it: the path is relative
+    to the client's ``api_base`` (with its query string), ``json`` the decoded body."""
+
+    method: str
+    path: str
+    status: int
+    json: Any = None
+
+
+#: Told of every exchange with a JSON answer made in this context (``serve --capture``
+#: sets it around a turn's quote resolution only; None, the default, costs one lookup).
+EXCHANGES: contextvars.ContextVar[Callable[[Exchange], None] | None] = contextvars.ContextVar(
+    "dshim_exchanges", default=None
+)
+
+
+def _base_path(base: str) -> str:
+    return httpx.URL(base).raw_path.decode("ascii", "replace").rstrip("/") if base else ""
+
+
+async def _report_exchange(base_path: str, response: httpx.Response) -> None:
+    sink = EXCHANGES.get()
+    if sink is None:
+        return
+    if "json" not in response.headers.get("content-type", ""):
+        return  # a download or a page: nothing replay answers with
+    try:
+        body = msgspec.json.decode(await response.aread())
+    except (msgspec.DecodeError, httpx.HTTPError):
+        return
+    request = response.request
+    path = request.url.raw_path.decode("ascii", "replace")
+    if base_path and path.startswith(base_path):
+        path = path[len(base_path) :] or "/"
+    sink(Exchange(method=request.method, path=path, status=response.status_code, json=body))
 
 
 class _LazyTransport(httpx.AsyncBaseTransport):

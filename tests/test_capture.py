@@ -1,0 +1,245 @@
+"""``dshim serve --capture``: real traffic becomes fixtures that replay reproduces exactly.
+
+The round trip runs a channel's rig (the fakes on 127.0.0.1, a real SQLite file, the
+recording echo harness) through ``serve_bots`` with a capture directory, then a real
+``dshim replay --check`` subprocess on what was captured; the prompts replay prints are
+compared byte for byte with the ones the harness received live.  To cover a channel, add
+its rig to ``CAPTURE_RIGS``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from dshim.capture import Capture, enforce_keep, open_capture, write_atomic
+from dshim.config import parse_config
+from dshim.replay import load_fixture
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from tests.channel_contract import BOT, ChannelRig, RecordingHarness, echo_of, final_texts
+from tests.helpers import Clock
+from tests.rig_telegram import TelegramRig
+from tests.rig_webchat import WebchatRig
+
+REPO = Path(__file__).resolve().parent.parent
+CAPTURE_RIGS: dict[str, Callable[[], ChannelRig]] = {
+    "telegram": TelegramRig,
+    "webchat": WebchatRig,
+}
+
+
+@asynccontextmanager
+async def capturing(
+    rig: ChannelRig, data_dir: Path, capture_dir: Path, harness: RecordingHarness
+) -> AsyncIterator[None]:
+    """The rig's bot under serve_bots with ``[dshim] capture_dir``; leaving stops it and
+    writes the capture."""
+    table = {"name": BOT, "channel": rig.channel.key, **rig.bot_table()}
+    config = parse_config({"dshim": {"capture_dir": str(capture_dir)}, "bots": [table]}, env={})
+    clock = Clock()
+    shutdown = trio.Event()
+    done = trio.Event()
+    async with (
+        open_store(data_dir, inline=True) as store,
+        open_capture(config, clock=clock, data_dir=data_dir, inline=True) as capture,
+        trio.open_nursery() as nursery,
+    ):
+        assert capture is not None
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            await serve_bots(
+                config,
+                store,
+                shutdown=shutdown,
+                channels={BOT: rig.channel},
+                clock=clock,
+                harness=harness,
+                capture=capture,
+                task_status=task_status,
+            )
+            done.set()
+
+        await nursery.start(serve)
+        try:
+            yield
+        finally:
+            shutdown.set()
+            with trio.fail_after(120):
+                await done.wait()
+
+
+async def _conversation(rig: ChannelRig, harness: RecordingHarness) -> None:
+    await rig.receiving()
+    await rig.user_dm("list <two> things & stop")
+    first = echo_of(rig, "list <two> things & stop")
+    await rig.wait_until(lambda: first in final_texts(rig))
+    await trio.sleep(5)
+    [answer] = rig.dm_answers()
+    # A quote of the bot's own answer (its id is the platform's: replay needs the seed).
+    await rig.user_dm("why the second one?", reply_to=answer.id)
+    await rig.wait_until(lambda: len(rig.dm_answers()) == 2 and len(harness.prompts) == 2)
+    await trio.sleep(5)
+    # A group message that does not address the bot: a drop line, nothing else.
+    await rig.user_group("just chatting", mention=False)
+    await rig.user_group("and you?", mention=True)
+    await rig.wait_until(lambda: len(harness.prompts) == 3)
+    await trio.sleep(5)
+
+
+async def _run_capture(rig: ChannelRig, tmp_path: Path) -> RecordingHarness:
+    harness = RecordingHarness()
+    async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
+        await _conversation(rig, harness)
+    return harness
+
+
+def _replay(*args: str) -> subprocess.CompletedProcess[str]:
+    # Blocking on purpose: under the autojump clock a wait would jump to the deadline.
+    return subprocess.run(  # noqa: ASYNC221
+        [sys.executable, "-m", "dshim", "replay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("channel", sorted(CAPTURE_RIGS))
+async def test_a_capture_replays_to_exactly_what_the_harness_received(
+    channel: str, tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = CAPTURE_RIGS[channel]()
+    harness = await _run_capture(rig, tmp_path)
+    cap = tmp_path / "cap"
+    files = sorted(cap.rglob("*.json"))
+    assert files, "nothing captured"
+    checked = _replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(files)} passed, 0 failed" in checked.stdout
+    # The prompts replay gives are byte for byte the ones the harness received live.
+    printed = _replay(str(cap))
+    assert printed.returncode == 0, printed.stderr
+    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
+    assert replayed == sorted(harness.texts())
+    assert len(replayed) == 3
+    # The unaddressed group message is an event of the capture and a drop line.
+    assert any(x["kind"] == "drop" and x["reason"] == "unaddressed" for x in lines)
+    # No byte of the capture holds the bot's credential.
+    for path in cap.rglob("*"):
+        if path.is_file():
+            assert rig.secret.encode() not in path.read_bytes(), path
+    # Conversation text is private: directories 0700, files 0600.
+    for path in [cap, *cap.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+async def test_a_capture_seeds_the_bot_s_answer_a_quote_was_resolved_from(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """The quoted answer's index entry (its live id, which a replay never gives its own
+    answers) is in ``outbound``; ``options`` name the bot and hold no credential."""
+    rig = WebchatRig()
+    await _run_capture(rig, tmp_path)
+    [dm] = [p for p in (tmp_path / "cap").rglob("*.json") if "dm" in p.parent.name]
+    fx = load_fixture(dm)
+    answer_ids = {a.id for a in rig.dm_answers()}
+    seeded = {str(i) for seeds in fx.outbound.values() for s in seeds for i in s.message_ids}
+    assert seeded and seeded <= answer_ids
+    assert fx.options["name"] == BOT and "channel" not in fx.options
+    assert fx.expect
+
+
+def test_capture_off_writes_nothing_and_gives_no_bot_a_capture(tmp_path: Path) -> None:
+    config = parse_config({"bots": [{"name": "web", "channel": "webchat"}]}, env={})
+
+    async def main() -> None:
+        async with open_capture(config, clock=lambda: 0.0) as capture:
+            assert capture is None
+
+    trio.run(main)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_bot_with_capture_false_is_left_out(tmp_path: Path) -> None:
+    config = parse_config(
+        {
+            "dshim": {"capture_dir": str(tmp_path)},
+            "bots": [{"name": "web", "channel": "webchat", "capture": False}],
+        },
+        env={},
+    )
+    cap = Capture.from_config(config, clock=lambda: 0.0)
+    assert cap is not None and cap.for_bot(config.bots[0]) is None
+
+
+def test_a_crash_mid_write_leaves_the_previous_complete_file(tmp_path: Path) -> None:
+    path = tmp_path / "bot" / "c" / "2026-01-01.json"
+    write_atomic(path, b'{"channel":"webchat","format":"raw","events":[]}\n')
+    # A crash while writing the next version: only the temporary file is half written.
+    (path.parent / f".{path.name}.tmp").write_bytes(b'{"channel":"webch')
+    assert json.loads(path.read_bytes())["channel"] == "webchat"
+    assert [p.name for p in tmp_path.rglob("*.json")] == [path.name]  # replay reads these
+    # The next start removes the leftover.
+    config = parse_config({"dshim": {"capture_dir": str(tmp_path)}}, env={})
+    cap = Capture.from_config(config, clock=lambda: 0.0)
+    assert cap is not None
+    cap.prepare()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_the_keep_bound_removes_the_oldest_files_first(tmp_path: Path) -> None:
+    paths = [tmp_path / "b" / "c" / f"2026-01-0{i}.json" for i in range(1, 5)]
+    for i, p in enumerate(paths):
+        write_atomic(p, b"x" * 1000)
+        os.utime(p, (1000 + i, 1000 + i))
+    enforce_keep(tmp_path, 2500, keep={paths[0]})
+    assert [p.exists() for p in paths] == [True, False, False, True]
+
+
+def test_a_file_past_capture_max_mb_continues_in_a_new_part(tmp_path: Path) -> None:
+    from dshim.model import InboundMessage
+
+    config = parse_config(
+        {
+            "dshim": {"capture_dir": str(tmp_path), "capture_max_mb": 0.001},
+            "bots": [{"name": "web", "channel": "webchat"}],
+        },
+        env={},
+    )
+    cap = Capture.from_config(config, clock=lambda: 1_790_000_000.0)
+    assert cap is not None
+    bc = cap.for_bot(config.bots[0])
+    assert bc is not None
+
+    async def main() -> None:
+        for i in range(6):
+            item = InboundMessage(
+                channel="webchat",
+                bot_id="web",
+                message_id=f"u/k{i}",
+                conversation_id="dm",
+                conversation_type="direct",
+                sender_id="u",
+                content="x" * 400,
+            )
+            bc.event(item, json.dumps({"type": "send", "text": "x" * 400}).encode())
+            await cap.flush()
+
+    trio.run(main)
+    names = sorted(p.name for p in (tmp_path / "web" / "dm").iterdir())
+    assert {"2026-09-21.json", "2026-09-21.2.json"} <= set(names)
+    total = sum(len(load_fixture(tmp_path / "web" / "dm" / n).events) for n in names)
+    assert total == 6
