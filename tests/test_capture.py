@@ -243,3 +243,28 @@ def test_a_file_past_capture_max_mb_continues_in_a_new_part(tmp_path: Path) -> N
     assert {"2026-09-21.json", "2026-09-21.2.json"} <= set(names)
     total = sum(len(load_fixture(tmp_path / "web" / "dm" / n).events) for n in names)
     assert total == 6
+
+
+async def test_the_kit_client_reports_exchanges_only_while_a_sink_is_set(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A quote's lookups (here a getMe against the fake Bot API) reach the capture with
+    their path relative to ``api_base``; outside a resolution nothing is reported."""
+    from dshim.channels.kit.http import EXCHANGES, Exchange, open_http
+    from dshim.testing.fakes.telegram import TEST_TOKEN, open_fake_telegram
+
+    seen: list[Exchange] = []
+    async with (
+        open_fake_telegram(clock=Clock()) as fake,
+        open_http(fake.url, user_agent="t") as http,
+    ):
+        await http.get(f"/bot{TEST_TOKEN}/getMe")
+        token = EXCHANGES.set(seen.append)
+        try:
+            await http.get(f"/bot{TEST_TOKEN}/getMe", params={"a": "1"})
+        finally:
+            EXCHANGES.reset(token)
+    [ex] = seen
+    assert ex.method == "GET" and ex.status == 200
+    assert ex.path == f"/bot{TEST_TOKEN}/getMe?a=1"
+    assert ex.json["result"]["username"] == fake.bot["username"]
