@@ -9,6 +9,13 @@ reference); the typing indicator is refreshed every 8 s until the first message 
 (Discord shows it for 10 s).  Pacing, splitting, retries and "the final text exactly
 once" live in :mod:`dshim.render`.
 
+Failures: a 5xx or a connection that could not be made or written is a
+:class:`~dshim.errors.TransportError` the engine retries for ``send_retry_s``; a create
+whose answer was lost is repeated like one too (``idempotent_sends``, below), and
+:meth:`DiscordTransport.reachable` (``GET /users/@me``) tells the engine Discord answers
+again.  A send still failing after that leaves the turn (the pipeline's outbox delivers
+it later), never the bot.
+
 Rate limits: bucket waits happen in the REST client; a 429 is handed to the engine at
 once (``retries=0``), which pauses the chat and sends the *newest* text when it retries
 instead of replaying a stale intermediate edit.  Every create carries a ``nonce`` with
@@ -235,6 +242,12 @@ class DiscordTransport:
 
     async def typing(self) -> None:
         await self.rest.trigger_typing(self.channel_id, retries=0)
+
+    async def reachable(self) -> None:
+        """Discord answers again: ``GET /users/@me``, its cheapest identity call (the
+        engine's probe before repeating a send it is unsure of; the REST client waits
+        out 429s as usual)."""
+        await self.rest.get_current_user()
 
 
 class _Shown:

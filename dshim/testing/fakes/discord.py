@@ -44,7 +44,9 @@ Knobs (attributes, changeable at any time) and fault actions:
   shape (429 with ``retry_after``; ``is_global=True``), ``slow_next(op, s)``, and
   ``drop_next(op)`` closes the connection unanswered and unprocessed;
   :meth:`drop_response_next` processes the request, then closes the connection before
-  the answer (a send whose outcome the bot cannot know);
+  the answer (a send whose outcome the bot cannot know); :meth:`outage` for a time (every
+  REST call, or those of the named routes, answers 500, is dropped before or lost after
+  processing; the gateway is not touched);
 * ``flood_on_ready`` = n: dispatch n direct messages right after every READY (benchmarks);
 * ``forbidden``: channel id -> 50001 (no access: reads and sends fail) or 50013 (no Read
   Message History: reads fail, replies fail with 160002).
@@ -960,9 +962,11 @@ class FakeDiscord(FakePlatform[RestCall]):
         self.record(
             RestCall(request.method, rel, body, response.status, trio.current_time(), headers)
         )
-        lost = self._lost_responses.get(f"{request.method} {template}".lower(), 0)
-        if lost:
-            self._lost_responses[f"{request.method} {template}".lower()] = lost - 1
+        op = f"{request.method} {template}"
+        lost = self._lost_responses.get(op.lower(), 0)
+        if lost or self.losing(op):  # processed, but the answer never reaches the bot
+            if lost:
+                self._lost_responses[op.lower()] = lost - 1
             raise DropConnection(template)
         return response
 
