@@ -82,6 +82,7 @@ async def test_a_ten_second_outage_loses_no_answer_and_doubles_none(
     for user, channel_id in people:
         # Lost answers too: the repeated create carries the same nonce (enforce_nonce).
         assert shown(fake, channel_id) == [answer_of(user, question(user))]
+    assert len(fake.calls_to("POST", "/channels/")) > len(people)  # the outage hit sends
     assert restarts(logs) == []
     assert [e for e in logs if e["event"] == "answer_postponed"] == []
 

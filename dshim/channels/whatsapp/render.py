@@ -16,10 +16,15 @@ one message per 6 s (WhatsApp's pair rate, error 131056 when exceeded): a long s
 answer is queued, never burst.  Errors: throughput / pair / API limits (130429, 131056,
 4, 80007) carry no retry-after and created nothing: the engine backs off exponentially
 (2 s doubling, for the engine's ``send_retry_s``); a send whose outcome is unknown
-(timeout after the request went out) is repeated at most once, never in a loop; 131047
+(timeout after the request went out, a connection lost before the answer: the Cloud
+API has no idempotency key) is repeated at most once, never in a loop, 15 s later and
+once ``GET /<PHONE_NUMBER_ID>`` answers again (:meth:`WhatsAppTransport.reachable`); a
+5xx answer created nothing and is retried like the limits; 131047
 (more than 24 h since the user wrote) ends delivery to that user at once, logged and
 counted, until the user writes again; 190 (expired token) is reported to the channel,
-which stops the bot (:attr:`WhatsAppOutbound.fatal`).
+which stops the bot (:attr:`WhatsAppOutbound.fatal`).  Any other send failure is the
+turn's: an answer still refused after the retries goes to the pipeline's outbox, which
+sends it when Graph takes it again.
 """
 
 from __future__ import annotations
@@ -93,6 +98,11 @@ class WhatsAppTransport:
             return  # groups have no read receipts (nor typing) on the Cloud API
         if message_id and not self._outbound.window_closed(self._target.conversation_id):
             await self._outbound.client.typing(message_id)
+
+    async def reachable(self) -> None:
+        """Graph answers again: ``GET /<PHONE_NUMBER_ID>``, the number's own record (the
+        engine's probe before the one repeat of a send whose answer was lost)."""
+        await self._outbound.client.phone_number()
 
 
 class WhatsAppOutbound(EditOutbound):

@@ -19,7 +19,10 @@ message is older than ``window_s`` is refused with 131047; :meth:`FakeWhatsApp.c
 :meth:`expire_token`, and from :class:`~dshim.testing.fakes.base.FakePlatform`
 ``fail_next(op, status=..., code=...)`` (Graph error ``code``, e.g. 130429), ``slow_next``,
 ``drop_next`` for the operations ``"send"``, ``"typing"``, ``"phone"``, ``"media"``,
-``"download"``; :meth:`lose_response_next` performs a send, then drops the connection.
+``"download"``; :meth:`lose_response_next` performs a send, then drops the connection;
+:meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (those operations answer
+500 with code 131000, are dropped before or, for sends, lost after processing; an outage
+of every operation, or of ``"webhook"``, also holds :meth:`deliver` until it is over).
 
 The webhook sender builds real payload shapes (:meth:`user_message`,
 :meth:`status_update`, :meth:`body`), signs them with the app secret and POSTs them to
@@ -361,6 +364,7 @@ class FakeWhatsApp(FakePlatform[Call]):
         answer), at most ``attempts`` times.  Returns the last status."""
         delay = first_delay_s
         status = 0
+        await self.held()
         for _ in range(attempts):
             status = await self.post(body)
             if 200 <= status < 300:
@@ -368,6 +372,14 @@ class FakeWhatsApp(FakePlatform[Call]):
             await trio.sleep(delay)
             delay *= 2
         return status
+
+    async def held(self) -> None:
+        """While an :meth:`outage` covers every operation (or ``"webhook"``) Meta sends no
+        webhooks: wait until it is over (the messages arrive once it is back)."""
+        while self._outage("webhook") is not None:
+            now = trio.current_time()
+            ends = [u for u, _, ops in self._outages if (not ops or "webhook" in ops) and u > now]
+            await trio.sleep(max(ends, default=now) - now)
 
     async def send_messages(self, *messages: dict[str, Any]) -> int:
         """Deliver a body with these messages (see :meth:`deliver`)."""
@@ -413,7 +425,7 @@ class FakeWhatsApp(FakePlatform[Call]):
             response = self._messages(body)
         else:
             response = _error(400, 100, "Unsupported get request.")
-        if op == "send" and self._lost.take("send"):
+        if op == "send" and (self._lost.take("send") or self.losing(op)):
             call.status = response.status
             self.changed()
             raise DropConnection("send")
