@@ -121,12 +121,26 @@ async def test_an_unknown_outcome_is_repeated_once_with_the_same_client_id(
 ) -> None:
     async with rig(tmp_path) as r:
         await written(r)
-        r.fake.fail_next("sendmessage", 5, status=502)
+        r.fake.outage(100.0, "lost", ("sendmessage",))  # processed, the answers lost
         with pytest.raises(TransportError):
             await r.out.deliver(USER, "maybe")
         sends = r.fake.calls_to("sendmessage")
     assert len(sends) == 2  # the first and one repeat, never a loop
     assert sends[0].body["msg"]["client_id"] == sends[1].body["msg"]["client_id"]
+    assert sends[1].at - sends[0].at >= 15  # the repeat waited for the outage to pass
+
+
+async def test_5xx_answers_created_nothing_and_are_retried_until_one_goes_out(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with rig(tmp_path) as r:
+        await written(r)
+        r.fake.fail_next("sendmessage", 5, status=502)
+        [delivered] = await r.out.deliver(USER, "at last")
+        sends = r.fake.calls_to("sendmessage")
+    assert [c.status for c in sends] == [502] * 5 + [200]
+    assert [b.text for b in r.fake.bot_messages] == ["at last"]
+    assert delivered.text == "at last"
 
 
 def test_split_keeps_at_most_8_messages_and_says_it_cut() -> None:

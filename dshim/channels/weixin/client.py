@@ -24,7 +24,7 @@ from dshim.channels.weixin import media as crypto
 from dshim.channels.weixin import models as m
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.protocol import MediaHandle, UpdateBatch
-from dshim.errors import ChannelError, TooLarge, TransportError
+from dshim.errors import ChannelError, RateLimited, TooLarge, TransportError
 from dshim.model import Fetcher
 
 USER_AGENT = f"dshim/{dshim.__version__} (+weixin ilink client)"
@@ -158,6 +158,18 @@ class IlinkClient:
             body["context_token"] = context_token
         cfg: m.Config = await self.call("getconfig", body, m.CONFIG_DECODER)
         return cfg.typing_ticket or None
+
+    async def reachable(self, user: str | None = None) -> None:
+        """Does iLink answer?  ``getconfig`` (a typing ticket: read-only, nothing the user
+        sees, no cursor; ``getupdates`` would race the poller and ``notifystart`` announces
+        the bot).  Any iLink answer counts, also a ``ret`` refusal; only a network failure,
+        a 5xx or a 429 raises."""
+        try:
+            await self.call("getconfig", {"ilink_user_id": user or ""}, m.CONFIG_DECODER)
+        except (TransportError, RateLimited):
+            raise
+        except ChannelError:
+            return
 
     async def send_typing(self, user: str, ticket: str, status: int) -> None:
         await self.call(

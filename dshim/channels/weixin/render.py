@@ -13,11 +13,17 @@ Every send gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2`
 (no valid context token, the reply cap, slow down) is retried once after 3 s: with the
 last token a send to that user succeeded with when the refused one was another (which
 then takes the refused one's place, :meth:`ContextBook.worked`), else with the same; a 429
-waits as asked; a send that never left (cannot connect) is retried with a backoff; a
-send whose outcome is unknown (timeout after the request went out, 5xx) is repeated at
-most once, with the same ``client_id``, so the user sees at most two copies and never a
-loop of them.  A message that still fails ends the answer there: logged
-(``reply_undelivered``) and counted; the transcript keeps the whole answer.
+waits as asked; a send that certainly created nothing (could not connect, not written
+whole, answered with a 5xx) is retried with a backoff for :data:`SEND_RETRY_S` (120 s, as
+the shared engine does); a send whose outcome is unknown (the request went out, no answer
+came back) is repeated at most once, with the same ``client_id``,
+:data:`UNKNOWN_REPEAT_WAIT_S` later and once iLink answers again
+(:meth:`IlinkClient.reachable`), so the user sees at most two copies and never a loop of
+them.  A message that still fails ends the answer there: logged (``reply_undelivered``)
+and counted; the transcript keeps the whole answer, and when nothing of it went out the
+error is the turn's: one that proves non-delivery puts it in the pipeline's outbox, sent
+when iLink is back (also after a restart).  A ``-14`` (session expired) is raised as it
+is; the long poll stops the bot for a new login.
 
 Replies need the user's latest context token and are only possible within 24 h of their
 last message: outside it nothing is attempted (``reply_not_attempted``).  The message an
@@ -70,8 +76,12 @@ TYPING_FAILURE_PAUSE_S = 60.0
 TYPING_CALL_DEADLINE_S = 5.0
 #: 429 waits per message, in all, before giving up.
 RATE_LIMIT_BUDGET_S = 300.0
-#: Sends that certainly never left (cannot connect), per message.
-UNSENT_RETRIES = 5
+#: How long one message is retried after failures that prove it was not delivered
+#: (could not connect or write it, a 5xx) -- the shared engine's ``send_retry_s``.
+SEND_RETRY_S = 120.0
+#: The one repeat of a send of unknown outcome waits at least this long (and for iLink
+#: to answer the probe), so it does not fall into the outage that lost the first.
+UNKNOWN_REPEAT_WAIT_S = 15.0
 #: Sends of unknown outcome per message: the first and one repeat.
 UNSURE_SENDS_MAX = 2
 PENDING_IDS_MAX = 1024
@@ -229,9 +239,10 @@ class WeixinOutbound:
             to_user=user, client_id=client_id, context_token=token.token, text=text
         )
         sent_at = self.clock()
-        refused = unsent = unsure = 0
+        refused = unsure = 0
         waited = 0.0
         backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
+        give_up_at = trio.current_time() + SEND_RETRY_S
         while True:
             try:
                 server_id = await self.client.send_message(body)
@@ -258,15 +269,19 @@ class WeixinOutbound:
                 await trio.sleep(exc.retry_after)
                 client_id = body["client_id"] = self.new_client_id()
             except TransportError as exc:
-                if exc.request_sent:
+                if exc.request_sent and exc.status is None:
+                    # Out, with no answer: it may be on the user's screen.  One repeat
+                    # (same client_id), once the brief outage that lost it is over.
                     unsure += 1
                     if unsure >= UNSURE_SENDS_MAX:
                         raise
-                else:
-                    unsent += 1
-                    if unsent > UNSENT_RETRIES:
-                        raise
+                    log.info("reply_send_unconfirmed", error=str(exc))
+                    await self._until_reachable(user, backoff, give_up_at)
+                    continue
+                # Never left, or answered with a 5xx: nothing was created.
                 delay = backoff.next_delay()
+                if trio.current_time() + delay > give_up_at:
+                    raise
                 log.info("reply_send_retrying", error=str(exc), retry_in_s=delay)
                 await trio.sleep(delay)
         done = self.clock()
@@ -276,6 +291,23 @@ class WeixinOutbound:
             message_id=server_id or client_id, text=text, sent_at=sent_at, completed_at=done
         )
         return sent, token
+
+    async def _until_reachable(self, user: str, backoff: Backoff, give_up_at: float) -> None:
+        """Before the one repeat of a send of unknown outcome: wait
+        :data:`UNKNOWN_REPEAT_WAIT_S`, then until iLink answers
+        (:meth:`IlinkClient.reachable`, retried with backoff) or the time is spent."""
+        now = trio.current_time()
+        await trio.sleep(max(0.0, min(UNKNOWN_REPEAT_WAIT_S, give_up_at - now)))
+        while True:
+            try:
+                await self.client.reachable(user)
+                return
+            except ChannelError as exc:
+                log.info("reply_platform_unreachable", error=str(exc))
+            delay = backoff.next_delay()
+            if trio.current_time() + delay > give_up_at:
+                return  # out of time: the repeat goes now, once
+            await trio.sleep(delay)
 
     # -- index ids --------------------------------------------------------------------------
 

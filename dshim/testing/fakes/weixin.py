@@ -30,7 +30,11 @@ HTTP 200) with the semantics dshim relies on:
 From :class:`~dshim.testing.fakes.base.FakePlatform`: :attr:`calls` (every request with
 its trio time), :meth:`wait_until`, and the fault knobs (``fail_next(op, status=...)``
 for an HTTP status, ``fail_next(op, ret=-2)`` for an iLink error code on HTTP 200,
-``slow_next``, ``drop_next``); :meth:`drop_polls` closes the poll in flight.
+``slow_next``, ``drop_next``); :meth:`drop_polls` closes the poll in flight;
+:meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (the calls answer HTTP
+500, are dropped before or, for ``sendmessage``, lost after processing; a long poll in
+flight that wakes up during an outage of ``getupdates`` fails the same way, so messages
+written meanwhile arrive once it is over).
 """
 
 from __future__ import annotations
@@ -334,6 +338,9 @@ class FakeWeixin(FakePlatform[Call]):
             return self._answer(call, {"ret": -14, "errcode": -14, "errmsg": "session timeout"})
         if op == "getupdates":
             return await self._getupdates(call)
+        if op == "sendmessage" and self.losing(op):  # processed, the answer never arrives
+            self._answer(call, self._sendmessage(call))
+            raise DropConnection(op)
         handler = {
             "msg/notifystart": self._ok,
             "msg/notifystop": self._ok,
@@ -397,6 +404,13 @@ class FakeWeixin(FakePlatform[Call]):
                     nursery.start_soon(stop_on, drop)
                 if drop.is_set():
                     raise DropConnection("getupdates")
+        outage = self._outage("getupdates")  # the outage began while the poll was held
+        if outage in ("drop", "lost"):
+            raise DropConnection("getupdates")
+        if outage == "500":
+            call.status = 500
+            self.changed()
+            return json_response({"ret": -1, "errmsg": "fault"}, status=500)
         msgs = self.log[start : start + self.batch_max]
         answer = {
             "ret": 0,
