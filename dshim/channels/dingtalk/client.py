@@ -135,6 +135,11 @@ class DingTalkApi:
         token = self._decoded(m.token_decoder, resp.content, what)
         return token.accessToken, token.expireIn
 
+    async def reachable(self) -> None:
+        """Does the OpenAPI answer again?  (A fresh access token: cheap, changes nothing;
+        before the one repeat of a send whose outcome is unknown, see :mod:`.render`.)"""
+        await self._fetch_token()
+
     async def open_connection(self) -> m.Connection:
         """``POST /v1.0/gateway/connections/open``: a Stream endpoint and a fresh ticket."""
         what = "POST /v1.0/gateway/connections/open"

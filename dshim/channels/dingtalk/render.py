@@ -15,13 +15,28 @@ delivered and gets its final text when it is finished, so a quote of it
 no :class:`Delivered` of its own (the pipeline would index the same card twice).
 
 Fallback: when creating or delivering the card is refused (not permitted, over the card
-quota: 403 QPS or 429 again after one short wait, any failure), or the final text cannot
-be streamed, the answer is sent as markdown: through the message's ``sessionWebhook``
-while it is valid, else the robot OpenAPI (``oToMessages/batchSend`` /
-``groupMessages/send``, whose ``processQueryKey`` is the delivered id).  That answers
-fell back, and why, is logged once per bot.  A send whose outcome is unknown (the
-request went out, no answer) is never repeated, so the text is never shown twice; text
-paths split beyond 4,000 characters.
+quota: 403 QPS or 429 again after one short wait, another refusal), or the final text
+cannot be streamed, the answer is sent as markdown: through the message's
+``sessionWebhook`` while it is valid, else the robot OpenAPI (``oToMessages/batchSend``
+/ ``groupMessages/send``, whose ``processQueryKey`` is the delivered id).  That answers
+fell back, and why, is logged once per bot.  Text paths split beyond 4,000 characters.
+
+Failures follow :mod:`dshim.render`'s rules (``Limits.send_retry_s``,
+``unknown_repeat_wait_s``).  Every card call names its card by ``outTrackId`` and
+carries the whole state (a create that finds its ``outTrackId`` taken after a lost answer
+was made; a delivery into the same space, the whole text with ``isFull``, a
+``flowStatus``): repeating one changes nothing, so a card call is retried through
+failures that prove nothing happened *and* through lost answers, with backoff, for
+``send_retry_s``.  A markdown send has no such key: one that certainly did nothing (could
+not connect, a 5xx, a 429 after its wait) is retried with backoff for ``send_retry_s``;
+one whose answer was lost after the request went out is repeated once, after
+``unknown_repeat_wait_s`` and once the OpenAPI answers again (:meth:`DingTalkApi.reachable`),
+and a second lost answer gives up (the user may see it twice, never a loop of copies).
+An answer still not delivered after its retries is raised as a :class:`TransportError`
+the pipeline's outbox keeps (``request_sent`` False: certainly not shown, or shown only
+in a card this process can still finish): when DingTalk is back the outbox's delivery
+goes into that same card (the open card is remembered per message), else as markdown --
+after a restart too, when a card left open by the first process stays as it was.
 
 A reaction ("thinking") is put on the user's message while the answer is being written
 and taken back at the end; DingTalk has no typing indicator.  Approvals and questions
@@ -32,9 +47,11 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
 import structlog
 import trio
@@ -43,9 +60,15 @@ from dshim.channels.base import ChannelStore, OutboundEntry
 from dshim.channels.dingtalk.client import DingTalkApi
 from dshim.channels.dingtalk.protocol import Route, card_markdown, new_track_id
 from dshim.channels.kit import Backoff
-from dshim.errors import ChannelError, PermissionDenied, RateLimited, TransportError
+from dshim.errors import (
+    ChannelError,
+    PermissionDenied,
+    RateLimited,
+    TransportError,
+    single_error,
+)
 from dshim.model import AGENT_FAILED_NOTE, Delivered, ReplyTarget
-from dshim.render import split_text
+from dshim.render import BACKOFF_MAX_S, Limits, split_text
 
 log = structlog.get_logger("dshim.dingtalk")
 
@@ -59,7 +82,6 @@ CARD_INTERVAL_S = 0.5
 WEBHOOK_MARGIN_S = 30.0
 #: 429 / QPS waits one final call may accumulate before it gives up.
 RATE_LIMIT_BUDGET_S = 120.0
-MAX_ATTEMPTS = 6
 #: How long cards are not tried again after DingTalk said they are not permitted.
 CARD_DENIED_RETRY_S = 600.0
 REACTION_TIMEOUT_S = 5.0
@@ -68,9 +90,30 @@ QPS_RETRY_MAX_S = 5.0
 #: How long closing an abandoned card may take (it runs shielded, at shutdown).
 ABANDON_TIMEOUT_S = 5.0
 TITLE_MAX = 30
+#: Cards left unfinished by an answer the outbox keeps (per message), at most.
+OPEN_CARDS_MAX = 1024
+#: The answer of a create whose outTrackId exists already: an earlier attempt made it.
+TRACK_EXISTS = "param.outTrackIdExists"
+
+T = TypeVar("T")
 
 AnswerMode = Literal["card", "markdown"]
 Hook = Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class OpenCard:
+    """A card an undelivered answer left behind: the outbox's delivery finishes it."""
+
+    track_id: str
+    #: Its delivery was confirmed (it is in the chat and in the message index).
+    delivered: bool
+
+
+def unsure(exc: ChannelError) -> bool:
+    """Whether a failed call may have been carried out: the request went out and no
+    answer came back (a status, even a 5xx, is an answer)."""
+    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
 
 
 def split(text: str) -> list[str]:
@@ -112,8 +155,10 @@ class DingTalkOutbound:
         card_template_id: str = DEFAULT_CARD_TEMPLATE,
         new_id: Callable[[], str] = new_track_id,
         card_interval_s: float = CARD_INTERVAL_S,
+        limits: Limits | None = None,
     ) -> None:
         self.api = api
+        self.limits = limits or Limits(max_len=MAX_TEXT_LEN)
         self.store = store
         self.clock = clock
         self.answer = answer
@@ -122,11 +167,19 @@ class DingTalkOutbound:
         self.card_interval_s = card_interval_s
         self._cards_denied_until = -math.inf
         self._fallback_logged: set[str] = set()
+        self._open_cards: OrderedDict[str, OpenCard] = OrderedDict()
 
     # -- the Outbound contract ------------------------------------------------------------
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        """Notices, command replies, approvals and questions: markdown."""
+        """Notices, command replies, approvals and questions: markdown.  The outbox's
+        delivery of an answer whose card was left unfinished goes into that card."""
+        route = _route(target)
+        kept = self._open_cards.pop(route.msg_id, None) if route.msg_id else None
+        if kept is not None and text.strip():
+            stream = CardStream(self, target, route, card=True)
+            stream.adopt(kept)
+            return await stream.finish(text)
         return await self.deliver_markdown(target, text)
 
     @asynccontextmanager
@@ -137,15 +190,17 @@ class DingTalkOutbound:
         stream = CardStream(self, target, route, card=cards)
         reacted = await self._react(route, add=True)
         try:
-            async with trio.open_nursery() as nursery:
-                if cards:
-                    nursery.start_soon(stream.pump)
-                else:
-                    stream.pump_done.set()
-                try:
-                    yield stream
-                finally:
-                    nursery.cancel_scope.cancel()
+            # A failed send is the turn's (raised as itself), never a group for the bot.
+            with single_error():
+                async with trio.open_nursery() as nursery:
+                    if cards:
+                        nursery.start_soon(stream.pump)
+                    else:
+                        stream.pump_done.set()
+                    try:
+                        yield stream
+                    finally:
+                        nursery.cancel_scope.cancel()
         finally:
             with trio.CancelScope(shield=True):
                 await stream.abandon()
@@ -153,6 +208,71 @@ class DingTalkOutbound:
                     await self._react(route, add=False)
 
     # -- helpers the stream uses ----------------------------------------------------------
+
+    def keep_open(self, msg_id: str, card: OpenCard) -> None:
+        """Remember a card an undelivered answer left, for the outbox's delivery."""
+        if not msg_id:
+            return
+        self._open_cards[msg_id] = card
+        while len(self._open_cards) > OPEN_CARDS_MAX:
+            self._open_cards.popitem(last=False)
+
+    def backoff(self) -> Backoff:
+        first = self.limits.retry_backoff_s
+        return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
+
+    async def until_reachable(self, backoff: Backoff, give_up_at: float) -> None:
+        """Before the one repeat of a send of unknown outcome: a pause (the outage that
+        lost the answer is likely still on), then until the OpenAPI answers again."""
+        now = trio.current_time()
+        await trio.sleep(max(0.0, min(self.limits.unknown_repeat_wait_s, give_up_at - now)))
+        while True:
+            try:
+                await self.api.reachable()
+                return
+            except ChannelError as exc:
+                log.info("platform_unreachable", error=str(exc)[:200])
+            delay = backoff.next_delay()
+            if trio.current_time() + delay > give_up_at:
+                return  # out of time: the repeat goes now, once
+            await trio.sleep(delay)
+
+    async def card_call(
+        self,
+        call: Callable[[], Awaitable[T]],
+        give_up_at: float,
+        *,
+        quota: bool = False,
+        on_unsure: Callable[[], None] | None = None,
+    ) -> T:
+        """An idempotent card call (see the module docstring): retried through transport
+        failures, lost answers included, with backoff until ``give_up_at`` (then the last
+        failure is raised), and through 429 / QPS refusals as long as they ask -- within
+        :data:`RATE_LIMIT_BUDGET_S`, or, with ``quota`` (creating and delivering, where a
+        refusal means markdown), once after a short wait."""
+        backoff = self.backoff()
+        waited = 0.0
+        limited = 0
+        while True:
+            try:
+                return await call()
+            except RateLimited as exc:
+                limited += 1
+                waited += exc.retry_after
+                if quota and (limited > 1 or exc.retry_after > QPS_RETRY_MAX_S):
+                    raise
+                if waited > RATE_LIMIT_BUDGET_S:
+                    raise
+                log.info("card_rate_limited", retry_after=exc.retry_after)
+                await trio.sleep(exc.retry_after)
+            except TransportError as exc:
+                if unsure(exc) and on_unsure is not None:
+                    on_unsure()
+                delay = backoff.next_delay()
+                if trio.current_time() + delay > give_up_at:
+                    raise
+                log.info("card_call_retry", error=str(exc)[:200], retry_in_s=delay)
+                await trio.sleep(delay)
 
     def fell_back(self, reason: str, exc: BaseException | None = None) -> None:
         """Log once per bot that answers use markdown instead of cards, and why (later
@@ -206,10 +326,13 @@ class DingTalkOutbound:
         return out
 
     async def _send_chunk(self, route: Route, chunk: str) -> str:
-        """One chunk, exactly once as far as DingTalk lets us know; returns its id."""
+        """One chunk, exactly once as far as DingTalk lets us know; returns its id (see
+        the module docstring for the retries)."""
         use_webhook = self.webhook_usable(route)
-        backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
+        backoff = self.backoff()
+        give_up_at = trio.current_time() + self.limits.send_retry_s
         waited = 0.0
+        lost = 0
         while True:
             try:
                 if use_webhook:
@@ -232,13 +355,22 @@ class DingTalkOutbound:
                 log.info("send_rate_limited", retry_after=exc.retry_after, webhook=use_webhook)
                 await trio.sleep(exc.retry_after)
             except TransportError as exc:
-                if exc.request_sent:
-                    # It may be on the user's screen: never a second copy.
-                    log.warning("send_unconfirmed", error=str(exc)[:200], webhook=use_webhook)
-                    return f"unconfirmed-{uuid.uuid4().hex}"
+                if unsure(exc):
+                    # It may be on the user's screen: one repeat, after a pause and once
+                    # DingTalk answers again; a second lost answer gives up.
+                    lost += 1
+                    log.warning(
+                        "send_unconfirmed", error=str(exc)[:200], webhook=use_webhook, lost=lost
+                    )
+                    if lost > 1:
+                        raise
+                    await self.until_reachable(backoff, give_up_at)
+                    continue
                 delay = backoff.next_delay()
-                if backoff.failures >= MAX_ATTEMPTS:
+                if trio.current_time() + delay > give_up_at:
+                    log.warning("send_gave_up", error=str(exc)[:200], webhook=use_webhook)
                     raise
+                log.info("send_retry", error=str(exc)[:200], retry_in_s=delay)
                 await trio.sleep(delay)
             except ChannelError as exc:
                 if not use_webhook:
@@ -281,6 +413,20 @@ class CardStream:
         self._call_lock = trio.Lock()
         self._hook: Hook | None = None
         self._finished = False
+        #: The card's outTrackId once one was tried (reused by every repeat), whether its
+        #: create went through, and whether a delivery may have landed unconfirmed.
+        self._track: str | None = None
+        self._created = False
+        self._deliver_unsure = False
+
+    def adopt(self, card: OpenCard) -> None:
+        """Finish a card an earlier attempt at this answer left open (no pump)."""
+        self._track = card.track_id
+        self._created = True
+        self._deliver_unsure = not card.delivered
+        if card.delivered:
+            self.track_id = card.track_id
+        self.pump_done.set()
 
     def watch_delivery(self, hook: Hook) -> None:
         self._hook = hook
@@ -327,7 +473,13 @@ class CardStream:
                     if self._finishing.is_set():
                         return
                     if self.track_id is None:
-                        if not await self._create(text):
+                        # No retries here (finish makes them): a card that is not up
+                        # yet waits for the final text.
+                        try:
+                            if not await self._create(text, trio.current_time()):
+                                return
+                        except (RateLimited, TransportError) as exc:
+                            log.info("card_create_delayed", error=str(exc)[:200])
                             return
                         continue
                     try:
@@ -353,24 +505,47 @@ class CardStream:
         )
         self._shown = text
 
-    async def _create(self, text: str) -> bool:
-        """Create and deliver the card; False (and markdown from now on) when refused."""
-        track_id = self._out.new_id()
+    async def _create(self, text: str, give_up_at: float) -> bool:
+        """Create and deliver the card (both retried until ``give_up_at``, see the module
+        docstring); False (and markdown from now on) when DingTalk refused it.  A failure
+        that outlasted the retries is raised."""
+        out = self._out
         route = self._route
-        try:
-            await _retry_limited(
-                lambda: self._api.create_card(track_id, self._out.card_template_id)
-            )
-        except ChannelError as exc:
-            self.card = False
-            self._out.fell_back(_reason(exc), exc)
-            return False
+        if self._track is None:
+            self._track = out.new_id()
+        track_id = self._track
+        create_lost = False
+
+        def lost_create() -> None:
+            nonlocal create_lost
+            create_lost = True
+
+        def lost_delivery() -> None:
+            self._deliver_unsure = True
+
+        if not self._created:
+            try:
+                await out.card_call(
+                    lambda: self._api.create_card(track_id, out.card_template_id),
+                    give_up_at,
+                    quota=True,
+                    on_unsure=lost_create,
+                )
+            except (RateLimited, TransportError) as exc:
+                if isinstance(exc, RateLimited):
+                    return self._refused(exc)
+                raise
+            except ChannelError as exc:
+                if not (create_lost and str(exc.code) == TRACK_EXISTS):
+                    return self._refused(exc)
+                # The lost attempt made it: the card exists.
+            self._created = True
         if self._hook is not None:
             hook, self._hook = self._hook, None
             await hook()
-        now = self._out.clock()
+        now = out.clock()
         try:
-            await _retry_limited(
+            await out.card_call(
                 lambda: self._api.deliver_card(
                     track_id,
                     direct=route.direct,
@@ -379,27 +554,35 @@ class CardStream:
                     at=None
                     if route.direct
                     else {route.staff_id: route.sender_nick or route.staff_id},
-                )
+                ),
+                give_up_at,
+                quota=True,
+                on_unsure=lost_delivery,
             )
-        except TransportError as exc:
-            if not exc.request_sent:
-                self.card = False
-                self._out.fell_back(_reason(exc), exc)
-                return False
-            # It may have arrived: keep the card (a markdown copy could show it twice).
-            log.warning("card_delivery_unconfirmed", error=str(exc)[:200])
+        except RateLimited as exc:
+            if self._deliver_unsure:
+                raise  # it may be up: no markdown copy
+            return self._refused(exc)
+        except TransportError:
+            raise
         except ChannelError as exc:
-            self.card = False
-            self._out.fell_back(_reason(exc), exc)
-            return False
+            if self._deliver_unsure:
+                raise
+            return self._refused(exc)
         self.track_id = track_id
+        self._deliver_unsure = False
         self._last_call = trio.current_time()
-        await self._out.store.record_outbound(
+        await out.store.record_outbound(
             self._target.conversation_id,
             OutboundEntry(message_ids=[track_id], text=text, sent_at=now, completed_at=now),
             now=now,
         )
         return True
+
+    def _refused(self, exc: ChannelError) -> bool:
+        self.card = False
+        self._out.fell_back(_reason(exc), exc)
+        return False
 
     async def finish(self, text: str) -> list[Delivered]:
         """The final text, exactly once: finalize the card, or markdown (see the module)."""
@@ -410,23 +593,50 @@ class CardStream:
         self._wake()
         await self.pump_done.wait()
         async with self._call_lock:
-            if self.card and self.track_id is None and text.strip():
-                await self._create(text)
-            if self.card and self.track_id is not None:
-                if await self._final_card(text):
-                    now = self._out.clock()
-                    await self._out.store.update_outbound(
-                        self._target.conversation_id,
-                        self.track_id,
-                        now=now,
-                        text=text,
-                        completed_at=now,
-                    )
-                    return []
+            give_up_at = trio.current_time() + self._out.limits.send_retry_s
+            try:
+                if self.card and self.track_id is None and text.strip():
+                    await self._create(text, give_up_at)
+                if self.card and self.track_id is not None:
+                    if await self._final_card(text, give_up_at):
+                        now = self._out.clock()
+                        await self._out.store.update_outbound(
+                            self._target.conversation_id,
+                            self.track_id,
+                            now=now,
+                            text=text,
+                            completed_at=now,
+                        )
+                        return []
+            except TransportError as exc:
+                raise self._postponed(exc) from exc
+            except RateLimited:
+                self._keep_card()
+                raise
         if not text.strip():
             return []
         hook, self._hook = self._hook, None
         return await self._out.deliver_markdown(self._target, text, hook=hook)
+
+    def _keep_card(self) -> None:
+        """The answer goes to the outbox: a card that is (or may be) up is finished by
+        the outbox's delivery instead of being joined by a markdown copy."""
+        if self._track is not None and (self.track_id is not None or self._deliver_unsure):
+            card = OpenCard(self._track, delivered=self.track_id is not None)
+            self._out.keep_open(self._route.msg_id, card)
+
+    def _postponed(self, exc: TransportError) -> TransportError:
+        """The card answer could not be completed within the retries: nothing of it is on
+        the screen but a card this process finishes later (see :meth:`_keep_card`), so
+        the pipeline's outbox may deliver it."""
+        self._keep_card()
+        log.warning("card_answer_undelivered", error=str(exc)[:200], lost=unsure(exc))
+        return TransportError(
+            f"card answer not delivered: {str(exc)[:200]}",
+            status=exc.status,
+            code=exc.code,
+            request_sent=False,
+        )
 
     async def abandon(self) -> None:
         """Left without :meth:`finish` (stopped by shutdown, a failure): a card that is up
@@ -441,66 +651,39 @@ class CardStream:
                 log.info("card_status_failed", error=str(exc)[:200])
             await self._mark(self._text or self._shown or "", error=True)
 
-    async def _final_card(self, text: str) -> bool:
+    async def _final_card(self, text: str, give_up_at: float) -> bool:
         """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3 (``isError``
-        and 5 when the text ends with the agent's failure note); False when the card could
-        not take it (then it is marked failed, best effort)."""
+        and 5 when the text ends with the agent's failure note); False when DingTalk
+        refused it (then the card is marked failed, best effort).  Transport failures are
+        retried until ``give_up_at``, then raised."""
         # The agent's failure note ends the text: the card shows its error state.
         failed = text.rstrip().rsplit("\n\n", 1)[-1].startswith(AGENT_FAILED_NOTE)
-        backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
-        waited = 0.0
-        while True:
-            await trio.sleep_until(
-                max(self._last_call + self._out.card_interval_s, self._paused_until)
+        await trio.sleep_until(max(self._last_call + self._out.card_interval_s, self._paused_until))
+        try:
+            await self._out.card_call(
+                lambda: self._stream(text, finalize=True, error=failed), give_up_at
             )
-            try:
-                await self._stream(text, finalize=True, error=failed)
-                break
-            except RateLimited as exc:
-                waited += exc.retry_after
-                if waited <= RATE_LIMIT_BUDGET_S:
-                    log.info("card_rate_limited", retry_after=exc.retry_after, final=True)
-                    self._paused_until = trio.current_time() + exc.retry_after
-                    continue
-                error: ChannelError = exc
-            except TransportError as exc:
-                delay = backoff.next_delay()
-                if backoff.failures < MAX_ATTEMPTS:
-                    self._paused_until = trio.current_time() + delay
-                    continue
-                error = exc
-            except ChannelError as exc:
-                error = exc
-            self._out.fell_back("card_finish_failed", error)
+        except (RateLimited, TransportError):
+            raise
+        except ChannelError as exc:
+            self._out.fell_back("card_finish_failed", exc)
             await self._mark(self._shown or text, error=True)
             return False
-        await self._mark(text, error=failed)
+        await self._mark(text, error=failed, give_up_at=give_up_at)
         return True
 
-    async def _mark(self, text: str, *, error: bool) -> None:
-        """The card's final state: ``flowStatus`` 3 (5 on error) and its text, best effort."""
+    async def _mark(self, text: str, *, error: bool, give_up_at: float | None = None) -> None:
+        """The card's final state: ``flowStatus`` 3 (5 on error) and its text, retried
+        until ``give_up_at`` (30 s by default); a card whose text is final stays so even
+        when this fails."""
         assert self.track_id is not None
         track_id = self.track_id
         params = {"flowStatus": "5" if error else "3", "msgContent": card_markdown(text)}
+        until = give_up_at if give_up_at is not None else trio.current_time() + 30.0
         try:
-            with trio.fail_after(30):
-                await _retry_limited(lambda: self._api.update_card(track_id, params), times=4)
-        except (ChannelError, trio.TooSlowError) as exc:
-            log.info("card_status_failed", error=str(exc)[:200])
-
-
-async def _retry_limited(call: Callable[[], Awaitable[None]], *, times: int = 1) -> None:
-    """``call()``, repeated up to ``times`` more times after a short 429 / QPS refusal
-    (a refused call did nothing, so repeating it cannot duplicate anything)."""
-    for attempt in range(times + 1):
-        try:
-            await call()
-            return
-        except RateLimited as exc:
-            if attempt >= times or exc.retry_after > QPS_RETRY_MAX_S:
-                raise
-            log.info("card_rate_limited", retry_after=exc.retry_after)
-            await trio.sleep(exc.retry_after)
+            await self._out.card_call(lambda: self._api.update_card(track_id, params), until)
+        except ChannelError as exc:
+            log.warning("card_status_failed", error=str(exc)[:200])
 
 
 def _reason(exc: ChannelError) -> str:

@@ -32,12 +32,15 @@ Knobs: :meth:`drop_after` (cut the connection after k more robot messages),
 (card calls beyond this many per second answer 403 QPS), the shared fault queue keyed by
 ``"METHOD /path"`` (``fail_next(op, n, status=..., code=...)``, ``slow_next``,
 ``drop_next``), :meth:`drop_response_next` (process, then cut the connection unanswered),
+:meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (every HTTP call, or the
+ops named, answers 500, is dropped unprocessed, or is processed with its answer lost),
 ``webhook_lifetime_s``, ``credentials_valid``.
 
 Users: :meth:`user_message` injects a robot message as DingTalk pushes it (direct or
 group, @-mention, quotes of earlier messages: a quote of the bot's card is an
 ``interactiveCard`` placeholder with ``originalProcessQueryKey``, like the real service;
-files, pictures, audio).  :meth:`bot_messages` is what a chat shows of the bot.
+files, pictures, audio); :meth:`add_user` gives another person a direct chat with the
+bot.  :meth:`bot_messages` is what a chat shows of the bot.
 """
 
 from __future__ import annotations
@@ -153,6 +156,10 @@ class FakeDingTalk(FakePlatform[ApiCall]):
             "nick": "Ada",
         }
         self.dm_conversation = "cidDMada0000000000000000=="
+        #: staff id -> (the person, their direct conversation with the bot)
+        self.people: dict[str, tuple[dict[str, str], str]] = {
+            self.user["staff_id"]: (self.user, self.dm_conversation)
+        }
         self.group_conversation = "cidGROUPteam00000000000=="
         self.group_title = "Team room"
         #: Epoch seconds for message times and webhook expiry (tests: the bot's clock).
@@ -221,6 +228,13 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         """Process the next ``count`` ``op`` requests, then cut the connection unanswered."""
         self._lost_responses[op.lower()] = self._lost_responses.get(op.lower(), 0) + count
 
+    def add_user(self, staff_id: str, nick: str) -> str:
+        """One more person who can write the bot directly; returns their conversation."""
+        person = {"staff_id": staff_id, "sender_id": f"$:LWCP_v1:${staff_id}", "nick": nick}
+        conversation = f"cidDM{staff_id}=="
+        self.people[staff_id] = (person, conversation)
+        return conversation
+
     def expire_tokens(self) -> None:
         """Every token issued so far is rejected from now on (401)."""
         self.tokens.clear()
@@ -274,11 +288,14 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         at: float | None = None,
         extra: dict[str, Any] | None = None,
         push: bool = True,
+        user: str | None = None,
     ) -> dict[str, Any]:
-        """A robot message from the test user, pushed as DingTalk does (group messages
-        only reach a robot when it is @-mentioned: ``mention=False`` pushes it anyway,
-        with ``isInAtList`` false, for the negative case)."""
-        direct = conversation_id == self.dm_conversation
+        """A robot message from the test user (``user``: the staff id of another person,
+        see :meth:`add_user`), pushed as DingTalk does (group messages only reach a robot
+        when it is @-mentioned: ``mention=False`` pushes it anyway, with ``isInAtList``
+        false, for the negative case)."""
+        person = self.people[user][0] if user is not None else self.user
+        direct = any(conversation_id == dm for _, dm in self.people.values())
         created_ms = int((at if at is not None else self.clock()) * 1000)
         session = uuid.uuid4().hex
         self.webhooks[session] = (conversation_id, created_ms / 1000 + self.webhook_lifetime_s)
@@ -287,14 +304,14 @@ class FakeDingTalk(FakePlatform[ApiCall]):
             "chatbotCorpId": "dingcorpfake",
             "chatbotUserId": self.chatbot_user_id,
             "msgId": _id("msg"),
-            "senderNick": self.user["nick"],
+            "senderNick": person["nick"],
             "isAdmin": False,
-            "senderStaffId": self.user["staff_id"],
+            "senderStaffId": person["staff_id"],
             "sessionWebhookExpiredTime": created_ms + int(self.webhook_lifetime_s * 1000),
             "createAt": created_ms,
             "senderCorpId": "dingcorpfake",
             "conversationType": "1" if direct else "2",
-            "senderId": self.user["sender_id"],
+            "senderId": person["sender_id"],
             "sessionWebhook": f"{self.api_base}/robot/sendBySession?session={session}",
             "robotCode": self.robot_code,
             "msgtype": msgtype,
@@ -516,7 +533,7 @@ class FakeDingTalk(FakePlatform[ApiCall]):
             response = _fault_response(fault)
         else:
             response = self._route(request, path, body)
-        lost = self._lost_responses.get(op.lower(), 0)
+        lost = self._lost_responses.get(op.lower(), 0) or int(self.losing(op))
         self.record(
             ApiCall(
                 request.method,
@@ -527,8 +544,9 @@ class FakeDingTalk(FakePlatform[ApiCall]):
                 request.query,
             )
         )
-        if lost:
-            self._lost_responses[op.lower()] = lost - 1
+        if lost:  # processed, but the answer never reaches the bot
+            if self._lost_responses.get(op.lower(), 0):
+                self._lost_responses[op.lower()] -= 1
             raise DropConnection(op)
         return response
 
@@ -621,9 +639,9 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         space = str(body["openSpaceId"])
         if space.startswith("dtv1.card//IM_ROBOT."):
             staff = space[len("dtv1.card//IM_ROBOT.") :]
-            if staff != self.user["staff_id"]:
+            if staff not in self.people:
                 return _error(400, "invalidOpenSpaceId", "unknown user")
-            conversation = self.dm_conversation
+            conversation = self.people[staff][1]
             at_users = None
         elif space.startswith("dtv1.card//IM_GROUP."):
             conversation = space[len("dtv1.card//IM_GROUP.") :]
@@ -698,12 +716,16 @@ class FakeDingTalk(FakePlatform[ApiCall]):
         return msg
 
     def _batch_send(self, body: dict[str, Any]) -> Response:
-        if body.get("robotCode") != self.robot_code or body.get("userIds") != [
-            self.user["staff_id"]
-        ]:
+        users = body.get("userIds")
+        if (
+            body.get("robotCode") != self.robot_code
+            or not isinstance(users, list)
+            or len(users) != 1
+            or users[0] not in self.people
+        ):
             return _error(400, "staffId.notExisted", "staffId not existed")
         key = _id("pqk")
-        self._send_message(self.dm_conversation, body["msgParam"], key, "openapi")
+        self._send_message(self.people[users[0]][1], body["msgParam"], key, "openapi")
         return json_response(
             {"processQueryKey": key, "invalidStaffIdList": [], "flowControlledStaffIdList": []}
         )
