@@ -25,7 +25,11 @@ closed without a close frame), :meth:`drop_after` (after k more callbacks),
 :meth:`take_over` (``disconnected_event``, then close), and the shared fault queue keyed by
 ``cmd``: ``fail_next("aibot_respond_msg", n, status=45009)`` answers with that errcode,
 ``slow_next(cmd, s)`` delays the ack, ``drop_next(cmd)`` closes the socket instead of
-acking (the frame is not processed).
+acking (the frame is not processed), and
+:meth:`~dshim.testing.fakes.base.FakePlatform.outage` for a time (every frame but
+subscribes and pings, or the cmds named: ``"500"`` acks errcode 500, a server error that
+processed nothing; ``"drop"`` closes the socket instead, unprocessed; ``"lost"``
+processes the frame and never acks it).
 
 Reading what the bot did: :attr:`calls` (every frame received: ``cmd``, ``req_id``, body,
 errcode answered, trio time), :attr:`streams`, :attr:`pushes`, :meth:`answers` (what a
@@ -477,10 +481,12 @@ class FakeWecom(FakePlatform[Frame]):
         except DropConnection:
             conn.push("drop")  # closed instead of acked: the frame is not processed
             return
-        conn.in_flight.add(req_id)
         errcode, errmsg, ack_body = self._handle(str(cmd), str(req_id), body, fault)
         frame.errcode = errcode
         self.changed()
+        if self.losing(str(cmd)):
+            return  # processed, but its ack never reaches the bot
+        conn.in_flight.add(req_id)
         delay = self.ack_delay_s
 
         async def ack_later() -> None:
