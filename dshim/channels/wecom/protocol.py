@@ -162,6 +162,9 @@ def ack_error(what: str, errcode: int, errmsg: str) -> ChannelError:
         return StreamExpired(text, code=errcode)
     if errcode in RATE_LIMIT_CODES:
         return RateLimited(text, retry_after=RATE_LIMIT_RETRY_S, status=None, code=errcode)
+    if errcode == -1 or 500 <= errcode <= 599:
+        # "System busy" / a server error: answered, so certainly not carried out.
+        return TransportError(text, code=errcode, request_sent=False)
     return ChannelError(text, code=errcode)
 
 

@@ -54,7 +54,7 @@ from dshim.channels.base import InteractionPrompt
 from dshim.channels.kit import Backoff
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import WecomLink
-from dshim.errors import ChannelError, RateLimited, TransportError
+from dshim.errors import ChannelError, RateLimited, TransportError, single_error
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import split_text
 
@@ -63,6 +63,8 @@ log = structlog.get_logger("dshim.wecom")
 Clock = Callable[[], float]
 #: Waiting for rate limits, per call, before the call gives up.
 RATE_LIMIT_BUDGET_S = 900.0
+#: How long a frame WeCom refused with a server error is retried (dshim.render.Limits).
+SEND_RETRY_S = 120.0
 #: Sends of a finish frame whose ack did not come (same content: harmless repeats).
 FINISH_ATTEMPTS = 3
 #: Intermediate frames failing in a row before the previews stop.
@@ -137,12 +139,24 @@ class WecomOutbound:
     async def call(
         self, cmd: str, req_id: str, body: Any, *, what: str, bound: int | None = None
     ) -> p.Ack:
-        """One request, retried while WeCom rate-limits it (the frame was refused)."""
+        """One request, retried while WeCom rate-limits it or answers with a server error
+        (the frame was refused: nothing happened) for ``SEND_RETRY_S``."""
         backoff = Backoff(1.0, 60.0, 2.0, jitter=0.0)
         waited = 0.0
+        give_up_at = trio.current_time() + SEND_RETRY_S
         while True:
             try:
                 return await self.link.request(cmd, req_id, body, what=what, bound=bound)
+            except p.ConnectionLost:
+                raise
+            except TransportError as exc:
+                if exc.request_sent:
+                    raise
+                delay = backoff.next_delay()
+                if trio.current_time() + delay > give_up_at:
+                    raise
+                log.info("send_retry", what=what, error=_short(exc), retry_in_s=delay)
+                await trio.sleep(delay)
             except RateLimited as exc:
                 delay = backoff.next_delay(retry_after=exc.retry_after)
                 waited += delay
@@ -223,12 +237,14 @@ class WecomOutbound:
         if key is not None:
             self._streams[key] = stream
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream.pump)
-                try:
-                    yield stream
-                finally:
-                    nursery.cancel_scope.cancel()
+            # A failed send is the turn's (raised as itself), never a group for the bot.
+            with single_error():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(stream.pump)
+                    try:
+                        yield stream
+                    finally:
+                        nursery.cancel_scope.cancel()
         finally:
             if key is not None and self._streams.get(key) is stream:
                 del self._streams[key]
