@@ -323,6 +323,15 @@ def replay(
             "--update", help="Rewrite each fixture's expect list with the current output."
         ),
     ] = False,
+    only_conversation: Annotated[
+        str | None,
+        typer.Option(
+            "--only-conversation",
+            help="Print (with --check: compare) only this conversation's lines; fixtures "
+            "without it are skipped. Not with --update.",
+            metavar="ID",
+        ),
+    ] = None,
 ) -> None:
     """Run captured fixtures through the real parsing code and pipeline (no network)."""
     g: Globals = ctx.obj
@@ -337,6 +346,7 @@ def replay(
         update=update,
         out=typer.echo,
         err=lambda s: typer.echo(s, err=True),
+        only_conversation=only_conversation,
     )
     raise typer.Exit(code)
 

@@ -291,8 +291,14 @@ def _timed(item: InboundMessage | Skip) -> InboundMessage | Skip:
 
 
 async def _run_fixture(
-    fx: Fixture, name: str, data_dir: Path, deadline: trio.CancelScope | None = None
+    fx: Fixture,
+    name: str,
+    data_dir: Path,
+    deadline: trio.CancelScope | None = None,
+    conversations: list[str | None] | None = None,
 ) -> list[Line]:
+    """Replay ``fx``; ``conversations``, when given, receives each (expanded) event's
+    conversation (None: it maps to none), the index ``drop`` and ``command`` lines name."""
     rec = _Recorder(name, data_dir)
     bot_table: dict[str, Any] = {"name": REPLAY_BOT, "channel": fx.channel, **fx.options}
     try:
@@ -339,6 +345,10 @@ async def _run_fixture(
         if expand is not None:
             raws = [part for raw in raws for part in expand(raw)]
         items = [_timed(adapter.decode(raw)) for raw in raws]
+        if conversations is not None:
+            conversations.extend(
+                it.conversation_id if isinstance(it, InboundMessage) else None for it in items
+            )
         if fx.now is not None:
             now0 = _ts(fx.now)
         else:
@@ -449,17 +459,54 @@ async def _run_fixture(
     return rec.lines
 
 
-def run_fixture(path: Path, name: str | None = None) -> list[Line]:
-    """Replay one fixture file and return its output lines."""
+def run_fixture(
+    path: Path, name: str | None = None, *, conversations: list[str | None] | None = None
+) -> list[Line]:
+    """Replay one fixture file and return its output lines (``conversations``: see
+    :func:`_run_fixture`)."""
     fx = load_fixture(path)
     label = name or str(path)
 
     async def main() -> list[Line]:
         with tempfile.TemporaryDirectory(prefix="dshim-replay-") as tmp:
             with trio.fail_after(VIRTUAL_DEADLINE_S) as deadline:
-                return await _run_fixture(fx, label, Path(tmp), deadline)
+                return await _run_fixture(fx, label, Path(tmp), deadline, conversations)
 
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def conversation_lines(
+    lines: list[Line], conversation: str, events: list[str | None]
+) -> list[Line]:
+    """The lines of one conversation (``--only-conversation``): ``prompt`` and ``send``
+    lines by their ``conversation``, ``drop`` and ``command`` lines by the conversation
+    of the event at their ``index`` (``events``, see :func:`_run_fixture`), an ``http``
+    line with the line after it (a lookup is made before the prompt it serves), or with
+    the one before it when none follows."""
+
+    def owner(line: Line) -> str | None:
+        kind = line.get("kind")
+        if kind in ("prompt", "send"):
+            return line.get("conversation")
+        index = line.get("index")
+        if kind in ("drop", "command") and isinstance(index, int) and 0 <= index < len(events):
+            return events[index]
+        return None
+
+    owners = [None if line.get("kind") == "http" else owner(line) for line in lines]
+    after: str | None = None
+    for i in reversed(range(len(lines))):
+        if lines[i].get("kind") == "http":
+            owners[i] = after
+        else:
+            after = owners[i]
+    before: str | None = None
+    for i, line in enumerate(lines):
+        if line.get("kind") != "http":
+            before = owners[i]
+        elif owners[i] is None:
+            owners[i] = before
+    return [line for line, who in zip(lines, owners, strict=True) if who == conversation]
 
 
 def dump_line(line: Line) -> str:
@@ -544,8 +591,20 @@ def replay(
     update: bool,
     out: Callable[[str], None],
     err: Callable[[str], None],
+    only_conversation: str | None = None,
 ) -> int:
-    """Run fixtures; print lines (or check them against ``expect``).  Returns the exit code."""
+    """Run fixtures; print lines (or check them against ``expect``).  Returns the exit code.
+
+    ``only_conversation``: every fixture still runs whole, but only that conversation's
+    lines (:func:`conversation_lines`) are printed, and ``check`` compares only those of
+    ``expect`` with them; a fixture with no event and no line of the conversation is
+    skipped.
+    ``update`` rewrites whole ``expect`` lists, so it does not combine with it."""
+    if update and only_conversation is not None:
+        err(
+            "--update rewrites every line of expect: it cannot be combined with --only-conversation"
+        )
+        return 2
     try:
         files = list(iter_fixture_files(paths))
     except FixtureError as exc:
@@ -554,12 +613,13 @@ def replay(
     if not files:
         err("no fixture files found")
         return 2
-    failures = 0
+    failures = skipped = 0
     for path in files:
         with _HeldLogs(err) as logs:
             try:
                 fx = load_fixture(path)
-                lines = run_fixture(path)
+                events: list[str | None] = []
+                lines = run_fixture(path, conversations=events)
             except FixtureError as exc:
                 err(f"FAIL {path}: {exc}")
                 failures += 1
@@ -568,15 +628,24 @@ def replay(
                 err(f"FAIL {path}: crashed: {type(exc).__name__}: {str(exc)[:300]}")
                 failures += 1
                 continue
+            expect = fx.expect
+            if only_conversation is not None:
+                lines = conversation_lines(lines, only_conversation, events)
+                if expect is not None:
+                    expect = conversation_lines(expect, only_conversation, events)
+                if only_conversation not in events and not lines and not expect:
+                    logs.discard()
+                    skipped += 1
+                    continue
             if update:
                 _write_expect(path, [_strip(x) for x in lines])
                 out(f"updated {path} ({len(lines)} lines)")
             elif check:
-                if fx.expect is None:
+                if expect is None:
                     err(f"FAIL {path}: no 'expect' list to check against")
                     failures += 1
-                elif [_strip(x) for x in fx.expect] != [_strip(x) for x in lines]:
-                    err(f"FAIL {path}\n{diff_lines(fx.expect, lines)}")
+                elif [_strip(x) for x in expect] != [_strip(x) for x in lines]:
+                    err(f"FAIL {path}\n{diff_lines(expect, lines)}")
                     failures += 1
                 else:
                     logs.discard()
@@ -584,8 +653,14 @@ def replay(
             else:
                 for line in lines:
                     out(dump_line(line))
+    if only_conversation is not None and skipped == len(files):
+        err(f"no fixture has conversation {only_conversation!r}")
+        return 2
     if check:
-        out(f"{len(files) - failures} passed, {failures} failed")
+        summary = f"{len(files) - failures - skipped} passed, {failures} failed"
+        if skipped:
+            summary += f", {skipped} skipped (without conversation {only_conversation!r})"
+        out(summary)
     return 1 if failures else 0
 
 
