@@ -50,6 +50,7 @@ captured as their parts' updates only when the channel hands them so.
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
 import os
 from collections import OrderedDict
@@ -140,14 +141,30 @@ class _File:
         self.started = started
         self.events: list[Any] = []
         self.expect: list[Line] = []
+        #: The event index each ``expect`` line came from (replay's order: see ``line``).
+        self.origins: list[int] = []
         self.http: list[dict[str, Any]] = []
         self.outbound: dict[str, list[dict[str, Any]]] = {}
         self.history: dict[str, list[dict[str, Any]]] = {}
-        #: Message ids of the part's events (their index entries are recreated by replay).
-        self.message_ids: set[str] = set()
+        #: Message id -> index of the part's first event with it (its index entries are
+        #: recreated by replay).
+        self.message_ids: dict[str, int] = {}
         self._seeded: set[tuple[str, str]] = set()
         self.size = 0
         self.dirty = True
+
+    def line(self, line: Line, origin: int | None) -> None:
+        """Add ``line``, caused by event ``origin`` (None: the latest one).  Replay lets
+        the pipeline settle after each event, so its lines come in event order even where
+        ``serve`` interleaved them (a duplicate judged while the first copy's turn ran)."""
+        at = len(self.events) - 1 if origin is None else origin
+        pos = bisect.bisect_right(self.origins, at)
+        self.expect.insert(pos, line)
+        self.origins.insert(pos, at)
+        self.dirty = True
+
+    def origin(self, message_id: str | None) -> int | None:
+        return self.message_ids.get(message_id) if message_id else None
 
     def encode(self, bot: dict[str, Any], options: dict[str, Any]) -> bytes:
         fixture: dict[str, Any] = {
@@ -252,7 +269,7 @@ class BotCapture:
         f = self._file(conversation)
         f.events.append(_redacted(_json_of(raw)))
         if item.message_id:
-            f.message_ids.add(item.message_id)
+            f.message_ids.setdefault(item.message_id, len(f.events) - 1)
         f.dirty = True
         self._recent[id(item)] = (item, f, len(f.events) - 1)
         if len(self._recent) > _RECENT:
@@ -267,30 +284,31 @@ class BotCapture:
         f = self._file(conversation)
         return f, max(len(f.events) - 1, 0)
 
-    def _add(self, f: _File, line: Line | None) -> None:
+    def _add(self, f: _File, line: Line | None, origin: int | None = None) -> None:
         if line is not None:
-            f.expect.append(_redacted(line))
-            f.dirty = True
+            f.line(_redacted(line), origin)
             self._capture.changed()
 
     # -- the observer ----------------------------------------------------------------------
 
     def on_drop(self, item: InboundMessage | Skip, reason: str) -> None:
         f, index = self._origin(item)
-        self._add(f, self._lines.drop(index, reason))
+        self._add(f, self._lines.drop(index, reason), index)
 
     def on_command(self, msg: InboundMessage, name: str) -> None:
         f, index = self._origin(msg)
-        self._add(f, self._lines.command(index, name))
+        self._add(f, self._lines.command(index, name), index)
 
     def on_prompt(self, msg: InboundMessage, parts: list[PromptPart]) -> None:
-        self._add(self._file(msg.conversation_id), self._lines.prompt(msg, parts))
+        f = self._file(msg.conversation_id)
+        self._add(f, self._lines.prompt(msg, parts), f.origin(msg.message_id))
 
     def sent(self, target: ReplyTarget, delivered: list[Delivered]) -> None:
         """Messages the pipeline delivered (an answer's, a notice's)."""
         f = self._file(target.conversation_id)
+        origin = f.origin(target.reply_to_message_id)
         for d in delivered:
-            self._add(f, self._lines.send(target, d.text))
+            self._add(f, self._lines.send(target, d.text), origin)
 
     # -- quotes ----------------------------------------------------------------------------
 
@@ -306,7 +324,8 @@ class BotCapture:
                 await self._seed(f, msg, store, session_id)
             except Exception as exc:  # a capture never costs the turn
                 log.warning("capture_seed_failed", error=type(exc).__name__)
-        token = EXCHANGES.set(lambda ex: self._exchange(f, ex))
+        origin = f.origin(msg.message_id)
+        token = EXCHANGES.set(lambda ex: self._exchange(f, ex, origin))
         try:
             yield
         finally:
@@ -329,7 +348,7 @@ class BotCapture:
                 and not e.inbound
                 and e.sent_at - budget.window_s <= t <= e.completed_at + budget.window_s
             )
-            recreated = e.inbound and f.message_ids.intersection(e.message_ids)
+            recreated = e.inbound and f.message_ids.keys() & set(e.message_ids)
             # The bot's own messages are always seeded: their live ids never come back
             # in a replay (it numbers its sends out-1, out-2 ...).
             if (by_id or by_time) and not recreated:
@@ -353,11 +372,11 @@ class BotCapture:
         if rows:
             f.seed_history(conv, rows)
 
-    def _exchange(self, f: _File, ex: Exchange) -> None:
+    def _exchange(self, f: _File, ex: Exchange, origin: int | None) -> None:
         f.http.append(
             _redacted({"method": ex.method, "path": ex.path, "status": ex.status, "json": ex.json})
         )
-        self._add(f, self._lines.http(ex.method, redact(ex.path.partition("?")[0])))
+        self._add(f, self._lines.http(ex.method, redact(ex.path.partition("?")[0])), origin)
 
 
 class Capture:

@@ -268,3 +268,42 @@ async def test_the_kit_client_reports_exchanges_only_while_a_sink_is_set(
     assert ex.method == "GET" and ex.status == 200
     assert ex.path == f"/bot{TEST_TOKEN}/getMe?a=1"
     assert ex.json["result"]["username"] == fake.bot["username"]
+
+
+def test_lines_are_written_in_the_order_replay_gives_them(tmp_path: Path) -> None:
+    """A duplicate judged while the first copy's turn ran is listed after that turn's
+    prompt and answer: replay lets the pipeline settle after each event."""
+    from dshim.model import Delivered, InboundMessage, ReplyTarget, TextPart
+
+    config = parse_config(
+        {"dshim": {"capture_dir": str(tmp_path)}, "bots": [{"name": "web", "channel": "webchat"}]},
+        env={},
+    )
+    cap = Capture.from_config(config, clock=lambda: 1_790_000_000.0)
+    assert cap is not None
+    bc = cap.for_bot(config.bots[0])
+    assert bc is not None
+
+    def message() -> InboundMessage:
+        return InboundMessage(
+            channel="webchat",
+            bot_id="web",
+            message_id="u/k1",
+            conversation_id="dm",
+            conversation_type="direct",
+            sender_id="u",
+            content="hi",
+        )
+
+    first, again = message(), message()
+    bc.event(first, b'{"type":"send","text":"hi"}')
+    bc.event(again, b'{"type":"send","text":"hi"}')
+    bc.on_drop(again, "duplicate")  # serve: judged before the first turn's prompt
+    bc.on_prompt(first, [TextPart(text="hi")])
+    bc.sent(
+        ReplyTarget.for_message(first),
+        [Delivered(message_id="out-1", text="hi", sent_at=1.0, completed_at=1.0)],
+    )
+    [f] = bc.files
+    assert [line["kind"] for line in f.expect] == ["prompt", "send", "drop"]
+    assert f.expect[2]["index"] == 1
