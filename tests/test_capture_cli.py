@@ -185,3 +185,93 @@ async def test_serve_capture_replays_to_the_prompts_the_harness_received_live(
     assert fx["history"] and not fx["outbound"]
     assert any(milk.text == row["text"] for rows in fx["history"].values() for row in rows)
     assert TEST_TOKEN.encode() not in b"".join(p.read_bytes() for p in files)
+
+
+def _format_failures(stderr: str) -> list[str]:
+    """``FAIL`` lines of ``dshim replay --check`` about the file itself (unreadable, no
+    fixture, no expect list, a crash), not about the lines it replays to."""
+    return [
+        line
+        for line in stderr.splitlines()
+        if line.startswith("FAIL")
+        and any(why in line for why in ("invalid fixture", "cannot read", "crashed", "no 'expect'"))
+    ]
+
+
+def _captured_bytes(cap: Path) -> int:
+    total = 0
+    for path in cap.rglob("*.json"):
+        try:
+            total += path.stat().st_size
+        except FileNotFoundError:  # replaced between the listing and the stat
+            pass
+    return total
+
+
+async def test_sigkill_under_load_leaves_valid_fixtures_and_the_next_start_cleans_up(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "serve.log"
+    cap = tmp_path / "cap"
+    users = [FakeTelegram.user(100 + i, f"User{i}") for i in range(8)]
+    with trio.fail_after(150):
+        async with open_fake_telegram() as fake:
+            cfg = write_config(tmp_path, fake.url)
+            chats = [fake.private_chat(u) for u in users]
+            proc = await start_serve(cfg, log, cap)
+            try:
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 1)
+                sent = 0
+                # Load: long messages in eight chats, a batch each time the bot made a
+                # call, until the capture was rewritten many times (every write is each
+                # changed file whole), then a kill at once, wherever its writer is.
+                while _captured_bytes(cap) < 2_000_000:
+                    calls = len(fake.calls)
+                    for chat, user in zip(chats, users, strict=True):
+                        fake.user_message(chat, user, f"message {sent} " + "x" * 3000)
+                        sent += 1
+                    await fake.wait_until(lambda: len(fake.calls) > calls)  # noqa: B023
+                proc.kill()  # SIGKILL: no flush, no cleanup
+                with trio.fail_after(20):
+                    await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            assert proc.returncode == -signal.SIGKILL
+            files = sorted(cap.rglob("*.json"))
+            assert len(files) >= len(users)
+            for path in files:
+                fx = json.loads(path.read_bytes())
+                assert fx["channel"] == "telegram" and fx["events"], path
+
+            # Every file is a whole fixture: replay runs each (exit 0: none unreadable,
+            # none crashed), and --check has no FAIL of the file's own (a turn the kill
+            # cut may differ from its expect lines, nothing else).
+            printed = await replay(str(cap))
+            assert printed.returncode == 0, printed.stderr.decode()[-3000:]
+            checked = await replay("--check", str(cap))
+            summary = checked.stdout.decode().splitlines()[-1]
+            assert summary.endswith(" failed") and summary.startswith(
+                tuple(f"{n} passed" for n in range(len(files) + 1))
+            ), summary
+            assert _format_failures(checked.stderr.decode()) == []
+
+            # A write the kill cut short leaves only its temporary file; the next start
+            # removes every one (one planted too, in case the kill fell between writes).
+            planted = files[0].with_name(f".{files[0].name}.tmp")
+            planted.write_bytes(files[0].read_bytes()[:100])
+            polls = len(fake.calls_to("getUpdates"))
+            proc = await start_serve(cfg, log, cap)
+            try:
+                # The capture is prepared before any bot starts: by the first poll.
+                await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) > polls)
+                assert log.read_text().count('"capture_started"') == 2
+                assert list(cap.rglob("*.tmp")) == []
+                code = await stop(proc)
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+            assert code == 0, log.read_text()[-3000:]
+    # What the restart added (the updates the kill left unconfirmed) replays too.
+    again = await replay(str(cap))
+    assert again.returncode == 0, again.stderr.decode()[-3000:]
