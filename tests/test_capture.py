@@ -14,9 +14,10 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -28,11 +29,17 @@ from dshim.serve import serve_bots
 from dshim.store import open_store
 from tests.channel_contract import BOT, ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.helpers import Clock
+from tests.rig_feishu import FeishuRig
+from tests.rig_qq import QQRig
+from tests.rig_slack import SlackRig
 from tests.rig_telegram import TelegramRig
 from tests.rig_webchat import WebchatRig
 
 REPO = Path(__file__).resolve().parent.parent
 CAPTURE_RIGS: dict[str, Callable[[], ChannelRig]] = {
+    "feishu": FeishuRig,
+    "qq": QQRig,
+    "slack": SlackRig,
     "telegram": TelegramRig,
     "webchat": WebchatRig,
 }
@@ -96,10 +103,89 @@ async def _conversation(rig: ChannelRig, harness: RecordingHarness) -> None:
     await trio.sleep(5)
 
 
-async def _run_capture(rig: ChannelRig, tmp_path: Path) -> RecordingHarness:
+#: What the quotes that need a lookup quote (a message the bot never received).
+LOOKED_UP = "the release is on friday"
+
+
+async def _prompted(rig: ChannelRig, harness: RecordingHarness, count: int) -> None:
+    await rig.wait_until(lambda: len(harness.prompts) == count)
+    await trio.sleep(5)
+
+
+async def _slack_steps(rig: Any, harness: RecordingHarness) -> None:
+    fake = rig.fake
+    # A thread reply under Bob's message, which no event brought: conversations.history.
+    bob = fake.add_message(fake.general, LOOKED_UP, user=fake.other_user)
+    await fake.user_message(fake.general, "is that right?", mention=True, thread_ts=bob.ts)
+    await _prompted(rig, harness, len(harness.prompts) + 1)
+    # Slack delivers an envelope again when it saw no ack: same envelope, retry_attempt 1.
+    first = next(e for e in fake.sent_envelopes if e["payload"]["event"]["channel"] == fake.dm)
+    await fake.send_envelope({**first, "retry_attempt": 1, "retry_reason": "timeout"})
+    await trio.sleep(5)
+
+
+async def _feishu_steps(rig: Any, harness: RecordingHarness) -> None:
+    fake = rig.fake
+    # Someone else's message the bot was not addressed by: GET im/v1/messages/{id}.
+    other = await fake.user_message(fake.group_chat, LOOKED_UP, sender=fake.other_user)
+    await trio.sleep(5)
+    await fake.user_message(
+        fake.group_chat, "is that right?", mention_bot=True, reply_to=other["message_id"]
+    )
+    await _prompted(rig, harness, len(harness.prompts) + 1)
+    # Feishu pushes an event again with the same event_id (its ack was lost).
+    first = next(
+        p for p in fake.pushed.values() if p.event["event"]["message"]["chat_id"] == fake.dm_chat
+    )
+    await fake.push_event(json.loads(json.dumps(first.event)))
+    await trio.sleep(5)
+
+
+async def _qq_steps(rig: Any, harness: RecordingHarness) -> None:
+    fake = rig.fake
+    # A guild message only GET knows: GET /channels/{channel_id}/messages/{message_id}.
+    post = fake.guild_post(LOOKED_UP)
+    await fake.guild_message("is that right?", reply_to=post["id"])
+    await _prompted(rig, harness, len(harness.prompts) + 1)
+    # QQ pushes the same message twice (same id and msg_idx).
+    d = await fake.c2c_message("once only")
+    await _prompted(rig, harness, len(harness.prompts) + 1)
+    await fake.dispatch("C2C_MESSAGE_CREATE", d)
+    await trio.sleep(5)
+
+
+#: The issue's further steps where the fake supports them: a quote that needs a platform
+#: lookup (its answer lands in the capture's ``http``, and replay answers from it) and a
+#: duplicate redelivery.
+LOOKUP_STEPS: dict[str, Callable[[Any, RecordingHarness], Awaitable[None]]] = {
+    "feishu": _feishu_steps,
+    "qq": _qq_steps,
+    "slack": _slack_steps,
+}
+
+
+def _secrets(channel: str, rig: Any) -> list[str]:
+    """The bot's credential and every token the fake minted or put in a payload."""
+    out = [rig.secret]
+    if channel == "slack":
+        out.extend([rig.fake.app_token, "legacy-verification-token"])  # the envelope's token
+    elif channel == "feishu":
+        out.extend(rig.fake.tokens)  # tenant_access_tokens
+    elif channel == "qq":
+        out.extend([*rig.fake.tokens, rig.fake.auth_token])  # access tokens, ext auth_token
+    return out
+
+
+async def _run_capture(
+    rig: ChannelRig,
+    tmp_path: Path,
+    steps: Callable[[Any, RecordingHarness], Awaitable[None]] | None = None,
+) -> RecordingHarness:
     harness = RecordingHarness()
     async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
         await _conversation(rig, harness)
+        if steps is not None:
+            await steps(rig, harness)
     return harness
 
 
@@ -120,7 +206,8 @@ async def test_a_capture_replays_to_exactly_what_the_harness_received(
     channel: str, tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     rig = CAPTURE_RIGS[channel]()
-    harness = await _run_capture(rig, tmp_path)
+    steps = LOOKUP_STEPS.get(channel)
+    harness = await _run_capture(rig, tmp_path, steps)
     cap = tmp_path / "cap"
     files = sorted(cap.rglob("*.json"))
     assert files, "nothing captured"
@@ -133,13 +220,28 @@ async def test_a_capture_replays_to_exactly_what_the_harness_received(
     lines = [json.loads(x) for x in printed.stdout.splitlines()]
     replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
     assert replayed == sorted(harness.texts())
-    assert len(replayed) == 3
+    # The shared conversation's three prompts, the looked-up quote's, QQ's "once only".
+    assert len(replayed) == (3 if steps is None else 5 if channel == "qq" else 4)
+    # The quote of the bot's answer was recovered (from the index or the transcript).
+    assert "<dsh_im_reply_to>" in harness.texts()[1]
     # The unaddressed group message is an event of the capture and a drop line.
     assert any(x["kind"] == "drop" and x["reason"] == "unaddressed" for x in lines)
-    # No byte of the capture holds the bot's credential.
+    if steps is not None:
+        # The looked-up quote reached the harness live, and its exchange is in the capture,
+        # which answered replay's own request.
+        assert sum(LOOKED_UP in t for t in harness.texts()) == 1
+        captured = [x for p in files for x in json.loads(p.read_bytes())["http"]]
+        assert captured and all(x["status"] == 200 for x in captured), captured
+        assert any(x["kind"] == "http" for x in lines)
+        # The redelivered event is captured, and replay drops it as the bot did.
+        assert any(x["kind"] == "drop" and x["reason"] == "duplicate" for x in lines)
+    # No byte of the capture holds the bot's credential or a token minted at runtime.
+    secrets = [s.encode() for s in _secrets(channel, rig)]
+    assert all(secrets) and (steps is None or len(secrets) > 1)
     for path in cap.rglob("*"):
         if path.is_file():
-            assert rig.secret.encode() not in path.read_bytes(), path
+            data = path.read_bytes()
+            assert not [s for s in secrets if s in data], path
     # Conversation text is private: directories 0700, files 0600.
     for path in [cap, *cap.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)

@@ -195,6 +195,10 @@ async def run(
     async with _open_rest(settings, host.register_secret) as rest:
         info = await until_ok("GET bot/v3/info", rest.bot_info, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=info.app_name, bot_id=info.open_id)
+        # What FeishuReplayAdapter reads from a fixture's bot (serve --capture).
+        host.capture_identity(
+            {"open_id": info.open_id, "app_id": settings.app_id, "name": info.app_name}
+        )
         targets = await startup_targets(rest, host.bot)
         outbound = FeishuOutbound(rest, host.store, host.clock)
         mapper = EventMapper(

@@ -245,6 +245,7 @@ async def run(
         # The token and the identity; transient failures are retried, refusals raised.
         me = await until_ok("GET /users/@me", api.get_me, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=me.username, bot_id=me.id)
+        host.capture_identity({"app_id": settings.app_id})  # what QQReplayAdapter reads
         name = me.username or None
         mapper = QQMapper(
             me.id,

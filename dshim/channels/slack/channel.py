@@ -174,6 +174,21 @@ async def identify(web: WebClient) -> BotIdentity:
     )
 
 
+def fixture_bot(me: BotIdentity) -> dict[str, str]:
+    """The identity as a fixture's ``bot`` holds it (what :class:`SlackReplayAdapter`
+    reads), for ``serve --capture``; unknown fields are left out."""
+    out = {
+        "user_id": me.user_id,
+        "bot_id": me.bot_id,
+        "app_id": me.app_id,
+        "team_id": me.team_id,
+        "name": me.name,
+        "url": f"https://{me.workspace_host}/" if me.workspace_host else None,
+        "scopes": ",".join(sorted(me.scopes)) if me.scopes is not None else None,
+    }
+    return {k: v for k, v in out.items() if v is not None}
+
+
 class ThreadMemory:
     """The threads the bot posted into, persisted in a store cursor (bounded).
 
@@ -246,6 +261,7 @@ async def run(
 
         me = await until_ok("auth.test", who, backoff=Backoff(rng=rng))
         log.info("bot_authenticated", bot_user=me.name, bot_id=me.user_id, team=me.team_id)
+        host.capture_identity(fixture_bot(me))
         threads = await ThreadMemory.load(host.store)
         mapper = EventMapper(me, threads=threads)
         mapper.lookup = lookup_factory(web, lambda: mapper)
@@ -289,6 +305,7 @@ async def run(
                 def connected(session: SocketSession) -> None:
                     if mapper.me.app_id is None and session.app_id:
                         mapper.me = dataclasses.replace(mapper.me, app_id=session.app_id)
+                        host.capture_identity({"app_id": session.app_id})
 
                 runner = SocketRunner(
                     web,
