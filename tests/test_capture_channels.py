@@ -1,0 +1,133 @@
+"""``dshim serve --capture`` round trips on Discord.
+
+Each test runs the channel's rig (its fake on 127.0.0.1, a real SQLite file, the
+recording echo harness) through ``serve_bots`` with a capture directory
+(``tests.test_capture.capturing``), scripts a conversation with every case issue 29
+names — a plain direct message, a quote that needs a platform lookup (Discord: a bare
+reference fetched with ``GET /channels/{id}/messages/{id}``) or the bot's own answer
+recovered from the message index (WhatsApp and WeChat have no fetch API), a duplicate
+redelivery (a gateway Resume replaying dispatches, a webhook body delivered again, an
+iLink message redelivered) and an unaddressed group message — stops, then runs a real
+``dshim replay --check`` subprocess on the capture.  The prompts replay prints must be
+byte for byte the ones the harness received live; no captured byte may hold a
+credential; directories are 0700, files 0600.  Autojump clock, hard deadline
+(``tests/conftest.py``), never the internet.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from dshim.replay import load_fixture
+from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
+from tests.rig_discord import DiscordRig
+from tests.test_capture import _replay, capturing
+
+Script = Callable[[], Awaitable[None]]
+
+
+async def _captured(
+    rig: ChannelRig, tmp_path: Path, script: Callable[[RecordingHarness], Script]
+) -> RecordingHarness:
+    harness = RecordingHarness()
+    async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
+        await rig.receiving()
+        await script(harness)()
+    return harness
+
+
+def _fixtures(cap: Path) -> dict[str, dict[str, Any]]:
+    """Every captured file, decoded, by its conversation folder."""
+    return {p.parent.name: json.loads(p.read_bytes()) for p in sorted(cap.rglob("*.json"))}
+
+
+def _check_round_trip(
+    cap: Path, harness: RecordingHarness, *, prompts: int, secrets: list[str]
+) -> list[dict[str, Any]]:
+    """``dshim replay --check`` passes on the capture, its prompts are the live ones byte
+    for byte, no captured byte holds a secret, modes are private; the printed lines."""
+    files = sorted(cap.rglob("*.json"))
+    assert files, "nothing captured"
+    checked = _replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(files)} passed, 0 failed" in checked.stdout
+    printed = _replay(str(cap))
+    assert printed.returncode == 0, printed.stderr
+    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
+    assert replayed == sorted(harness.texts())
+    assert len(replayed) == prompts
+    drops = {x["reason"] for x in lines if x["kind"] == "drop"}
+    assert {"duplicate", "unaddressed"} <= drops, drops
+    for path in cap.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for secret in secrets:
+                assert secret.encode() not in data, (path, secret)
+    for path in [cap, *cap.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    return lines
+
+
+# --- Discord ------------------------------------------------------------------------------
+
+
+async def test_discord_capture_replays_a_looked_up_quote_a_resume_replay_and_a_guild_message(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = DiscordRig()
+    answer_id = ""
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            nonlocal answer_id
+            fake = rig.fake
+            await rig.user_dm("list <two> things & stop")
+            first = echo_of(rig, "list <two> things & stop")
+            await rig.wait_until(lambda: first in final_texts(rig))
+            await trio.sleep(5)
+            [answer] = rig.dm_answers()
+            answer_id = answer.id
+            # A bare reference (no referenced_message): the channel fetches the message.
+            await fake.user_message(
+                fake.dm_channel, "why the second one?", reply_to=answer.id, reference="bare"
+            )
+            await rig.wait_until(lambda: len(harness.prompts) == 2 and len(rig.dm_answers()) == 2)
+            await trio.sleep(5)
+            # The socket drops; the Resume replays dispatches the bot already had.
+            fake.replay_on_resume = 4
+            await rig.drop_connection()
+            await fake.wait_until(lambda: fake.resumed_count >= 1)
+            await trio.sleep(5)
+            await rig.user_group("just chatting", mention=False)
+            await rig.user_group("and you?", mention=True)
+            await rig.wait_until(lambda: len(harness.prompts) == 3)
+            await trio.sleep(5)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    lines = _check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
+    # The lookup is in the capture, path relative to api_base, and replay makes it again.
+    path = f"/channels/{rig.fake.dm_channel}/messages/{answer_id}"
+    [dm] = [fx for fx in _fixtures(cap).values() if fx["http"]]
+    assert [(h["method"], h["path"], h["status"]) for h in dm["http"]] == [("GET", path, 200)]
+    assert dm["http"][0]["json"]["id"] == answer_id
+    assert {"kind": "http", "method": "GET", "path": path} in [
+        {k: x.get(k) for k in ("kind", "method", "path")} for x in lines if x["kind"] == "http"
+    ]
+    # The quote's prompt carries the fetched answer.
+    quoted = harness.texts()[1]
+    assert f'"messageId":"{answer_id}"' in quoted
+    # The replayed dispatches are events of the capture (the same frames again).
+    frames = [json.dumps(e, sort_keys=True) for e in dm["events"]]
+    assert len(frames) > len(set(frames))
+    assert load_fixture(next(cap.rglob("*.json"))).bot["id"] == rig.fake.bot_user["id"]
