@@ -1,4 +1,4 @@
-"""``dshim serve --capture`` round trips on Discord.
+"""``dshim serve --capture`` round trips on Discord and WhatsApp (Cloud API).
 
 Each test runs the channel's rig (its fake on 127.0.0.1, a real SQLite file, the
 recording echo harness) through ``serve_bots`` with a capture directory
@@ -25,8 +25,10 @@ from typing import Any
 import trio
 
 from dshim.replay import load_fixture
+from dshim.testing.fakes.whatsapp import TEST_APP_SECRET, TEST_VERIFY_TOKEN
 from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.rig_discord import DiscordRig
+from tests.rig_whatsapp import GROUP_ID, WhatsAppRig
 from tests.test_capture import _replay, capturing
 
 Script = Callable[[], Awaitable[None]]
@@ -131,3 +133,89 @@ async def test_discord_capture_replays_a_looked_up_quote_a_resume_replay_and_a_g
     frames = [json.dumps(e, sort_keys=True) for e in dm["events"]]
     assert len(frames) > len(set(frames))
     assert load_fixture(next(cap.rglob("*.json"))).bot["id"] == rig.fake.bot_user["id"]
+
+
+# --- WhatsApp -----------------------------------------------------------------------------
+
+
+async def test_whatsapp_capture_replays_a_recovered_quote_a_webhook_retry_and_a_group(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = WhatsAppRig()
+    bodies: list[bytes] = []
+    answer_id = ""
+
+    def script(harness: RecordingHarness) -> Script:
+        async def deliver(
+            *messages: dict[str, Any], statuses: tuple[dict[str, Any], ...] = ()
+        ) -> None:
+            body = rig.fake.body(list(messages), list(statuses))
+            bodies.append(body)
+            await rig.fake.deliver(body)
+
+        async def run() -> None:
+            nonlocal answer_id
+            fake, ada = rig.fake, rig.ada
+            assert ada is not None
+            await deliver(fake.user_message(ada, "list <two> things & stop"))
+            first = echo_of(rig, "list <two> things & stop")
+            await rig.wait_until(lambda: first in final_texts(rig))
+            await trio.sleep(5)
+            [answer] = rig.dm_answers()
+            answer_id = answer.id
+            # A quote carries only the quoted wamid: the answer comes from the index.
+            await deliver(fake.user_message(ada, "why the second one?", reply_to=answer.id))
+            await rig.wait_until(lambda: len(harness.prompts) == 2 and len(rig.dm_answers()) == 2)
+            await trio.sleep(5)
+            # A body of a message and a status, delivered again (its 200 was lost).
+            [sent] = [s for s in fake.sent if s.id == answer.id]
+            await deliver(
+                fake.user_message(ada, "one more thing"),
+                statuses=(fake.status_update(sent, "read"),),
+            )
+            await rig.wait_until(lambda: len(harness.prompts) == 3)
+            await fake.deliver(bodies[-1])
+            await trio.sleep(5)
+            await deliver(fake.user_message(ada, "just chatting", group_id=GROUP_ID))
+            mention = f"@{fake.display_phone_number} and you?"
+            await deliver(fake.user_message(ada, mention, group_id=GROUP_ID))
+            await rig.wait_until(lambda: len(harness.prompts) == 4)
+            await trio.sleep(5)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    # The webhook's signature header is never captured (nor the endpoint's own token).
+    signatures = [rig.fake.signature(b).removeprefix("sha256=") for b in bodies]
+    secrets = [rig.secret, TEST_APP_SECRET, TEST_VERIFY_TOKEN, *signatures]
+    _check_round_trip(cap, harness, prompts=4, secrets=secrets)
+    fixtures = _fixtures(cap)
+    dm = fixtures[rig.ada.key if rig.ada else ""]
+    # The identity the replay adapter reads (as GET /<PHONE_NUMBER_ID> gave it), no more.
+    assert dm["bot"] == {
+        "id": rig.fake.phone_number_id,
+        "phone_number_id": rig.fake.phone_number_id,
+        "display_phone_number": f"+{rig.fake.display_phone_number}",
+        "verified_name": rig.fake.verified_name,
+    }
+    # The quoted answer was recovered from the index: its entry is seeded.
+    seeded = {i for seeds in dm["outbound"].values() for s in seeds for i in s["message_ids"]}
+    assert answer_id in seeded
+    assert not dm["http"]
+    # Each event is one message's webhook entry, as the reader accepted it (the status
+    # of the retried body is the reader's, not the pipeline's); the retry is there twice.
+    texts = [
+        m["text"]["body"]
+        for e in dm["events"]
+        for [entry] in [e["entry"]]
+        for [change] in [entry["changes"]]
+        for m in change["value"]["messages"]
+    ]
+    assert texts == [
+        "list <two> things & stop",
+        "why the second one?",
+        "one more thing",
+        "one more thing",
+    ]
+    assert all("statuses" not in e["entry"][0]["changes"][0]["value"] for e in dm["events"])

@@ -366,6 +366,14 @@ async def run(
             display_phone_number=me.display_phone_number,
             name=me.name,
         )
+        # What the replay adapter reads from a capture's ``bot`` (no credential).
+        host.capture_identity(
+            {
+                "phone_number_id": me.id,
+                "display_phone_number": me.display_phone_number,
+                "verified_name": me.name,
+            }
+        )
         outbound = WhatsAppOutbound(client, clock=host.clock)
         hook = Webhook(
             me=me,
