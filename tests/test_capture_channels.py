@@ -1,4 +1,4 @@
-"""``dshim serve --capture`` round trips on Discord and WhatsApp (Cloud API).
+"""``dshim serve --capture`` round trips on Discord, WhatsApp (Cloud API) and WeChat (iLink).
 
 Each test runs the channel's rig (its fake on 127.0.0.1, a real SQLite file, the
 recording echo harness) through ``serve_bots`` with a capture directory
@@ -28,6 +28,7 @@ from dshim.replay import load_fixture
 from dshim.testing.fakes.whatsapp import TEST_APP_SECRET, TEST_VERIFY_TOKEN
 from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.rig_discord import DiscordRig
+from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import GROUP_ID, WhatsAppRig
 from tests.test_capture import _replay, capturing
 
@@ -219,3 +220,50 @@ async def test_whatsapp_capture_replays_a_recovered_quote_a_webhook_retry_and_a_
         "one more thing",
     ]
     assert all("statuses" not in e["entry"][0]["changes"][0]["value"] for e in dm["events"])
+
+
+# --- WeChat -------------------------------------------------------------------------------
+
+
+async def test_weixin_capture_replays_a_recovered_quote_a_redelivery_and_a_group(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = WeixinRig()
+    answer_id = ""
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            nonlocal answer_id
+            fake = rig.fake
+            fake.user_message("list <two> things & stop")
+            first = echo_of(rig, "list <two> things & stop")
+            await rig.wait_until(lambda: first in final_texts(rig))
+            await trio.sleep(5)
+            [answer] = rig.dm_answers()
+            answer_id = answer.id
+            # A quote of the bot's message is a shell with times only: the index answers.
+            quote = fake.user_message("why the second one?", quote=fake.quote_of(answer.id))
+            await rig.wait_until(lambda: len(harness.prompts) == 2 and len(rig.dm_answers()) == 2)
+            await trio.sleep(5)
+            fake.redeliver(quote)  # iLink delivers the same message again
+            await trio.sleep(5)
+            # iLink bots answer direct chats only: a group message is never addressed.
+            fake.user_message("just chatting", group_id="1234@chatroom")
+            fake.user_message("and you?")
+            await rig.wait_until(lambda: len(harness.prompts) == 3)
+            await trio.sleep(5)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    _check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
+    # The answer is authored by the bot's configured name, live and in replay.
+    assert f'"messageId":"{answer_id}"' in harness.texts()[1]
+    assert '"authorName":"contract"' in harness.texts()[1]
+    dm = next(fx for fx in _fixtures(cap).values() if fx["outbound"])
+    assert dm["bot"] == {"id": rig.fake.bot_id, "name": "contract"}
+    seeded = {i for seeds in dm["outbound"].values() for s in seeds for i in s["message_ids"]}
+    assert answer_id in seeded
+    ids = [e["message_id"] for e in dm["events"]]
+    assert len(ids) == 4 and len(set(ids)) == 3  # the redelivered one twice

@@ -359,6 +359,8 @@ async def run(
             client, contexts, store, clock=host.clock, rng=rng, register_secret=host.register_secret
         )
         loader_for = quote_loader(store, host.clock, bot_id=found.bot_id, bot_name=name)
+        # The bot's answers are authored by its configured name (replay reads ``name``).
+        host.capture_identity({"name": name})
         decode = mapper(
             bot_id=found.bot_id, clock=host.clock, fetcher_for=client.fetcher, loader_for=loader_for
         )
@@ -425,8 +427,13 @@ class ReplayAdapter:
         self.bot_username = fx.bot_username
         self._store = fx.store
         self._clock = fx.clock or (lambda: 0.0)
+        # A capture names the bot as the live one does (its configured ``name``); a
+        # hand-written fixture by its ``username``.
+        name = fx.bot_info.get("name") or fx.bot_username
         loader_for = (
-            quote_loader(fx.store, self._now, bot_id=fx.bot_id, bot_name=fx.bot_username)
+            quote_loader(
+                fx.store, self._now, bot_id=fx.bot_id, bot_name=str(name) if name else None
+            )
             if fx.store is not None
             else None
         )
