@@ -49,6 +49,18 @@ def test_b1_and_the_soak_answer_every_update_once_and_report_rss() -> None:
     assert len(samples) == 10 and all(float(s) > 10 for s in samples), soak
 
 
+def test_b1_with_capture_runs_dshim_with_capture_off_and_on_side_by_side() -> None:
+    out = suite("--only", "B1-capture", "--updates", "60")
+    title = "B1 saturated echo, capture off and on, 60 updates, 200 chats"
+    off = row(out, title, "dshim")
+    on = row(out, title, "dshim+capture")
+    # candidate, events/s, CPU ms/event, capture MB, RSS, dupes, order, answered
+    assert off[3] == "—" and float(on[3]) > 0, (off, on)  # only the second one captured
+    for cells in (off, on):
+        assert cells[5:8] == ["0", "yes", "60/60"], cells
+        assert float(cells[2]) > 0, cells
+
+
 async def test_the_fake_discord_compresses_the_gateway_when_the_client_asks() -> None:
     """hikari connects with ``compress=zlib-stream`` (as Discord's clients do by default):
     every frame then comes binary, from one zlib stream, each ending in a sync flush."""

@@ -24,6 +24,9 @@ Scenarios:
   over 1 chat; events/s from release to the last reply, CPU ms per event (the candidate's
   utime+stime from ``/proc`` between release and the last reply, after an idle hold),
   peak RSS (``VmHWM``), duplicates, per-chat order.
+* **B1 capture**: B1 saturated over 200 chats for ``dshim`` and ``dshim+capture``
+  (``serve --capture`` into the run's directory) side by side: events/s, CPU ms per event
+  and the MB captured (``dshim+capture`` is also a ``--candidates`` name).
 * **B1 paced**: 50 / 200 / 500 updates/s over 200 chats; p50/p99 latency from an update's
   availability to its reply, with ``floor`` always in the same run (the p99 gap to it).
 * **B2 head-of-line**: a 2 s agent; 20 chats send one message each and one of them 3 more;
@@ -91,6 +94,8 @@ class Candidate:
     env: dict[str, str] = field(default_factory=dict)
     version: str = ""
     platform: str = "telegram"  # "any" for dshim
+    #: dshim with ``serve --capture`` into the run's directory (``dshim+capture``).
+    capture: bool = False
 
     def speaks(self, platform: str) -> bool:
         return self.platform in ("any", platform)
@@ -148,14 +153,16 @@ def candidates(selected: list[str], versions: dict[str, str], workdir: Path) -> 
     out: list[Candidate] = []
     for name in selected:
         if name.startswith("dshim"):
-            compile_bytecode(ROOT if name == "dshim" else Path(name.split("@", 1)[1]).resolve())
-        if name == "dshim":
+            tree = ROOT if name in ("dshim", "dshim+capture") else Path(name.split("@", 1)[1])
+            compile_bytecode(tree.resolve())
+        if name in ("dshim", "dshim+capture"):
             out.append(
                 Candidate(
-                    "dshim",
+                    name,
                     [sys.executable, "-m", "dshim", "--config", "{config}", "serve"],
                     version=dshim_version(),
                     platform="any",
+                    capture=name == "dshim+capture",
                 )
             )
         elif name.startswith("dshim@"):  # another checkout of dshim: before/after a change
@@ -319,6 +326,8 @@ def start_candidate(
     env = {**os.environ, **cand.env, **peer_env(*bots[0])}
     env.pop("DSHIM_HTTP_LISTEN", None)
     argv = [a.replace("{config}", str(dshim_config(workdir, bots))) for a in cand.argv]
+    if cand.capture:
+        argv += ["--capture", str(workdir / "capture")]
     return subprocess.Popen(
         argv,
         env=env,
@@ -339,10 +348,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
+def captured_mb(root: Path) -> float:
+    """The size of what ``serve --capture`` wrote under ``root`` (fixtures only)."""
+    return sum(p.stat().st_size for p in root.rglob("*.json")) / 1e6
+
+
 def run_once(
     cand: Candidate, fake_args: list[str], timeout: float, platform: str = "telegram"
 ) -> dict[str, Any]:
-    """One candidate against one fresh fake: the fake's figures plus CPU and RSS."""
+    """One candidate against one fresh fake: the fake's figures plus CPU and RSS (and, for
+    ``dshim+capture``, the MB captured, measured once it stopped: its last write is then)."""
     with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
         workdir = Path(tmp)
         fake, info = start_fake([*fake_args, "--timeout", str(timeout)], platform)
@@ -360,10 +375,12 @@ def run_once(
             done["peak_rss_mb"] = rss_mb(proc.pid)
             done["startup_ms"] = (first["first_poll"] - spawned) * 1000
             del released
-            return done
         finally:
             stop(proc)
             stop(fake)
+        if cand.capture:
+            done["capture_mb"] = captured_mb(workdir / "capture")
+        return done
 
 
 # -- reporting -----------------------------------------------------------------------------
@@ -432,11 +449,13 @@ def scenario_burst(
     eps = {k: [r["replies"] / r["elapsed_s"] for r in v] for k, v in results.items()}
     cpu = {k: [r["cpu_ms_per_event"] for r in v] for k, v in results.items()}
     acks = any("ack_p99_ms" in r for v in results.values() for r in v)
+    captures = any("capture_mb" in r for v in results.values() for r in v)
     rows = []
     for cand in cands:
         v = results[cand.name]
         lat = [fmt([r["p50_ms"] for r in v], 1), fmt([r["p99_ms"] for r in v], 1)]
         ack = [fmt([r.get("ack_p99_ms", float("nan")) for r in v], 1)]
+        cap = [fmt([r.get("capture_mb", float("nan")) for r in v], 1)]
         rows.append(
             [
                 cand.name,
@@ -444,6 +463,7 @@ def scenario_burst(
                 fmt(cpu[cand.name], 2),
                 *(lat if latency else []),
                 *(ack if acks else []),
+                *(cap if captures else []),
                 fmt([r["peak_rss_mb"] for r in v]),
                 str(sum(r["duplicates"] for r in v)),
                 "yes" if all(r["in_order"] for r in v) else "NO",
@@ -460,6 +480,7 @@ def scenario_burst(
             "CPU ms/event",
             *(["p50 ms", "p99 ms"] if latency else []),
             *(["ack p99 ms"] if acks else []),
+            *(["capture MB"] if captures else []),
             "peak RSS MB",
             "dupes",
             "order",
@@ -475,6 +496,19 @@ def scenario_b1(cands: list[Candidate], reps: int, n: int, one_chat: bool) -> No
     args = ["--chats", "1", "--one-chat"] if one_chat else ["--chats", "200"]
     chats = "1 chat" if one_chat else "200 chats"
     scenario_burst(f"B1 saturated echo, {n} updates, {chats}", cands, reps, n, args)
+
+
+def scenario_b1_capture(reps: int, n: int) -> None:
+    """B1 saturated (200 chats) for dshim with ``serve --capture`` off and on, side by side
+    in the same run (whatever ``--candidates`` says): the capture's cost per event."""
+    cands = candidates(["dshim", "dshim+capture"], {}, Path("."))
+    scenario_burst(
+        f"B1 saturated echo, capture off and on, {n} updates, 200 chats",
+        cands,
+        reps,
+        n,
+        ["--chats", "200"],
+    )
 
 
 def scenario_paced(cands: list[Candidate], reps: int, rates: list[int], seconds: float) -> None:
@@ -715,7 +749,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--updates", type=int, default=None, help="B1 updates (4,000; --quick 1,000)")
-    p.add_argument("--only", default="B1,B1-1chat,paced,B2,B3,B4,idle,B7")
+    p.add_argument("--only", default="B1,B1-1chat,B1-capture,paced,B2,B3,B4,idle,B7")
     p.add_argument("--soak", type=int, default=None, help="B7 events (100,000; --quick 20,000)")
     p.add_argument(
         "--candidates", default="dshim,floor,ptb,ptb-c8,aiogram,nonebot,hikari,slack-sdk"
@@ -739,6 +773,7 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, Callable[[], None]] = {
         "B1": lambda: scenario_b1(cands, reps, n, one_chat=False),
         "B1-1chat": lambda: scenario_b1(cands, reps, n, one_chat=True),
+        "B1-capture": lambda: scenario_b1_capture(reps, n),
         "paced": lambda: scenario_paced(cands, reps, [50, 200, 500], 5.0 if args.quick else 10.0),
         "B2": lambda: scenario_b2(cands, reps),
         "B3": lambda: scenario_burst(
