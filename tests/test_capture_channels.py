@@ -23,8 +23,12 @@ from pathlib import Path
 from typing import Any
 
 import trio
+from structlog.testing import capture_logs
 
+from dshim.channels.weixin.channel import media_secrets
+from dshim.model import ImagePart
 from dshim.replay import load_fixture
+from dshim.testing.fakes.weixin import FakeWeixin
 from dshim.testing.fakes.whatsapp import TEST_APP_SECRET, TEST_VERIFY_TOKEN
 from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.rig_discord import DiscordRig
@@ -267,3 +271,74 @@ async def test_weixin_capture_replays_a_recovered_quote_a_redelivery_and_a_group
     assert answer_id in seeded
     ids = [e["message_id"] for e in dm["events"]]
     assert len(ids) == 4 and len(set(ids)) == 3  # the redelivered one twice
+
+
+def _image(fake: FakeWeixin) -> tuple[dict[str, Any], list[str]]:
+    param, key = fake.add_media(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    item = {"type": 2, "image_item": {"aeskey": key, "media": {"encrypt_query_param": param}}}
+    return item, [param, key]
+
+
+async def test_weixin_capture_holds_no_media_key_or_signed_cdn_parameter(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """An image's AES key and CDN parameter, its own and a quoted one's, are secrets: no
+    captured byte and no log record holds them; the captured events keep their shape."""
+    rig = WeixinRig()
+    keys: list[str] = []
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            fake = rig.fake
+            item, secrets = _image(fake)
+            keys.extend(secrets)
+            photo = fake.user_message(items=[item])
+            await rig.wait_until(lambda: len(harness.prompts) == 1)
+            await trio.sleep(5)
+            fake.user_message("what is on it?", quote=fake.quote_of(photo["message_id"]))
+            await rig.wait_until(lambda: len(harness.prompts) == 2)
+            await trio.sleep(5)
+
+        return run
+
+    with capture_logs() as logs:
+        harness = await _captured(rig, tmp_path, script)
+    assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
+    cap = tmp_path / "cap"
+    data = b"".join(p.read_bytes() for p in cap.rglob("*") if p.is_file())
+    for secret in [rig.secret, *keys]:
+        assert secret.encode() not in data, secret
+        assert not [e for e in logs if secret in repr(e)]
+    [dm] = _fixtures(cap).values()
+    own = dm["events"][0]["item_list"][0]["image_item"]
+    quoted = dm["events"][1]["item_list"][0]["ref_msg"]["message_item"]["image_item"]
+    for image in (own, quoted):
+        assert image["aeskey"] and image["media"]["encrypt_query_param"]  # masked, kept
+
+
+def test_media_secrets_are_every_key_and_cdn_reference_of_items_and_quotes() -> None:
+    media = {"encrypt_query_param": "param-1a2b3c", "aes_key": "a2V5LWtleS1rZXk=", "full_url": ""}
+    entry = {
+        "message_id": 1,
+        "item_list": [
+            {"type": 2, "image_item": {"aeskey": "00112233445566778899aabbccddeeff"}},
+            {"type": 3, "voice_item": {"media": media}},
+            {"type": 4, "file_item": {"media": {"full_url": "https://cdn/x?sig=s3cr3t"}}},
+            {
+                "type": 1,
+                "text_item": {"text": "see"},
+                "ref_msg": {"message_item": {"type": 5, "video_item": {"media": media}}},
+            },
+        ],
+    }
+    got = media_secrets(json.dumps(entry).encode())
+    assert sorted(set(got)) == sorted(
+        {
+            "00112233445566778899aabbccddeeff",
+            "param-1a2b3c",
+            "a2V5LWtleS1rZXk=",
+            "https://cdn/x?sig=s3cr3t",
+        }
+    )
+    assert media_secrets(b'{"message_id": 1, "item_list": [{"type": 1}]}') == []
+    assert media_secrets(b'{"aes_key": [') == []  # unreadable: the mapping's malformed drop

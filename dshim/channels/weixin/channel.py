@@ -26,6 +26,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+import msgspec
 import structlog
 import trio
 from msgspec import UNSET
@@ -50,11 +51,13 @@ from dshim.channels.base import (
     data_dir_of,
 )
 from dshim.channels.kit import Backoff
+from dshim.channels.kit import decode as kit_decode
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.weixin import creds, protocol
+from dshim.channels.weixin import models as m
 from dshim.channels.weixin.client import CALL_TIMEOUT, USER_AGENT, IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.login import run_login
@@ -285,6 +288,33 @@ async def record_inbound(store: ChannelStore, msg: InboundMessage, now: float) -
     await store.record_outbound(msg.conversation_id, entry, now=now)
 
 
+def media_secrets(raw: bytes) -> list[str]:
+    """What unlocks a ``msgs`` entry's media — AES keys, signed CDN parameters and URLs,
+    of its items and of the items it quotes — so that they are registered as secrets
+    before the entry is accepted: no log record and no capture holds them (the inbox
+    keeps the entry whole, a restart still downloads)."""
+    # iLink writes these keys plainly; an entry without any is not decoded a second time.
+    if b'"aes' not in raw and b"encrypt_query_param" not in raw and b"full_url" not in raw:
+        return []
+    try:
+        msg = kit_decode.decode(m.MESSAGE_DECODER, raw)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return []
+    found: list[str | None] = []
+    items = list(msg.item_list)
+    while items:
+        item = items.pop()
+        if item.image_item is not None:
+            found.append(item.image_item.aeskey)
+        for holder in (item.image_item, item.voice_item, item.file_item, item.video_item):
+            media = holder.media if holder is not None else None
+            if media is not None:
+                found += [media.aes_key, media.encrypt_query_param, media.full_url]
+        if item.ref_msg is not None and item.ref_msg.message_item is not None:
+            items.append(item.ref_msg.message_item)
+    return [v for v in found if v]
+
+
 class UpdateSource:
     """WeChat's side of the kit's poll loop: ``getupdates`` from the cursor, mapped."""
 
@@ -294,11 +324,13 @@ class UpdateSource:
         decode: Callable[[bytes], protocol.Mapped],
         outbound: WeixinOutbound,
         clock: Callable[[], float],
+        register_secret: Callable[[str], None] = lambda s: None,
     ) -> None:
         self.client = client
         self.decode = decode
         self.outbound = outbound
         self.clock = clock
+        self._register = register_secret
         self.window_s = protocol.POLL_WINDOW_S
         self._groups: OrderedDict[str, None] = OrderedDict()
 
@@ -309,6 +341,8 @@ class UpdateSource:
             self.window_s = batch.window_s
         events: list[PollEvent] = []
         for raw in batch.raws:
+            for secret in media_secrets(raw):
+                self._register(secret)
             mapped = self.decode(raw)
             if mapped.group_id is not None:
                 self._group_seen(mapped.group_id)
@@ -369,7 +403,9 @@ async def run(
                 outbound=outbound, bot_id=found.bot_id, decode_raw=lambda raw: decode(raw).item
             ) as rt:
                 task_status.started()
-                source = UpdateSource(client, decode, outbound, host.clock)
+                source = UpdateSource(
+                    client, decode, outbound, host.clock, register_secret=host.register_secret
+                )
                 inbound = IndexingInbound(rt, store, host.clock, contexts)
                 reader = partial(_poll, source, inbound, store, name)
                 await host.serve(rt, reader)
