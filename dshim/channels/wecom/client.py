@@ -160,7 +160,8 @@ class WecomLink:
             try:
                 await ws.send_message(p.frame(cmd, req_id, body))
             except ConnectionClosed:
-                raise p.ConnectionLost(f"{what}: the socket closed", request_sent=True) from None
+                # Closed before the frame was written whole: WeCom never got it.
+                raise p.ConnectionLost(f"{what}: the socket closed", request_sent=False) from None
             count_request(cmd, "sent")
             # Shielded: a frame on the wire keeps its req_id busy until its ack (or the
             # timeout), even when the sender is cancelled, so the next frame of that req_id

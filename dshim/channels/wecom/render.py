@@ -20,10 +20,20 @@ minutes after its first frame (846608), so a stream that has been open for
 continues on a new stream id under the same ``req_id``; an unexpected 846608 does the
 same.  846605 (the ``req_id`` is no longer valid), a closed socket (the pending frame
 fails), or a message older than 24 h: the rest of the answer — everything not yet shown
-in a finished bubble — is delivered by ``aibot_send_msg`` once the socket is back.  A
-finish frame whose ack never came is sent again (same stream id and content: replace
-semantics make the repeat harmless); a push whose ack never came is *not* repeated
-(it may have been delivered: never twice).
+in a finished bubble — is delivered by ``aibot_send_msg`` once the socket is back.
+
+Failures follow :mod:`dshim.render`'s rules (``Limits.send_retry_s``,
+``unknown_repeat_wait_s``).  A frame that certainly did nothing (a server-error ack, or
+the socket was down so it never went out) is retried with backoff for ``send_retry_s``,
+once a socket is up again.  A stream frame names its bubble and carries the whole text,
+so one whose ack never came is sent again too (replace semantics make it harmless).  A
+push has no such key (WeCom keeps no record of its req_id): one whose ack never came is
+repeated once, with a new req_id, after ``unknown_repeat_wait_s`` and once a socket is up
+and subscribed; a second lost ack gives up (two copies at most, never a loop).  An answer
+still not delivered is raised as a :class:`TransportError` with ``request_sent`` False
+for the pipeline's outbox, and the bubble it left open is remembered: the outbox's
+delivery finishes that same bubble (:meth:`WecomOutbound.send_text`; after a restart a
+new bubble, the old one expires 6 minutes after it opened).
 
 Budget: every new stream and every push counts against the conversation's 30/minute and
 1,000/hour (:class:`~.protocol.Budget`); a send waits for room instead of exceeding it.
@@ -56,17 +66,15 @@ from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import WecomLink
 from dshim.errors import ChannelError, RateLimited, TransportError, single_error
 from dshim.model import Delivered, Option, ReplyTarget
-from dshim.render import split_text
+from dshim.render import BACKOFF_MAX_S, Limits, split_text
 
 log = structlog.get_logger("dshim.wecom")
 
 Clock = Callable[[], float]
 #: Waiting for rate limits, per call, before the call gives up.
 RATE_LIMIT_BUDGET_S = 900.0
-#: How long a frame WeCom refused with a server error is retried (dshim.render.Limits).
-SEND_RETRY_S = 120.0
-#: Sends of a finish frame whose ack did not come (same content: harmless repeats).
-FINISH_ATTEMPTS = 3
+#: Bubbles left open by answers the outbox keeps (per inbound req_id), at most.
+OPEN_BUBBLES_MAX = 1024
 #: Intermediate frames failing in a row before the previews stop.
 PREVIEW_FAILURES = 3
 
@@ -82,6 +90,18 @@ def new_stream_id() -> str:
 
 def _short(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__)[:300]
+
+
+def unsure(exc: ChannelError) -> bool:
+    """Whether a failed frame may have been carried out: it went out and no ack came
+    (none in 5 s, or the socket closed first).  An ack, even a server error, is an answer;
+    a frame that could not be written (the socket was down) certainly did nothing."""
+    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
+
+
+def _undelivered(what: str, exc: ChannelError) -> TransportError:
+    """The error an answer ends with when the outbox is to deliver it later."""
+    return TransportError(f"{what}: {_short(exc)}", request_sent=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,15 +129,19 @@ class WecomOutbound:
         clock: Clock,
         budget: p.Budget | None = None,
         tuning: RenderTuning | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.link = link
         self.clock = clock
         self.budget = budget or p.Budget()
         self.tuning = tuning or RenderTuning()
+        self.limits = limits or Limits(max_len=p.STREAM_MAX_BYTES, measure=p.utf8_len)
         self.bot_username: str | None = None
         self._streams: dict[str, WecomStream] = {}
         self._carded: OrderedDict[str, None] = OrderedDict()
         self._cards: dict[str, PendingCard] = {}
+        #: inbound req_id -> the stream id of a bubble an undelivered answer left open.
+        self._open: OrderedDict[str, str] = OrderedDict()
 
     # -- what the channel asks -------------------------------------------------------------
 
@@ -136,22 +160,52 @@ class WecomOutbound:
             log.info("send_budget_waited", wait_s=round(wait, 2))
             await trio.sleep(wait)
 
+    def backoff(self) -> Backoff:
+        first = self.limits.retry_backoff_s
+        return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
+
+    def deadline(self) -> float:
+        """When a send starting now has spent its ``send_retry_s``."""
+        return trio.current_time() + self.limits.send_retry_s
+
     async def call(
-        self, cmd: str, req_id: str, body: Any, *, what: str, bound: int | None = None
+        self,
+        cmd: str,
+        req_id: str,
+        body: Any,
+        *,
+        what: str,
+        bound: int | None = None,
+        give_up_at: float | None = None,
+        idempotent: bool = False,
     ) -> p.Ack:
-        """One request, retried while WeCom rate-limits it or answers with a server error
-        (the frame was refused: nothing happened) for ``SEND_RETRY_S``."""
-        backoff = Backoff(1.0, 60.0, 2.0, jitter=0.0)
+        """One request, retried with backoff until ``give_up_at`` (default: now +
+        ``send_retry_s``; then the last failure is raised) while it certainly did nothing:
+        a server-error ack, or the socket was down so the frame never went out (retried
+        once a socket is up again).  Rate limits are waited out as asked (within
+        :data:`RATE_LIMIT_BUDGET_S`).  A frame of unknown outcome (it went out, no ack
+        came) is raised at once unless ``idempotent`` (a stream frame: same id, whole
+        content, repeating it changes nothing).  ``bound`` frames belong to the socket
+        of that generation: once it is gone they fail at once with ConnectionLost."""
+        backoff = self.backoff()
         waited = 0.0
-        give_up_at = trio.current_time() + SEND_RETRY_S
+        if give_up_at is None:
+            give_up_at = self.deadline()
         while True:
             try:
                 return await self.link.request(cmd, req_id, body, what=what, bound=bound)
-            except p.ConnectionLost:
-                raise
             except TransportError as exc:
-                if exc.request_sent:
+                if isinstance(exc, p.ConnectionLost) and bound is not None:
                     raise
+                if unsure(exc) and not idempotent:
+                    raise
+                if isinstance(exc, p.ConnectionLost) and not self.link.live:
+                    if trio.current_time() >= give_up_at:
+                        raise
+                    log.info("send_waiting_for_socket", what=what, error=_short(exc))
+                    with trio.move_on_at(give_up_at):
+                        await self.link.wait_live()
+                    continue
                 delay = backoff.next_delay()
                 if trio.current_time() + delay > give_up_at:
                     raise
@@ -165,36 +219,76 @@ class WecomOutbound:
                 log.info("send_rate_limited", what=what, retry_in_s=delay)
                 await trio.sleep(delay)
 
-    async def push(self, conversation: str, chunks: list[str]) -> list[Delivered]:
-        """``aibot_send_msg`` markdown messages, one per chunk, in order.
+    async def until_reachable(self, give_up_at: float) -> None:
+        """Before the one repeat of a push of unknown outcome: a pause (the outage that
+        lost its ack is likely still on), then until a socket is up and subscribed."""
+        now = trio.current_time()
+        await trio.sleep(max(0.0, min(self.limits.unknown_repeat_wait_s, give_up_at - now)))
+        with trio.move_on_at(give_up_at):  # out of time: the repeat goes now, once
+            await self.link.wait_live()
 
-        A push whose outcome is unknown (no ack) is not repeated; the ones before it are
-        returned."""
+    async def push_one(self, conversation: str, body: dict[str, Any], *, what: str) -> str:
+        """One ``aibot_send_msg``; returns its req_id.  WeCom does not deduplicate pushes
+        (nothing says a req_id is remembered), so a push whose ack never came is repeated
+        once, with a new req_id, after a pause and once the socket is back; a second
+        unknown outcome is raised (the user may see it twice, never a loop of copies)."""
+        give_up_at = self.deadline()
+        lost = 0
+        while True:
+            req_id = self.link.new_req_id(p.SEND)
+            try:
+                await self.call(p.SEND, req_id, body, what=what, give_up_at=give_up_at)
+                return req_id
+            except TransportError as exc:
+                if not unsure(exc):
+                    raise
+                lost += 1
+                log.warning("push_unconfirmed", what=what, error=_short(exc), lost=lost)
+                if lost > 1:
+                    raise
+                await self.until_reachable(give_up_at)
+
+    async def push(self, conversation: str, chunks: list[str]) -> list[Delivered]:
+        """``aibot_send_msg`` markdown messages, one per chunk, in order (see
+        :meth:`push_one` for the retries)."""
         out: list[Delivered] = []
         for chunk in chunks:
             await self.room(conversation)
-            req_id = self.link.new_req_id(p.SEND)
             sent_at = self.clock()
-            while True:
-                try:
-                    await self.call(
-                        p.SEND, req_id, p.push_markdown_body(conversation, chunk), what="push"
-                    )
-                    break
-                except p.ConnectionLost as exc:
-                    if exc.request_sent:
-                        raise
-                    log.info("push_delayed", reason="not connected")
-                    await self.link.wait_live()
+            req_id = await self.push_one(
+                conversation, p.push_markdown_body(conversation, chunk), what="push"
+            )
             out.append(
                 Delivered(message_id=req_id, text=chunk, sent_at=sent_at, completed_at=self.clock())
             )
         return out
 
+    def keep_open(self, req_id: str, stream_id: str) -> None:
+        """Remember a bubble an undelivered answer left open, for the outbox's delivery."""
+        self._open[req_id] = stream_id
+        self._open.move_to_end(req_id)
+        while len(self._open) > OPEN_BUBBLES_MAX:
+            self._open.popitem(last=False)
+
     async def reply_frame(
-        self, route: p.Route, body: dict[str, Any], *, what: str, bound: int | None = None
+        self,
+        route: p.Route,
+        body: dict[str, Any],
+        *,
+        what: str,
+        bound: int | None = None,
+        give_up_at: float | None = None,
     ) -> None:
-        await self.call(p.RESPOND, route.req_id, body, what=what, bound=bound)
+        """A stream frame (idempotent: same stream id, whole content)."""
+        await self.call(
+            p.RESPOND,
+            route.req_id,
+            body,
+            what=what,
+            bound=bound,
+            give_up_at=give_up_at,
+            idempotent=True,
+        )
 
     def carded(self, req_id: str) -> bool:
         return req_id in self._carded
@@ -208,22 +302,42 @@ class WecomOutbound:
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
         """A notice: a finished one-frame stream under the user's message (the rest, or
-        everything when that is not possible, pushed)."""
+        everything when that is not possible, pushed).  The outbox's delivery of an
+        answer that left its bubble open finishes that bubble instead."""
         chunks = split(text)
         if not chunks:
             return []
         route = target.route if isinstance(target.route, p.Route) else None
         if route is None or not p.reply_window_open(route.received_at, self.clock()):
             return await self.push(target.conversation_id, chunks)
-        sid = new_stream_id()
-        await self.room(target.conversation_id)
+        sid = self._open.pop(route.req_id, None)
+        reused = sid is not None
+        if sid is None:
+            sid = new_stream_id()
+            await self.room(target.conversation_id)
         sent_at = self.clock()
+        # The outbox retries a kept bubble itself (with its backoff, every answer in
+        # turn): one attempt here, so one answer does not hold up the others while the
+        # bubble's 6 minutes run out.
+        once = trio.current_time() if reused else None
+        body = p.stream_body(sid, chunks[0], finish=True)
         try:
-            await self.reply_frame(route, p.stream_body(sid, chunks[0], finish=True), what="reply")
-        except (p.ReplyExpired, p.ConnectionLost) as exc:
-            if isinstance(exc, p.ConnectionLost) and exc.request_sent:
-                raise
+            await self.reply_frame(route, body, what="reply", give_up_at=once)
+        except p.ReplyExpired:
             return await self.push(target.conversation_id, chunks)
+        except p.StreamExpired:
+            if not reused:
+                raise
+            return await self.send_text(target, text)  # that bubble is gone: a new one
+        except TransportError as exc:
+            if not reused:
+                raise
+            # Still the bubble to finish.  Repeated for send_retry_s, maybe without an
+            # ack: only ever into this same bubble, so the outbox may try it again.
+            self.keep_open(route.req_id, sid)
+            if unsure(exc):
+                raise _undelivered("reply", exc) from exc
+            raise
         first = Delivered(
             message_id=sid, text=chunks[0], sent_at=sent_at, completed_at=self.clock()
         )
@@ -371,8 +485,10 @@ class WecomStream:
                 return with_note
         return body
 
-    async def _frame(self, content: str, *, finish: bool) -> None:
-        """One frame of the current segment (opening a new one when there is none)."""
+    async def _frame(self, content: str, *, finish: bool, give_up_at: float | None = None) -> None:
+        """One frame of the current segment (opening a new one when there is none).
+        A preview is tried once (the next carries newer text); ``give_up_at``: retried
+        until then."""
         assert self.route is not None
         has_text = content != p.THINKING_MARK
         if has_text and self._hook is not None:
@@ -397,7 +513,15 @@ class WecomStream:
         if self._generation is None:
             # A stream lives on one connection: after a drop the rest goes by push.
             self._generation = self.out.link.generation if self.out.link.live else None
-        await self.out.reply_frame(self.route, body, what="stream", bound=self._generation)
+        await self.out.reply_frame(
+            self.route,
+            body,
+            what="stream",
+            bound=self._generation,
+            give_up_at=trio.current_time() if give_up_at is None else give_up_at,
+        )
+        if self._generation is None:
+            self._generation = self.out.link.generation  # acked: on the socket live now
         self._card = None
         seg.shown = content
         seg.plain = plain
@@ -514,32 +638,55 @@ class WecomStream:
     # -- finish --------------------------------------------------------------------------------
 
     async def finish(self, text: str) -> list[Delivered]:
-        """Exactly one ``finish: true`` frame with the final text (and pushes beyond it)."""
+        """Exactly one ``finish: true`` frame with the final text (and pushes beyond it).
+
+        Not delivered after the retries (:class:`TransportError`, ``request_sent``
+        False): the bubble this answer left open is remembered, and the outbox's
+        delivery finishes it (:meth:`WecomOutbound.send_text`)."""
         if self._finishing:
             raise RuntimeError("finish() called twice")
         self._finishing = True
         self._wake()
         async with self._lock:
             self._text = text
-            chunks = split(self._rest(text))
-            if not self._broken and (chunks or self._cur is not None):
-                first = chunks[0] if chunks else "…"
-                try:
-                    await self._finish_frame(first)
-                except (p.ReplyExpired, p.ConnectionLost) as exc:
-                    self._lost(exc)
-            # Whatever no finished bubble shows: the overflow, or all of it after a loss.
-            pushes = split(self._rest(text))
-            delivered = [
-                Delivered(
-                    message_id=d.id, text=d.text, sent_at=d.sent_at, completed_at=d.completed_at
-                )
-                for d in self._done
-            ]
-            if pushes:
-                delivered += await self.out.push(self.target.conversation_id, pushes)
+            try:
+                delivered = await self._deliver(text)
+            except ChannelError as exc:
+                self._keep_bubble(exc)
+                raise
             await self._close_orphan()
             return delivered
+
+    async def _deliver(self, text: str) -> list[Delivered]:
+        chunks = split(self._rest(text))
+        if not self._broken and (chunks or self._cur is not None):
+            first = chunks[0] if chunks else "…"
+            try:
+                await self._finish_frame(first)
+            except (p.ReplyExpired, p.ConnectionLost) as exc:
+                self._lost(exc)
+        # Whatever no finished bubble shows: the overflow, or all of it after a loss.
+        pushes = split(self._rest(text))
+        delivered = [
+            Delivered(message_id=d.id, text=d.text, sent_at=d.sent_at, completed_at=d.completed_at)
+            for d in self._done
+        ]
+        if pushes:
+            delivered += await self.out.push(self.target.conversation_id, pushes)
+        return delivered
+
+    def _keep_bubble(self, exc: ChannelError) -> None:
+        """The answer is not delivered: the outbox is to finish the bubble it left open
+        (the current one, or one a lost socket cut off) rather than add a copy."""
+        seg = self._orphan if self._broken else self._cur
+        if seg is None or self.route is None or not isinstance(exc, TransportError):
+            return
+        if exc.request_sent and exc.status is None:
+            return  # pushed, maybe shown: not sent again
+        if seg.shown or seg.sent_text:
+            self._orphan = None
+            self.out.keep_open(self.route.req_id, seg.id)
+            log.info("stream_left_for_outbox", stream_id=seg.id)
 
     async def abandon(self) -> None:
         """Left without ``finish`` (stopped, failed, shutdown): the open bubble is finished
@@ -565,12 +712,14 @@ class WecomStream:
         log.info("stream_reply_path_lost", error=_short(exc))
         self._broken = True
         seg, self._cur = self._cur, None
-        if isinstance(exc, p.ConnectionLost) and seg is not None and seg.sent_text:
+        if isinstance(exc, p.ConnectionLost) and seg is not None and (seg.shown or seg.sent_text):
+            # Open on WeCom (thinking, or part of the answer): closed once it is pushed.
             self._orphan = seg
 
     async def _close_orphan(self) -> None:
-        """A bubble left open by a lost socket shows part of the answer that the pushes
-        now carry in full: replace its text by a pointer to them (best effort, once)."""
+        """A bubble left open by a lost socket (thinking, or part of the answer that the
+        pushes now carry in full): replace its text by a pointer to them (best effort,
+        on the socket that is up now)."""
         seg, self._orphan = self._orphan, None
         if seg is None or self.route is None:
             return
@@ -583,12 +732,14 @@ class WecomStream:
             log.info("stream_orphan_left", error=_short(exc))
 
     async def _finish_frame(self, first: str) -> None:
-        """The finish frame of the current segment (a stream past 5 minutes is still
-        inside its 6; one that expired anyway continues on a new stream id)."""
-        attempts = 0
+        """The finish frame of the current segment, retried for ``send_retry_s`` (a
+        repeat is harmless: replace semantics); a stream past 5 minutes is still inside
+        its 6, one that expired anyway continues on a new stream id.  Not acked after its
+        retries: raised as not delivered (the outbox finishes this same bubble)."""
+        give_up_at = self.out.deadline()
         while True:
             try:
-                await self._frame(first, finish=True)
+                await self._frame(first, finish=True, give_up_at=give_up_at)
                 break
             except p.StreamExpired:
                 seg = self._cur
@@ -599,8 +750,8 @@ class WecomStream:
                 first = rest[0]
             except p.ConnectionLost:
                 raise
-            except TransportError:
-                attempts += 1  # no ack: the same frame again is harmless (replace)
-                if attempts >= FINISH_ATTEMPTS:
-                    raise
+            except TransportError as exc:
+                if unsure(exc):
+                    raise _undelivered("stream", exc) from exc
+                raise
         self._close_segment(first)
