@@ -69,7 +69,7 @@ from dshim.http.ops import add_operator_routes
 from dshim.http.status import BotStatuses
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
-from dshim.model import InboundMessage, PromptPart, Skip
+from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store
@@ -156,6 +156,15 @@ class ServeHost:
         """What the channel learned about itself, for a capture's ``bot`` (no-op when off)."""
         if self.capture is not None:
             self.capture.identity(info)
+
+    @property
+    def capturing(self) -> bool:
+        return self.capture is not None
+
+    def capture_sent(self, target: ReplyTarget, delivered: list[Delivered]) -> None:
+        """An answer the stream's ``finish`` did not return, for the capture (no-op when off)."""
+        if self.capture is not None:
+            self.capture.sent(target, delivered)
 
     def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
         self._need_endpoint().mount(self._bot.name, path, handler, public=public)

@@ -80,7 +80,7 @@ import msgspec
 import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
-from dshim.model import InboundMessage, Skip, Verdict
+from dshim.model import Delivered, InboundMessage, ReplyTarget, Skip, Verdict
 from dshim.outbound import CONTROL_ACTIONS, ControlNotice, InteractionPrompt, Outbound, ReplyStream
 from dshim.store.base import LoggedMessage, OutboundEntry
 
@@ -374,6 +374,19 @@ class BotHost(Protocol):
         (its ``bot_id`` and the outbound's ``bot_username`` are reported already): the
         keys the channel's replay adapter reads from ``ReplaySource.bot_info`` (an app
         id, a robot code ...), never a credential.  A no-op when capture is off."""
+        ...
+
+    @property
+    def capturing(self) -> bool:
+        """Whether ``serve --capture`` records this bot (a channel does capture-only
+        work, such as :meth:`capture_sent`, only then)."""
+        ...
+
+    def capture_sent(self, target: ReplyTarget, delivered: list[Delivered]) -> None:
+        """Tell ``serve --capture`` of an answer the user sees that its stream's
+        ``finish`` did not return (a DingTalk AI card, whose index entry the channel keeps
+        itself), so the capture's ``expect`` holds its ``send`` lines as replay prints
+        them.  A no-op when capture is off."""
         ...
 
     def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
