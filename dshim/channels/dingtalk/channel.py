@@ -8,16 +8,25 @@ arrival order to the pipeline with the callback's ``data`` as its raw bytes (the
 decodes it again after a restart).  An accepted message is recorded in the message
 index (DingTalk quotes carry no content for many kinds and there is no fetch-by-id API).
 Only AuthError, FatalChannelError and ConfigError escape ``run``.
+
+``serve --capture``: the inbox's copy of a message (its ``sessionWebhook`` blanked) is what
+the capture records, so no session webhook reaches a capture; access tokens are
+registered as secrets when minted; the capture's ``bot`` gets the robot code and the
+robot's user id (what :class:`DingTalkReplayAdapter` reads), and an answer shown in an
+AI card, which ``finish`` does not return (the card keeps its own index entry), is told
+to the capture as the ``send`` replay prints for it (:class:`CapturedOutbound`).
 """
 
 from __future__ import annotations
 
 import random as _random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from typing import Literal
 
 import httpx
+import msgspec
 import structlog
 import trio
 
@@ -34,6 +43,7 @@ from dshim.channels.base import (
     Secret,
     Verdict,
 )
+from dshim.channels.dingtalk import models as m
 from dshim.channels.dingtalk.client import (
     DEFAULT_API_BASE,
     DEFAULT_OAPI_BASE,
@@ -53,16 +63,18 @@ from dshim.channels.dingtalk.protocol import (
 )
 from dshim.channels.dingtalk.render import (
     DEFAULT_CARD_TEMPLATE,
+    CardStream,
     DingTalkOutbound,
     split,
 )
 from dshim.channels.kit import Backoff
+from dshim.channels.kit.decode import decode
 from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.kit.ws import Connected, connect_once
 from dshim.errors import AuthError, PermissionDenied
-from dshim.model import Fetcher, InboundMessage, ReplyTarget, Skip
+from dshim.model import Delivered, Fetcher, InboundMessage, ReplyTarget, Skip
 
 log = structlog.get_logger("dshim.dingtalk")
 
@@ -150,6 +162,78 @@ def _outbound(
     )
 
 
+#: What is told of an answer a card showed: (target, its text, the card's outTrackId).
+CardReport = Callable[[ReplyTarget, str, str], None]
+
+
+class _ReportedStream:
+    """A card stream that reports its final text when the card showed it (``finish``
+    returned nothing: no message for the pipeline's index)."""
+
+    def __init__(self, stream: CardStream, target: ReplyTarget, report: CardReport) -> None:
+        self._stream = stream
+        self._target = target
+        self._report = report
+
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        self._stream.watch_delivery(hook)
+
+    async def update(self, text: str) -> None:
+        await self._stream.update(text)
+
+    async def progress(self, note: str) -> None:
+        await self._stream.progress(note)
+
+    async def finish(self, text: str) -> list[Delivered]:
+        sent = await self._stream.finish(text)
+        if not sent and self._stream.track_id is not None and text.strip():
+            self._report(self._target, text, self._stream.track_id)
+        return sent
+
+
+class CapturedOutbound:
+    """The bot's :class:`DingTalkOutbound`, telling ``report`` of every answer an AI card
+    showed (a streamed one, or the outbox's delivery into a card left open), which the
+    pipeline never gets as a delivered message.  Used only when capture is on."""
+
+    def __init__(self, outbound: DingTalkOutbound, report: CardReport) -> None:
+        self._outbound = outbound
+        self._report = report
+        self.bot_username = outbound.bot_username
+
+    async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
+        sent = await self._outbound.send_text(target, text)
+        if not sent and text.strip():  # it finished a card an earlier attempt left open
+            self._report(target, text, "")
+        return sent
+
+    @asynccontextmanager
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[_ReportedStream]:
+        async with self._outbound.open_stream(target) as stream:
+            yield _ReportedStream(stream, target, self._report)
+
+
+def chatbot_user_id(raw: bytes) -> str | None:
+    """The robot's own user id a robot message names (``chatbotUserId``), if readable."""
+    try:
+        msg = decode(m.message_decoder, raw)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeError):
+        return None
+    return msg.chatbotUserId or None
+
+
+def card_reporter(host: BotHost) -> CardReport:
+    """Tell ``serve --capture`` of an answer a card showed, as one delivered message."""
+
+    def report(target: ReplyTarget, text: str, track_id: str) -> None:
+        now = host.clock()
+        host.capture_sent(
+            target, [Delivered(message_id=track_id, text=text, sent_at=now, completed_at=now)]
+        )
+
+    return report
+
+
 async def record_inbound(store: ChannelStore, item: InboundMessage, now: float) -> None:
     """Index an accepted user message (a later quote of it carries only its id)."""
     await store.record_outbound(
@@ -172,8 +256,11 @@ async def run(
         await until_ok("POST /v1.0/oauth2/accessToken", api.token.get, backoff=Backoff(rng=rng))
         robot = settings.robot
         log.info("bot_authenticated", robot_code=robot)
+        host.capture_identity({"robot_code": robot})  # what DingTalkReplayAdapter reads
         mapper = MessageMapper(bot_id=robot, robot_code=robot, media=media_factory(api))
-        outbound = _outbound(api, settings, host.store, host.clock)
+        cards = _outbound(api, settings, host.store, host.clock)
+        outbound = CapturedOutbound(cards, card_reporter(host)) if host.capturing else cards
+        bot_user: list[str] = []
         async with host.open_runtime(
             outbound=outbound, bot_id=robot, decode_raw=mapper.decode_raw
         ) as rt:
@@ -181,6 +268,11 @@ async def run(
 
             async def deliver(callback: RobotCallback) -> Verdict | None:
                 item = mapper.decode_raw(callback.data)
+                if not bot_user and host.capturing:
+                    # The robot's user id comes with every message, never at start.
+                    if (user := chatbot_user_id(callback.data)) is not None:
+                        bot_user.append(user)
+                        host.capture_identity({"chatbot_user_id": user})
                 # The inbox keeps the message without its session webhook (a signed URL).
                 verdict = await rt.accept(item, without_webhook(callback.data))
                 if verdict.accepted and isinstance(item, InboundMessage):

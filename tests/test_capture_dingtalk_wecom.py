@@ -1,0 +1,142 @@
+"""``dshim serve --capture`` round trips on DingTalk (Stream mode) and WeCom (AI bot).
+
+Each test runs the channel's rig (its fake on 127.0.0.1, a real SQLite file, the
+recording echo harness) through ``serve_bots`` with a capture directory
+(:func:`tests.test_capture.capturing`), scripts the conversation issue 29 names — a plain
+direct message, a quote of the bot's own answer (DingTalk: a card quote that carries only
+its placeholder and the card's process key, recovered from the message index; WeCom: the
+quote carries its content), a duplicate redelivery (the same robot message pushed again;
+the same WeCom ``msgid`` again), an unaddressed group message where the platform delivers
+one, an addressed group message — stops, then runs a real ``dshim replay --check``
+subprocess on the capture.  The prompts replay prints must be byte for byte the ones the
+harness received live; no captured byte may hold a credential, an access token, a session
+webhook or a media key; directories are 0700, files 0600.  Autojump clock, hard deadline
+(``tests/conftest.py``), never the internet.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
+from tests.rig_dingtalk import DingTalkRig
+from tests.test_capture import _replay, capturing
+
+Script = Callable[[], Awaitable[None]]
+
+
+async def _captured(
+    rig: ChannelRig, tmp_path: Path, script: Callable[[RecordingHarness], Script]
+) -> RecordingHarness:
+    harness = RecordingHarness()
+    async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
+        await rig.receiving()
+        await script(harness)()
+    return harness
+
+
+def _fixtures(cap: Path) -> dict[str, dict[str, Any]]:
+    """Every captured file, decoded, by its conversation folder."""
+    return {p.parent.name: json.loads(p.read_bytes()) for p in sorted(cap.rglob("*.json"))}
+
+
+def _captured_bytes(cap: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(cap.rglob("*")) if p.is_file())
+
+
+def _check_round_trip(
+    cap: Path, harness: RecordingHarness, *, prompts: int, drops: set[str], secrets: list[str]
+) -> list[dict[str, Any]]:
+    """``dshim replay --check`` passes on the capture, its prompts are the live ones byte
+    for byte, no captured byte holds a secret, modes are private; the printed lines."""
+    files = sorted(cap.rglob("*.json"))
+    assert files, "nothing captured"
+    checked = _replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(files)} passed, 0 failed" in checked.stdout
+    printed = _replay(str(cap))
+    assert printed.returncode == 0, printed.stderr
+    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
+    assert replayed == sorted(harness.texts())
+    assert len(replayed) == prompts
+    assert {x["reason"] for x in lines if x["kind"] == "drop"} == drops
+    assert all(secrets), secrets
+    data = _captured_bytes(cap)
+    assert not [s for s in secrets if s.encode() in data]
+    for path in [cap, *cap.rglob("*")]:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+    return lines
+
+
+# --- DingTalk -------------------------------------------------------------------------------
+
+
+async def test_dingtalk_capture_replays_a_recovered_card_quote_a_redelivery_and_groups(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = DingTalkRig()
+    webhooks: list[str] = []
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            fake = rig.fake
+            first = await rig.user_dm("list <two> things & stop")
+            await rig.wait_until(
+                lambda: echo_of(rig, "list <two> things & stop") in final_texts(rig)
+            )
+            await trio.sleep(5)
+            [answer] = rig.dm_answers()
+            # A quote of the bot's AI card: only its placeholder and the card's process key.
+            await rig.user_dm("why the second one?", reply_to=answer.id)
+            await rig.wait_until(lambda: len(harness.prompts) == 2 and len(rig.dm_answers()) == 2)
+            await trio.sleep(5)
+            # The Stream pushes the same robot message again (same msgId, a new frame).
+            [frame] = [f for f, m in fake.pushed.items() if m["msgId"] == first]
+            fake.redeliver(frame)
+            await trio.sleep(5)
+            # Robots get group messages only when @-mentioned; the fake pushes one anyway,
+            # flagged isInAtList false, for the negative case.
+            await rig.user_group("just chatting", mention=False)
+            await rig.user_group("and you?", mention=True)
+            await rig.wait_until(lambda: len(harness.prompts) == 3)
+            await trio.sleep(5)
+            webhooks.extend(m["sessionWebhook"] for m in fake.pushed.values())
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    fake = rig.fake
+    sessions = list(fake.webhooks)
+    assert len(webhooks) == 5 and len(sessions) == 4
+    secrets = [rig.secret, *fake.tokens, *webhooks, *sessions]
+    _check_round_trip(cap, harness, prompts=3, drops={"duplicate", "unaddressed"}, secrets=secrets)
+    # The card quote was recovered from the index: the card's entry is seeded, and the
+    # quote carries the answer's text.
+    quoted = harness.texts()[1]
+    assert "<dsh_im_reply_to>" in quoted and "list \\u003ctwo\\u003e things" in quoted
+    fixtures = _fixtures(cap)
+    [dm] = [fx for fx in fixtures.values() if fx["outbound"]]
+    cards = {m.track_id for m in fake.messages if m.kind == "card"}
+    seeded = {i for seeds in dm["outbound"].values() for s in seeds for i in s["message_ids"]}
+    assert seeded and seeded <= cards
+    # Each answer shown in a card is a send line (replay prints one per answer).
+    assert [x["kind"] for x in dm["expect"]] == ["prompt", "send", "prompt", "send", "drop"]
+    # The identity the replay adapter reads, no credential.
+    assert dm["bot"] == {
+        "id": fake.robot_code,
+        "robot_code": fake.robot_code,
+        "chatbot_user_id": fake.chatbot_user_id,
+    }
+    # The events are the inbox's copies: the session webhook blanked, the rest kept.
+    assert fake.tokens and all(e["sessionWebhook"] == "" for e in dm["events"])
+    ids = [e["msgId"] for e in dm["events"]]
+    assert len(ids) == 3 and ids[0] == ids[2]  # the redelivered message, twice
