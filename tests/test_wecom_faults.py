@@ -110,8 +110,10 @@ async def test_an_outage_longer_than_the_retries_delivers_from_the_outbox_when_b
 ) -> None:
     with trio.fail_after(DEADLINE), capture_logs() as logs:
         async with twenty_chats(tmp_path) as fake:
-            fake.outage(300.0, "500", SENDS)  # more than twice the retries
-            await trio.sleep(250)
+            # Longer than the engine's retries (120 s), short enough that the outbox's next
+            # try (its backoff is jittered) lands well inside WeCom's 360 s stream life.
+            fake.outage(200.0, "500", SENDS)
+            await trio.sleep(180)
             assert all(shown(fake, i) == [] for i in range(len(USERS)))  # nothing given up
             with trio.move_on_after(400):
                 await fake.wait_until(lambda: answered(fake))
