@@ -24,8 +24,10 @@ from typing import Any
 
 import trio
 
+from dshim.model import ImagePart
 from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.rig_dingtalk import DingTalkRig
+from tests.rig_wecom import WecomRig
 from tests.test_capture import _replay, capturing
 
 Script = Callable[[], Awaitable[None]]
@@ -140,3 +142,123 @@ async def test_dingtalk_capture_replays_a_recovered_card_quote_a_redelivery_and_
     assert fake.tokens and all(e["sessionWebhook"] == "" for e in dm["events"])
     ids = [e["msgId"] for e in dm["events"]]
     assert len(ids) == 3 and ids[0] == ids[2]  # the redelivered message, twice
+
+
+# --- WeCom ----------------------------------------------------------------------------------
+
+
+async def test_wecom_capture_replays_a_quote_with_content_a_repeated_msgid_and_a_group(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = WecomRig()
+    req_ids: list[str] = []
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            fake = rig.fake
+            first = await fake.user_message("list <two> things & stop")
+            await rig.wait_until(
+                lambda: echo_of(rig, "list <two> things & stop") in final_texts(rig)
+            )
+            await trio.sleep(5)
+            [answer] = rig.dm_answers()
+            # A WeCom quote carries the quoted content (no id, author or time).
+            await rig.user_dm("why the second one?", reply_to=answer.id)
+            await rig.wait_until(lambda: len(harness.prompts) == 2 and len(rig.dm_answers()) == 2)
+            await trio.sleep(5)
+            # The same msgid delivered again (a new frame, a new req_id).
+            await fake.callback("aibot_msg_callback", first)
+            await trio.sleep(5)
+            # WeCom delivers group messages only when they @-mention the bot.
+            await rig.user_group("and you?", mention=True)
+            await rig.wait_until(lambda: len(harness.prompts) == 3)
+            await trio.sleep(5)
+            req_ids.extend(fake.inbound)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    _check_round_trip(cap, harness, prompts=3, drops={"duplicate"}, secrets=[rig.secret])
+    assert '"content":"\\u003cdsh_im_source\\u003e' in harness.texts()[1]
+    fixtures = _fixtures(cap)
+    dm = fixtures[rig.fake.user_id]
+    assert dm["bot"] == {"id": rig.fake.bot_id}
+    # Frames as received: req_ids (not secrets) kept, the repeat there twice.
+    msgids = [e["body"]["msgid"] for e in dm["events"]]
+    assert len(msgids) == 3 and msgids[0] == msgids[2]
+    assert {e["headers"]["req_id"] for e in dm["events"]} <= set(req_ids)
+    assert not dm["http"] and not dm["outbound"]
+
+
+async def test_wecom_capture_holds_no_media_url_or_aes_key(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """An image's signed URL and AES key are replaced (the inbox's copy, ``scrub``): no
+    captured byte holds them; the event keeps its shape, with the placeholders."""
+    rig = WecomRig()
+    media: dict[str, str] = {}
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            fake = rig.fake
+            media.update(fake.add_media(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64))
+            await fake.callback("aibot_msg_callback", fake.body("image", extra={"image": media}))
+            await rig.wait_until(lambda: len(harness.prompts) == 1)
+            await trio.sleep(5)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
+    cap = tmp_path / "cap"
+    data = _captured_bytes(cap)
+    token = media["url"].rsplit("/", 1)[-1]
+    for secret in [rig.secret, media["aeskey"], media["url"], token]:
+        assert secret.encode() not in data, secret
+    [dm] = _fixtures(cap).values()
+    assert dm["events"][0]["body"]["image"] == {"url": "dshim:removed", "aeskey": ""}
+    # Replay cannot download what the capture left out; the live prompt had the image.
+    assert dm["expect"][0]["images"] == 1
+
+
+async def test_dingtalk_capture_of_a_picture_and_its_quote_replays_without_the_download(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """A picture's ``downloadCode`` is kept (it opens nothing without the app's access
+    token); the signed download URL the OpenAPI answers with is not in the capture. A
+    quote of the picture, which DingTalk sends without content, is recovered from the
+    index both live and in replay (the picture's entry is recreated by replaying it)."""
+    rig = DingTalkRig()
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            fake = rig.fake
+            fake.files["pic-1"] = b"\x89PNG\r\n\x1a\nfake-image"
+            pic = fake.user_message(
+                fake.dm_conversation, msgtype="picture", content={"downloadCode": "pic-1"}
+            )
+            await rig.wait_until(lambda: len(harness.prompts) == 1)
+            await trio.sleep(5)
+            quote = {"msgId": pic["msgId"], "msgType": "picture", "senderId": pic["senderId"]}
+            fake.user_message(
+                fake.dm_conversation,
+                "what is on it?",
+                extra={
+                    "text": {"content": "what is on it?", "isReplyMsg": True, "repliedMsg": quote}
+                },
+            )
+            await rig.wait_until(lambda: len(harness.prompts) == 2)
+            await trio.sleep(5)
+
+        return run
+
+    harness = await _captured(rig, tmp_path, script)
+    assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
+    assert '"attachments":[{"kind":"image"' in harness.texts()[1]  # the quote, recovered
+    cap = tmp_path / "cap"
+    fake = rig.fake
+    secrets = [rig.secret, *fake.tokens, *fake.webhooks, f"{fake.api_base}/files/pic-1"]
+    _check_round_trip(cap, harness, prompts=2, drops=set(), secrets=secrets)
+    [dm] = _fixtures(cap).values()
+    assert dm["events"][0]["content"] == {"downloadCode": "pic-1"}
