@@ -342,3 +342,32 @@ def test_media_secrets_are_every_key_and_cdn_reference_of_items_and_quotes() -> 
     )
     assert media_secrets(b'{"message_id": 1, "item_list": [{"type": 1}]}') == []
     assert media_secrets(b'{"aes_key": [') == []  # unreadable: the mapping's malformed drop
+
+
+async def test_whatsapp_capture_keeps_a_signed_body_that_is_no_notification(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    # Signed by Meta but not a notification: a malformed drop, and the capture keeps the
+    # body (a capture holds every event, the dropped ones too) so replay shows the drop.
+    rig = WhatsAppRig()
+    odd = b'{"object":"whatsapp_business_account","entry":"not a list"}'
+
+    def script(harness: RecordingHarness) -> Script:
+        async def run() -> None:
+            assert await rig.fake.deliver(odd) == 200
+            assert rig.ada is not None
+            await rig.fake.deliver(rig.fake.body([rig.fake.user_message(rig.ada, "still there?")]))
+            await rig.wait_until(lambda: len(harness.prompts) == 1)
+            await trio.sleep(5)
+
+        return run
+
+    await _captured(rig, tmp_path, script)
+    cap = tmp_path / "cap"
+    [unsorted] = [p for p in cap.rglob("*.json") if p.parent.name == "_unsorted"]
+    events = json.loads(unsorted.read_bytes())["events"]
+    assert events == [json.loads(odd)]
+    checked = _replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    printed = [json.loads(x) for x in _replay(str(unsorted)).stdout.splitlines()]
+    assert [(x["kind"], x.get("reason")) for x in printed] == [("drop", "malformed")]

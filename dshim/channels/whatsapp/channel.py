@@ -287,7 +287,8 @@ class Webhook:
         except BodyError as exc:
             # Signed by Meta but unreadable: a retry would carry the same bytes, so it is
             # the pipeline's malformed drop (logged, counted), answered 200.
-            parts = [Part("malformed", b"", detail=str(exc)[:300])]
+            # Its bytes go along so a capture keeps the dropped body, as it keeps every event.
+            parts = [Part("malformed", request.body, detail=str(exc)[:300])]
         if not parts:
             return _text(200, "ok")
         if self.closed:
@@ -330,7 +331,7 @@ class Webhook:
                 await self.indexer.status(part.status)
                 continue
             if part.kind == "malformed":
-                await rt.accept(Skip(reason="malformed", detail=part.detail))
+                await rt.accept(Skip(reason="malformed", detail=part.detail), part.raw or None)
                 continue
             decoded = self.decode(part.raw)
             await self.indexer.before(decoded)
