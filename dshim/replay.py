@@ -41,7 +41,7 @@ import difflib
 import json
 import math
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -57,8 +57,18 @@ from dshim.channels.kit.decode import member_span, split_array
 from dshim.channels.kit.ids import plausible_time
 from dshim.config import CHANNEL_KEYS, parse_config
 from dshim.errors import ConfigError
+from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
-from dshim.model import Attachment, InboundMessage, PromptPart, Skip, TextPart
+from dshim.model import (
+    Attachment,
+    InboundMessage,
+    PromptPart,
+    Skip,
+    TextDelta,
+    TextPart,
+    TurnEnd,
+    TurnEvent,
+)
 from dshim.pipeline import observer
 from dshim.pipeline.runtime import open_bot_runtime
 from dshim.store import open_store
@@ -105,6 +115,41 @@ class OutboundSeed(msgspec.Struct, kw_only=True):
     state: Literal["ok", "deleted", "undelivered"] = "ok"
 
 
+class RecordedAnswer(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One turn's answer as the agent gave it live: its text, and its error if it failed."""
+
+    text: str = ""
+    error: str | None = None
+
+
+class RecordedHarness(EchoHarness):
+    """Answers each prompt of a conversation with the next answer the agent gave live
+    (``Fixture.answers``), so replaying a capture of a real agent delivers what was
+    delivered; past the recorded answers (and for conversations without any) it echoes."""
+
+    kind = "recorded"
+
+    def __init__(self, answers: dict[str, list[RecordedAnswer]]) -> None:
+        super().__init__()
+        self._left = {conv: list(items) for conv, items in answers.items()}
+
+    async def prompt(
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        left = self._left.get(ctx.conversation_id)
+        if not left:
+            async for event in super().prompt(session_id, parts, ctx):
+                yield event
+            return
+        answer = left.pop(0)
+        if answer.text:
+            yield TextDelta(answer.text)
+        if answer.error is not None:
+            yield TurnEnd(stop_reason="error", error=answer.error)
+        else:
+            yield TurnEnd()
+
+
 class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     channel: str
     events: list[msgspec.Raw]
@@ -117,6 +162,9 @@ class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     outbound: dict[str, list[OutboundSeed]] = msgspec.field(default_factory=dict)
     expect: list[dict[str, Any]] | None = None
     description: str | None = None
+    #: Conversation -> the answers the agent gave, in turn order (a capture of a bot
+    #: that ran another harness than echo): replay answers with them instead of echoing.
+    answers: dict[str, list[RecordedAnswer]] = msgspec.field(default_factory=dict)
 
 
 #: An event ready for the pipeline: what it maps to, its raw form, and the index of the
@@ -399,7 +447,7 @@ async def _run_fixture(
             bot_id=adapter.bot_id,
             store=store,
             outbound=outbound,
-            harness=EchoHarness(),
+            harness=RecordedHarness(fx.answers) if fx.answers else EchoHarness(),
             clock=clock,
             observer=rec,
             decode_raw=adapter.decode,
