@@ -218,8 +218,11 @@ async def test_wecom_capture_holds_no_media_url_or_aes_key(
         assert secret.encode() not in data, secret
     [dm] = _fixtures(cap).values()
     assert dm["events"][0]["body"]["image"] == {"url": "dshim:removed", "aeskey": ""}
-    # Replay cannot download what the capture left out; the live prompt had the image.
+    # Replay cannot download what the capture left out; the live prompt had the image,
+    # and the replayed one has it too (the placeholder every replayed image is).
     assert dm["expect"][0]["images"] == 1
+    checked = _replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
 async def test_dingtalk_capture_of_a_picture_and_its_quote_replays_without_the_download(

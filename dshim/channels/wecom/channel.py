@@ -291,7 +291,7 @@ class WecomReplayAdapter:
     def __init__(self, fx: ReplaySource) -> None:
         self.bot_id = fx.bot_id or "wecom-bot"
         self.bot_username: str | None = fx.bot_username
-        self._mapper = p.Mapper(self.bot_id)
+        self._mapper = p.Mapper(self.bot_id, removed=None)
 
     def decode(self, raw: bytes) -> InboundMessage | Skip:
         return self._mapper.decode_frame(raw)

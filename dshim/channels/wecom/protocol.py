@@ -627,15 +627,25 @@ async def _removed(max_bytes: int) -> bytes:
 class Mapper:
     """Maps callback frames to messages (pure; downloads are the factory's handles)."""
 
-    def __init__(self, bot_id: str, *, media: MediaFactory | None = None) -> None:
+    def __init__(
+        self,
+        bot_id: str,
+        *,
+        media: MediaFactory | None = None,
+        removed: Fetcher | None = _removed,
+    ) -> None:
         self.bot_id = bot_id
         self.media = media
+        #: What a scrubbed link (:data:`REMOVED_URL`) fetches: a failure in ``serve`` (the
+        #: link is gone after a restart); nothing in replay, which downloads nothing, so a
+        #: captured image is the placeholder every replayed image is.
+        self.removed = removed
 
     def _handle(self, kind: str, item: m.Media | None) -> MediaRef | None:
         if item is None or not item.url:
             return None
         if item.url == REMOVED_URL:
-            return MediaRef(kind=kind, fetch=_removed)
+            return MediaRef(kind=kind, fetch=self.removed)
         fetch = self.media(kind, item) if self.media is not None else None
         return MediaRef(kind=kind, fetch=fetch)
 
