@@ -31,7 +31,13 @@ Every part is a complete fixture in the format :mod:`dshim.replay` reads:
 
 Every string written (events, lines, exchanges, seeds) first goes through the log's
 redactor (:func:`dshim.log.redact`: every configured secret, every secret registered at
-runtime, the token patterns), and ``options`` leaves out every ``Secret`` field.
+runtime, the token patterns), and ``options`` leaves out every ``Secret`` field.  A long
+string is redacted once (:class:`_Scrub`): an event's text comes back in its prompt and
+in the echo's answer, and the redactor costs about 0.1 µs a character.
+
+Cost: each event, line and exchange is redacted and encoded (compact JSON) once, when it
+arrives; a flush only joins the cached pieces of a changed part (one piece a line) with
+its small header, so writing a part never encodes again what it already held.
 
 Writing: a part changed is written at most every :data:`FLUSH_S` seconds (and once more
 at shutdown), whole, to a temporary ``.<name>.tmp`` beside it (mode 0600, fsynced), then
@@ -64,6 +70,7 @@ import msgspec
 import structlog
 import trio
 
+import dshim.log
 from dshim.channels.kit.http import EXCHANGES, Exchange
 from dshim.config import BotConfig, Config, Secret
 from dshim.log import redact
@@ -84,7 +91,14 @@ UNSORTED = "_unsorted"
 _RECENT = 512
 _MB = 1024 * 1024
 
+#: Strings the scrub remembers: longer than the log's redactor remembers itself, at most
+#: _MEMO_MAX_LEN characters, at most _MEMO_CHARS characters in all (then it starts over).
+_MEMO_MIN_LEN = 64
+_MEMO_MAX_LEN = 64 * 1024
+_MEMO_CHARS = 4 * 1024 * 1024
+
 _encoder = msgspec.json.Encoder()
+_encode = _encoder.encode
 
 
 def _redacted(value: Any) -> Any:
@@ -96,6 +110,66 @@ def _redacted(value: Any) -> Any:
     if isinstance(value, list):
         return [_redacted(v) for v in value]
     return value
+
+
+def _redaction_version() -> object:
+    """What changes whenever a secret is registered: the log's redactor compiles a new
+    substitution then.  None if it cannot be told (then nothing is remembered)."""
+    return getattr(getattr(dshim.log, "_redactor", None), "_sub", None)
+
+
+class _Scrub:
+    """:func:`_redacted` that redacts a long string once while no secret is added.
+
+    The capture sees the same long text several times (an event, its prompt line, the
+    echo's answer); the log's redactor remembers only short strings.  Everything it
+    remembers is forgotten as soon as a secret is registered, so a string redacted before
+    is redacted again against the new secret.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[str, str] = {}
+        self._chars = 0
+        self._version: object = None
+
+    def text(self, text: str) -> str:
+        n = len(text)
+        if n <= _MEMO_MIN_LEN or n > _MEMO_MAX_LEN:
+            return redact(text)
+        version = _redaction_version()
+        if version is None:
+            return redact(text)
+        if version is not self._version:
+            self._memo.clear()
+            self._chars = 0
+            self._version = version
+        masked = self._memo.get(text)
+        if masked is None:
+            masked = redact(text)
+            if self._chars + n > _MEMO_CHARS:
+                self._memo.clear()
+                self._chars = 0
+            self._memo[text] = masked
+            self._chars += n
+        return masked
+
+    def value(self, value: Any) -> Any:
+        """``value`` (decoded JSON) with every string (keys too) redacted."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            text = self.text
+            return {text(str(k)): self.value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        return value
+
+
+def _array(pieces: list[bytes]) -> bytes:
+    """A JSON array of encoded ``pieces``, one a line."""
+    if not pieces:
+        return b"[]"
+    return b"[\n" + b",\n".join(pieces) + b"\n]"
 
 
 def _json_of(raw: bytes) -> Any:
@@ -132,6 +206,22 @@ def _date(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d")
 
 
+class _Day:
+    """:func:`_date`, formatted once a day (it is asked for at every event and line)."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self._end = 0.0
+        self._date = ""
+
+    def __call__(self, t: float) -> str:
+        if not self._start <= t < self._end:
+            self._date = _date(t)
+            self._start = t - t % 86400
+            self._end = self._start + 86400
+        return self._date
+
+
 class _File:
     """One part of a conversation's day: a fixture being filled."""
 
@@ -139,11 +229,12 @@ class _File:
         self.path = path
         self.channel = channel
         self.started = started
-        self.events: list[Any] = []
-        self.expect: list[Line] = []
+        #: Each piece redacted and encoded once (compact JSON), in the order written.
+        self.events: list[bytes] = []
+        self._expect: list[bytes] = []
         #: The event index each ``expect`` line came from (replay's order: see ``line``).
         self.origins: list[int] = []
-        self.http: list[dict[str, Any]] = []
+        self.http: list[bytes] = []
         self.outbound: dict[str, list[dict[str, Any]]] = {}
         self.history: dict[str, list[dict[str, Any]]] = {}
         #: Message id -> index of the part's first event with it (its index entries are
@@ -153,34 +244,51 @@ class _File:
         self.size = 0
         self.dirty = True
 
+    @property
+    def expect(self) -> list[Line]:
+        """The ``expect`` lines, decoded (the file holds them encoded)."""
+        return [msgspec.json.decode(piece) for piece in self._expect]
+
     def line(self, line: Line, origin: int | None) -> None:
-        """Add ``line``, caused by event ``origin`` (None: the latest one).  Replay lets
-        the pipeline settle after each event, so its lines come in event order even where
-        ``serve`` interleaved them (a duplicate judged while the first copy's turn ran)."""
+        """Add ``line`` (redacted), caused by event ``origin`` (None: the latest one).
+        Replay lets the pipeline settle after each event, so its lines come in event order
+        even where ``serve`` interleaved them (a duplicate judged while the first copy's
+        turn ran)."""
         at = len(self.events) - 1 if origin is None else origin
         pos = bisect.bisect_right(self.origins, at)
-        self.expect.insert(pos, line)
+        self._expect.insert(pos, _encode(line))
         self.origins.insert(pos, at)
         self.dirty = True
 
     def origin(self, message_id: str | None) -> int | None:
         return self.message_ids.get(message_id) if message_id else None
 
-    def encode(self, bot: dict[str, Any], options: dict[str, Any]) -> bytes:
-        fixture: dict[str, Any] = {
-            "channel": self.channel,
-            "format": "raw",
-            "description": "captured by dshim serve --capture",
-            "bot": bot,
-            "options": options,
-            "now": self.started,
-            "http": self.http,
-            "outbound": self.outbound,
-            "history": self.history,
-            "events": self.events,
-            "expect": self.expect,
-        }
-        data = msgspec.json.format(_encoder.encode(fixture), indent=2) + b"\n"
+    def encode(self, bot: bytes, options: bytes) -> bytes:
+        """The whole fixture: ``bot`` and ``options`` encoded, the rest from the pieces
+        (only ``outbound`` and ``history``, seeded for quotes alone, are encoded here)."""
+        data = b"".join(
+            (
+                b'{"channel":',
+                _encode(self.channel),
+                b',"format":"raw","description":"captured by dshim serve --capture","bot":',
+                bot,
+                b',"options":',
+                options,
+                b',"now":',
+                _encode(self.started),
+                b',"http":',
+                _array(self.http),
+                b',"outbound":',
+                _encode(self.outbound),
+                b',"history":',
+                _encode(self.history),
+                b',\n"events":',
+                _array(self.events),
+                b',\n"expect":',
+                _array(self._expect),
+                b"}\n",
+            )
+        )
         self.size = len(data)
         return data
 
@@ -217,7 +325,9 @@ class BotCapture:
         self.bot = bot
         self.dir = capture.root / safe_component(bot.name)
         self.options = _options(bot)
+        self.options_json = _encode(self.options)
         self.bot_info: dict[str, Any] = {}
+        self._scrub = capture.scrub
         self._lines = Lines(capture.data_dir)
         self._files: dict[str, _File] = {}
         #: Parts replaced by a newer one (rotated, or a new day) not yet written.
@@ -245,7 +355,7 @@ class BotCapture:
         conv = conversation if conversation else UNSORTED
         now = self._capture.clock()
         f = self._files.get(conv)
-        date = _date(now)
+        date = self._capture.date(now)
         if f is not None and f.path.name.startswith(date):
             if f.size <= self._capture.max_bytes or not f.events:
                 return f
@@ -267,7 +377,7 @@ class BotCapture:
         """One event handed to the pipeline (before it is judged)."""
         conversation = item.conversation_id if isinstance(item, InboundMessage) else None
         f = self._file(conversation)
-        f.events.append(_redacted(_json_of(raw)))
+        f.events.append(_encode(self._scrub.value(_json_of(raw))))
         if item.message_id:
             f.message_ids.setdefault(item.message_id, len(f.events) - 1)
         f.dirty = True
@@ -286,7 +396,7 @@ class BotCapture:
 
     def _add(self, f: _File, line: Line | None, origin: int | None = None) -> None:
         if line is not None:
-            f.line(_redacted(line), origin)
+            f.line(self._scrub.value(line), origin)
             self._capture.changed()
 
     # -- the observer ----------------------------------------------------------------------
@@ -373,9 +483,8 @@ class BotCapture:
             f.seed_history(conv, rows)
 
     def _exchange(self, f: _File, ex: Exchange, origin: int | None) -> None:
-        f.http.append(
-            _redacted({"method": ex.method, "path": ex.path, "status": ex.status, "json": ex.json})
-        )
+        exchange = {"method": ex.method, "path": ex.path, "status": ex.status, "json": ex.json}
+        f.http.append(_encode(self._scrub.value(exchange)))
         self._add(f, self._lines.http(ex.method, redact(ex.path.partition("?")[0])), origin)
 
 
@@ -401,6 +510,8 @@ class Capture:
         self.data_dir = data_dir
         self._bots: list[BotCapture] = []
         self._changed = trio.Event()
+        self.scrub = _Scrub()
+        self.date = _Day()
 
     @classmethod
     def from_config(
@@ -453,12 +564,12 @@ class Capture:
         writes: list[tuple[Path, bytes]] = []
         active: set[Path] = set()
         for bc in self._bots:
-            bot = {**bc.bot_info}
+            bot = _encode(bc.bot_info)
             for f in bc.files:
                 active.add(f.path)
                 if f.dirty and f.events:
                     f.dirty = False
-                    writes.append((f.path, f.encode(bot, bc.options)))
+                    writes.append((f.path, f.encode(bot, bc.options_json)))
         if writes:
             if self.inline:
                 self._write(writes, active)
