@@ -92,10 +92,11 @@ _RECENT = 512
 _MB = 1024 * 1024
 
 #: Strings the scrub remembers: longer than the log's redactor remembers itself, at most
-#: _MEMO_MAX_LEN characters, at most _MEMO_CHARS characters in all (then it starts over).
+#: _MEMO_MAX_LEN characters, at most _MEMO_CHARS characters in all (the oldest forgotten
+#: first): a few hundred events' texts, long enough for a turn to come back with them.
 _MEMO_MIN_LEN = 64
 _MEMO_MAX_LEN = 64 * 1024
-_MEMO_CHARS = 4 * 1024 * 1024
+_MEMO_CHARS = 2 * 1024 * 1024
 
 _encoder = msgspec.json.Encoder()
 _encode = _encoder.encode
@@ -143,13 +144,13 @@ class _Scrub:
             self._memo.clear()
             self._chars = 0
             self._version = version
-        masked = self._memo.get(text)
+        memo = self._memo
+        masked = memo.get(text)
         if masked is None:
             masked = redact(text)
-            if self._chars + n > _MEMO_CHARS:
-                self._memo.clear()
-                self._chars = 0
-            self._memo[text] = masked
+            while memo and self._chars + n > _MEMO_CHARS:  # the oldest go first
+                self._chars -= len(memo.pop(next(iter(memo))))
+            memo[text] = masked
             self._chars += n
         return masked
 
