@@ -47,9 +47,14 @@ capture directory are removed until it holds at most ``capture_keep_mb`` (the pa
 being written are kept).  A leftover temporary file (a crash mid-write) is never read by
 replay (it does not end in ``.json``) and is removed at the next start.
 
-Limits (``dshim replay --check`` on a capture): replay answers with the echo harness, so
-``send`` lines match only when ``serve`` ran the echo harness (the prompts always do);
-replay runs one event at a time, so a conversation whose messages arrived while a turn
+Answers: when the bots run an agent (``[harness] kind`` is not ``echo``), each turn's
+answer (its text, and its error when it failed) is kept in the fixture's ``answers``, per
+conversation in turn order, and replay answers with them
+(:class:`dshim.replay.RecordedHarness`), so the ``send`` lines of an agent's capture replay
+too; with the echo harness replay echoes, as ``serve`` did.
+
+Limits (``dshim replay --check`` on a capture): approvals and questions are not recorded
+(replay's echo of a recorded answer asks nothing); replay runs one event at a time, so a conversation whose messages arrived while a turn
 was still answering may list the same lines in another order; Telegram albums are
 captured as their parts' updates only when the channel hands them so.
 """
@@ -238,6 +243,8 @@ class _File:
         self.http: list[bytes] = []
         self.outbound: dict[str, list[dict[str, Any]]] = {}
         self.history: dict[str, list[dict[str, Any]]] = {}
+        #: Conversation -> the agent's answers in turn order (a bot that ran an agent).
+        self.answers: dict[str, list[dict[str, Any]]] = {}
         #: Message id -> index of the part's first event with it (its index entries are
         #: recreated by replay).
         self.message_ids: dict[str, int] = {}
@@ -283,6 +290,7 @@ class _File:
                 _encode(self.outbound),
                 b',"history":',
                 _encode(self.history),
+                *((b',"answers":', _encode(self.answers)) if self.answers else ()),
                 b',\n"events":',
                 _array(self.events),
                 b',\n"expect":',
@@ -414,6 +422,19 @@ class BotCapture:
         f = self._file(msg.conversation_id)
         self._add(f, self._lines.prompt(msg, parts), f.origin(msg.message_id))
 
+    def answered(self, conversation_id: str, text: str, error: str | None) -> None:
+        """What the agent answered in one turn (kept only when the bots run an agent:
+        replay answers with it, so the capture's ``send`` lines replay too)."""
+        if not self._capture.record_answers:
+            return
+        f = self._file(conversation_id)
+        answer: dict[str, Any] = {"text": self._scrub.text(text)}
+        if error is not None:
+            answer["error"] = self._scrub.text(error)
+        f.answers.setdefault(conversation_id, []).append(answer)
+        f.dirty = True
+        self._capture.changed()
+
     def sent(self, target: ReplyTarget, delivered: list[Delivered]) -> None:
         """Messages the pipeline delivered (an answer's, a notice's)."""
         f = self._file(target.conversation_id)
@@ -501,8 +522,12 @@ class Capture:
         clock: Callable[[], float],
         data_dir: Path | None = None,
         inline: bool = False,
+        record_answers: bool = False,
     ) -> None:
         self.root = root
+        #: The bots run an agent (not echo): each turn's answer is kept in ``answers``,
+        #: which replay then answers with (``dshim.replay.RecordedHarness``).
+        self.record_answers = record_answers
         #: Write on the trio thread (tests on the autojump clock, like the store's).
         self.inline = inline
         self.max_bytes = max_bytes
@@ -533,6 +558,7 @@ class Capture:
             clock=clock,
             data_dir=data_dir,
             inline=inline,
+            record_answers=config.harness.kind != "echo",
         )
 
     def for_bot(self, bot: BotConfig) -> BotCapture | None:

@@ -375,6 +375,8 @@ async def run_turn(deps: TurnDeps, item: LaneItem, lane: Lane) -> None:
                     return
                 if stopped and not turn.prompt_sent:
                     log.info("turn_stopped_before_prompt")
+                if deps.capture is not None and turn.prompt_sent:
+                    deps.capture.answered(msg.conversation_id, turn.text, turn.error)
                 final = compose_final(turn.text, error=turn.error, stopped=stopped, cut=cut)
                 if turn.notes:
                     final = "\n\n".join([final, *turn.notes])

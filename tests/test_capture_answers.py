@@ -1,0 +1,96 @@
+"""A capture of a bot that runs an agent (not echo) keeps the agent's answers, and replay
+answers with them: ``dshim replay --check`` then compares the sends too, not only the
+prompts.  The agent here is a scripted harness whose answers are not the prompt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+
+import trio
+
+from dshim.capture import open_capture
+from dshim.config import parse_config
+from dshim.harness.base import TurnContext
+from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from tests.channel_contract import BOT, RecordingHarness, final_texts
+from tests.helpers import Clock
+from tests.rig_telegram import TelegramRig
+from tests.test_capture import _replay
+
+
+class ScriptedAgent(RecordingHarness):
+    """Answers "Agent: <n> words" (not the prompt); "fail" fails with a partial text."""
+
+    async def prompt(  # type: ignore[override]
+        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
+    ) -> AsyncGenerator[TurnEvent, None]:
+        self.prompts.append(list(parts))
+        current = [p.text for p in parts if isinstance(p, TextPart)][-1].strip()
+        if current == "fail":
+            yield TextDelta("half an ans")
+            yield TurnEnd(stop_reason="error", error="the agent lost its way")
+            return
+        yield TextDelta(f"Agent: {len(current.split())} words")
+        yield TurnEnd()
+
+
+async def test_a_capture_of_an_agent_replays_its_answers(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    rig = TelegramRig()
+    harness = ScriptedAgent()
+    harness_table = {"kind": "openai", "base_url": "http://127.0.0.1:9", "model": "m"}
+    clock = Clock()
+    shutdown, done = trio.Event(), trio.Event()
+    with trio.fail_after(600):
+        async with rig.open():
+            table = {"name": BOT, "channel": "telegram", **rig.bot_table()}
+            dshim = {"capture_dir": str(tmp_path / "cap")}
+            config = parse_config(
+                {"dshim": dshim, "harness": harness_table, "bots": [table]}, env={}
+            )
+            async with (
+                open_store(tmp_path / "data", inline=True) as store,
+                open_capture(config, clock=clock, data_dir=tmp_path / "data", inline=True) as cap,
+                trio.open_nursery() as nursery,
+            ):
+
+                async def serve(task_status: trio.TaskStatus[None]) -> None:
+                    await serve_bots(
+                        config,
+                        store,
+                        shutdown=shutdown,
+                        channels={BOT: rig.channel},
+                        clock=clock,
+                        harness=harness,
+                        capture=cap,
+                        task_status=task_status,
+                    )
+                    done.set()
+
+                await nursery.start(serve)
+                await rig.receiving()
+                await rig.user_dm("how many words is this")
+                await rig.wait_until(lambda: "Agent: 5 words" in final_texts(rig))
+                await rig.user_dm("fail")
+                lost = "agent lost its way"
+                await rig.wait_until(lambda: any(lost in t for t in final_texts(rig)))
+                await trio.sleep(5)
+                shutdown.set()
+                await done.wait()
+    [captured] = sorted((tmp_path / "cap").rglob("*.json"))
+    fixture = json.loads(captured.read_bytes())
+    [answers] = fixture["answers"].values()
+    assert answers == [
+        {"text": "Agent: 5 words"},
+        {"text": "half an ans", "error": "the agent lost its way"},
+    ]
+    checked = _replay("--check", str(captured))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    lines = [json.loads(x) for x in _replay(str(captured)).stdout.splitlines()]
+    sends = [x["text"] for x in lines if x["kind"] == "send"]
+    assert sends == final_texts(rig)  # what the user saw live, replayed
