@@ -119,9 +119,8 @@ def _redacted(value: Any) -> Any:
 
 
 def _redaction_version() -> object:
-    """What changes whenever a secret is registered: the log's redactor compiles a new
-    substitution then.  None if it cannot be told (then nothing is remembered)."""
-    return getattr(getattr(dshim.log, "_redactor", None), "_sub", None)
+    """What changes whenever a secret is registered (:func:`dshim.log.redaction_version`)."""
+    return dshim.log.redaction_version()
 
 
 class _Scrub:

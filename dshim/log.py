@@ -267,6 +267,12 @@ def redact(text: str) -> str:
     return _redactor.redact(text)
 
 
+def redaction_version() -> object:
+    """A value that changes whenever the set of masked secrets changes (a cache of
+    redacted texts is valid while it stays the same)."""
+    return _redactor._sub
+
+
 class _DshimHandler(logging.StreamHandler[TextIO]):
     """The root handler configure_logging owns (found again by type on reconfiguration).
 
