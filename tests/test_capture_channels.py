@@ -17,8 +17,6 @@ credential; directories are 0700, files 0600.  Autojump clock, hard deadline
 from __future__ import annotations
 
 import json
-import stat
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,58 +28,12 @@ from dshim.model import ImagePart
 from dshim.replay import load_fixture
 from dshim.testing.fakes.weixin import FakeWeixin
 from dshim.testing.fakes.whatsapp import TEST_APP_SECRET, TEST_VERIFY_TOKEN
-from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
+from tests.capture_kit import Script, captured, check_round_trip, fixtures_of
+from tests.channel_contract import RecordingHarness, echo_of, final_texts
 from tests.rig_discord import DiscordRig
 from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import GROUP_ID, WhatsAppRig
-from tests.test_capture import _replay, capturing
-
-Script = Callable[[], Awaitable[None]]
-
-
-async def _captured(
-    rig: ChannelRig, tmp_path: Path, script: Callable[[RecordingHarness], Script]
-) -> RecordingHarness:
-    harness = RecordingHarness()
-    async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
-        await rig.receiving()
-        await script(harness)()
-    return harness
-
-
-def _fixtures(cap: Path) -> dict[str, dict[str, Any]]:
-    """Every captured file, decoded, by its conversation folder."""
-    return {p.parent.name: json.loads(p.read_bytes()) for p in sorted(cap.rglob("*.json"))}
-
-
-def _check_round_trip(
-    cap: Path, harness: RecordingHarness, *, prompts: int, secrets: list[str]
-) -> list[dict[str, Any]]:
-    """``dshim replay --check`` passes on the capture, its prompts are the live ones byte
-    for byte, no captured byte holds a secret, modes are private; the printed lines."""
-    files = sorted(cap.rglob("*.json"))
-    assert files, "nothing captured"
-    checked = _replay("--check", str(cap))
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"{len(files)} passed, 0 failed" in checked.stdout
-    printed = _replay(str(cap))
-    assert printed.returncode == 0, printed.stderr
-    lines = [json.loads(x) for x in printed.stdout.splitlines()]
-    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
-    assert replayed == sorted(harness.texts())
-    assert len(replayed) == prompts
-    drops = {x["reason"] for x in lines if x["kind"] == "drop"}
-    assert {"duplicate", "unaddressed"} <= drops, drops
-    for path in cap.rglob("*"):
-        if path.is_file():
-            data = path.read_bytes()
-            for secret in secrets:
-                assert secret.encode() not in data, (path, secret)
-    for path in [cap, *cap.rglob("*")]:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
-    return lines
-
+from tests.test_capture import _replay
 
 # --- Discord ------------------------------------------------------------------------------
 
@@ -120,12 +72,12 @@ async def test_discord_capture_replays_a_looked_up_quote_a_resume_replay_and_a_g
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
-    lines = _check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
+    lines = check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
     # The lookup is in the capture, path relative to api_base, and replay makes it again.
     path = f"/channels/{rig.fake.dm_channel}/messages/{answer_id}"
-    [dm] = [fx for fx in _fixtures(cap).values() if fx["http"]]
+    [dm] = [fx for fx in fixtures_of(cap).values() if fx["http"]]
     assert [(h["method"], h["path"], h["status"]) for h in dm["http"]] == [("GET", path, 200)]
     assert dm["http"][0]["json"]["id"] == answer_id
     assert {"kind": "http", "method": "GET", "path": path} in [
@@ -189,13 +141,13 @@ async def test_whatsapp_capture_replays_a_recovered_quote_a_webhook_retry_and_a_
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
     # The webhook's signature header is never captured (nor the endpoint's own token).
     signatures = [rig.fake.signature(b).removeprefix("sha256=") for b in bodies]
     secrets = [rig.secret, TEST_APP_SECRET, TEST_VERIFY_TOKEN, *signatures]
-    _check_round_trip(cap, harness, prompts=4, secrets=secrets)
-    fixtures = _fixtures(cap)
+    check_round_trip(cap, harness, prompts=4, secrets=secrets)
+    fixtures = fixtures_of(cap)
     dm = fixtures[rig.ada.key if rig.ada else ""]
     # The identity the replay adapter reads (as GET /<PHONE_NUMBER_ID> gave it), no more.
     assert dm["bot"] == {
@@ -259,13 +211,13 @@ async def test_weixin_capture_replays_a_recovered_quote_a_redelivery_and_a_group
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
-    _check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
+    check_round_trip(cap, harness, prompts=3, secrets=[rig.secret])
     # The answer is authored by the bot's configured name, live and in replay.
     assert f'"messageId":"{answer_id}"' in harness.texts()[1]
     assert '"authorName":"contract"' in harness.texts()[1]
-    dm = next(fx for fx in _fixtures(cap).values() if fx["outbound"])
+    dm = next(fx for fx in fixtures_of(cap).values() if fx["outbound"])
     assert dm["bot"] == {"id": rig.fake.bot_id, "name": "contract"}
     seeded = {i for seeds in dm["outbound"].values() for s in seeds for i in s["message_ids"]}
     assert answer_id in seeded
@@ -302,14 +254,14 @@ async def test_weixin_capture_holds_no_media_key_or_signed_cdn_parameter(
         return run
 
     with capture_logs() as logs:
-        harness = await _captured(rig, tmp_path, script)
+        harness = await captured(rig, tmp_path, script)
     assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
     cap = tmp_path / "cap"
     data = b"".join(p.read_bytes() for p in cap.rglob("*") if p.is_file())
     for secret in [rig.secret, *keys]:
         assert secret.encode() not in data, secret
         assert not [e for e in logs if secret in repr(e)]
-    [dm] = _fixtures(cap).values()
+    [dm] = fixtures_of(cap).values()
     own = dm["events"][0]["item_list"][0]["image_item"]
     quoted = dm["events"][1]["item_list"][0]["ref_msg"]["message_item"]["image_item"]
     for image in (own, quoted):
@@ -362,7 +314,7 @@ async def test_whatsapp_capture_keeps_a_signed_body_that_is_no_notification(
 
         return run
 
-    await _captured(rig, tmp_path, script)
+    await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
     [unsorted] = [p for p in cap.rglob("*.json") if p.parent.name == "_unsorted"]
     events = json.loads(unsorted.read_bytes())["events"]

@@ -16,67 +16,16 @@ webhook or a media key; directories are 0700, files 0600.  Autojump clock, hard 
 
 from __future__ import annotations
 
-import json
-import stat
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import trio
 
 from dshim.model import ImagePart
-from tests.channel_contract import ChannelRig, RecordingHarness, echo_of, final_texts
+from tests.capture_kit import Script, captured, captured_bytes, check_round_trip, fixtures_of
+from tests.channel_contract import RecordingHarness, echo_of, final_texts
 from tests.rig_dingtalk import DingTalkRig
 from tests.rig_wecom import WecomRig
-from tests.test_capture import _replay, capturing
-
-Script = Callable[[], Awaitable[None]]
-
-
-async def _captured(
-    rig: ChannelRig, tmp_path: Path, script: Callable[[RecordingHarness], Script]
-) -> RecordingHarness:
-    harness = RecordingHarness()
-    async with rig.open(), capturing(rig, tmp_path / "data", tmp_path / "cap", harness):
-        await rig.receiving()
-        await script(harness)()
-    return harness
-
-
-def _fixtures(cap: Path) -> dict[str, dict[str, Any]]:
-    """Every captured file, decoded, by its conversation folder."""
-    return {p.parent.name: json.loads(p.read_bytes()) for p in sorted(cap.rglob("*.json"))}
-
-
-def _captured_bytes(cap: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(cap.rglob("*")) if p.is_file())
-
-
-def _check_round_trip(
-    cap: Path, harness: RecordingHarness, *, prompts: int, drops: set[str], secrets: list[str]
-) -> list[dict[str, Any]]:
-    """``dshim replay --check`` passes on the capture, its prompts are the live ones byte
-    for byte, no captured byte holds a secret, modes are private; the printed lines."""
-    files = sorted(cap.rglob("*.json"))
-    assert files, "nothing captured"
-    checked = _replay("--check", str(cap))
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"{len(files)} passed, 0 failed" in checked.stdout
-    printed = _replay(str(cap))
-    assert printed.returncode == 0, printed.stderr
-    lines = [json.loads(x) for x in printed.stdout.splitlines()]
-    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
-    assert replayed == sorted(harness.texts())
-    assert len(replayed) == prompts
-    assert {x["reason"] for x in lines if x["kind"] == "drop"} == drops
-    assert all(secrets), secrets
-    data = _captured_bytes(cap)
-    assert not [s for s in secrets if s.encode() in data]
-    for path in [cap, *cap.rglob("*")]:
-        mode = stat.S_IMODE(path.stat().st_mode)
-        assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
-    return lines
-
+from tests.test_capture import _replay
 
 # --- DingTalk -------------------------------------------------------------------------------
 
@@ -114,18 +63,18 @@ async def test_dingtalk_capture_replays_a_recovered_card_quote_a_redelivery_and_
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
     fake = rig.fake
     sessions = list(fake.webhooks)
     assert len(webhooks) == 5 and len(sessions) == 4
     secrets = [rig.secret, *fake.tokens, *webhooks, *sessions]
-    _check_round_trip(cap, harness, prompts=3, drops={"duplicate", "unaddressed"}, secrets=secrets)
+    check_round_trip(cap, harness, prompts=3, drops={"duplicate", "unaddressed"}, secrets=secrets)
     # The card quote was recovered from the index: the card's entry is seeded, and the
     # quote carries the answer's text.
     quoted = harness.texts()[1]
     assert "<dsh_im_reply_to>" in quoted and "list \\u003ctwo\\u003e things" in quoted
-    fixtures = _fixtures(cap)
+    fixtures = fixtures_of(cap)
     [dm] = [fx for fx in fixtures.values() if fx["outbound"]]
     cards = {m.track_id for m in fake.messages if m.kind == "card"}
     seeded = {i for seeds in dm["outbound"].values() for s in seeds for i in s["message_ids"]}
@@ -177,11 +126,11 @@ async def test_wecom_capture_replays_a_quote_with_content_a_repeated_msgid_and_a
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     cap = tmp_path / "cap"
-    _check_round_trip(cap, harness, prompts=3, drops={"duplicate"}, secrets=[rig.secret])
+    check_round_trip(cap, harness, prompts=3, drops={"duplicate"}, secrets=[rig.secret])
     assert '"content":"\\u003cdsh_im_source\\u003e' in harness.texts()[1]
-    fixtures = _fixtures(cap)
+    fixtures = fixtures_of(cap)
     dm = fixtures[rig.fake.user_id]
     assert dm["bot"] == {"id": rig.fake.bot_id}
     # Frames as received: req_ids (not secrets) kept, the repeat there twice.
@@ -209,14 +158,14 @@ async def test_wecom_capture_holds_no_media_url_or_aes_key(
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
     cap = tmp_path / "cap"
-    data = _captured_bytes(cap)
+    data = captured_bytes(cap)
     token = media["url"].rsplit("/", 1)[-1]
     for secret in [rig.secret, media["aeskey"], media["url"], token]:
         assert secret.encode() not in data, secret
-    [dm] = _fixtures(cap).values()
+    [dm] = fixtures_of(cap).values()
     assert dm["events"][0]["body"]["image"] == {"url": "dshim:removed", "aeskey": ""}
     # Replay cannot download what the capture left out; the live prompt had the image,
     # and the replayed one has it too (the placeholder every replayed image is).
@@ -256,12 +205,12 @@ async def test_dingtalk_capture_of_a_picture_and_its_quote_replays_without_the_d
 
         return run
 
-    harness = await _captured(rig, tmp_path, script)
+    harness = await captured(rig, tmp_path, script)
     assert any(isinstance(p, ImagePart) for p in harness.prompts[0])  # downloaded live
     assert '"attachments":[{"kind":"image"' in harness.texts()[1]  # the quote, recovered
     cap = tmp_path / "cap"
     fake = rig.fake
     secrets = [rig.secret, *fake.tokens, *fake.webhooks, f"{fake.api_base}/files/pic-1"]
-    _check_round_trip(cap, harness, prompts=2, drops=set(), secrets=secrets)
-    [dm] = _fixtures(cap).values()
+    check_round_trip(cap, harness, prompts=2, drops=set(), secrets=secrets)
+    [dm] = fixtures_of(cap).values()
     assert dm["events"][0]["content"] == {"downloadCode": "pic-1"}
