@@ -47,12 +47,21 @@ CAPTURE_RIGS: dict[str, Callable[[], ChannelRig]] = {
 
 @asynccontextmanager
 async def capturing(
-    rig: ChannelRig, data_dir: Path, capture_dir: Path, harness: RecordingHarness
+    rig: ChannelRig,
+    data_dir: Path,
+    capture_dir: Path,
+    harness: RecordingHarness,
+    *,
+    harness_table: dict[str, Any] | None = None,
 ) -> AsyncIterator[None]:
-    """The rig's bot under serve_bots with ``[dshim] capture_dir``; leaving stops it and
-    writes the capture."""
+    """The rig's bot under serve_bots with ``[dshim] capture_dir`` (and ``[harness]``
+    as ``harness_table`` says, for what the capture reads of it; ``harness`` answers);
+    leaving stops it and writes the capture."""
     table = {"name": BOT, "channel": rig.channel.key, **rig.bot_table()}
-    config = parse_config({"dshim": {"capture_dir": str(capture_dir)}, "bots": [table]}, env={})
+    doc: dict[str, Any] = {"dshim": {"capture_dir": str(capture_dir)}, "bots": [table]}
+    if harness_table is not None:
+        doc["harness"] = harness_table
+    config = parse_config(doc, env={})
     clock = Clock()
     shutdown = trio.Event()
     done = trio.Event()

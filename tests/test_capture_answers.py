@@ -10,16 +10,11 @@ from pathlib import Path
 
 import trio
 
-from dshim.capture import open_capture
-from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
-from dshim.serve import serve_bots
-from dshim.store import open_store
-from tests.channel_contract import BOT, RecordingHarness, final_texts
-from tests.helpers import Clock
+from tests.channel_contract import RecordingHarness, final_texts
 from tests.rig_telegram import TelegramRig
-from tests.test_capture import _replay
+from tests.test_capture import _replay, capturing
 
 
 class ScriptedAgent(RecordingHarness):
@@ -43,45 +38,17 @@ async def test_a_capture_of_an_agent_replays_its_answers(
 ) -> None:
     rig = TelegramRig()
     harness = ScriptedAgent()
-    harness_table = {"kind": "openai", "base_url": "http://127.0.0.1:9", "model": "m"}
-    clock = Clock()
-    shutdown, done = trio.Event(), trio.Event()
+    agent = {"kind": "openai", "base_url": "http://127.0.0.1:9", "model": "m"}
     with trio.fail_after(600):
-        async with rig.open():
-            table = {"name": BOT, "channel": "telegram", **rig.bot_table()}
-            dshim = {"capture_dir": str(tmp_path / "cap")}
-            config = parse_config(
-                {"dshim": dshim, "harness": harness_table, "bots": [table]}, env={}
-            )
-            async with (
-                open_store(tmp_path / "data", inline=True) as store,
-                open_capture(config, clock=clock, data_dir=tmp_path / "data", inline=True) as cap,
-                trio.open_nursery() as nursery,
-            ):
-
-                async def serve(task_status: trio.TaskStatus[None]) -> None:
-                    await serve_bots(
-                        config,
-                        store,
-                        shutdown=shutdown,
-                        channels={BOT: rig.channel},
-                        clock=clock,
-                        harness=harness,
-                        capture=cap,
-                        task_status=task_status,
-                    )
-                    done.set()
-
-                await nursery.start(serve)
-                await rig.receiving()
-                await rig.user_dm("how many words is this")
-                await rig.wait_until(lambda: "Agent: 5 words" in final_texts(rig))
-                await rig.user_dm("fail")
-                lost = "agent lost its way"
-                await rig.wait_until(lambda: any(lost in t for t in final_texts(rig)))
-                await trio.sleep(5)
-                shutdown.set()
-                await done.wait()
+        cap = tmp_path / "cap"
+        async with rig.open(), capturing(rig, tmp_path / "data", cap, harness, harness_table=agent):
+            await rig.receiving()
+            await rig.user_dm("how many words is this")
+            await rig.wait_until(lambda: "Agent: 5 words" in final_texts(rig))
+            await rig.user_dm("fail")
+            lost = "agent lost its way"
+            await rig.wait_until(lambda: any(lost in t for t in final_texts(rig)))
+            await trio.sleep(5)
     [captured] = sorted((tmp_path / "cap").rglob("*.json"))
     fixture = json.loads(captured.read_bytes())
     [answers] = fixture["answers"].values()
