@@ -2,10 +2,10 @@
 
 Theory of operation
 -------------------
-Calls are ``POST {base_url}/api/<method>`` over the bot's one :class:`httpx.AsyncClient`
-(``Authorization: Bearer <token>`` when ``[harness] token`` is set); the envelope and the
-error mapping are :mod:`dshim.harness.dsh.protocol`.  Every httpx exception is mapped here,
-once: what leaves the adapter is a :class:`~dshim.errors.HarnessError` or a turn event.
+Calls go through :class:`~dshim.harness.dsh.rpc.DshRpc` (``POST {base_url}/api/<method>``,
+the envelope and the error mapping of :mod:`dshim.harness.dsh.protocol`, every httpx
+exception mapped there, once): what leaves the adapter is a
+:class:`~dshim.errors.HarnessError` or a turn event.
 
 Sessions: ``create_session`` finds the workspace (``workspace.list``; ``workspace.create``
 when the path is not registered yet; the bot's ``workspace`` wins over ``[harness]
@@ -46,21 +46,16 @@ that does not end in time is abandoned (logged ``turn_abandoned``).  ``/steer`` 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import time
-import urllib.parse
-import uuid
 from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 import trio
 import trio_websocket
 
-import dshim
 from dshim.backoff import Backoff
 from dshim.channels.kit.ws import WsOptions, open_client_websocket
 from dshim.errors import HarnessError
@@ -73,8 +68,7 @@ from dshim.harness.dsh.protocol import (
     MuxFrame,
     TurnTracker,
 )
-from dshim.harness.httpio import release_response
-from dshim.log import register_secret
+from dshim.harness.dsh.rpc import DEFAULT_BASE_URL, RPC_TIMEOUT_S, DshRpc, new_rpc_id
 from dshim.model import (
     ApprovalRequest,
     ImagePart,
@@ -87,16 +81,14 @@ from dshim.model import (
 from dshim.prompt import prompt_text
 
 if TYPE_CHECKING:
+    import httpx
+
     from dshim.config import HarnessConfig
 
 __all__ = ["DEFAULT_BASE_URL", "DshHarness"]
 
 log = structlog.get_logger("dshim.harness.dsh")
 
-DEFAULT_BASE_URL = "http://127.0.0.1:3080"
-RPC_TIMEOUT_S = 30.0
-#: The largest answer read from the host (a history page of big messages fits easily).
-ANSWER_MAX = 32 * 1024 * 1024
 DESCRIBE_TIMEOUT_S = 5.0
 POLL_INTERVAL_S = 0.3
 POLL_WINDOW = 50
@@ -187,8 +179,6 @@ class DshHarness:
         self.bot = bot
         self.base_url = (cfg.base_url or DEFAULT_BASE_URL).rstrip("/")
         self._token = cfg.token.get() if cfg.token is not None else None
-        if self._token:
-            register_secret(self._token)
         base = workspace or cfg.workspace or cfg.cwd or os.getcwd()
         self.workspace = os.path.abspath(os.path.expanduser(base))
         self.agent_preset = cfg.agent_preset
@@ -196,13 +186,7 @@ class DshHarness:
         self.mux_wait_s = mux_wait_s
         self.stop_timeout_s = stop_timeout_s
         self.reply_timeout_s = reply_timeout_s
-        self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=10.0, read=RPC_TIMEOUT_S, write=RPC_TIMEOUT_S, pool=10.0),
-            headers={"user-agent": f"dshim/{dshim.__version__}"},
-        )
-        host = urllib.parse.urlsplit(self.base_url).hostname or ""
-        self._loopback = host == "localhost" or _is_loopback(host)
+        self._rpc = DshRpc(self.base_url, self._token, client=client)
         scheme = "wss" if self.base_url.startswith("https:") else "ws"
         self._mux_url = scheme + self.base_url[self.base_url.index(":") :] + "/api/events.mux"
         self._workspace_id: str | None = None
@@ -224,53 +208,6 @@ class DshHarness:
 
     # -- calls -------------------------------------------------------------------------
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"content-type": "application/json", "accept": "application/json"}
-        if self._token:
-            headers["authorization"] = f"Bearer {self._token}"
-        return headers
-
-    async def _post(self, path: str, what: str, body: bytes, timeout_s: float) -> bytes:
-        try:
-            with trio.fail_after(timeout_s):
-                request = self._client.build_request(
-                    "POST", self.base_url + path, content=body, headers=self._headers()
-                )
-                resp = await self._client.send(request, stream=True)
-                status = resp.status_code
-                content = bytearray()
-                chunks = resp.aiter_bytes()
-                try:
-                    async for chunk in chunks:
-                        content += chunk
-                        if len(content) > ANSWER_MAX:
-                            raise HarnessError(
-                                f"{what}: the DSH host's answer is larger than "
-                                f"{ANSWER_MAX // (1024 * 1024)} MiB",
-                                code="harness-response-invalid",
-                            )
-                        if not 200 <= status < 300 and len(content) >= 64:
-                            break  # only the start of an error body is read
-                finally:
-                    await release_response(resp, chunks)
-        except trio.TooSlowError as exc:
-            raise HarnessError(
-                f"{what}: the DSH host did not answer within {timeout_s:g} s",
-                code="harness-timeout",
-            ) from exc
-        except httpx.TimeoutException as exc:
-            raise HarnessError(
-                f"{what}: the DSH host did not answer in time", code="harness-timeout"
-            ) from exc
-        except httpx.HTTPError as exc:
-            raise HarnessError(
-                f"cannot reach the DSH host at {self.base_url} ({type(exc).__name__})",
-                code="harness-connect-failed",
-            ) from exc
-        if not 200 <= status < 300:
-            raise protocol.http_error(what, status, bytes(content[:64]), loopback=self._loopback)
-        return bytes(content)
-
     async def call(
         self,
         method: str,
@@ -279,30 +216,12 @@ class DshHarness:
         rpc_id: str | None = None,
         timeout_s: float = RPC_TIMEOUT_S,
     ) -> Any:
-        """One RPC: its ``value``, or a HarnessError."""
-        rid = rpc_id or _rpc_id()
-        body = await self._post(
-            f"/api/{method}", method, protocol.request_body(rid, method, payload), timeout_s
-        )
-        return protocol.parse_response(method, rid, body)
+        """One RPC: its ``value``, or a HarnessError (see :class:`~.rpc.DshRpc`)."""
+        return await self._rpc.call(method, payload, rpc_id=rpc_id, timeout_s=timeout_s)
 
     async def _respond(self, rpc_id: str, value: Any | None, *, cancelled: bool = False) -> None:
         """Answer an interaction (never raises: the turn goes on and reports what happens)."""
-        try:
-            body = await self._post(
-                "/api/respond",
-                "respond",
-                protocol.respond_body(rpc_id, value, cancelled=cancelled),
-                5.0 if cancelled else RPC_TIMEOUT_S,
-            )
-        except HarnessError as exc:
-            log.warning("interaction_response_failed", error=str(exc), code=exc.code)
-            return
-        accepted, reason = protocol.parse_receipt(body)
-        if accepted:
-            log.info("interaction_response_accepted")
-        else:
-            log.warning("interaction_response_refused", reason=reason)
+        await self._rpc.respond(rpc_id, value, cancelled=cancelled)
 
     # -- the events websocket ------------------------------------------------------------
 
@@ -460,7 +379,7 @@ class DshHarness:
     ) -> AsyncGenerator[TurnEvent, None]:
         text = prompt_text(parts)
         images = [p for p in parts if isinstance(p, ImagePart)]
-        rpc_id = _rpc_id()
+        rpc_id = new_rpc_id()
         owner = object()
         sub = await self._subscribe(session_id, owner)
         tracker: TurnTracker | None = None
@@ -882,16 +801,11 @@ class DshHarness:
         return items
 
     async def aclose(self) -> None:
-        if self._own_client:
-            await self._client.aclose()
+        await self._rpc.aclose()
 
 
 class _SessionGone(Exception):
     """``session.prompt`` answered ``session-not-found``: nothing was started."""
-
-
-def _rpc_id() -> str:
-    return f"dshim-{uuid.uuid4()}"
 
 
 def _time_zone() -> str:
@@ -910,10 +824,3 @@ def _time_zone() -> str:
 def _is_dir(path: str) -> bool:
     """One local stat, on the trio thread on purpose (a worker thread is not worth it)."""
     return os.path.isdir(path)
-
-
-def _is_loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
