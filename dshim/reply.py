@@ -32,9 +32,10 @@ Rules (they are a contract with agents downstream; keep them stable):
 * Lazy load (:func:`resolve`): the loader and the recovery each run at most once, under
   the caller's cancel scope and one ``move_on_after(deadline_s)`` for the whole
   resolution.  ``None`` -> ``not-found``; a loaded reference overrides only the fields it
-  sets; 401/403 or PermissionDenied -> ``permission-denied``, 404 or NotFound ->
-  ``not-found``, 410 or Deleted -> ``deleted``; deadline, exhausted budget or any other
-  error -> ``not-delivered``.  Cancellation (``/stop``, shutdown) always propagates.
+  sets; PermissionDenied or a ChannelError with status 401/403 -> ``permission-denied``,
+  NotFound or 404 -> ``not-found``, Deleted or 410 -> ``deleted`` (the loaders' clients
+  map the platform's answer to the error tree, nothing here reads a foreign exception);
+  deadline, exhausted budget or any other error -> ``not-delivered``.  Cancellation (``/stop``, shutdown) always propagates.
 * Recovery (``recover=True``, when no content is known): the conversation's message
   index by each of ``recover_keys`` in order, then by the quoted id (the first key with
   any match decides: one entry is the answer — an inbound entry is the user's own
@@ -57,13 +58,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import structlog
 import trio
 from msgspec import UNSET
 
 from dshim.config import ReplyBudget
-from dshim.errors import BUG_TYPES, Deleted, NotFound, PermissionDenied
+from dshim.errors import BUG_TYPES, ChannelError, Deleted, NotFound, PermissionDenied
 from dshim.model import (
     ATTACHMENT_KINDS,
     UNAVAILABLE_REASONS,
@@ -317,13 +317,9 @@ _LOADED_FIELDS = (
 
 
 def _status(exc: Exception) -> int | None:
-    for attr in ("status", "status_code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    if isinstance(exc, httpx.HTTPStatusError):
-        return exc.response.status_code
-    return None
+    """The HTTP status the boundary mapped into the error, if any (never sniffed from a
+    foreign exception: the channels' clients raise the error tree, see ``dshim.errors``)."""
+    return exc.status if isinstance(exc, ChannelError) else None
 
 
 def _reason_for_error(exc: Exception) -> str:
@@ -334,6 +330,8 @@ def _reason_for_error(exc: Exception) -> str:
         return "deleted"
     if isinstance(exc, NotFound):
         return "not-found"
+    # A ChannelError a platform's own classification left generic (e.g. an AuthError
+    # with its 401) still says, by its status, why the quote cannot be shown.
     status = _status(exc)
     if status in (401, 403):
         return "permission-denied"

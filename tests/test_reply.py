@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET
 
+from dshim.channels.kit.http import status_error
 from dshim.config import ReplyBudget
 from dshim.errors import (
     AuthError,
@@ -675,15 +676,22 @@ class WithStatus(Exception):
         (NotFound("x", status=None), "not-found"),
         (Deleted("x"), "deleted"),
         (Deleted("x", status=None), "deleted"),
-        (WithStatus(403), "permission-denied"),
-        (WithStatus(404), "not-found"),
-        (WithStatus(410), "deleted"),
+        # A platform's answer reaches the loader as the error tree, mapped at the HTTP
+        # boundary; a foreign exception is not sniffed for a status.
+        (status_error(401, "m"), "permission-denied"),
+        (status_error(403, "m"), "permission-denied"),
+        (status_error(404, "m"), "not-found"),
+        (status_error(410, "m"), "not-found"),
+        (status_error(502, "m"), "not-delivered"),
+        (WithStatus(403), "not-delivered"),
+        (WithStatus(404), "not-delivered"),
+        (WithStatus(410), "not-delivered"),
         (WithStatus("404"), "not-delivered"),
         (WithStatus(True), "not-delivered"),
-        (_http_error(401), "permission-denied"),
-        (_http_error(403), "permission-denied"),
-        (_http_error(404), "not-found"),
-        (_http_error(410), "deleted"),
+        (_http_error(401), "not-delivered"),
+        (_http_error(403), "not-delivered"),
+        (_http_error(404), "not-delivered"),
+        (_http_error(410), "not-delivered"),
         (_http_error(502), "not-delivered"),
         (httpx.ConnectTimeout("slow"), "not-delivered"),
         (trio.TooSlowError(), "not-delivered"),
