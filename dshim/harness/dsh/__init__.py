@@ -2,8 +2,12 @@
 
 - :mod:`~dshim.harness.dsh.protocol` — sans-IO: envelopes, error mapping, events -> turn
   events, history pages;
-- :mod:`~dshim.harness.dsh.harness` — the adapter (:class:`DshHarness`): calls, the events
-  websocket, sessions, turns, interactions.
+- :mod:`~dshim.harness.dsh.rpc` — the HTTP RPC client: ``POST /api/<method>``, the
+  envelope checks, the HTTP error mapping, deadlines;
+- :mod:`~dshim.harness.dsh.events` — the events websocket, its history-polling fallback,
+  approvals and questions;
+- :mod:`~dshim.harness.dsh.harness` — the adapter (:class:`DshHarness`): sessions, turns,
+  /stop, /steer, models, history, health.
 """
 
 from dshim.harness.dsh.harness import DEFAULT_BASE_URL, DshHarness
