@@ -92,6 +92,7 @@ from dshim.errors import (
     NotFound,
     PermissionDenied,
     RateLimited,
+    RemoteProtocolError,
     TransportError,
 )
 from dshim.model import (
@@ -123,8 +124,8 @@ MAX_FRAME_BYTES = 16 * 1024 * 1024
 _MAX_VARINT_BYTES = 10
 
 
-class FrameError(ValueError):
-    """Bytes that are not a valid ``pbbp2.Frame``."""
+class FrameError(RemoteProtocolError, ValueError):
+    """Bytes that are not a valid ``pbbp2.Frame`` (still a ValueError, as it always was)."""
 
 
 @dataclass(slots=True)

@@ -65,6 +65,7 @@ import msgspec
 from dshim.channels.base import LoggedMessage
 from dshim.channels.kit.decode import decode
 from dshim.channels.webchat import models as m
+from dshim.errors import RemoteProtocolError
 from dshim.model import Attachment, InboundMessage, Loader, MediaRef, ReplyReference, Skip
 
 __all__ = [
@@ -125,11 +126,14 @@ _IMAGE_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
 )
 
 
-class FrameError(Exception):
-    """A client frame dshim refuses: answered with ``{"type":"error","code","message"}``."""
+class FrameError(RemoteProtocolError):
+    """A client frame dshim refuses: answered with ``{"type":"error","code","message"}``.
+    ``code`` is the error frame's code (``bad_json``, ``not_joined`` ...)."""
+
+    code: str
 
     def __init__(self, code: str, message: str, *, client_id: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(message, code=code)
         self.code = code
         self.message = message
         self.client_id = client_id

@@ -224,7 +224,7 @@ class Part:
     detail: str = ""
 
 
-class BodyError(ValueError):
+class BodyError(RemoteProtocolError, ValueError):
     """The webhook body is not a WhatsApp notification (a ``malformed`` drop, answered 200)."""
 
 
