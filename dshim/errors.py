@@ -1,23 +1,100 @@
-"""The dshim error tree.
+"""The dshim error tree: every error dshim raises on purpose, drawn once.
+
+A failed send ends as one of the outcomes of :func:`dshim.pipeline.notices.outcome_of`:
+*unknown* (the platform may have it: never sent again), *later* (certainly not sent, the
+platform is down or busy: the outbox delivers it when it is back) or *refused* (it never
+will be: the chat is gone, the bot blocked).  Classes of a channel or harness name their
+module in brackets (under ``dshim.channels`` for a channel, else under ``dshim``);
+``tests/test_error_tree.py`` keeps this drawing and the classes the same.
 
     DshimError
     ├── ConfigError                 bad dshim.toml / environment; names the key path (exit 2)
-    ├── StoreError                  the persistent store cannot be opened or migrated
-    ├── ChannelError                anything a platform did to us
-    │   ├── TransportError          network failure, timeout, 5xx: retry with backoff
-    │   ├── RemoteProtocolError     the platform sent something we cannot decode
-    │   ├── AuthError               bad or revoked credentials: fatal, the bot stops
-    │   ├── RateLimited             429 / flood control: carries retry_after seconds
-    │   ├── NotFound                the message/chat/target does not exist (404-like)
-    │   ├── PermissionDenied        blocked, kicked, missing access (401/403-like)
-    │   ├── TooLarge                a download is over its byte limit (declared or read)
-    │   ├── Conflict                another poller / webhook owns the bot (Telegram 409)
-    │   └── FatalChannelError       do not reconnect (e.g. Discord close 4004)
-    └── HarnessError                the agent backend failed or is unreachable
+    ├── StoreError                  the store cannot be opened, migrated or written: exit 1 at
+    │                               start; in a turn the answer is still delivered
+    ├── ChannelError                anything a platform did to us (``status``, ``code`` when it
+    │   │                           said them); a send failing with it is *refused*
+    │   ├── TransportError          network failure, timeout, 5xx: retry with backoff; a send is
+    │   │   │                       *later* when ``request_sent`` is False or a status came, else
+    │   │   │                       *unknown*
+    │   │   ├── ConnectionLost      [wecom.protocol] the socket closed while a frame waited for
+    │   │   │                       its ack (the outcome is unknown)
+    │   │   └── Throttled           [whatsapp.protocol] a throughput or pair-rate limit: not sent
+    │   │                           (*later*), backed off exponentially (Graph gives no wait)
+    │   ├── RemoteProtocolError     the platform sent something we cannot decode: dropped, logged
+    │   │   ├── FrameError          [feishu.protocol] bytes that are no ``pbbp2.Frame``
+    │   │   ├── FrameError          [webchat.protocol] a page's frame dshim refuses: answered with
+    │   │   │                       an error frame, the socket stays open
+    │   │   └── BodyError           [whatsapp.protocol] a signed webhook body that is no
+    │   │                           notification: the pipeline's ``malformed`` drop, answered 200
+    │   ├── AuthError               bad or revoked credentials: fatal for the bot's connection (no
+    │   │   │                       retry loop); a send is *later*
+    │   │   └── SessionExpired      [weixin.protocol] ``ret -14``: the bot token is dead, only a
+    │   │                           new QR login (``dshim login``) helps
+    │   ├── RateLimited             429 / flood control: wait ``retry_after`` seconds; a send is
+    │   │                           *later*
+    │   ├── NotFound                the message/chat/target does not exist (404-like); a quote's
+    │   │   │                       lookup gives ``not-found``
+    │   │   ├── Deleted             it existed but was deleted (410-like): ``deleted``
+    │   │   ├── ThreadNotFound      [telegram.protocol] the forum topic is gone: the answer goes
+    │   │   │                       to the chat itself
+    │   │   ├── ReplyExpired        [wecom.protocol] 846605, the inbound ``req_id`` is no longer
+    │   │   │                       valid: pushed instead
+    │   │   └── StreamExpired       [wecom.protocol] 846608, the stream's 6 minutes are over:
+    │   │                           continued on a new stream id
+    │   ├── PermissionDenied        blocked, kicked, missing access (401/403-like): *refused*; a
+    │   │   │                       quote's lookup gives ``permission-denied``
+    │   │   └── IpNotAllowed        [qq.protocol] the caller's IP is not on the bot's allowlist
+    │   ├── TooLarge                a download is over its byte limit (declared or read): the
+    │   │                           attachment is left out
+    │   ├── Conflict                another poller / webhook owns the bot (Telegram 409): the
+    │   │                           poller logs it and backs off
+    │   ├── FatalChannelError       do not reconnect (e.g. Discord close 4004): the bot stops
+    │   ├── ReplyWindowClosed       [qq.protocol] the passive-reply window or count is used up:
+    │   │                           *refused*, never retried
+    │   ├── AlreadySent             [qq.protocol] 40054005, an earlier attempt landed: counts as
+    │   │                           sent
+    │   ├── PendingAudit            [qq.protocol] accepted, pending manual audit: counts as sent
+    │   ├── MarkdownRejected        [qq.protocol] markdown invalid or not permitted: sent as text
+    │   ├── StreamPrefixRejected    [qq.protocol] 40007, a stream chunk changed the delivered
+    │   │                           prefix: the message is finished, the rest goes anew
+    │   ├── ContentRejected         [qq.protocol] sensitive words, an unregistered URL: *refused*
+    │   ├── NotModified             [telegram.protocol] an edit that changes nothing: success
+    │   ├── ChatMigrated            [telegram.protocol] the group became a supergroup: resent to
+    │   │                           ``migrate_to_chat_id``
+    │   ├── MediaError              [wecom.media] media that does not decrypt: left out
+    │   ├── MediaDecryptError       [weixin.media] media that does not decrypt: left out
+    │   ├── ReplyRefused            [weixin.protocol] ``ret -2`` on a send: one retry after a
+    │   │                           pause, then *refused*
+    │   ├── ReplyNotPossible        [weixin.render] no context token, outside the 24 h window:
+    │   │                           *refused*
+    │   └── WindowClosed            [whatsapp.protocol] 131047, 24 h since the user last wrote:
+    │                               *refused* (only templates go out)
+    └── HarnessError                the agent backend failed, refused or is unreachable: the
+        │                           turn ends with the error as its answer (``code`` names it)
+        ├── AgentRpcError           [harness.acp.protocol] the agent answered a JSON-RPC error
+        ├── HostNotLoggedIn         [harness.dsh.protocol] HTTP 401/407: ``[harness] token``
+        ├── HostRefused             [harness.dsh.protocol] HTTP 403: the host does not trust us
+        ├── HostTooOld              [harness.dsh.protocol] HTTP 404: no such API on the host
+        └── DshRpcError             [harness.dsh.protocol] ``{ok:false, error}``: ``rpc_code``
+
+Outside the tree, by design (the test keeps this list too; private ``_`` classes are a
+module's own control flow and the :mod:`dshim.testing` fakes' errors are their platforms'):
+
+* WebSocketClosed [channels.base] — a signal, not a failure: the peer closed the socket;
+  ``WebSocket.receive`` ends with it (it carries the close code), the reader returns.
+* Exit [launch] — a signal: the exit code the CLI leaves with (``typer.Exit`` at the edge).
+* UndocumentedKey [docs_config] — ``python -m dshim.docs_config``'s check for a settings
+  key without a ``#:`` comment, a development tool; the program never raises it.
+* BadId, BadTime [channels.kit.ids] — ``ValueError`` signals of the id and time checks,
+  caught in each channel's decode and turned into the ``malformed`` drop; they never leave
+  it.
+* FixtureError [channels.base] — replay: a fixture it cannot use (that fixture fails, the
+  others run).  Not yet a ``DshimError``: it belongs under it (it is a handled failure).
 
 Foreign exceptions (httpx, trio-websocket, sqlite3, msgspec) are mapped once, at the
 boundary that caught them, with ``raise X from exc``.  Every error that can carry an HTTP
-status exposes it as ``.status`` so the quoted-reply layer can classify lookup failures.
+status exposes it as ``ChannelError.status``; the quoted-reply layer classifies lookup
+failures by class, then by that status, never by sniffing a foreign exception.
 """
 
 from __future__ import annotations
