@@ -51,6 +51,21 @@ once the first message is due.  Until then one timer task per trio run (:class:`
 holds their deadlines.  An answer that is complete before either deadline — the common
 case for a quick agent — costs no task at all: ``finish`` sends it directly.
 
+Why the starter may be a system task (the one place that is not a child of the bot's
+nursery) without bending structured concurrency: it runs no answer's work itself.  When
+a deadline comes up it only calls ``nursery.start_soon`` on *that answer's own* nursery
+(inside the answer's captured context), so the pump and the typing task are children of
+the answer, supervised, cancelled and awaited with it like any other task.  What it
+holds is a heap of deadlines; the failure paths: an answer that finished (or left its
+block: ``open_edit_stream.__aexit__`` clears the nursery before cancelling it) before
+its deadline is skipped when the deadline comes up; a bug raised while starting one
+answer's task is logged (``stream_start_failed``) and the others' deadlines still run
+(the system task never raises, which would crash the run); it lives as long as its trio
+run (a ``RunVar``: a new run, e.g. each test, gets its own) and is cancelled with it.
+The alternative — a timer task per answer in the answer's nursery — costs a task per
+answer even for quick ones (B1 in docs/performance.md); ``tests/test_render_starter.py``
+holds the failure paths.
+
 ``finish(final)`` stops the pump after its in-flight call (a call is never cancelled
 half-way, so a message the platform created is always known by id), then brings every
 message to its final chunk, waiting for pacing and retry-after as needed.  A message
