@@ -8,13 +8,25 @@ Approvals and questions are text with numbered options everywhere (``send_text``
 channel with interactive messages (buttons) also implements the optional
 ``open_interaction`` (see :func:`interaction_presenter`): the pipeline then hands it an
 :class:`InteractionPrompt` instead, and typed answers keep working the same way.
+
+Optional features
+-----------------
+Each optional member is a small :func:`~typing.runtime_checkable` protocol below, which
+the pipeline discovers with ``isinstance`` (a class that has the member has the feature).
+A channel's class names the protocols it implements among its bases, so mypy checks the
+member's signature there, and ``tests/test_channel_features.py`` lists per channel which
+of them its objects implement:
+
+- of a :class:`ReplyStream`: :class:`WatchesDelivery`, :class:`WatchesStop`;
+- of an :class:`Outbound`: :class:`PresentsInteractions`,
+  :class:`PresentsControlNotices`, :class:`FindsDirectTargets`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
@@ -33,14 +45,8 @@ class ReplyStream(Protocol):
     manager exits without ``finish`` (cancellation, failure), the channel cleans up what it
     showed (e.g. stops typing) but must not raise.
 
-    Optional member (looked up with :func:`watch_delivery`, so streams without it still
-    satisfy the protocol): ``watch_delivery(hook)`` — the stream awaits ``hook()`` once,
-    right before its first platform call that can show the user any of this answer (the
-    first send; a typing indicator does not count).  The pipeline uses it to record,
-    durably and before the fact, that a turn may have shown something: after a crash such
-    a turn gets a notice instead of a second answer, and a turn that showed nothing runs
-    again.  :class:`dshim.render.EditStream` implements it.  A stream without it is taken to
-    show something from its first ``update``, ``progress`` or ``finish`` on.
+    Optional features: :class:`WatchesDelivery` (report the first send) and
+    :class:`WatchesStop` (a stop button of the platform's own).
     """
 
     async def update(self, text: str) -> None: ...
@@ -65,23 +71,47 @@ class Outbound(Protocol):
         ...
 
 
+@runtime_checkable
+class WatchesDelivery(Protocol):
+    """A :class:`ReplyStream` that reports its first send (see :func:`watch_delivery`).
+
+    ``watch_delivery(hook)``: the stream awaits ``hook()`` once, right before its first
+    platform call that can show the user any of this answer (the first send; a typing
+    indicator does not count).  The pipeline uses it to record, durably and before the
+    fact, that a turn may have shown something: after a crash such a turn gets a notice
+    instead of a second answer, and a turn that showed nothing runs again.
+    :class:`dshim.render.EditStream` implements it.  A stream without it is taken to show
+    something from its first ``update``, ``progress`` or ``finish`` on.
+    """
+
+    def watch_delivery(self, hook: DeliveryHook) -> None: ...
+
+
+@runtime_checkable
+class WatchesStop(Protocol):
+    """A :class:`ReplyStream` with a stop button of the platform's own (Slack's native
+    stream: ``stopped_by_user``): ``watch_stop(stop)`` has it call ``stop()`` when the user
+    pressed it (see :func:`watch_stop`)."""
+
+    def watch_stop(self, stop: Callable[[], object]) -> None: ...
+
+
 def watch_delivery(stream: ReplyStream, hook: DeliveryHook) -> bool:
-    """Ask ``stream`` to await ``hook`` before its first send; False when it cannot tell."""
-    watch = getattr(stream, "watch_delivery", None)
-    if watch is None:
+    """Ask ``stream`` to await ``hook`` before its first send; False when it cannot tell
+    (it is no :class:`WatchesDelivery`)."""
+    if not isinstance(stream, WatchesDelivery):
         return False
-    watch(hook)
+    stream.watch_delivery(hook)
     return True
 
 
 def watch_stop(stream: ReplyStream, stop: Callable[[], object]) -> bool:
     """Ask ``stream`` to call ``stop()`` when the user stopped the answer on the platform
     itself (Slack's stop button on a native stream: ``stopped_by_user``); the turn then
-    ends like ``/stop``.  False when the stream has no such button (no ``watch_stop``)."""
-    watch = getattr(stream, "watch_stop", None)
-    if watch is None:
+    ends like ``/stop``.  False when the stream has no such button (no :class:`WatchesStop`)."""
+    if not isinstance(stream, WatchesStop):
         return False
-    watch(stop)
+    stream.watch_stop(stop)
     return True
 
 
@@ -101,11 +131,30 @@ CONTROL_ACTIONS = (("stop", "Stop the answer"), ("disable", "Stop answering for 
 ControlPresenter = Callable[[ReplyTarget, ControlNotice], Awaitable[list[Delivered]]]
 
 
+@runtime_checkable
+class PresentsControlNotices(Protocol):
+    """An :class:`Outbound` that shows a substitute control notice with the
+    :data:`CONTROL_ACTIONS` buttons (see :func:`control_presenter`)."""
+
+    async def send_control_notice(
+        self, target: ReplyTarget, notice: ControlNotice
+    ) -> list[Delivered]: ...
+
+
 def control_presenter(outbound: Outbound) -> ControlPresenter | None:
     """The channel's optional ``send_control_notice(target, notice)`` (a message with the
-    :data:`CONTROL_ACTIONS` buttons), or None (the notice is text)."""
-    presenter: ControlPresenter | None = getattr(outbound, "send_control_notice", None)
-    return presenter
+    :data:`CONTROL_ACTIONS` buttons, :class:`PresentsControlNotices`), or None (the notice
+    is text)."""
+    return outbound.send_control_notice if isinstance(outbound, PresentsControlNotices) else None
+
+
+@runtime_checkable
+class FindsDirectTargets(Protocol):
+    """An :class:`Outbound` whose platform needs a conversation of its own for a DM
+    (Slack's ``conversations.open``): ``direct_target(user_id)`` is where a DM to that
+    user goes (None: nowhere).  Without it a DM goes to the user id itself."""
+
+    async def direct_target(self, user_id: str) -> ReplyTarget | None: ...
 
 
 class InteractionPrompt(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,7 +184,18 @@ InteractionPresenter = Callable[
 ]
 
 
+@runtime_checkable
+class PresentsInteractions(Protocol):
+    """An :class:`Outbound` with interactive messages: ``open_interaction(target, prompt)``
+    shows an approval or question with buttons (see :data:`InteractionPresenter` and
+    :func:`interaction_presenter`)."""
+
+    def open_interaction(
+        self, target: ReplyTarget, prompt: InteractionPrompt
+    ) -> AbstractAsyncContextManager[list[Delivered]]: ...
+
+
 def interaction_presenter(outbound: Outbound) -> InteractionPresenter | None:
-    """The channel's optional ``open_interaction``, or None (text with numbered options)."""
-    presenter: InteractionPresenter | None = getattr(outbound, "open_interaction", None)
-    return presenter
+    """The channel's optional ``open_interaction`` (:class:`PresentsInteractions`), or None
+    (text with numbered options)."""
+    return outbound.open_interaction if isinstance(outbound, PresentsInteractions) else None

@@ -104,7 +104,7 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import structlog
 import trio
@@ -117,8 +117,10 @@ __all__ = [
     "ChatPacer",
     "EditOutbound",
     "EditStream",
+    "IdempotentSends",
     "Limits",
     "PacerPool",
+    "ProbesReachable",
     "StreamTransport",
     "deliver_text",
     "open_edit_stream",
@@ -140,10 +142,8 @@ UNSURE_SENDS_MAX = 2
 class StreamTransport(Protocol):
     """What a channel provides for one answer (see the module docstring).
 
-    A transport whose platform deduplicates repeated sends (an idempotency key, such as
-    Discord's ``nonce`` with ``enforce_nonce``) says so with a class attribute
-    ``idempotent_sends = True``; the engine then repeats a send of unknown outcome like any
-    other transient failure.  Without it (the default) such a send is repeated at most once.
+    Optional features: :class:`IdempotentSends` (the platform deduplicates repeated
+    sends) and :class:`ProbesReachable` (a cheap call that tells the platform answers).
     """
 
     async def send(self, text: str, *, reply: bool) -> str: ...
@@ -151,6 +151,26 @@ class StreamTransport(Protocol):
     async def edit(self, message_id: str, text: str) -> None: ...
 
     async def typing(self) -> None: ...
+
+
+@runtime_checkable
+class IdempotentSends(Protocol):
+    """A :class:`StreamTransport` that says whether its platform deduplicates repeated
+    sends (an idempotency key, such as Discord's ``nonce`` with ``enforce_nonce``), with a
+    class attribute ``idempotent_sends``.  When True the engine repeats a send of unknown
+    outcome like any other transient failure; when False, or without the attribute (the
+    default), such a send is repeated at most once."""
+
+    idempotent_sends: bool
+
+
+@runtime_checkable
+class ProbesReachable(Protocol):
+    """A :class:`StreamTransport` with ``reachable()``: a cheap platform call that returns
+    once the platform answers again (raising ChannelError while it does not), awaited
+    before the one repeat of a send of unknown outcome."""
+
+    async def reachable(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -593,7 +613,9 @@ class EditStream:
             isinstance(exc, TransportError)
             and exc.request_sent
             and exc.status is None
-            and not getattr(self.transport, "idempotent_sends", False)
+            and not (
+                isinstance(self.transport, IdempotentSends) and self.transport.idempotent_sends
+            )
         ):
             self._unsure[slot] = self._unsure.get(slot, 0) + 1
             return True
@@ -604,7 +626,9 @@ class EditStream:
         ``unknown_repeat_wait_s`` (a brief outage that drops requests is over by then: the
         repeat must not fall into it), then until the platform answers again (the
         transport's optional ``reachable`` probe, retried with backoff)."""
-        probe: Callable[[], Awaitable[None]] | None = getattr(self.transport, "reachable", None)
+        probe: Callable[[], Awaitable[None]] | None = (
+            self.transport.reachable if isinstance(self.transport, ProbesReachable) else None
+        )
         now = trio.current_time()
         await trio.sleep(max(0.0, min(self.limits.unknown_repeat_wait_s, give_up_at - now)))
         while probe is not None:

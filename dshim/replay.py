@@ -29,7 +29,7 @@ printed under ``$DATA_DIR``.  Output lines (JSON, one per line)::
 
 A channel whose reader holds events back in ``serve`` (Telegram collects an album's
 parts into one message) does the same here, with the same code, through its adapter's
-``collect`` (:class:`Collecting`), on the fixture's timeline (each event at its time):
+``collect`` (:class:`~dshim.channels.base.Collecting`), on the fixture's timeline (each event at its time):
 what it holds is handed over when it is due (before a later event, or after the last one,
 the virtual clock moving there), so the output is what ``serve`` answers and the
 collection window takes no real time.
@@ -43,7 +43,7 @@ import math
 import tempfile
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import httpx
 import msgspec
@@ -51,7 +51,14 @@ import trio
 import trio.testing
 
 from dshim import normalized
-from dshim.channels.base import FixtureError, ReplayAdapter, ReplaySource
+from dshim.channels.base import (
+    Collecting,
+    ExpandsEvents,
+    FixtureError,
+    ReceivesEvents,
+    ReplayAdapter,
+    ReplaySource,
+)
 from dshim.channels.kit.decode import decode as bounded_decode
 from dshim.channels.kit.decode import member_span, split_array
 from dshim.channels.kit.ids import plausible_time
@@ -165,30 +172,6 @@ class Fixture(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     #: Conversation -> the answers the agent gave, in turn order (a capture of a bot
     #: that ran another harness than echo): replay answers with them instead of echoing.
     answers: dict[str, list[RecordedAnswer]] = msgspec.field(default_factory=dict)
-
-
-#: An event ready for the pipeline: what it maps to, its raw form, and the index of the
-#: fixture event it stands for (an album: its first part).
-Collected = tuple[InboundMessage | Skip, bytes, int]
-
-
-@runtime_checkable
-class Collecting(Protocol):
-    """A replay adapter whose channel holds events back before the pipeline sees them
-    (Telegram's albums), with the collection code its reader runs in ``serve``.  ``now``
-    is the fixture's timeline: epoch seconds, never decreasing."""
-
-    def collect(self, raw: bytes, index: int, now: float) -> list[Collected]:
-        """Take fixture event ``index``; the events ready now (possibly none)."""
-        ...
-
-    def collect_due(self) -> float | None:
-        """When held events are next ready (None: nothing is held)."""
-        ...
-
-    def collect_ready(self, now: float) -> list[Collected]:
-        """The held events ready at ``now``."""
-        ...
 
 
 class NormalizedAdapter:
@@ -389,9 +372,8 @@ async def _run_fixture(
             adapter = channel.replay_adapter(source)
         raws = [bytes(ev) for ev in fx.events]
         # A channel whose events carry several messages (a webhook body) cuts them apart.
-        expand = getattr(adapter, "expand", None)
-        if expand is not None:
-            raws = [part for raw in raws for part in expand(raw)]
+        if isinstance(adapter, ExpandsEvents):
+            raws = [part for raw in raws for part in adapter.expand(raw)]
         items = [_timed(adapter.decode(raw)) for raw in raws]
         if conversations is not None:
             conversations.extend(
@@ -440,7 +422,7 @@ async def _run_fixture(
                     now=now0,
                 )
         # A channel that does something of its own with every event (the web chat logs it).
-        received = getattr(adapter, "received", None)
+        received = adapter.received if isinstance(adapter, ReceivesEvents) else None
         async with open_bot_runtime(
             config=config,
             bot=bot_cfg,

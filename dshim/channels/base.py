@@ -88,7 +88,10 @@ if TYPE_CHECKING:
     import httpx
 
 __all__ = [
+    "AcceptsMany",
     "CONTROL_ACTIONS",
+    "Collected",
+    "Collecting",
     "ControlNotice",
     "BotConfig",
     "SubstituteTarget",
@@ -98,18 +101,23 @@ __all__ = [
     "ChannelSpec",
     "ChannelStore",
     "Check",
+    "ExpandsEvents",
     "FixtureError",
+    "HasDataDir",
+    "HasLoginFn",
     "Identity",
     "Inbound",
     "InteractionPrompt",
     "LoggedMessage",
     "LoginContext",
     "LoginFn",
+    "LogsIn",
     "Outbound",
     "OutboundEntry",
     "ProbeResult",
     "ProbeRows",
     "RawDecoder",
+    "ReceivesEvents",
     "ReplayAdapter",
     "ReplaySource",
     "ReplyStream",
@@ -236,6 +244,18 @@ class Inbound(Protocol):
         (like ``/substitute off``).  Returns the text to show the operator (a refusal for
         anyone who is not an operator)."""
         ...
+
+
+@runtime_checkable
+class AcceptsMany(Protocol):
+    """An :class:`Inbound` that takes a batch of events at once (the runtime does): every
+    key and inbox entry in one store transaction, then steps 5-6 in order; the verdicts
+    in the events' order.  :func:`dshim.channels.kit.poll.accept_batch` uses it when
+    there."""
+
+    async def accept_many(
+        self, events: Sequence[tuple[InboundMessage | Skip, bytes | None]]
+    ) -> list[Verdict]: ...
 
 
 # --- the local HTTP endpoint, as a channel sees it ------------------------------------------
@@ -411,6 +431,15 @@ class BotHost(Protocol):
         ...
 
 
+@runtime_checkable
+class HasDataDir(Protocol):
+    """A :class:`BotHost` or :class:`ProbeRows` with a data directory, where saved logins
+    live (see :func:`data_dir_of`)."""
+
+    @property
+    def data_dir(self) -> Path | None: ...
+
+
 # --- replay -------------------------------------------------------------------------------------
 
 
@@ -441,13 +470,9 @@ class ReplaySource:
 class ReplayAdapter(Protocol):
     """Decodes a channel's raw fixture events with the real mapping code.
 
-    Optional member (looked up with ``getattr``): ``async def received(item, raw)`` is
-    awaited right before each event is handed to the pipeline, for a channel that does
-    something of its own with every event it receives (the web chat logs it).
-    ``def expand(raw) -> list[bytes]`` cuts one fixture event into the events it carries
-    (a webhook body with several messages), each then decoded on its own.  ``collect``,
-    ``collect_due`` and ``collect_ready`` (:class:`dshim.replay.Collecting`) hold events
-    back as the channel's reader does in ``serve`` (Telegram's albums).
+    Optional features, each a protocol the adapter's class names among its bases (replay
+    discovers them with ``isinstance``): :class:`ReceivesEvents`, :class:`ExpandsEvents`,
+    :class:`Collecting`.
     """
 
     @property
@@ -462,6 +487,47 @@ class ReplayAdapter(Protocol):
 
     def split(self, text: str) -> list[str]:
         """The chunks an answer of this length is delivered in."""
+        ...
+
+
+@runtime_checkable
+class ReceivesEvents(Protocol):
+    """A :class:`ReplayAdapter` of a channel that does something of its own with every event
+    it receives (the web chat logs it): ``received(item, raw)`` is awaited right before
+    each event is handed to the pipeline."""
+
+    async def received(self, item: InboundMessage | Skip, raw: bytes) -> None: ...
+
+
+@runtime_checkable
+class ExpandsEvents(Protocol):
+    """A :class:`ReplayAdapter` whose fixture events carry several events (a webhook body
+    with several messages): ``expand(raw)`` cuts one apart, each then decoded on its own."""
+
+    def expand(self, raw: bytes) -> list[bytes]: ...
+
+
+#: An event ready for the pipeline: what it maps to, its raw form, and the index of the
+#: fixture event it stands for (an album: its first part).
+Collected = tuple[InboundMessage | Skip, bytes, int]
+
+
+@runtime_checkable
+class Collecting(Protocol):
+    """A :class:`ReplayAdapter` whose channel holds events back before the pipeline sees
+    them (Telegram's albums), with the collection code its reader runs in ``serve``.
+    ``now`` is the fixture's timeline: epoch seconds, never decreasing."""
+
+    def collect(self, raw: bytes, index: int, now: float) -> list[Collected]:
+        """Take fixture event ``index``; the events ready now (possibly none)."""
+        ...
+
+    def collect_due(self) -> float | None:
+        """When held events are next ready (None: nothing is held)."""
+        ...
+
+    def collect_ready(self, now: float) -> list[Collected]:
+        """The held events ready at ``now``."""
         ...
 
 
@@ -608,22 +674,39 @@ class LoginContext(Protocol):
 LoginFn = Callable[[LoginContext], Awaitable[int]]
 
 
+@runtime_checkable
+class HasLoginFn(Protocol):
+    """A :class:`Channel` that may name a login step (:class:`ChannelSpec` does)."""
+
+    @property
+    def login_fn(self) -> LoginFn | None: ...
+
+
+@runtime_checkable
+class LogsIn(Protocol):
+    """A :class:`Channel` with a ``login`` method (a channel that is not a ChannelSpec)."""
+
+    async def login(self, ctx: LoginContext) -> int: ...
+
+
 def login_hook(channel: object) -> LoginFn | None:
-    """The channel's optional login step (``ChannelSpec.login_fn`` or a ``login``
-    method), or None: the channel has no login step."""
-    hook = getattr(channel, "login_fn", None) or getattr(channel, "login", None)
+    """The channel's optional login step (``ChannelSpec.login_fn``, :class:`HasLoginFn`, or
+    a ``login`` method, :class:`LogsIn`), or None: the channel has no login step."""
+    hook: object = channel.login_fn if isinstance(channel, HasLoginFn) else None
+    if not hook and isinstance(channel, LogsIn):
+        hook = channel.login
     return hook if callable(hook) else None
 
 
 def data_dir_of(host: object) -> Path | None:
-    """The data directory of a :class:`BotHost` or :class:`ProbeRows` (optional member
-    ``data_dir``: where saved logins live), or None when the host has none."""
-    value = getattr(host, "data_dir", None)
+    """The data directory of a :class:`BotHost` or :class:`ProbeRows` (optional feature
+    :class:`HasDataDir`: where saved logins live), or None when the host has none."""
+    value = host.data_dir if isinstance(host, HasDataDir) else None
     return value if isinstance(value, Path) else None
 
 
 @dataclass(frozen=True, slots=True)
-class ChannelSpec:
+class ChannelSpec(HasLoginFn):
     """A :class:`Channel` made of a channel module's functions.
 
     ``run(host, *, task_status)``, ``replay_adapter(source)`` and ``probe(rows)`` are the

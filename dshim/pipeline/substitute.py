@@ -41,7 +41,7 @@ import structlog
 from dshim.config import BotConfig, SubstituteConfig, SubstituteTarget
 from dshim.errors import DshimError, TransportError
 from dshim.model import Anchor, InboundMessage, Mention, ReplyTarget, SubstituteTurn
-from dshim.outbound import ControlNotice, Outbound, control_presenter
+from dshim.outbound import ControlNotice, FindsDirectTargets, Outbound, control_presenter
 from dshim.pipeline.notices import Notifier
 from dshim.reply import AUTHOR_NAME_MAX, cut, single_line
 from dshim.store.base import Store
@@ -267,12 +267,11 @@ def control_notice_text(msg: InboundMessage, bot_name: str) -> str:
 
 async def direct_target(outbound: Outbound, user_id: str) -> ReplyTarget | None:
     """Where a DM to ``user_id`` goes: the channel's ``direct_target`` when it has one
-    (platforms where a DM needs its own conversation id), else the user id itself."""
-    find = getattr(outbound, "direct_target", None)
-    if find is None:
+    (platforms where a DM needs its own conversation id: :class:`FindsDirectTargets`),
+    else the user id itself."""
+    if not isinstance(outbound, FindsDirectTargets):
         return ReplyTarget(conversation_id=user_id, conversation_type="direct")
-    target: ReplyTarget | None = await find(user_id)
-    return target
+    return await outbound.direct_target(user_id)
 
 
 async def send_control_notice(

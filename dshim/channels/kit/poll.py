@@ -54,7 +54,7 @@ import structlog
 import trio
 
 from dshim.backoff import Backoff
-from dshim.channels.base import ChannelStore, Inbound
+from dshim.channels.base import AcceptsMany, ChannelStore, Inbound
 from dshim.errors import AuthError, ChannelError, Conflict, FatalChannelError, RateLimited
 from dshim.model import InboundMessage, Skip
 
@@ -128,10 +128,13 @@ async def accept_batch(
     """
     start = cursor
     stopped = False
-    # The runtime's accept_many takes the whole batch in one store transaction.
-    many = getattr(inbound, "accept_many", None)
     try:
-        verdicts = await many([(e.item, e.raw) for e in batch.events]) if many is not None else None
+        # The runtime's accept_many takes the whole batch in one store transaction.
+        verdicts = (
+            await inbound.accept_many([(e.item, e.raw) for e in batch.events])
+            if isinstance(inbound, AcceptsMany)
+            else None
+        )
         for i, event in enumerate(batch.events):
             verdict = (
                 verdicts[i] if verdicts is not None else await inbound.accept(event.item, event.raw)

@@ -184,7 +184,7 @@ _Ready = tuple[InboundMessage | Skip, bytes, int]
 class ReplayAdapter:
     """Decodes fixture events (Update objects) with the real mapping code, and collects
     albums as the reader does (:class:`~.protocol.AlbumCollector`, on the replay's
-    timeline: ``dshim.replay.Collecting``)."""
+    timeline: ``dshim.channels.base.Collecting``)."""
 
     def __init__(self, fx: ReplaySource) -> None:
         if fx.bot_id is None or not fx.bot_id.lstrip("-").isdigit():
