@@ -112,6 +112,7 @@ import trio
 from dshim.backoff import Backoff
 from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
 from dshim.model import Delivered, ReplyTarget
+from dshim.outbound import WatchesDelivery
 
 __all__ = [
     "ChatPacer",
@@ -342,7 +343,7 @@ def _short(exc: BaseException) -> str:
     return text[:300]
 
 
-class EditStream:
+class EditStream(WatchesDelivery):
     """One answer streamed by edits.  Implements :class:`dshim.outbound.ReplyStream`.
 
     Open with :func:`open_edit_stream`; :func:`deliver_text` uses it without the

@@ -48,6 +48,7 @@ from dshim.channels import load_channel
 from dshim.channels.base import (
     Channel,
     ChannelStore,
+    HasDataDir,
     HttpHandler,
     Inbound,
     RawDecoder,
@@ -92,7 +93,7 @@ PRUNE_FIRST_S = 60.0
 PRUNE_INTERVAL_S = 3600.0
 
 
-class ServeHost:
+class ServeHost(HasDataDir):
     """The :class:`~dshim.channels.base.BotHost` of one bot under ``dshim serve``."""
 
     def __init__(

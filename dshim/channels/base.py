@@ -81,7 +81,18 @@ import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
 from dshim.model import Delivered, InboundMessage, ReplyTarget, Skip, Verdict
-from dshim.outbound import CONTROL_ACTIONS, ControlNotice, InteractionPrompt, Outbound, ReplyStream
+from dshim.outbound import (
+    CONTROL_ACTIONS,
+    ControlNotice,
+    FindsDirectTargets,
+    InteractionPrompt,
+    Outbound,
+    PresentsControlNotices,
+    PresentsInteractions,
+    ReplyStream,
+    WatchesDelivery,
+    WatchesStop,
+)
 from dshim.store.base import LoggedMessage, OutboundEntry
 
 if TYPE_CHECKING:
@@ -102,6 +113,7 @@ __all__ = [
     "ChannelStore",
     "Check",
     "ExpandsEvents",
+    "FindsDirectTargets",
     "FixtureError",
     "HasDataDir",
     "HasLoginFn",
@@ -114,6 +126,8 @@ __all__ = [
     "LogsIn",
     "Outbound",
     "OutboundEntry",
+    "PresentsControlNotices",
+    "PresentsInteractions",
     "ProbeResult",
     "ProbeRows",
     "RawDecoder",
@@ -124,6 +138,8 @@ __all__ = [
     "RetractOutcome",
     "Secret",
     "Verdict",
+    "WatchesDelivery",
+    "WatchesStop",
     "HttpHandler",
     "HttpRequest",
     "HttpResponse",

@@ -39,9 +39,11 @@ from dshim.channels.base import (
     Identity,
     ProbeResult,
     ProbeRows,
+    ReceivesEvents,
     ReplaySource,
     Secret,
     Verdict,
+    WatchesDelivery,
 )
 from dshim.channels.dingtalk import models as m
 from dshim.channels.dingtalk.client import (
@@ -166,7 +168,7 @@ def _outbound(
 CardReport = Callable[[ReplyTarget, str, str], None]
 
 
-class _ReportedStream:
+class _ReportedStream(WatchesDelivery):
     """A card stream that reports its final text when the card showed it (``finish``
     returned nothing: no message for the pipeline's index)."""
 
@@ -293,7 +295,7 @@ async def run(
             await host.serve(rt, reader)
 
 
-class DingTalkReplayAdapter:
+class DingTalkReplayAdapter(ReceivesEvents):
     """Decodes fixture events (robot messages as in a callback's ``data``) with the real
     mapping; accepted messages go to the replay store's message index like in ``run``."""
 

@@ -56,7 +56,7 @@ from typing import Any, Literal, TypeVar
 import structlog
 import trio
 
-from dshim.channels.base import ChannelStore, OutboundEntry
+from dshim.channels.base import ChannelStore, OutboundEntry, WatchesDelivery
 from dshim.channels.dingtalk.client import DingTalkApi
 from dshim.channels.dingtalk.protocol import Route, card_markdown, new_track_id
 from dshim.channels.kit import Backoff
@@ -389,7 +389,7 @@ class DingTalkOutbound:
         return body
 
 
-class CardStream:
+class CardStream(WatchesDelivery):
     """One answer: an AI card streamed in place, or markdown at the end (see the module
     docstring).  A :class:`dshim.outbound.ReplyStream` with ``watch_delivery``."""
 

@@ -47,7 +47,14 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import CONTROL_ACTIONS, ControlNotice, InteractionPrompt
+from dshim.channels.base import (
+    CONTROL_ACTIONS,
+    ControlNotice,
+    FindsDirectTargets,
+    InteractionPrompt,
+    PresentsControlNotices,
+    PresentsInteractions,
+)
 from dshim.channels.discord import models as m
 from dshim.channels.discord.client import RestClient
 from dshim.channels.discord.protocol import (
@@ -59,7 +66,7 @@ from dshim.channels.discord.protocol import (
 )
 from dshim.errors import ChannelError
 from dshim.model import Delivered, Option, ReplyTarget
-from dshim.render import EditOutbound, Limits
+from dshim.render import EditOutbound, IdempotentSends, Limits, ProbesReachable
 
 log = structlog.get_logger("dshim.discord")
 
@@ -160,7 +167,7 @@ async def create_reply(
     return await rest.create_message(channel_id, text, **kw), False
 
 
-class DiscordTransport:
+class DiscordTransport(IdempotentSends, ProbesReachable):
     """One answer's messages in one channel (see :class:`dshim.render.StreamTransport`)."""
 
     #: Creates carry ``nonce`` + ``enforce_nonce``: a create repeated after its response
@@ -258,7 +265,7 @@ class _Shown:
         self.pressed: int | None = None
 
 
-class DiscordButtons:
+class DiscordButtons(PresentsControlNotices, PresentsInteractions):
     """The buttons part of :class:`DiscordOutbound`: control notices and requests."""
 
     rest: RestClient
@@ -334,7 +341,7 @@ class DiscordButtons:
                     log.info("interaction_update_failed", code=exc.code, error=str(exc)[:200])
 
 
-class DiscordOutbound(DiscordButtons, EditOutbound):
+class DiscordOutbound(DiscordButtons, EditOutbound, FindsDirectTargets):
     """The channel's :class:`dshim.outbound.Outbound`: replies, notices, streamed answers,
     control notices and requests with buttons."""
 

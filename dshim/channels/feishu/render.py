@@ -64,6 +64,9 @@ from dshim.channels.base import (
     ControlNotice,
     InteractionPrompt,
     OutboundEntry,
+    PresentsControlNotices,
+    PresentsInteractions,
+    WatchesDelivery,
 )
 from dshim.channels.feishu.client import RestClient
 from dshim.channels.feishu.protocol import CARD_PERMISSION_CODES, ControlPress
@@ -76,7 +79,14 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import Delivered, ReplyTarget
-from dshim.render import EditOutbound, EditStream, Limits, deliver_text, open_edit_stream
+from dshim.render import (
+    EditOutbound,
+    EditStream,
+    IdempotentSends,
+    Limits,
+    deliver_text,
+    open_edit_stream,
+)
 
 log = structlog.get_logger("dshim.feishu")
 
@@ -308,7 +318,7 @@ def _cardkit_refused(exc: ChannelError) -> bool:
     return isinstance(exc, PermissionDenied) or exc.code in CARD_PERMISSION_CODES
 
 
-class FeishuTransport:
+class FeishuTransport(IdempotentSends):
     """One answer's :class:`~dshim.render.StreamTransport` (cards, or text edits)."""
 
     #: Every send carries a uuid: Feishu accepts one success per uuid, so repeats are safe.
@@ -475,7 +485,7 @@ class FeishuTransport:
                 log.warning("card_close_failed", error=str(exc)[:300])
 
 
-class FeishuStream:
+class FeishuStream(WatchesDelivery):
     """A streamed answer: the engine's :class:`EditStream` plus closing the card."""
 
     def __init__(self, inner: EditStream, transport: FeishuTransport) -> None:
@@ -531,7 +541,7 @@ class _Pending:
     decision: str | None = None
 
 
-class FeishuOutbound(EditOutbound):
+class FeishuOutbound(EditOutbound, PresentsControlNotices, PresentsInteractions):
     """The bot's sending side (see the module docstring)."""
 
     def __init__(self, rest: RestClient, store: ChannelStore, epoch: Callable[[], float]) -> None:

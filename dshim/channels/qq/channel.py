@@ -41,6 +41,7 @@ from dshim.channels.base import (
     Identity,
     ProbeResult,
     ProbeRows,
+    ReceivesEvents,
     ReplaySource,
     Secret,
     Verdict,
@@ -296,7 +297,7 @@ async def run(
 # --- replay --------------------------------------------------------------------------------------
 
 
-class QQReplayAdapter:
+class QQReplayAdapter(ReceivesEvents):
     """Decodes fixture frames with the real mapping; quotes read the replay's store, and
     guild lookups go through ``fx.http`` (the fixture's recorded exchanges).
 

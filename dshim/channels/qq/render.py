@@ -55,7 +55,7 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt
+from dshim.channels.base import InteractionPrompt, WatchesDelivery
 from dshim.channels.kit import Backoff
 from dshim.channels.qq import models as m
 from dshim.channels.qq.client import QQApi
@@ -473,7 +473,7 @@ def _route(target: ReplyTarget) -> Route:
 # --- groups ------------------------------------------------------------------------------------
 
 
-class GroupStream:
+class GroupStream(WatchesDelivery):
     """A group answer: "working…" after 10 s, a cut 30 s before the window ends."""
 
     def __init__(self, out: QQOutbound, route: Route, budget: PassiveBudget) -> None:
@@ -586,7 +586,7 @@ class _Message:
         self.unsure: list[tuple[str, int]] = []
 
 
-class C2CStream:
+class C2CStream(WatchesDelivery):
     """A C2C answer on QQ's native stream (see the module docstring)."""
 
     def __init__(self, out: QQOutbound, route: Route, budget: PassiveBudget) -> None:

@@ -70,7 +70,16 @@ from typing import Any, TypeVar
 import structlog
 import trio
 
-from dshim.channels.base import CONTROL_ACTIONS, ControlNotice, InteractionPrompt
+from dshim.channels.base import (
+    CONTROL_ACTIONS,
+    ControlNotice,
+    FindsDirectTargets,
+    InteractionPrompt,
+    PresentsControlNotices,
+    PresentsInteractions,
+    WatchesDelivery,
+    WatchesStop,
+)
 from dshim.channels.kit import Backoff
 from dshim.channels.slack.client import WebClient
 from dshim.channels.slack.protocol import (
@@ -92,7 +101,9 @@ from dshim.render import (
     ChatPacer,
     EditOutbound,
     EditStream,
+    IdempotentSends,
     Limits,
+    ProbesReachable,
     open_edit_stream,
 )
 
@@ -153,7 +164,7 @@ class Adopted:
     sent_at: float
 
 
-class SlackTransport:
+class SlackTransport(IdempotentSends, ProbesReachable):
     """One answer's messages on the fallback path (:class:`dshim.render.StreamTransport`).
 
     A substitute turn's answer (``target.anchor``) is placed by its anchor: ``thread`` in
@@ -229,7 +240,7 @@ class SlackTransport:
         await self.web.auth_test()
 
 
-class NativeStream:
+class NativeStream(WatchesDelivery, WatchesStop):
     """One answer streamed with ``chat.startStream`` / ``appendStream`` / ``stopStream``.
 
     Implements :class:`dshim.outbound.ReplyStream` with ``watch_delivery`` and
@@ -571,7 +582,7 @@ class _Press:
     value: str
 
 
-class SlackOutbound(EditOutbound):
+class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, PresentsInteractions):
     """The channel's :class:`dshim.outbound.Outbound` (see the module docstring)."""
 
     def __init__(

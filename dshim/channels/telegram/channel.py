@@ -28,6 +28,7 @@ from dshim.channels.base import (
     ChannelSettings,
     ChannelSpec,
     Check,
+    Collecting,
     FixtureError,
     Identity,
     ProbeResult,
@@ -181,7 +182,7 @@ async def _set_commands(client: BotApiClient) -> None:
 _Ready = tuple[InboundMessage | Skip, bytes, int]
 
 
-class ReplayAdapter:
+class ReplayAdapter(Collecting):
     """Decodes fixture events (Update objects) with the real mapping code, and collects
     albums as the reader does (:class:`~.protocol.AlbumCollector`, on the replay's
     timeline: ``dshim.channels.base.Collecting``)."""

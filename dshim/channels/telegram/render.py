@@ -33,7 +33,7 @@ from dshim.channels.telegram.protocol import (
     utf16_len,
 )
 from dshim.model import ReplyTarget
-from dshim.render import ChatPacer, EditOutbound, Limits
+from dshim.render import ChatPacer, EditOutbound, Limits, ProbesReachable
 
 log = structlog.get_logger("dshim.telegram")
 
@@ -54,7 +54,7 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-class TelegramTransport:
+class TelegramTransport(ProbesReachable):
     """The edit engine's transport for one answer (see :mod:`dshim.render`)."""
 
     def __init__(self, outbound: TelegramOutbound, target: ReplyTarget) -> None:

@@ -49,6 +49,7 @@ from dshim.channels.base import (
     LoggedMessage,
     ProbeResult,
     ProbeRows,
+    ReceivesEvents,
     ReplaySource,
     WebSocket,
     WebSocketClosed,
@@ -418,7 +419,7 @@ async def run(
 # --- replay ---------------------------------------------------------------------------------
 
 
-class WebchatReplayAdapter:
+class WebchatReplayAdapter(ReceivesEvents):
     """Maps fixture events (``send`` frames with ``user`` and ``kind``) with the real code;
     each event is logged, like a live one, before the pipeline gets it."""
 

@@ -31,7 +31,13 @@ from dataclasses import dataclass
 import structlog
 import trio
 
-from dshim.channels.base import ChannelStore, InteractionPrompt, LoggedMessage
+from dshim.channels.base import (
+    ChannelStore,
+    InteractionPrompt,
+    LoggedMessage,
+    PresentsInteractions,
+    WatchesDelivery,
+)
 from dshim.channels.webchat import protocol
 from dshim.channels.webchat.client import Tabs
 from dshim.errors import StoreError
@@ -68,7 +74,7 @@ class Pending:
     frame: str
 
 
-class WebchatOutbound:
+class WebchatOutbound(PresentsInteractions):
     """The channel's :class:`dshim.outbound.Outbound` (with buttons for interactions)."""
 
     def __init__(
@@ -196,7 +202,7 @@ class WebchatOutbound:
             )
 
 
-class WebchatStream:
+class WebchatStream(WatchesDelivery):
     """One streamed answer (:class:`dshim.outbound.ReplyStream`, with ``watch_delivery``)."""
 
     def __init__(self, outbound: WebchatOutbound, target: ReplyTarget) -> None:

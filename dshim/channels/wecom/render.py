@@ -60,7 +60,7 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt
+from dshim.channels.base import InteractionPrompt, PresentsInteractions, WatchesDelivery
 from dshim.channels.kit import Backoff
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import WecomLink
@@ -119,7 +119,7 @@ class PendingCard:
     options: list[Option]
 
 
-class WecomOutbound:
+class WecomOutbound(PresentsInteractions):
     """The channel's :class:`dshim.outbound.Outbound`, with button cards."""
 
     def __init__(
@@ -426,7 +426,7 @@ class _Done:
     completed_at: float
 
 
-class WecomStream:
+class WecomStream(WatchesDelivery):
     """One streamed answer (:class:`dshim.outbound.ReplyStream` with ``watch_delivery``)."""
 
     def __init__(self, out: WecomOutbound, target: ReplyTarget) -> None:

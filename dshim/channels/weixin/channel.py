@@ -44,6 +44,7 @@ from dshim.channels.base import (
     OutboundEntry,
     ProbeResult,
     ProbeRows,
+    ReceivesEvents,
     ReplaySource,
     RetractOutcome,
     Secret,
@@ -450,7 +451,7 @@ async def login(ctx: LoginContext) -> int:
 # --- replay ---------------------------------------------------------------------------------
 
 
-class ReplayAdapter:
+class ReplayAdapter(ReceivesEvents):
     """Decodes fixture events (WeixinMessage objects) with the real mapping code.
 
     Each accepted-to-be message is recorded in the fixture's message index right before

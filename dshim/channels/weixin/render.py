@@ -44,7 +44,7 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from dshim.channels.base import ChannelStore
+from dshim.channels.base import ChannelStore, WatchesDelivery
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.http import count_request
 from dshim.channels.weixin import protocol
@@ -379,7 +379,7 @@ def _context_of(target: ReplyTarget) -> protocol.ContextToken | None:
     return route.context if isinstance(route, protocol.Route) else None
 
 
-class WeixinStream:
+class WeixinStream(WatchesDelivery):
     """One answer: typing until it is complete, then delivered in one go."""
 
     def __init__(

@@ -44,6 +44,7 @@ from dshim.channels.base import (
     ChannelSpec,
     ChannelStore,
     Check,
+    ExpandsEvents,
     FixtureError,
     HttpRequest,
     HttpResponse,
@@ -51,6 +52,7 @@ from dshim.channels.base import (
     Inbound,
     ProbeResult,
     ProbeRows,
+    ReceivesEvents,
     ReplaySource,
     Secret,
 )
@@ -400,7 +402,7 @@ async def run(
 # --- replay -------------------------------------------------------------------------------
 
 
-class ReplayAdapter:
+class ReplayAdapter(ExpandsEvents, ReceivesEvents):
     """Decodes fixture events (webhook POST bodies) with the real mapping code.
 
     ``expand`` cuts a body into its messages and statuses, as the live webhook does;

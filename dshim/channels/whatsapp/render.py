@@ -37,14 +37,14 @@ from contextlib import asynccontextmanager
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt
+from dshim.channels.base import InteractionPrompt, PresentsInteractions, WatchesDelivery
 from dshim.channels.kit.http import count_request
 from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import GraphClient
 from dshim.channels.whatsapp.protocol import WindowClosed
 from dshim.errors import AuthError, ChannelError
 from dshim.model import Delivered, ReplyTarget
-from dshim.render import ChatPacer, EditOutbound, EditStream, Limits
+from dshim.render import ChatPacer, EditOutbound, EditStream, Limits, ProbesReachable
 
 log = structlog.get_logger("dshim.whatsapp")
 
@@ -70,7 +70,7 @@ def _phone(target: ReplyTarget) -> str | None:
     return target.route if isinstance(target.route, str) else None
 
 
-class WhatsAppTransport:
+class WhatsAppTransport(ProbesReachable):
     """The engine's transport for one answer: sends and the typing indicator, no edits."""
 
     def __init__(self, outbound: WhatsAppOutbound, target: ReplyTarget) -> None:
@@ -105,7 +105,7 @@ class WhatsAppTransport:
         await self._outbound.client.phone_number()
 
 
-class WhatsAppOutbound(EditOutbound):
+class WhatsAppOutbound(EditOutbound, PresentsInteractions):
     """Sends notices and answers for one business number."""
 
     def __init__(
@@ -219,7 +219,7 @@ class WhatsAppOutbound(EditOutbound):
         yield [Delivered(message_id=wamid, text=prompt.text, sent_at=sent_at, completed_at=sent_at)]
 
 
-class WhatsAppStream:
+class WhatsAppStream(WatchesDelivery):
     """A :class:`~dshim.outbound.ReplyStream` over the engine: the final text converted
     to WhatsApp formatting; intermediate text and progress notes are not shown."""
 
