@@ -11,6 +11,8 @@ module in brackets (under ``dshim.channels`` for a channel, else under ``dshim``
     ├── ConfigError                 bad dshim.toml / environment; names the key path (exit 2)
     ├── StoreError                  the store cannot be opened, migrated or written: exit 1 at
     │                               start; in a turn the answer is still delivered
+    ├── FixtureError                [channels.base] replay: a fixture it cannot use (that fixture
+    │                               fails with one line, the others run)
     ├── ChannelError                anything a platform did to us (``status``, ``code`` when it
     │   │                           said them); a send failing with it is *refused*
     │   ├── TransportError          network failure, timeout, 5xx: retry with backoff; a send is
@@ -88,8 +90,6 @@ module's own control flow and the :mod:`dshim.testing` fakes' errors are their p
 * BadId, BadTime [channels.kit.ids] — ``ValueError`` signals of the id and time checks,
   caught in each channel's decode and turned into the ``malformed`` drop; they never leave
   it.
-* FixtureError [channels.base] — replay: a fixture it cannot use (that fixture fails, the
-  others run).  Not yet a ``DshimError``: it belongs under it (it is a handled failure).
 
 Foreign exceptions (httpx, trio-websocket, sqlite3, msgspec) are mapped once, at the
 boundary that caught them, with ``raise X from exc``.  Every error that can carry an HTTP

@@ -80,6 +80,7 @@ import msgspec
 import trio
 
 from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
+from dshim.errors import DshimError
 from dshim.model import Delivered, InboundMessage, ReplyTarget, Skip, Verdict
 from dshim.outbound import (
     CONTROL_ACTIONS,
@@ -159,7 +160,7 @@ ProbeResult = Literal["ok", "warn", "fail"]
 RetractOutcome = Literal["dropped", "stopped", "none"]
 
 
-class FixtureError(Exception):
+class FixtureError(DshimError):
     """A replay fixture cannot be used (missing bot identity, wrong shape...)."""
 
 
