@@ -7,14 +7,101 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Awaitable, Callable
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.channel_contract import ChannelRig, RecordingHarness
-from tests.test_capture import _replay, capturing
+import trio
+
+from dshim.capture import open_capture
+from dshim.config import parse_config
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from tests.channel_contract import BOT, ChannelRig, RecordingHarness
+from tests.helpers import Clock
 
 Script = Callable[[], Awaitable[None]]
+REPO = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def capturing(
+    rig: ChannelRig,
+    data_dir: Path,
+    capture_dir: Path,
+    harness: RecordingHarness,
+    *,
+    harness_table: dict[str, Any] | None = None,
+) -> AsyncIterator[None]:
+    """The rig's bot under serve_bots with ``[dshim] capture_dir`` (and ``[harness]``
+    as ``harness_table`` says, for what the capture reads of it; ``harness`` answers);
+    leaving stops it and writes the capture."""
+    table = {"name": BOT, "channel": rig.channel.key, **rig.bot_table()}
+    doc: dict[str, Any] = {"dshim": {"capture_dir": str(capture_dir)}, "bots": [table]}
+    if harness_table is not None:
+        doc["harness"] = harness_table
+    config = parse_config(doc, env={})
+    clock = Clock()
+    shutdown = trio.Event()
+    done = trio.Event()
+    async with (
+        open_store(data_dir, inline=True) as store,
+        open_capture(config, clock=clock, data_dir=data_dir, inline=True) as capture,
+        trio.open_nursery() as nursery,
+    ):
+        assert capture is not None
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            await serve_bots(
+                config,
+                store,
+                shutdown=shutdown,
+                channels={BOT: rig.channel},
+                clock=clock,
+                harness=harness,
+                capture=capture,
+                task_status=task_status,
+            )
+            done.set()
+
+        await nursery.start(serve)
+        try:
+            yield
+        finally:
+            shutdown.set()
+            with trio.fail_after(120):
+                await done.wait()
+
+
+def replay(*args: str) -> subprocess.CompletedProcess[str]:
+    # Blocking on purpose: under the autojump clock a wait would jump to the deadline.
+    return subprocess.run(  # noqa: ASYNC221
+        [sys.executable, "-m", "dshim", "replay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def replay_lines(cap: Path, harness: RecordingHarness) -> list[dict[str, Any]]:
+    """``dshim replay --check`` passes on every captured file, and the prompts replay
+    prints are byte for byte the ones ``harness`` received live; the printed lines."""
+    files = sorted(cap.rglob("*.json"))
+    assert files, "nothing captured"
+    checked = replay("--check", str(cap))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"{len(files)} passed, 0 failed" in checked.stdout
+    printed = replay(str(cap))
+    assert printed.returncode == 0, printed.stderr
+    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
+    assert replayed == sorted(harness.texts())
+    return lines
 
 
 async def captured(
@@ -48,17 +135,8 @@ def check_round_trip(
     """``dshim replay --check`` passes on the capture, its prompts are the live ones byte
     for byte, the drop reasons are ``drops`` (None: at least a duplicate and an
     unaddressed one), no captured byte holds a secret, modes are private; the lines."""
-    files = sorted(cap.rglob("*.json"))
-    assert files, "nothing captured"
-    checked = _replay("--check", str(cap))
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"{len(files)} passed, 0 failed" in checked.stdout
-    printed = _replay(str(cap))
-    assert printed.returncode == 0, printed.stderr
-    lines = [json.loads(x) for x in printed.stdout.splitlines()]
-    replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
-    assert replayed == sorted(harness.texts())
-    assert len(replayed) == prompts
+    lines = replay_lines(cap, harness)
+    assert len([x for x in lines if x["kind"] == "prompt"]) == prompts
     seen = {x["reason"] for x in lines if x["kind"] == "drop"}
     if drops is None:
         assert {"duplicate", "unaddressed"} <= seen, seen

@@ -12,10 +12,7 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +22,7 @@ import trio
 from dshim.capture import Capture, enforce_keep, open_capture, write_atomic
 from dshim.config import parse_config
 from dshim.replay import load_fixture
-from dshim.serve import serve_bots
-from dshim.store import open_store
+from tests.capture_kit import capturing, replay_lines
 from tests.channel_contract import BOT, ChannelRig, RecordingHarness, echo_of, final_texts
 from tests.helpers import Clock
 from tests.rig_feishu import FeishuRig
@@ -43,55 +39,6 @@ CAPTURE_RIGS: dict[str, Callable[[], ChannelRig]] = {
     "telegram": TelegramRig,
     "webchat": WebchatRig,
 }
-
-
-@asynccontextmanager
-async def capturing(
-    rig: ChannelRig,
-    data_dir: Path,
-    capture_dir: Path,
-    harness: RecordingHarness,
-    *,
-    harness_table: dict[str, Any] | None = None,
-) -> AsyncIterator[None]:
-    """The rig's bot under serve_bots with ``[dshim] capture_dir`` (and ``[harness]``
-    as ``harness_table`` says, for what the capture reads of it; ``harness`` answers);
-    leaving stops it and writes the capture."""
-    table = {"name": BOT, "channel": rig.channel.key, **rig.bot_table()}
-    doc: dict[str, Any] = {"dshim": {"capture_dir": str(capture_dir)}, "bots": [table]}
-    if harness_table is not None:
-        doc["harness"] = harness_table
-    config = parse_config(doc, env={})
-    clock = Clock()
-    shutdown = trio.Event()
-    done = trio.Event()
-    async with (
-        open_store(data_dir, inline=True) as store,
-        open_capture(config, clock=clock, data_dir=data_dir, inline=True) as capture,
-        trio.open_nursery() as nursery,
-    ):
-        assert capture is not None
-
-        async def serve(task_status: trio.TaskStatus[None]) -> None:
-            await serve_bots(
-                config,
-                store,
-                shutdown=shutdown,
-                channels={BOT: rig.channel},
-                clock=clock,
-                harness=harness,
-                capture=capture,
-                task_status=task_status,
-            )
-            done.set()
-
-        await nursery.start(serve)
-        try:
-            yield
-        finally:
-            shutdown.set()
-            with trio.fail_after(120):
-                await done.wait()
 
 
 async def _conversation(rig: ChannelRig, harness: RecordingHarness) -> None:
@@ -198,18 +145,6 @@ async def _run_capture(
     return harness
 
 
-def _replay(*args: str) -> subprocess.CompletedProcess[str]:
-    # Blocking on purpose: under the autojump clock a wait would jump to the deadline.
-    return subprocess.run(  # noqa: ASYNC221
-        [sys.executable, "-m", "dshim", "replay", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("channel", sorted(CAPTURE_RIGS))
 async def test_a_capture_replays_to_exactly_what_the_harness_received(
     channel: str, tmp_path: Path, autojump_clock: trio.abc.Clock
@@ -218,17 +153,9 @@ async def test_a_capture_replays_to_exactly_what_the_harness_received(
     steps = LOOKUP_STEPS.get(channel)
     harness = await _run_capture(rig, tmp_path, steps)
     cap = tmp_path / "cap"
-    files = sorted(cap.rglob("*.json"))
-    assert files, "nothing captured"
-    checked = _replay("--check", str(cap))
-    assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert f"{len(files)} passed, 0 failed" in checked.stdout
-    # The prompts replay gives are byte for byte the ones the harness received live.
-    printed = _replay(str(cap))
-    assert printed.returncode == 0, printed.stderr
-    lines = [json.loads(x) for x in printed.stdout.splitlines()]
+    # --check passes; the prompts replay gives are byte for byte the ones received live.
+    lines = replay_lines(cap, harness)
     replayed = sorted(x["text"] for x in lines if x["kind"] == "prompt")
-    assert replayed == sorted(harness.texts())
     # The shared conversation's three prompts, the looked-up quote's, QQ's "once only".
     assert len(replayed) == (3 if steps is None else 5 if channel == "qq" else 4)
     # The quote of the bot's answer was recovered (from the index or the transcript).
@@ -239,6 +166,7 @@ async def test_a_capture_replays_to_exactly_what_the_harness_received(
         # The looked-up quote reached the harness live, and its exchange is in the capture,
         # which answered replay's own request.
         assert sum(LOOKED_UP in t for t in harness.texts()) == 1
+        files = sorted(cap.rglob("*.json"))
         captured = [x for p in files for x in json.loads(p.read_bytes())["http"]]
         assert captured and all(x["status"] == 200 for x in captured), captured
         assert any(x["kind"] == "http" for x in lines)

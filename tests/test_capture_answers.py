@@ -12,9 +12,10 @@ import trio
 
 from dshim.harness.base import TurnContext
 from dshim.model import PromptPart, TextDelta, TextPart, TurnEnd, TurnEvent
+from tests.capture_kit import capturing
+from tests.capture_kit import replay as _replay
 from tests.channel_contract import RecordingHarness, final_texts
 from tests.rig_telegram import TelegramRig
-from tests.test_capture import _replay, capturing
 
 
 class ScriptedAgent(RecordingHarness):

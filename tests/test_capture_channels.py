@@ -29,11 +29,11 @@ from dshim.replay import load_fixture
 from dshim.testing.fakes.weixin import FakeWeixin
 from dshim.testing.fakes.whatsapp import TEST_APP_SECRET, TEST_VERIFY_TOKEN
 from tests.capture_kit import Script, captured, check_round_trip, fixtures_of
+from tests.capture_kit import replay as _replay
 from tests.channel_contract import RecordingHarness, echo_of, final_texts
 from tests.rig_discord import DiscordRig
 from tests.rig_weixin import WeixinRig
 from tests.rig_whatsapp import GROUP_ID, WhatsAppRig
-from tests.test_capture import _replay
 
 # --- Discord ------------------------------------------------------------------------------
 

@@ -22,10 +22,10 @@ import trio
 
 from dshim.model import ImagePart
 from tests.capture_kit import Script, captured, captured_bytes, check_round_trip, fixtures_of
+from tests.capture_kit import replay as _replay
 from tests.channel_contract import RecordingHarness, echo_of, final_texts
 from tests.rig_dingtalk import DingTalkRig
 from tests.rig_wecom import WecomRig
-from tests.test_capture import _replay
 
 # --- DingTalk -------------------------------------------------------------------------------
 
