@@ -15,9 +15,10 @@ order, and awaits it.  ``accept`` runs steps 1-6 of DESIGN.md §3 on the reader'
    quoted or forwarded message is never a command, a /batch control word or an answer);
 6. enqueue on the conversation's lane (bounded; overflow gets a visible "busy" reply).
 
-The judgements of steps 1-4 are pure (:mod:`dshim.pipeline.gates`); batch input is
-:mod:`dshim.pipeline.batch`, interaction answers :mod:`dshim.pipeline.interactions`,
-notices :mod:`dshim.pipeline.notices`.  When ``accept`` returns, the event is durable: a
+The judgements of steps 1-4 are pure (:mod:`dshim.pipeline.gates`); commands are the
+table in :mod:`dshim.pipeline.commands`, batch input is :mod:`dshim.pipeline.batch`,
+interaction answers :mod:`dshim.pipeline.interactions`, notices
+:mod:`dshim.pipeline.notices`.  When ``accept`` returns, the event is durable: a
 channel may confirm it to the platform (advance an offset, ack an envelope).  Step 7 — the
 turn — runs later on the lane's task (:mod:`dshim.pipeline.turn`).  Nothing before step 7
 does network lookups for quoted messages, so unaddressed, duplicate, denied or stale
@@ -46,6 +47,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -58,7 +60,7 @@ from dshim.backoff import Backoff
 from dshim.config import BotConfig, Config, SubstituteTarget, backlog_max_age
 from dshim.errors import DshimError, HarnessError, single_error
 from dshim.harness import create_harness, open_harness
-from dshim.harness.base import ClosesSessions, Harness, HasAgentCommands
+from dshim.harness.base import ClosesSessions, Harness
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, SubstituteTurn, Verdict
 from dshim.outbound import Outbound
@@ -71,7 +73,7 @@ from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
 from dshim.pipeline.notices import Notifier, Outcome, short
 from dshim.pipeline.observer import Observer
-from dshim.pipeline.substitute import SubstituteGate, chat_allowed
+from dshim.pipeline.substitute import SubstituteGate
 from dshim.pipeline.turn import TurnDeps, run_turn
 from dshim.store.base import InboxEntry, OutboxEntry, Store
 
@@ -100,7 +102,6 @@ RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
 
 BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
 INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
-STATUS_TIMEOUT_S = 5.0
 LATE_ANSWER_TEXT = (
     "The answer to this message could not be delivered in time (the platform was"
     " unreachable). Send it again to retry."
@@ -130,18 +131,6 @@ class _Judged(NamedTuple):
 
 
 _substitute_decoder = msgspec.json.Decoder(SubstituteTurn)
-SUBSTITUTE_ACTIONS = {
-    "": "status",
-    "status": "status",
-    "on": "on",
-    "enable": "on",
-    "开启": "on",
-    "开": "on",
-    "off": "off",
-    "disable": "off",
-    "关闭": "off",
-    "关": "off",
-}
 
 
 class BotRuntime:
@@ -459,59 +448,25 @@ class BotRuntime:
     async def _command(
         self, msg: InboundMessage, command: cmds.Command, batch: Batch | None
     ) -> None:
-        name = command.name
-        if command.args and name not in cmds.TAKES_ARGS:
-            await self._reply(msg, f"Usage: /{name} (without arguments). /help lists the commands.")
-            return
-        if name in ("batch", "send", "cancel"):
-            await self._batch_step(msg, self.batches.command(msg, name))
-            return
-        if batch is not None and name not in ("help", "status", "stop"):
-            await self._reply(
-                msg,
-                "A batch is being collected: send /send to submit it or /cancel to discard it first.",
-            )
-            return
-        if name == "help":
-            text = cmds.help_text(self._agent_commands())
-            if self.bot.substitute.enabled:
-                text = text.replace("\n/help", f"\n{cmds.HELP_SUBSTITUTE}\n/help", 1)
-            await self._reply(msg, text)
-        elif name == "agent":
-            if not command.args:
-                await self._reply(msg, cmds.AGENT_USAGE)
-                return
-            await self._enqueue(
-                LaneItem(
-                    kind="turn",
-                    msg=msg,
-                    text=cmds.agent_prompt(command.args),
-                    inbox_keys=[(msg.conversation_id, msg.message_id)],
-                )
-            )
-        elif name == "stop":
-            lane = self.lanes.get(msg.lane_key)
-            stopped = lane.stop() if lane is not None else False
-            rejected = self.interactions.cancel_for(msg.lane_key)
-            if stopped:
-                log.info("turn_stop_requested", conversation=msg.conversation_id)
-                await self._finish_inbox(msg)
-            elif rejected:
-                await self._reply(msg, "Stopped: the pending request was rejected.")
-            else:
-                await self._reply(msg, "Nothing to stop.")
-        elif name == "new":
-            await self._enqueue(
-                LaneItem(kind="new", msg=msg, inbox_keys=[(msg.conversation_id, msg.message_id)])
-            )
-        elif name == "status":
-            self._spawn(self._status, msg)
-        elif name in ("models", "model", "steer"):
-            self._spawn(self._harness_command, msg, command)
-        elif name == "substitute":
-            await self._reply(msg, await self._substitute_command(msg, command.args))
-        else:  # pragma: no cover - KNOWN_COMMANDS and this switch are kept in step
-            raise AssertionError(name)
+        """Step 5 for a parsed command: through the table of :mod:`dshim.pipeline.commands`."""
+        ctx = cmds.CommandContext(
+            msg=msg,
+            command=command,
+            bot=self.bot,
+            harness=self.harness,
+            store=self.store,
+            clock=self.clock,
+            lanes=self.lanes,
+            interactions=self.interactions,
+            substitute=self.substitute,
+            batches=self.batches,
+            reply=partial(self._reply, msg),
+            finish=partial(self._finish_inbox, msg),
+            enqueue=self._enqueue,
+            spawn=self._spawn,
+            batch_step=partial(self._batch_step, msg),
+        )
+        await cmds.dispatch(ctx, batching=batch is not None)
 
     async def substitute_control(
         self,
@@ -533,36 +488,6 @@ class BotRuntime:
         await self.substitute.set_on(conversation_id, False)
         log.info("substitute_control", action=action, conversation=conversation_id)
         return "Substitute mode is off in that chat (/substitute on there turns it back on)."
-
-    async def _substitute_command(self, msg: InboundMessage, args: str) -> str:
-        """``/substitute status|on|off`` (see :mod:`dshim.pipeline.substitute`)."""
-        action = SUBSTITUTE_ACTIONS.get(args.strip().lower())
-        if action is None:
-            return "Usage: /substitute status|on|off"
-        if msg.conversation_type != "group":
-            return "/substitute works only in groups: it controls answering for others there."
-        if not msg.mentioned:
-            return (
-                "Mention me to use /substitute in a group (for example: @bot /substitute status)."
-            )
-        cfg = self.bot.substitute
-        if not cfg.enabled:
-            return "Substitute mode is not enabled for this bot (see [bots.substitute] in the configuration)."
-        if msg.in_thread and not cfg.topic_groups:
-            return "Substitute mode is disabled for topic groups and threads on this bot (topic_groups = false)."
-        if not chat_allowed(cfg, msg.conversation_id):
-            return (
-                "Substitute mode does not apply to this chat (it is not in the bot's chats list)."
-            )
-        if action != "status":
-            if not self.bot.access.operates(msg.sender_id):
-                return "Only the bot's operators may turn substitute mode on or off."
-            await self.substitute.set_on(msg.conversation_id, action == "on")
-            log.info("substitute_toggled", on=action == "on", conversation=msg.conversation_id)
-        on = await self.substitute.is_on(msg.conversation_id)
-        names = ", ".join(t.name or t.prompt_id() for t in cfg.targets)
-        state = "on" if on else "off"
-        return f"Substitute mode is {state} in this chat (answering for: {names})."
 
     async def _batch_step(self, msg: InboundMessage, step: Step) -> None:
         """Carry out what the batch logic decided for ``msg``."""
@@ -591,75 +516,6 @@ class BotRuntime:
                 self.activity.done()
 
         self._nursery.start_soon(run)
-
-    async def _status(self, msg: InboundMessage) -> None:
-        try:
-            with trio.fail_after(STATUS_TIMEOUT_S):
-                detail = await self.harness.check()
-            harness_line = f"Harness ({self.harness.kind}): reachable — {detail}"
-        except (HarnessError, trio.TooSlowError, OSError) as exc:
-            harness_line = f"Harness ({self.harness.kind}): NOT reachable — {short(exc)}"
-        binding = await self.store.get_binding(self.bot.name, *msg.lane_key)
-        if binding is None:
-            session_line = "Session: none bound (the next message starts one)"
-        else:
-            title = f" “{binding.title}”" if binding.title else ""
-            session_line = f"Session: bound{title}"
-        lane = self.lanes.get(msg.lane_key)
-        running = 1 if lane is not None and lane.running is not None else 0
-        queued = lane.queued if lane is not None else 0
-        queue_line = (
-            f"Queue: {'1 answer running' if running else 'nothing running'}, {queued} waiting"
-        )
-        await self._reply(msg, "\n".join([harness_line, session_line, queue_line]))
-
-    async def _harness_command(self, msg: InboundMessage, command: cmds.Command) -> None:
-        binding = await self.store.get_binding(self.bot.name, *msg.lane_key)
-        session = binding.session_id if binding else None
-        try:
-            text = await self._harness_command_text(command, session, msg)
-        except HarnessError as exc:
-            text = f"The agent refused: {short(exc)}"
-        await self._reply(msg, text)
-
-    async def _harness_command_text(
-        self, command: cmds.Command, session: str | None, msg: InboundMessage
-    ) -> str:
-        if command.name == "steer":
-            if not command.args:
-                return "Usage: /steer <text>"
-            lane = self.lanes.get(msg.lane_key)
-            if lane is None or lane.running is None or session is None:
-                return "Nothing is running to steer."
-            if await self.harness.steer(session, command.args):
-                return "Sent to the running answer."
-            return "Steering is not supported by this agent; the message was not queued."
-        models = await self.harness.list_models(session)
-        if models is None:
-            return "This agent does not offer model selection."
-        if command.name == "models" or not command.args:
-            lines = [
-                f"{i}. {m.id}{' (current)' if m.current else ''}" for i, m in enumerate(models, 1)
-            ]
-            return "Models:\n" + "\n".join(lines) if lines else "The agent lists no models."
-        choice = command.args.strip()
-        if choice.isdigit():
-            index = int(choice)
-            if not 1 <= index <= len(models):
-                return f"There is no model {index}; /models lists {len(models)}."
-            choice = models[index - 1].id
-        if session is None:
-            session = await self.harness.create_session(title=None)
-            await self.store.set_binding(
-                self.bot.name, *msg.lane_key, session, title=None, now=self.clock()
-            )
-        selected = await self.harness.select_model(session, choice)
-        return f"Model set to {selected}."
-
-    def _agent_commands(self) -> list[tuple[str, str]]:
-        if not isinstance(self.harness, HasAgentCommands):
-            return []
-        return [(c.name, c.description) for c in self.harness.agent_commands]
 
     # -- harness sessions of idle conversations ----------------------------------------
 
