@@ -202,11 +202,13 @@ async def test_a_capture_seeds_the_bot_s_answer_a_quote_was_resolved_from(
 
 
 def test_capture_off_writes_nothing_and_gives_no_bot_a_capture(tmp_path: Path) -> None:
-    config = parse_config({"bots": [{"name": "web", "channel": "webchat"}]}, env={})
+    table = {"data_dir": str(tmp_path)}
+    config = parse_config({"dshim": table, "bots": [{"name": "web", "channel": "webchat"}]}, env={})
 
     async def main() -> None:
-        async with open_capture(config, clock=lambda: 0.0) as capture:
-            assert capture is None
+        with trio.fail_after(30):
+            async with open_capture(config, clock=lambda: 0.0, data_dir=tmp_path) as capture:
+                assert capture is None
 
     trio.run(main)
     assert list(tmp_path.iterdir()) == []
@@ -275,7 +277,8 @@ def test_a_file_past_capture_max_mb_continues_in_a_new_part(tmp_path: Path) -> N
                 content="x" * 400,
             )
             bc.event(item, json.dumps({"type": "send", "text": "x" * 400}).encode())
-            await cap.flush()
+            with trio.fail_after(30):
+                await cap.flush()
 
     trio.run(main)
     names = sorted(p.name for p in (tmp_path / "web" / "dm").iterdir())

@@ -41,7 +41,12 @@ def test_a_secret_registered_later_is_masked_in_a_text_seen_before(tmp_path: Pat
     event(1)  # not a secret yet: kept as it is
     register_secret(token)
     event(2)
-    trio.run(cap.flush)
+
+    async def flush() -> None:
+        with trio.fail_after(30):
+            await cap.flush()
+
+    trio.run(flush)
     [path] = (tmp_path / "web" / "dm").iterdir()
     events = json.loads(path.read_bytes())["events"]
     assert token in events[0]["text"]

@@ -94,7 +94,7 @@ async def test_calls_lost_after_processing_show_at_most_one_extra_copy(
             await trio.sleep(300)
     for i in range(len(USERS)):
         texts = shown(fake, i)
-        assert texts.count(answer_of(fake, i)) in (1, 2), texts
+        assert texts.count(answer_of(fake, i)) in (1, 2) and len(texts) <= 2, texts
         assert all(answer_of(fake, i).startswith(t) for t in texts), texts
     assert restarts(logs) == []
 

@@ -84,7 +84,7 @@ async def test_stream_calls_lost_after_processing_show_at_most_one_extra_copy(
     for user in USERS:
         answer = answer_of(user, question(user))
         texts = shown(fake, user)
-        assert texts.count(answer) in (1, 2), texts
+        assert texts.count(answer) in (1, 2) and len(texts) <= 2, texts
         assert all(answer.startswith(t) for t in texts), texts  # at most a cut-off preview
     assert restarts(logs) == []
 
