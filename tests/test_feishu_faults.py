@@ -115,3 +115,21 @@ async def test_an_outage_longer_than_the_retries_delivers_the_answer_when_back(
             await trio.sleep(300)
     assert shown(fake, 0) == [answer_of(fake, 0)]
     assert restarts(logs) == []
+
+
+async def test_answers_lost_for_hours_are_not_repeated_past_the_uuid_hour(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    # Every send is processed but its answer lost, for longer than Feishu's one-hour uuid
+    # window: the outbox repeats the answer only while a repeat is the same send, then
+    # gives it up as unknown (it may well be on screen), never a loop of copies.
+    with trio.fail_after(DEADLINE * 10):
+        async with running_bot(tmp_path, deadline=DEADLINE * 10) as (bot, fake):
+            fake.dm_chats[USERS[0]["open_id"]] = CHATS[0]
+            await fake.user_message(CHATS[0], question(0), sender=USERS[0])
+            await trio.sleep(0.5)
+            fake.outage(5400.0, "lost", SENDS)
+            await trio.sleep(3600 + 600)
+            calls = sum(len(fake.calls_to(op)) for op in SENDS)
+            await trio.sleep(1200)  # still within the outage: nothing is tried any more
+            assert sum(len(fake.calls_to(op)) for op in SENDS) == calls

@@ -518,6 +518,11 @@ class FeishuStream(WatchesDelivery):
         return delivered
 
 
+#: How long Feishu takes a repeated ``uuid`` for the same send (one hour), with a margin.
+UUID_DEDUP_S = 3000.0
+UNCONFIRMED_KEPT = 1024
+
+
 def _unconfirmed(exc: TransportError) -> TransportError:
     """A send that stayed unconfirmed through every retry with its uuid, as not delivered.
 
@@ -554,6 +559,9 @@ class FeishuOutbound(EditOutbound, PresentsControlNotices, PresentsInteractions)
         #: Control notices sent since the start, by card message id (a press shows its
         #: result under the notice's text; after a restart under an empty one).
         self._notices: dict[str, ControlNotice] = {}
+        #: Texts under a message whose send stayed unconfirmed, and since when (oldest
+        #: first, at most UNCONFIRMED_KEPT).
+        self._unconfirmed_since: dict[str, float] = {}
 
     def transport(self, target: ReplyTarget, text: str = "") -> FeishuTransport:
         # Under a message, the uuids follow from the message and the text: the outbox's
@@ -587,8 +595,20 @@ class FeishuOutbound(EditOutbound, PresentsControlNotices, PresentsInteractions)
                 pacer=self.pacer(target),
             )
         except TransportError as exc:
+            mid = target.reply_to_message_id
             unconfirmed = _unconfirmed(exc)
-            if unconfirmed is exc or target.reply_to_message_id is None:
+            if unconfirmed is exc or mid is None:
+                raise
+            # This is also the outbox's delivery: its repeats are one send to Feishu only
+            # within the uuid's hour, so an unknown outcome counts as "later" only while
+            # the first unconfirmed try of this text is younger than that; then *unknown*
+            # (never sent again), never a loop of copies.
+            key = f"{mid}:{uuid_for(text)}"
+            now = trio.current_time()  # the process's own clock (the epoch may be wound)
+            first = self._unconfirmed_since.setdefault(key, now)
+            while len(self._unconfirmed_since) > UNCONFIRMED_KEPT:
+                del self._unconfirmed_since[next(iter(self._unconfirmed_since))]
+            if now - first >= UUID_DEDUP_S:
                 raise
             raise unconfirmed from exc
 
