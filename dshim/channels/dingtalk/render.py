@@ -418,6 +418,8 @@ class CardStream(WatchesDelivery):
         self._track: str | None = None
         self._created = False
         self._deliver_unsure = False
+        #: A create of this card went out and its answer was lost (it may exist).
+        self._create_lost = False
 
     def adopt(self, card: OpenCard) -> None:
         """Finish a card an earlier attempt at this answer left open (no pump)."""
@@ -514,11 +516,11 @@ class CardStream(WatchesDelivery):
         if self._track is None:
             self._track = out.new_id()
         track_id = self._track
-        create_lost = False
 
         def lost_create() -> None:
-            nonlocal create_lost
-            create_lost = True
+            # Kept on the stream: a later call (finish after the pump gave up) that finds
+            # the card existing must know an earlier create may have made it.
+            self._create_lost = True
 
         def lost_delivery() -> None:
             self._deliver_unsure = True
@@ -536,7 +538,7 @@ class CardStream(WatchesDelivery):
                     return self._refused(exc)
                 raise
             except ChannelError as exc:
-                if not (create_lost and str(exc.code) == TRACK_EXISTS):
+                if not (self._create_lost and str(exc.code) == TRACK_EXISTS):
                     return self._refused(exc)
                 # The lost attempt made it: the card exists.
             self._created = True
