@@ -381,6 +381,15 @@ class BotCapture:
         self._files[conv] = f
         return f
 
+    def forget_before(self, today: str) -> None:
+        """Let go of the parts of earlier days once written: a conversation that went
+        quiet holds no memory, and its files fall under ``capture_keep_mb`` like any
+        other (only today's parts are kept from pruning).  One that speaks again starts
+        today's part."""
+        for conv, f in list(self._files.items()):
+            if not f.dirty and not f.path.name.startswith(today):
+                del self._files[conv]
+
     def event(self, item: InboundMessage | Skip, raw: bytes) -> None:
         """One event handed to the pipeline (before it is judged)."""
         conversation = item.conversation_id if isinstance(item, InboundMessage) else None
@@ -589,7 +598,9 @@ class Capture:
         """Write every changed file now, then keep the directory within its bound."""
         writes: list[tuple[Path, bytes]] = []
         active: set[Path] = set()
+        today = self.date(self.clock())
         for bc in self._bots:
+            bc.forget_before(today)  # written parts of earlier days: no longer protected
             bot = _encode(bc.bot_info)
             for f in bc.files:
                 active.add(f.path)
@@ -627,7 +638,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # os.write may take less than it was given (a full disk, a signal)
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -349,3 +349,51 @@ def test_lines_are_written_in_the_order_replay_gives_them(tmp_path: Path) -> Non
     [f] = bc.files
     assert [line["kind"] for line in f.expect] == ["prompt", "send", "drop"]
     assert f.expect[2]["index"] == 1
+
+
+def test_a_quiet_conversations_earlier_day_is_let_go_and_pruned_under_the_bound(
+    tmp_path: Path,
+) -> None:
+    from dshim.model import InboundMessage
+
+    now = [1_790_000_000.0]
+    config = parse_config(
+        {
+            "dshim": {"capture_dir": str(tmp_path), "capture_keep_mb": 0.0005},
+            "bots": [{"name": "web", "channel": "webchat"}],
+        },
+        env={},
+    )
+    cap = Capture.from_config(config, clock=lambda: now[0])
+    assert cap is not None
+    bc = cap.for_bot(config.bots[0])
+    assert bc is not None
+
+    def say(conversation: str) -> None:
+        item = InboundMessage(
+            channel="webchat",
+            bot_id="web",
+            message_id=f"u/{conversation}{now[0]}",
+            conversation_id=conversation,
+            conversation_type="direct",
+            sender_id="u",
+            content="x" * 400,
+        )
+        bc.event(item, json.dumps({"type": "send", "text": "x" * 400}).encode())
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            say("quiet")
+            await cap.flush()
+            now[0] += 86_400  # the next day: only the other conversation speaks
+            say("busy")
+            await cap.flush()
+
+    trio.run(main)
+    # The quiet conversation's old part is no longer held (in memory or from pruning):
+    # the keep bound (500 bytes) removed it; today's part of the busy one stays.
+    assert [f.path.parent.name for f in bc.files] == ["busy"]
+    assert not (tmp_path / "web" / "quiet").exists() or not list(
+        (tmp_path / "web" / "quiet").glob("*.json")
+    )
+    assert list((tmp_path / "web" / "busy").glob("*.json"))
