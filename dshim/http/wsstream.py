@@ -51,7 +51,7 @@ from hypercorn.protocol.ws_stream import WebsocketBuffer, WSStream
 from hypercorn.typing import WebsocketAcceptEvent
 from wsproto.events import CloseConnection, Message, Ping
 
-from dshim.http.app import RELEASE_KEY
+from dshim.http.app import CLOSE_WAIT_S, RELEASE_KEY
 from dshim.http.auth import client_key
 
 __all__ = [
@@ -80,7 +80,7 @@ WS_BUFFERED_PER_CLIENT = 2 * WS_MAX_MESSAGE
 #: How often a socket is pinged; one silent for a whole interval after a ping is closed.
 PING_INTERVAL_S = 20.0
 #: How long a refused socket waits for the peer's close before its connection ends.
-CLOSE_LINGER_S = 5.0
+CLOSE_LINGER_S = CLOSE_WAIT_S
 MESSAGE_TOO_BIG = 1009
 TRY_AGAIN_LATER = 1013
 GOING_AWAY = 1001
