@@ -144,6 +144,17 @@ class TransportError(ChannelError):
         super().__init__(message, status=status, code=code)
         self.request_sent = request_sent
 
+    @property
+    def outcome_unknown(self) -> bool:
+        """The request went out and no answer came back: the platform may have acted on
+        it (a send so failed is repeated at most once, unless it is idempotent)."""
+        return self.request_sent and self.status is None
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """``exc`` is a :class:`TransportError` whose request may have been acted on."""
+    return isinstance(exc, TransportError) and exc.outcome_unknown
+
 
 class RemoteProtocolError(ChannelError):
     """The platform answered with something that does not decode."""

@@ -115,7 +115,7 @@ def outcome_of(exc: DshimError) -> Outcome:
     again), ``later`` when it certainly did not and may work later (the platform is
     down or busy), ``refused`` when it never will (the chat is gone, the bot blocked)."""
     if isinstance(exc, TransportError):
-        return "unknown" if exc.request_sent and exc.status is None else "later"
+        return "unknown" if exc.outcome_unknown else "later"
     if isinstance(exc, (RateLimited, AuthError)):
         return "later"
     return "refused"

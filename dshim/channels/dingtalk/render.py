@@ -65,6 +65,7 @@ from dshim.errors import (
     PermissionDenied,
     RateLimited,
     TransportError,
+    outcome_unknown,
     single_error,
 )
 from dshim.model import AGENT_FAILED_NOTE, Delivered, ReplyTarget
@@ -113,7 +114,7 @@ class OpenCard:
 def unsure(exc: ChannelError) -> bool:
     """Whether a failed call may have been carried out: the request went out and no
     answer came back (a status, even a 5xx, is an answer)."""
-    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
+    return outcome_unknown(exc)
 
 
 def split(text: str) -> list[str]:

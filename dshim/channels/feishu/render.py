@@ -530,7 +530,7 @@ def _unconfirmed(exc: TransportError) -> TransportError:
     sends it again when Feishu is back (a notice's uuid follows from its text, so within
     Feishu's hour that repeat is the same send) -- one extra copy at worst, never a
     silently lost answer.  Other failures pass unchanged."""
-    if not (exc.request_sent and exc.status is None):
+    if not exc.outcome_unknown:
         return exc
     log.warning("answer_unconfirmed", error=str(exc)[:300])
     return TransportError(

@@ -80,6 +80,7 @@ from dshim.errors import (
     FatalChannelError,
     RateLimited,
     TransportError,
+    outcome_unknown,
     single_error,
 )
 from dshim.model import Delivered, Option, ReplyTarget
@@ -292,7 +293,7 @@ class _Retries:
 def unknown_outcome(exc: ChannelError) -> bool:
     """The request went out and no answer came back (timeout, connection lost after it
     was written): the platform may have processed it.  A status is an answer."""
-    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
+    return outcome_unknown(exc)
 
 
 class QQOutbound:

@@ -94,7 +94,14 @@ from dshim.channels.slack.protocol import (
     pieces,
     stream_suffix,
 )
-from dshim.errors import ChannelError, DshimError, RateLimited, TransportError, single_error
+from dshim.errors import (
+    ChannelError,
+    DshimError,
+    RateLimited,
+    TransportError,
+    outcome_unknown,
+    single_error,
+)
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import (
     BACKOFF_MAX_S,
@@ -821,7 +828,7 @@ async def _guard(task: Callable[[], Awaitable[None]]) -> None:
 def unsure(exc: ChannelError) -> bool:
     """Whether a failed call may have been carried out: the request went out and no
     answer came back (a status, even a 5xx, is an answer)."""
-    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
+    return outcome_unknown(exc)
 
 
 #: Between a control notice and the result of a press on it.

@@ -64,7 +64,7 @@ from dshim.channels.base import InteractionPrompt, PresentsInteractions, Watches
 from dshim.channels.kit import Backoff
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import WecomLink
-from dshim.errors import ChannelError, RateLimited, TransportError, single_error
+from dshim.errors import ChannelError, RateLimited, TransportError, outcome_unknown, single_error
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import BACKOFF_MAX_S, Limits, split_text
 
@@ -96,7 +96,7 @@ def unsure(exc: ChannelError) -> bool:
     """Whether a failed frame may have been carried out: it went out and no ack came
     (none in 5 s, or the socket closed first).  An ack, even a server error, is an answer;
     a frame that could not be written (the socket was down) certainly did nothing."""
-    return isinstance(exc, TransportError) and exc.request_sent and exc.status is None
+    return outcome_unknown(exc)
 
 
 def _undelivered(what: str, exc: ChannelError) -> TransportError:
@@ -681,7 +681,7 @@ class WecomStream(WatchesDelivery):
         seg = self._orphan if self._broken else self._cur
         if seg is None or self.route is None or not isinstance(exc, TransportError):
             return
-        if exc.request_sent and exc.status is None:
+        if exc.outcome_unknown:
             return  # pushed, maybe shown: not sent again
         if seg.shown or seg.sent_text:
             self._orphan = None

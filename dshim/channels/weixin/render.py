@@ -269,7 +269,7 @@ class WeixinOutbound:
                 await trio.sleep(exc.retry_after)
                 client_id = body["client_id"] = self.new_client_id()
             except TransportError as exc:
-                if exc.request_sent and exc.status is None:
+                if exc.outcome_unknown:
                     # Out, with no answer: it may be on the user's screen.  One repeat
                     # (same client_id), once the brief outage that lost it is over.
                     unsure += 1
