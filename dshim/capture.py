@@ -23,7 +23,7 @@ Every part is a complete fixture in the format :mod:`dshim.replay` reads:
   same observer events with the same code (:class:`dshim.pipeline.observer.Lines`);
 * ``http``, ``outbound``, ``history``: what a turn's quote was resolved from — the
   platform exchanges made while the quote resolved (the kit's HTTP client reports them
-  through :data:`dshim.channels.kit.http.EXCHANGES`, set only around ``reply.resolve``),
+  through :data:`dshim.net.http.EXCHANGES`, set only around ``reply.resolve``),
   and the message-index entries and transcript rows that could answer the quote, as
   they were just before it resolved.  Entries that replaying the part recreates (an
   inbound entry of a message in the part, a transcript row written after the part began)
@@ -76,10 +76,10 @@ import structlog
 import trio
 
 import dshim.log
-from dshim.channels.kit.http import EXCHANGES, Exchange
 from dshim.config import BotConfig, Config, Secret
 from dshim.log import redact
 from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
+from dshim.net.http import EXCHANGES, Exchange
 from dshim.pipeline.files import safe_component
 from dshim.pipeline.observer import Line, Lines
 from dshim.store.base import OutboundEntry, Store

@@ -54,7 +54,6 @@ from dshim.channels.base import (
     RawDecoder,
     WebSocketHandler,
 )
-from dshim.channels.kit.http import counting_requests
 from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
 from dshim.errors import (
     BUG_TYPES,
@@ -71,6 +70,7 @@ from dshim.http.status import BotStatuses
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
 from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
+from dshim.net.http import counting_requests
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store

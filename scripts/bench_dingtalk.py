@@ -46,7 +46,7 @@ from dshim.channels.dingtalk.client import (  # noqa: E402
     run_stream,
 )
 from dshim.channels.dingtalk.protocol import MessageMapper, RobotCallback  # noqa: E402
-from dshim.channels.kit.http import open_http  # noqa: E402
+from dshim.net.http import open_http  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:

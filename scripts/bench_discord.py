@@ -49,7 +49,7 @@ from dshim.channels.discord.client import (  # noqa: E402
 )
 from dshim.channels.discord.protocol import GatewayProtocol, MessageMapper, gateway_url  # noqa: E402
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
-from dshim.channels.kit.http import open_http  # noqa: E402
+from dshim.net.http import open_http  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 

@@ -47,7 +47,7 @@ import benchkit as kit  # noqa: E402
 from dshim.channels.feishu.client import USER_AGENT, WS_OPTIONS, RestClient, run_connection  # noqa: E402
 from dshim.channels.feishu.protocol import EventMapper, FeishuEvent, FeishuSession  # noqa: E402
 from dshim.channels.kit import Backoff  # noqa: E402
-from dshim.channels.kit.http import open_http  # noqa: E402
+from dshim.net.http import open_http  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 

@@ -51,7 +51,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchkit as kit  # noqa: E402
 
 from dshim.channels.kit.gateway import Dispatch  # noqa: E402
-from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.qq import models as m  # noqa: E402
 from dshim.channels.qq.client import USER_AGENT, WS_OPTIONS, QQApi, run_gateway  # noqa: E402
 from dshim.channels.qq.protocol import (  # noqa: E402
@@ -60,6 +59,7 @@ from dshim.channels.qq.protocol import (  # noqa: E402
     gateway_session,
     scrub_frame,
 )
+from dshim.net.http import open_http  # noqa: E402
 
 # -- floor ----------------------------------------------------------------------------------
 

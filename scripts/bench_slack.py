@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchkit as kit  # noqa: E402
 
-from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.slack.client import USER_AGENT, WS_OPTIONS, SocketRunner, WebClient  # noqa: E402
 from dshim.channels.slack.protocol import BotIdentity, EventMapper, Incoming  # noqa: E402
+from dshim.net.http import open_http  # noqa: E402
 
 
 async def socket_url(env: dict[str, Any]) -> str:

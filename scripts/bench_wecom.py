@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchkit as kit  # noqa: E402
 
-from dshim.channels.kit.ws import DEFAULT_OPTIONS  # noqa: E402
 from dshim.channels.wecom import protocol as p  # noqa: E402
 from dshim.channels.wecom.client import WecomLink  # noqa: E402
+from dshim.net.ws import DEFAULT_OPTIONS  # noqa: E402
 
 
 async def floor(env: dict[str, Any], n: int, db: Path | None = None) -> tuple[float, float]:

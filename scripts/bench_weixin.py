@@ -41,13 +41,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
 
-from dshim.channels.kit.http import open_http  # noqa: E402
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
 from dshim.channels.weixin import channel  # noqa: E402
 from dshim.channels.weixin.client import USER_AGENT, IlinkClient  # noqa: E402
 from dshim.channels.weixin.contexts import ContextBook  # noqa: E402
 from dshim.channels.weixin.render import WeixinOutbound  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
+from dshim.net.http import open_http  # noqa: E402
 from dshim.store import open_store  # noqa: E402
 from dshim.store.base import BoundStore  # noqa: E402
 from dshim.testing.fakes.weixin import TEST_TOKEN, open_fake_weixin  # noqa: E402

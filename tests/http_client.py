@@ -2,7 +2,7 @@
 
 ``open_ws`` owns its TCP stream and closes it on every way out: trio-websocket's
 ``open_websocket_url`` (0.12) leaves the client socket open after a refused upgrade and
-after a close the server started (see :mod:`dshim.channels.kit.ws`), which
+after a close the server started (see :mod:`dshim.net.ws`), which
 ``filterwarnings = error`` turns into failures.
 """
 
@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 import trio
 from trio_websocket import WebSocketConnection
 
-from dshim.channels.kit.ws import WsOptions, open_client_websocket
+from dshim.net.ws import WsOptions, open_client_websocket
 
 
 def port_of(base: str) -> int:

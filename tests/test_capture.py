@@ -292,7 +292,7 @@ async def test_the_kit_client_reports_exchanges_only_while_a_sink_is_set(
 ) -> None:
     """A quote's lookups (here a getMe against the fake Bot API) reach the capture with
     their path relative to ``api_base``; outside a resolution nothing is reported."""
-    from dshim.channels.kit.http import EXCHANGES, Exchange, open_http
+    from dshim.net.http import EXCHANGES, Exchange, open_http
     from dshim.testing.fakes.telegram import TEST_TOKEN, open_fake_telegram
 
     seen: list[Exchange] = []

@@ -1,4 +1,5 @@
-"""Channels use only the contract: ``dshim.channels.base``, the kit, the model, errors and
+"""Channels use only the contract: ``dshim.channels.base``, the kit, the network floor
+(``dshim.net``), the model, errors and
 render — never serve, probe, replay, the pipeline or a harness — and ``protocol.py`` is
 sans-IO.  Checked on the import graph of a fresh interpreter and on the source."""
 
@@ -16,8 +17,14 @@ from dshim.channels.base import Channel
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dshim" / "channels"
 CHANNELS = sorted(p.name for p in PACKAGE.iterdir() if (p / "channel.py").is_file())
-ALLOWED_DSHIM = ("dshim.channels.base", "dshim.channels.kit", "dshim.model", "dshim.errors")
-ALLOWED_EXACT = {"dshim", "dshim.render", "dshim.channels.kit"}
+ALLOWED_DSHIM = (
+    "dshim.channels.base",
+    "dshim.channels.kit",
+    "dshim.net",
+    "dshim.model",
+    "dshim.errors",
+)
+ALLOWED_EXACT = {"dshim", "dshim.render", "dshim.channels.kit", "dshim.net"}
 FORBIDDEN_LOADED = (
     "dshim.serve",
     "dshim.probe",

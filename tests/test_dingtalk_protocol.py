@@ -26,9 +26,9 @@ from dshim.channels.dingtalk.protocol import (
     classify_error,
     quote_reference,
 )
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Handover, Ignored, Send
 from dshim.errors import AuthError, NotFound, PermissionDenied, RateLimited, TransportError
 from dshim.model import InboundMessage, ReplyReference, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Handover, Ignored, Send
 
 BOT = "$:LWCP_v1:$bot"
 USER = "$:LWCP_v1:$user"

@@ -297,8 +297,8 @@ async def test_the_fake_checks_the_token_the_window_and_a_single_answer(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     from dshim.channels.discord.client import USER_AGENT, RestClient
-    from dshim.channels.kit.http import open_http
     from dshim.errors import ChannelError, NotFound
+    from dshim.net.http import open_http
 
     async with running_bot(tmp_path, **SUBSTITUTE) as (bot, fake):
         notice, _ = await slow_after_notice(fake)

@@ -32,11 +32,11 @@ from dshim.channels.base import ChannelSpec
 from dshim.channels.discord import channel as discord_channel
 from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
-from dshim.channels.kit.http import open_http
 from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart
+from dshim.net.http import open_http
 from dshim.prompt import prompt_text
 from dshim.serve import serve_bots
 from dshim.store import open_store

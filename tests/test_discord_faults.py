@@ -21,9 +21,9 @@ from structlog.testing import capture_logs
 
 from dshim.channels.discord.client import USER_AGENT, RestClient
 from dshim.channels.discord.render import DiscordTransport
-from dshim.channels.kit.http import open_http
 from dshim.errors import TransportError
 from dshim.model import ReplyTarget
+from dshim.net.http import open_http
 from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord, snowflake
 from tests.fault_matrix import matrix, restarts
 from tests.test_discord_e2e import DEADLINE, running_bot, source

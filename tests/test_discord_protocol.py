@@ -34,9 +34,9 @@ from dshim.channels.discord.protocol import (
     intents,
     snowflake_time,
 )
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.errors import AuthError, FatalChannelError
 from dshim.model import InboundMessage, ReplyReference, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 TOKEN = "tok.en-secret-value"
 GW = "wss://gateway.discord.gg"

@@ -31,7 +31,6 @@ from dshim.channels.feishu.protocol import (
     fetched_reference,
     service_id_of,
 )
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.errors import (
     AuthError,
     Deleted,
@@ -42,6 +41,7 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import InboundMessage, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 BOT = "ou_bot"
 APP = "cli_app"

@@ -581,7 +581,7 @@ async def test_definite_profile_outcomes_are_cached_and_transient_ones_never(
 ) -> None:
     from dshim.channels.feishu.client import USER_AGENT, RestClient
     from dshim.channels.feishu.contact import Directory
-    from dshim.channels.kit.http import open_http
+    from dshim.net.http import open_http
 
     async with open_fake_feishu() as fake:
         directory(fake)

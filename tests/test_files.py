@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import trio
 
-from dshim.channels.kit.http import download_capped, open_http
 from dshim.config import parse_config
 from dshim.errors import ConfigError, TooLarge
 from dshim.model import FilePart, MediaRef, PromptPart, TextPart
+from dshim.net.http import download_capped, open_http
 from dshim.pipeline.files import (
     SWEEP_EVERY_S,
     FileStash,

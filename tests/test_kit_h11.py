@@ -15,8 +15,9 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.kit.h11transport import H11Transport
-from dshim.channels.kit.http import (
+from dshim.errors import ChannelError, TransportError
+from dshim.net.h11transport import H11Transport
+from dshim.net.http import (
     DEFAULT_TIMEOUT,
     Answer,
     JsonPoster,
@@ -27,7 +28,6 @@ from dshim.channels.kit.http import (
     open_http,
     parse_retry_after,
 )
-from dshim.errors import ChannelError, TransportError
 from dshim.testing.fakes.http import (
     DropConnection,
     Request,
@@ -383,7 +383,7 @@ async def test_plain_http_api_calls_load_no_ca_bundle_and_no_httpx_pool(
 ) -> None:
     """A bot on a plain-http API (a local Bot API server, the fakes) starts without the CA
     bundle or httpcore's pool; a request off the API path still gets them when it comes."""
-    import dshim.channels.kit.http as kit_http
+    import dshim.net.http as kit_http
 
     loads: list[int] = []
     real = kit_http.default_ssl_context

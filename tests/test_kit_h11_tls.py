@@ -28,15 +28,15 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from dshim.channels.kit.h11transport import H11Transport
-from dshim.channels.kit.http import (
+from dshim.errors import TransportError
+from dshim.net.h11transport import H11Transport
+from dshim.net.http import (
     DEFAULT_TIMEOUT,
     Answer,
     JsonPoster,
     counted,
     open_http,
 )
-from dshim.errors import TransportError
 from tests.test_kit_h11 import read_request
 
 # --- certificates ------------------------------------------------------------------------------
@@ -434,7 +434,7 @@ def test_every_client_shares_one_verifying_tls_context() -> None:
     still verifies certificates and host names."""
     import ssl
 
-    from dshim.channels.kit.http import default_ssl_context
+    from dshim.net.http import default_ssl_context
 
     ctx = default_ssl_context()
     assert ctx is default_ssl_context()
@@ -447,7 +447,7 @@ async def test_the_default_context_is_made_at_the_first_https_connection_only(
 ) -> None:
     """A bot's client loads the process's CA bundle when it first connects over https,
     once, and verifies with it; until then nothing is loaded."""
-    import dshim.channels.kit.http as kit_http
+    import dshim.net.http as kit_http
 
     ca = Authority("test CA")
     made: list[ssl.SSLContext] = []

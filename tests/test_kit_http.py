@@ -13,7 +13,8 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.kit.http import (
+from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, TransportError
+from dshim.net.http import (
     AccessToken,
     counted,
     download_capped,
@@ -21,7 +22,6 @@ from dshim.channels.kit.http import (
     open_http,
     parse_retry_after,
 )
-from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, TransportError
 from dshim.testing.fakes.http import DropConnection, Request, Response, open_http_server
 
 

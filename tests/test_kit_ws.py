@@ -1,4 +1,4 @@
-"""The kit's websocket runner (``dshim.channels.kit.ws``) over real trio-websocket sockets.
+"""The kit's websocket runner (``dshim.net.ws``) over real trio-websocket sockets.
 
 Testing manifesto: a scripted websocket server on 127.0.0.1, port 0, in the same trio run
 as the client; trio's autojump clock, so heartbeats, backoffs and watchdogs take no real
@@ -23,7 +23,9 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.ws import (
+from dshim.errors import FatalChannelError
+from dshim.model import Verdict
+from dshim.net.ws import (
     Action,
     Close,
     Connected,
@@ -35,8 +37,6 @@ from dshim.channels.kit.ws import (
     connect_once,
     run_ws,
 )
-from dshim.errors import FatalChannelError
-from dshim.model import Verdict
 from dshim.testing.fakes.base import FakePlatform
 
 INTERVAL = 10.0  # the toy session's heartbeat (virtual seconds)
@@ -383,7 +383,7 @@ async def test_a_handover_opens_the_next_connection_before_the_old_one_ends(
     """``run_ws_handover``: a session's Handover starts the next connection (with a new
     session) at once; the old one keeps delivering until it closes; deliveries of both
     reach ``deliver`` one at a time."""
-    from dshim.channels.kit.ws import Handover, run_ws_handover
+    from dshim.net.ws import Handover, run_ws_handover
 
     class Moving(Toy):
         def receive(self, data: str | bytes, now: float) -> list[Action[str | bytes]]:

@@ -22,10 +22,10 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from dshim.channels.discord.client import RestClient
-from dshim.channels.kit import http as kit_http
 from dshim.config import parse_config
 from dshim.errors import NotFound, TransportError
 from dshim.metrics import NO_METRICS, ProcessMetrics
+from dshim.net import http as kit_http
 from dshim.serve import Running, serve_process
 from dshim.store import open_store
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from msgspec import UNSET
 
 from dshim.channels.kit.gateway import ConnState, Mode, gateway_bot_decoder
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Send, WsEnded
 from dshim.channels.qq import models as m
 from dshim.channels.qq.protocol import (
     DEFAULT_INTENTS,
@@ -49,6 +48,7 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import InboundMessage, ReplyReference, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Send, WsEnded
 
 BOT = "11223344"
 USER = "E4F3C2B1A0998877665544332211AABB"

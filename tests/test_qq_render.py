@@ -13,12 +13,12 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from dshim.channels.kit.http import open_http
 from dshim.channels.qq.client import QQApi
 from dshim.channels.qq.protocol import Route
 from dshim.channels.qq.render import QQOutbound
 from dshim.errors import PermissionDenied
 from dshim.model import ReplyTarget
+from dshim.net.http import open_http
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
 
 

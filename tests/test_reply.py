@@ -22,7 +22,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from msgspec import UNSET
 
-from dshim.channels.kit.http import status_error
 from dshim.config import ReplyBudget
 from dshim.errors import (
     AuthError,
@@ -34,6 +33,7 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import Attachment, QuotedMessage, ReplyReference
+from dshim.net.http import status_error
 from dshim.reply import (
     REMOVED_CHARS,
     REPLY_NOTE,

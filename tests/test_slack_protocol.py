@@ -8,7 +8,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.channels.slack import models as m
 from dshim.channels.slack.protocol import (
     BotIdentity,
@@ -25,6 +24,7 @@ from dshim.channels.slack.protocol import (
 )
 from dshim.errors import AuthError, FatalChannelError, NotFound, PermissionDenied, RateLimited
 from dshim.model import InboundMessage, ReplyReference, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 BOT = "U0BOT0001"
 ME = BotIdentity(

@@ -15,7 +15,6 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.kit.http import open_http
 from dshim.channels.telegram.client import POLL_READ_MARGIN_S, USER_AGENT, BotApiClient
 from dshim.channels.telegram.protocol import ChatMigrated
 from dshim.channels.telegram.render import TelegramOutbound, TelegramTransport
@@ -30,6 +29,7 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import ReplyTarget
+from dshim.net.http import open_http
 from dshim.testing.fakes.telegram import BOT_USERNAME, TEST_TOKEN, open_fake_telegram
 
 TOKEN = "123456:TEST-token-for-dshim-tests-only"

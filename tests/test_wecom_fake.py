@@ -11,8 +11,8 @@ import pytest
 import trio
 from trio_websocket import WebSocketConnection
 
-from dshim.channels.kit.ws import open_client_websocket
 from dshim.channels.wecom import media
+from dshim.net.ws import open_client_websocket
 from dshim.testing.fakes.wecom import FakeWecom, open_fake_wecom
 
 

@@ -17,9 +17,9 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.kit.http import open_http
 from dshim.channels.weixin.client import USER_AGENT, IlinkClient
 from dshim.errors import TransportError
+from dshim.net.http import open_http
 from dshim.testing.fakes.weixin import TEST_TOKEN, FakeWeixin
 from tests.fault_matrix import matrix, restarts
 from tests.rig_weixin import DEADLINE, echo_of, polling, running_bot, texts, weixin_world

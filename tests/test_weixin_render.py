@@ -14,12 +14,12 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.base import OutboundEntry
-from dshim.channels.kit.http import open_http
 from dshim.channels.weixin.client import USER_AGENT, IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.protocol import ContextToken, credential_hash, plain_text
 from dshim.channels.weixin.render import MAX_MESSAGES, ReplyNotPossible, WeixinOutbound, split
 from dshim.errors import ChannelError, TransportError
+from dshim.net.http import open_http
 from dshim.store import open_store
 from dshim.store.base import BoundStore
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin

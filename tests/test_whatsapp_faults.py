@@ -18,12 +18,12 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.kit.http import open_http
 from dshim.channels.whatsapp.client import GraphClient
 from dshim.channels.whatsapp.protocol import Throttled, WindowClosed, graph_error
 from dshim.channels.whatsapp.render import WhatsAppOutbound
 from dshim.errors import TransportError
 from dshim.model import ReplyTarget
+from dshim.net.http import open_http
 from dshim.pipeline.notices import outcome_of
 from dshim.testing.fakes.whatsapp import TEST_TOKEN, FakeWhatsApp, User, open_fake_whatsapp
 from tests.fault_matrix import matrix, restarts

@@ -71,12 +71,12 @@ from dshim.channels.dingtalk.render import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry
 from dshim.channels.kit.retry import until_ok
-from dshim.channels.kit.ws import Connected, connect_once
 from dshim.errors import AuthError, PermissionDenied
 from dshim.model import Delivered, Fetcher, InboundMessage, ReplyTarget, Skip
+from dshim.net.http import open_http
+from dshim.net.ws import Connected, connect_once
 
 log = structlog.get_logger("dshim.dingtalk")
 

@@ -4,7 +4,7 @@ OpenAPI
 -------
 :class:`DingTalkApi` makes every call on the bot's one HTTP client.  Calls on
 ``api_base`` (``https://api.dingtalk.com``) carry the app access token in
-``x-acs-dingtalk-access-token``; the token is a kit :class:`~dshim.channels.kit.http.AccessToken`
+``x-acs-dingtalk-access-token``; the token is a kit :class:`~dshim.net.http.AccessToken`
 (``/v1.0/oauth2/accessToken``, renewed 5 minutes before expiry, one refresh for concurrent
 callers, refreshed once on a 401).  Failures are mapped once, by
 :func:`.protocol.classify_error`; httpx failures by the kit (``request_sent``).  The
@@ -16,7 +16,7 @@ Stream
 ------
 :func:`run_stream` keeps the app's Stream connection: register (a new single-use ticket
 every time), connect, and run one :class:`.protocol.StreamSession` per connection on the
-kit's runner (:func:`dshim.channels.kit.ws.run_ws_handover`, with websocket pings and a
+kit's runner (:func:`dshim.net.ws.run_ws_handover`, with websocket pings and a
 pong timeout).  A ``disconnect`` frame starts the next connection at once while the old
 one is still open (it closes itself a few seconds later): DingTalk may stop delivering
 on a socket as soon as it announced its end.  The runner hands the deliveries of both
@@ -46,13 +46,6 @@ from dshim.channels.dingtalk.protocol import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import (
-    AccessToken,
-    counted,
-    download_capped,
-    parse_retry_after,
-)
-from dshim.channels.kit.ws import Connected, WsOptions, run_ws_handover
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -62,6 +55,13 @@ from dshim.errors import (
     RemoteProtocolError,
 )
 from dshim.model import Verdict
+from dshim.net.http import (
+    AccessToken,
+    counted,
+    download_capped,
+    parse_retry_after,
+)
+from dshim.net.ws import Connected, WsOptions, run_ws_handover
 
 log = structlog.get_logger("dshim.dingtalk")
 

@@ -69,16 +69,6 @@ from dshim.channels.kit.ids import (
     shape,
     valid_id,
 )
-from dshim.channels.kit.ws_session import (
-    Action,
-    Close,
-    Connected,
-    Deliver,
-    Handover,
-    Ignored,
-    Send,
-    WsEnded,
-)
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -94,6 +84,16 @@ from dshim.model import (
     MediaRef,
     ReplyReference,
     Skip,
+)
+from dshim.net.ws_session import (
+    Action,
+    Close,
+    Connected,
+    Deliver,
+    Handover,
+    Ignored,
+    Send,
+    WsEnded,
 )
 
 __all__ = [

@@ -3,7 +3,7 @@
 ``run`` checks the token with ``GET /users/@me`` (network failures, 5xx and 429 are
 retried right there with the kit's backoff; a 401 is fatal), opens the bot's pipeline,
 counts as started (authenticated) and then keeps one gateway session on the kit's
-websocket runner (see :mod:`.protocol` and :mod:`dshim.channels.kit.ws`).  Each
+websocket runner (see :mod:`.protocol` and :mod:`dshim.net.ws`).  Each
 MESSAGE_CREATE is handed, in gateway order, to the pipeline with the frame exactly as
 received (the durable inbox keeps it and decodes it again after a restart); guild events
 go to the mapper only (it learns the bot's managed role there).  INTERACTION_CREATE
@@ -60,10 +60,10 @@ from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch, GatewayTuning
 from dshim.channels.kit.gateway_run import probe_ready
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
 from dshim.errors import AuthError, ChannelError, NotFound
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
+from dshim.net.http import open_http
 
 log = structlog.get_logger("dshim.discord")
 

@@ -3,7 +3,7 @@
 REST
 ----
 Every path is relative to ``api_base`` (default ``https://discord.com/api/v10``) on the
-bot's one HTTP client (:func:`dshim.channels.kit.http.open_http`).  :meth:`RestClient.request`
+bot's one HTTP client (:func:`dshim.net.http.open_http`).  :meth:`RestClient.request`
 is a loop around the sans-IO parts of :mod:`.protocol`: before each request it asks the
 :class:`~.protocol.RateLimiter` for its turn (sleeping when a bucket or the global limit
 says so; a wait longer than ``max_wait_s`` is raised as :class:`~dshim.errors.RateLimited`),
@@ -11,7 +11,7 @@ after it tells the limiter the ``X-RateLimit-*`` headers; a 429 is retried after
 ``retry_after`` up to a cap; other failures are mapped once by
 :func:`~.protocol.classify_error`.  A 401 also sets :attr:`RestClient.auth_failed` (the
 channel stops the bot).  httpx failures become :class:`~dshim.errors.TransportError` in
-:func:`~dshim.channels.kit.http.map_httpx_errors` (``request_sent`` says whether the
+:func:`~dshim.net.http.map_httpx_errors` (``request_sent`` says whether the
 request may have been processed).  The token is sent only to ``api_base`` and never
 appears in an error.
 
@@ -46,14 +46,14 @@ from dshim.channels.discord.protocol import (
 from dshim.channels.kit import Backoff, gateway_run
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch
-from dshim.channels.kit.http import counted, download_capped
-from dshim.channels.kit.ws import Deliverer, WsOptions
 from dshim.errors import (
     AuthError,
     PermissionDenied,
     RateLimited,
     RemoteProtocolError,
 )
+from dshim.net.http import counted, download_capped
+from dshim.net.ws import Deliverer, WsOptions
 
 log = structlog.get_logger("dshim.discord")
 

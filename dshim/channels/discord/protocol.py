@@ -5,7 +5,7 @@ Theory of operation
 :class:`GatewayProtocol` is the kit's shared Discord-style gateway session
 (:class:`dshim.channels.kit.gateway.GatewaySession`, also QQ's) with Discord's dialect
 (:data:`DISCORD_GATEWAY`: close codes, the ``?v=10`` URL) and intents.  It holds
-everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.channels.kit.ws`)
+everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.net.ws`)
 opens websockets to the URL :meth:`~GatewayProtocol.plan_connection` chose, feeds every
 received frame to :meth:`~GatewayProtocol.receive`, calls :meth:`~GatewayProtocol.tick`
 when :meth:`~GatewayProtocol.next_timer` is due, performs the returned actions and reports
@@ -44,7 +44,7 @@ topics/opcodes-and-status-codes.mdx):
   while ``session_start_limit.remaining`` is 0 -- wait ``reset_after`` and ask again --
   and at most ``max_concurrency`` identifies per 5 s.
 * A frame is decoded with bounded depth (:func:`dshim.channels.kit.decode.decode`): a
-  frame that does not decode is :class:`~dshim.channels.kit.ws.Ignored`, the connection
+  frame that does not decode is :class:`~dshim.net.ws.Ignored`, the connection
   goes on.
 
 REST (topics/rate-limits.mdx, topics/opcodes-and-status-codes.mdx): :func:`classify_error`

@@ -68,11 +68,11 @@ from dshim.channels.feishu.protocol import (
 )
 from dshim.channels.feishu.render import FeishuOutbound, split, text_content, uuid_for
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
-from dshim.channels.kit.ws import Connected, connect_once
 from dshim.errors import ChannelError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
+from dshim.net.http import open_http
+from dshim.net.ws import Connected, connect_once
 
 log = structlog.get_logger("dshim.feishu")
 

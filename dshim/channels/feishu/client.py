@@ -5,7 +5,7 @@ REST
 Paths are relative to the bot's ``api_base`` (``https://open.feishu.cn`` or
 ``https://open.larksuite.com``) on its one HTTP client.  Every call but the token and the
 endpoint call carries ``Authorization: Bearer <tenant_access_token>`` from one
-:class:`~dshim.channels.kit.http.AccessToken` (renewed when less than 30 minutes are left,
+:class:`~dshim.net.http.AccessToken` (renewed when less than 30 minutes are left,
 refreshed once on the token error codes, one refresh shared by concurrent callers).
 Every answer's JSON ``code`` is checked (HTTP 200 with ``code != 0`` is a failure, and
 business errors come as HTTP 400) and mapped once by
@@ -40,9 +40,9 @@ from dshim.channels.feishu.protocol import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import AccessToken, counted, download_capped, status_error
-from dshim.channels.kit.ws import Deliverer, WsOptions, run_ws
 from dshim.errors import AuthError, ChannelError, FatalChannelError, RemoteProtocolError
+from dshim.net.http import AccessToken, counted, download_capped, status_error
+from dshim.net.ws import Deliverer, WsOptions, run_ws
 
 log = structlog.get_logger("dshim.feishu")
 

@@ -18,7 +18,7 @@ length checked).  States of :class:`FeishuSession`::
 
 - A CONTROL ``ping`` goes out at once and then every ``PingInterval``; a ``pong`` whose
   payload is non-empty is a ``ClientConfig`` that applies from then on.  The first pong
-  makes the connection live (:class:`~dshim.channels.kit.ws_session.Connected`).
+  makes the connection live (:class:`~dshim.net.ws_session.Connected`).
 - DATA frames of ``type=event`` carry one event JSON; one with ``sum > 1`` is a fragment,
   buffered by ``message_id`` into slot ``seq`` until every slot is filled (at most
   :data:`MAX_PENDING_MESSAGES` messages of at most :data:`MAX_EVENT_BYTES`; incomplete
@@ -75,15 +75,6 @@ from msgspec import UNSET
 from dshim.channels.feishu import models as m
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.ids import TOKEN, check_id, check_optional_id, check_time, shape, valid_id
-from dshim.channels.kit.ws_session import (
-    Action,
-    Close,
-    Connected,
-    Deliver,
-    Ignored,
-    Send,
-    WsEnded,
-)
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -104,6 +95,15 @@ from dshim.model import (
     Mention,
     ReplyReference,
     Skip,
+)
+from dshim.net.ws_session import (
+    Action,
+    Close,
+    Connected,
+    Deliver,
+    Ignored,
+    Send,
+    WsEnded,
 )
 
 CHANNEL = "feishu"
@@ -453,7 +453,7 @@ TOO_MANY_CONNECTIONS = 1000040350
 
 
 class FeishuSession:
-    """The long connection as a :class:`~dshim.channels.kit.ws_session.WsSession`."""
+    """The long connection as a :class:`~dshim.net.ws_session.WsSession`."""
 
     def __init__(self, *, random: Callable[[], float]) -> None:
         self.settings = ConnectionSettings()

@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-:class:`GatewaySession` is a :class:`~dshim.channels.kit.ws_session.WsSession`: it holds
-everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.channels.kit.ws`)
+:class:`GatewaySession` is a :class:`~dshim.net.ws_session.WsSession`: it holds
+everything about the gateway that is not I/O.  The kit's runner (:mod:`dshim.net.ws`)
 opens websockets to the URL :meth:`~GatewaySession.plan_connection` chose, feeds every
 received frame to :meth:`~GatewaySession.receive`, calls :meth:`~GatewaySession.tick`
 when :meth:`~GatewaySession.next_timer` is due, performs the returned actions and reports
@@ -45,7 +45,7 @@ event-emit.md, opcode.md, error-trace/websocket.md):
   identify while ``remaining`` is 0 -- wait ``reset_after`` and ask again -- and at most
   ``max_concurrency`` identifies per 5 s.
 * A frame is decoded with bounded depth (:func:`dshim.channels.kit.decode.decode`): a
-  frame that does not decode is :class:`~dshim.channels.kit.ws_session.Ignored`, the
+  frame that does not decode is :class:`~dshim.net.ws_session.Ignored`, the
   connection goes on.
 
 The differences are a :class:`GatewayDialect`: the platform's name for messages, the URL
@@ -65,8 +65,8 @@ from typing import Any
 import msgspec
 
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.ws_session import Action, Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.errors import AuthError, FatalChannelError
+from dshim.net.ws_session import Action, Close, Connected, Deliver, Ignored, Send, WsEnded
 
 __all__ = [
     "ConnState",
@@ -255,7 +255,7 @@ class GatewaySession:
     access tokens sets the current one before each connection).
 
     ``wanted`` names the dispatches (``t``) handed to the channel as
-    :class:`~dshim.channels.kit.ws.Deliver` actions; others only move ``seq``.
+    :class:`~dshim.net.ws.Deliver` actions; others only move ``seq``.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """The trio half of :mod:`dshim.channels.kit.gateway`: plan, wait, connect, forever.
 
 :func:`run_gateway` keeps a :class:`~dshim.channels.kit.gateway.GatewaySession` connected
-on the kit's websocket runner (:func:`dshim.channels.kit.ws.run_ws`).  Its plan step,
+on the kit's websocket runner (:func:`dshim.net.ws.run_ws`).  Its plan step,
 :func:`next_gateway_url`, asks the session where to connect: it fetches
 ``GET /gateway/bot`` (the platform's ``fetch_info``) when the session asks for it --
 transient failures back off and try again, AuthError and FatalChannelError are raised --
@@ -22,7 +22,8 @@ import trio
 from dshim.backoff import Backoff
 from dshim.channels.base import ProbeResult
 from dshim.channels.kit.gateway import Dispatch, GatewayBot, GatewaySession
-from dshim.channels.kit.ws import (
+from dshim.errors import AuthError, ChannelError, FatalChannelError, RateLimited
+from dshim.net.ws import (
     DEFAULT_OPTIONS,
     Connected,
     Deliverer,
@@ -30,7 +31,6 @@ from dshim.channels.kit.ws import (
     connect_once,
     run_ws,
 )
-from dshim.errors import AuthError, ChannelError, FatalChannelError, RateLimited
 
 __all__ = ["next_gateway_url", "probe_ready", "run_gateway"]
 

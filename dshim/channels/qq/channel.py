@@ -50,7 +50,6 @@ from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch, GatewayBot, frame_decoder, ready_decoder
 from dshim.channels.kit.gateway_run import probe_ready
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.qq import models as m
@@ -77,6 +76,7 @@ from dshim.channels.qq.protocol import (
 from dshim.channels.qq.render import DEFAULT_TIMINGS, QQOutbound, Timings
 from dshim.errors import AuthError, ChannelError, NotFound, StoreError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
+from dshim.net.http import open_http
 from dshim.render import split_text
 
 log = structlog.get_logger("dshim.qq")

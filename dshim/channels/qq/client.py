@@ -4,7 +4,7 @@ Access token
 ------------
 ``POST {token_base}/app/getAppAccessToken`` with ``{"appId", "clientSecret"}`` mints a
 token (``expires_in`` seconds, a string or a number).  One
-:class:`~dshim.channels.kit.http.AccessToken` per bot renews it in its last 60-120 s (QQ
+:class:`~dshim.net.http.AccessToken` per bot renews it in its last 60-120 s (QQ
 issues a new one only in the final 60 s and keeps both valid meanwhile) and once more when
 the API answers 401; concurrent callers share one refresh.  A refused secret is an
 :class:`~dshim.errors.AuthError` (fatal).  Every new token is registered with the log
@@ -43,11 +43,11 @@ from dshim import __version__
 from dshim.channels.kit import Backoff, gateway_run
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.gateway import Dispatch, GatewayBot, GatewaySession, gateway_bot_decoder
-from dshim.channels.kit.http import AccessToken, counted, download_capped, parse_retry_after
-from dshim.channels.kit.ws import Deliverer, WsOptions
 from dshim.channels.qq import models as m
 from dshim.channels.qq.protocol import auth_header, classify_error, error_body, fetched_message
 from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, RemoteProtocolError
+from dshim.net.http import AccessToken, counted, download_capped, parse_retry_after
+from dshim.net.ws import Deliverer, WsOptions
 
 log = structlog.get_logger("dshim.qq")
 

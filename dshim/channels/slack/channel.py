@@ -46,9 +46,7 @@ from dshim.channels.base import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.retry import until_ok
-from dshim.channels.kit.ws import open_client_websocket
 from dshim.channels.slack import models as m
 from dshim.channels.slack.client import (
     DEFAULT_API_BASE,
@@ -72,6 +70,8 @@ from dshim.channels.slack.protocol import (
 from dshim.channels.slack.render import SlackOutbound, split
 from dshim.errors import AuthError, ChannelError, RemoteProtocolError, StoreError
 from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip, Verdict
+from dshim.net.http import open_http
+from dshim.net.ws import open_client_websocket
 
 log = structlog.get_logger("dshim.slack")
 

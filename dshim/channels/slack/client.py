@@ -41,9 +41,6 @@ from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 from dshim import __version__
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
-from dshim.channels.kit.http import counted, download_capped, parse_retry_after, status_error
-from dshim.channels.kit.ws import WsOptions, open_client_websocket
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.channels.slack import models as m
 from dshim.channels.slack.protocol import (
     Handover,
@@ -56,6 +53,9 @@ from dshim.channels.slack.protocol import (
 )
 from dshim.errors import AuthError, ChannelError, RateLimited, RemoteProtocolError
 from dshim.model import Verdict
+from dshim.net.http import counted, download_capped, parse_retry_after, status_error
+from dshim.net.ws import WsOptions, open_client_websocket
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 log = structlog.get_logger("dshim.slack")
 

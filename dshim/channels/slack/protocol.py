@@ -93,7 +93,6 @@ from msgspec import UNSET, UnsetType
 
 from dshim.channels.kit.decode import decode
 from dshim.channels.kit.ids import plausible_time
-from dshim.channels.kit.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 from dshim.channels.slack import models as m
 from dshim.errors import (
     AuthError,
@@ -114,6 +113,7 @@ from dshim.model import (
     ReplyReference,
     Skip,
 )
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 CHANNEL = "slack"
 #: Our close code for a socket we replace or declare dead (never a fatal one).

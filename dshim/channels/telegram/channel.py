@@ -37,7 +37,6 @@ from dshim.channels.base import (
     Secret,
     SubstituteTarget,
 )
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.telegram import protocol
@@ -46,6 +45,7 @@ from dshim.channels.telegram.protocol import BotIdentity, UpdateFeed, token_bot_
 from dshim.channels.telegram.render import TelegramOutbound, split
 from dshim.errors import ChannelError, Conflict
 from dshim.model import InboundMessage, Skip
+from dshim.net.http import open_http
 
 log = structlog.get_logger("dshim.telegram")
 

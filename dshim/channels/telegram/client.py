@@ -3,7 +3,7 @@
 Every method is one HTTPS request ``POST {api_base}/bot<token>/<method>`` with a JSON
 body; the envelope is decoded and errors are classified once, in
 :func:`dshim.channels.telegram.protocol.api_error`.  httpx exceptions are mapped here, at
-the boundary, by the kit (:func:`~dshim.channels.kit.http.map_httpx_errors`): a
+the boundary, by the kit (:func:`~dshim.net.http.map_httpx_errors`): a
 :class:`~dshim.errors.TransportError` says with ``request_sent`` whether the request can
 have reached Telegram.  Telegram has no idempotency key, so nothing here repeats a call
 on its own: whoever retries a send decides knowing that.  The token sits in the URL path:
@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import msgspec
 
-from dshim.channels.kit import http as kit_http
 from dshim.channels.telegram import models as m
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.protocol import NotModified
 from dshim.errors import NotFound, TooLarge
 from dshim.model import Fetcher
+from dshim.net import http as kit_http
 
 DEFAULT_API_BASE = "https://api.telegram.org"
 #: Ordinary calls: connect, write and pool 10 s; read 30 s.
@@ -43,7 +43,7 @@ def poll_timeout(poll_s: float) -> httpx.Timeout:
 class BotApiClient:
     """The Bot API methods dshim uses.  Raises the :mod:`dshim.errors` tree.
 
-    ``http`` is the bot's one client, from :func:`dshim.channels.kit.http.open_http`
+    ``http`` is the bot's one client, from :func:`dshim.net.http.open_http`
     with :data:`USER_AGENT` and :data:`CALL_TIMEOUT` (one pool for polling and sending).
     """
 

@@ -37,7 +37,6 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.http import default_ssl_context, open_http
 from dshim.channels.wecom import media
 from dshim.channels.wecom import models as m
 from dshim.channels.wecom import protocol as p
@@ -57,6 +56,7 @@ from dshim.errors import (
     single_error,
 )
 from dshim.model import Fetcher, InboundMessage, Skip
+from dshim.net.http import default_ssl_context, open_http
 
 log = structlog.get_logger("dshim.wecom")
 

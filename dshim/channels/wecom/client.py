@@ -1,7 +1,7 @@
 """The WeCom long connection, thin trio I/O over :mod:`.protocol`.
 
 :class:`WecomLink` owns the bot's one websocket: it connects (the kit's
-:func:`~dshim.channels.kit.ws.open_client_websocket`), subscribes, pings, reads, and lets any
+:func:`~dshim.net.ws.open_client_websocket`), subscribes, pings, reads, and lets any
 task send a frame and await its ack with :meth:`WecomLink.request` — strictly one frame
 at a time per ``req_id`` (a fair lock per ``req_id``, at most
 :data:`~.protocol.REQ_QUEUE_MAX` waiting), each waiting at most 5 s for its ack.  When the
@@ -34,10 +34,10 @@ import trio
 from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.http import count_request, download_capped
-from dshim.channels.kit.ws import WsOptions, open_client_websocket
 from dshim.channels.wecom import protocol as p
 from dshim.errors import AuthError, ChannelError, FatalChannelError, TransportError
+from dshim.net.http import count_request, download_capped
+from dshim.net.ws import WsOptions, open_client_websocket
 
 log = structlog.get_logger("dshim.wecom")
 

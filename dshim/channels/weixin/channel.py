@@ -53,7 +53,6 @@ from dshim.channels.base import (
 )
 from dshim.channels.kit import Backoff
 from dshim.channels.kit import decode as kit_decode
-from dshim.channels.kit.http import open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
@@ -73,6 +72,7 @@ from dshim.errors import (
     TransportError,
 )
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
+from dshim.net.http import open_http
 
 log = structlog.get_logger("dshim.weixin")
 

@@ -3,7 +3,7 @@
 Every call is ``POST {base}/ilink/bot/<path>`` with a JSON body carrying ``base_info``
 and the iLink headers (``AuthorizationType: ilink_bot_token``, ``Authorization: Bearer``,
 a fresh ``X-WECHAT-UIN`` per request); the QR login calls go to the login host without
-the token.  httpx failures are mapped once by the kit (:func:`~dshim.channels.kit.http.counted`),
+the token.  httpx failures are mapped once by the kit (:func:`~dshim.net.http.counted`),
 ``ret``/``errcode`` by :func:`dshim.channels.weixin.protocol.api_error`.  iLink has no
 idempotency key: nothing here repeats a send on its own.  No message built here contains
 a URL, a token, a context token or a typing ticket.
@@ -19,13 +19,13 @@ import httpx
 import msgspec
 
 import dshim
-from dshim.channels.kit import http as kit_http
 from dshim.channels.weixin import media as crypto
 from dshim.channels.weixin import models as m
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.protocol import MediaHandle, UpdateBatch
 from dshim.errors import ChannelError, RateLimited, TooLarge, TransportError
 from dshim.model import Fetcher
+from dshim.net import http as kit_http
 
 USER_AGENT = f"dshim/{dshim.__version__} (+weixin ilink client)"
 BOT_AGENT = f"dshim/{dshim.__version__}"

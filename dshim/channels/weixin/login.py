@@ -24,11 +24,11 @@ import structlog
 import trio
 
 from dshim.channels.base import LoginContext
-from dshim.channels.kit.http import open_http
 from dshim.channels.weixin import creds, protocol
 from dshim.channels.weixin import models as m
 from dshim.channels.weixin.client import CALL_TIMEOUT, USER_AGENT, IlinkClient
 from dshim.errors import ChannelError
+from dshim.net.http import open_http
 
 log = structlog.get_logger("dshim.weixin")
 

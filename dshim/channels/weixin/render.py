@@ -46,7 +46,6 @@ import trio
 
 from dshim.channels.base import ChannelStore, WatchesDelivery
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.http import count_request
 from dshim.channels.weixin import protocol
 from dshim.channels.weixin.client import IlinkClient
 from dshim.channels.weixin.contexts import ContextBook
@@ -60,6 +59,7 @@ from dshim.errors import (
     single_error,
 )
 from dshim.model import Delivered, ReplyTarget
+from dshim.net.http import count_request
 from dshim.render import split_text
 
 log = structlog.get_logger("dshim.weixin")

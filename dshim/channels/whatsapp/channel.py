@@ -56,7 +56,6 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.http import count_request, map_httpx_errors, open_http
 from dshim.channels.kit.index import inbound_entry, reference_from
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.whatsapp import models as m
@@ -67,6 +66,7 @@ from dshim.channels.whatsapp.render import WhatsAppOutbound, split
 from dshim.channels.whatsapp.util import close_jobs
 from dshim.errors import AuthError, ChannelError, TransportError, single_error
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
+from dshim.net.http import count_request, map_httpx_errors, open_http
 
 log = structlog.get_logger("dshim.whatsapp")
 

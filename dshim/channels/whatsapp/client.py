@@ -18,11 +18,11 @@ import httpx
 import msgspec
 
 from dshim.channels.kit import decode as kit_decode
-from dshim.channels.kit import http as kit_http
 from dshim.channels.whatsapp import models as m
 from dshim.channels.whatsapp import protocol
 from dshim.errors import ChannelError, PermissionDenied, RemoteProtocolError, TooLarge
 from dshim.model import Fetcher
+from dshim.net import http as kit_http
 
 DEFAULT_API_BASE = "https://graph.facebook.com/v23.0"
 #: Ordinary calls: connect, write and pool 10 s; read 30 s.

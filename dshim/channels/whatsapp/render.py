@@ -38,12 +38,12 @@ import structlog
 import trio
 
 from dshim.channels.base import InteractionPrompt, PresentsInteractions, WatchesDelivery
-from dshim.channels.kit.http import count_request
 from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import GraphClient
 from dshim.channels.whatsapp.protocol import WindowClosed
 from dshim.errors import AuthError, ChannelError
 from dshim.model import Delivered, ReplyTarget
+from dshim.net.http import count_request
 from dshim.render import ChatPacer, EditOutbound, EditStream, Limits, ProbesReachable
 
 log = structlog.get_logger("dshim.whatsapp")

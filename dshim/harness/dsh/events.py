@@ -45,12 +45,12 @@ import trio
 import trio_websocket
 
 from dshim.backoff import Backoff
-from dshim.channels.kit.ws import WsOptions, open_client_websocket
 from dshim.errors import HarnessError
 from dshim.harness.dsh import protocol
 from dshim.harness.dsh.protocol import APPROVAL_OPTIONS, MuxFrame, TurnTracker
 from dshim.harness.dsh.rpc import DshRpc
 from dshim.model import ApprovalRequest, Option, QuestionRequest, TextDelta, TurnEvent
+from dshim.net.ws import WsOptions, open_client_websocket
 
 __all__ = [
     "MUX_WAIT_S",

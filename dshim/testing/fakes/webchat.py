@@ -71,7 +71,7 @@ from trio_websocket import (
 )
 
 from dshim.backoff import Backoff
-from dshim.channels.kit.ws import WsOptions, open_client_websocket
+from dshim.net.ws import WsOptions, open_client_websocket
 
 __all__ = [
     "BadServerFrame",
@@ -209,7 +209,7 @@ async def open_socket(
     connect_timeout_s: float = CONNECT_TIMEOUT_S,
 ) -> AsyncIterator[tuple[WebSocketConnection, trio.SocketStream]]:
     """One client websocket and its TCP stream (the kit's
-    :func:`~dshim.channels.kit.ws.open_client_websocket`, which owns the stream so that
+    :func:`~dshim.net.ws.open_client_websocket`, which owns the stream so that
     every way out closes the socket).  Leaving the block closes the websocket (1000) when
     it is still open, waiting for dshim's answer at most :data:`CLOSE_WAIT_S`.
     """

@@ -54,7 +54,7 @@ awaited long.
 Every action a session can return is one of :class:`Send`, :class:`Close`,
 :class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
 :class:`Handover` (logged as ``ws_handed_over``).
-They and :class:`WsSession` live in the sans-IO :mod:`dshim.channels.kit.ws_session`
+They and :class:`WsSession` live in the sans-IO :mod:`dshim.net.ws_session`
 (what a ``protocol.py`` imports) and are re-exported here.
 URLs are logged without their query (it can carry a ticket or credentials), frames only
 by their ``kind``.
@@ -79,8 +79,10 @@ from trio_websocket import (
 )
 
 from dshim.backoff import Backoff
-from dshim.channels.kit.http import default_ssl_context
-from dshim.channels.kit.ws_session import (
+from dshim.errors import single_error
+from dshim.model import Verdict
+from dshim.net.http import default_ssl_context
+from dshim.net.ws_session import (
     Action,
     Close,
     Connected,
@@ -91,8 +93,6 @@ from dshim.channels.kit.ws_session import (
     WsEnded,
     WsSession,
 )
-from dshim.errors import single_error
-from dshim.model import Verdict
 
 __all__ = [
     "Action",

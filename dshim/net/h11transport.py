@@ -6,7 +6,7 @@ or two hosts over keep-alive connections, so this transport keeps exactly that: 
 idle HTTP/1.1 connections per (host, port), one h11 state machine per connection,
 request and response bodies read whole (platform API calls are small JSON; downloads use
 the default transport), and httpx's own error types, so
-:func:`dshim.channels.kit.http.map_httpx_errors` maps its failures like any other.
+:func:`dshim.net.http.map_httpx_errors` maps its failures like any other.
 
 Only paths under ``prefix`` (by default every path: a platform's API calls), over ``http``
 (the fakes, a local Bot API server) and, given an ``ssl_context``, ``https``, with a body
@@ -17,7 +17,7 @@ are in flight; an idle connection the server has closed meanwhile (readable befo
 reuse) is dropped, not used.
 
 TLS: :class:`trio.SSLStream` over the TCP stream, as httpcore's trio backend does it —
-the same ``ssl.SSLContext`` as the wrapped transport (:func:`~dshim.channels.kit.http.open_http`
+the same ``ssl.SSLContext`` as the wrapped transport (:func:`~dshim.net.http.open_http`
 hands one to both), so certificates, SNI and the host name are checked identically; SNI
 and the host name are the URL's host (IDNA-encoded); ALPN offers ``http/1.1`` only;
 ``https_compatible`` (a ragged EOF is an EOF: the HTTP framing tells a truncated answer).
@@ -32,7 +32,7 @@ Two ways in:
 - :meth:`H11Transport.handle_async_request`, httpx's transport interface: h11 writes the
   request from the ``httpx.Request`` and the answer is an ``httpx.Response``;
 - :meth:`H11Transport.prepare_post` once per target, then :meth:`H11Transport.post` per
-  call (:class:`~dshim.channels.kit.http.JsonPoster`'s hot path): the request head is
+  call (:class:`~dshim.net.http.JsonPoster`'s hot path): the request head is
   bytes built once, so a call is one concatenation, one ``send`` and h11 reading the
   answer, which comes back as a light :class:`ApiResponse`.  h11 is handed the prepared
   head's event (validated once) so that its state machine knows a request is out — the
@@ -60,7 +60,7 @@ __all__ = ["ApiResponse", "H11Transport", "PreparedPost"]
 
 _MAX_IDLE_PER_HOST = 32
 #: Request extension of a request whose answer is read as a stream
-#: (:func:`~dshim.channels.kit.http.download_capped`): this transport reads answers whole,
+#: (:func:`~dshim.net.http.download_capped`): this transport reads answers whole,
 #: so it hands such requests to the default transport.
 STREAMED = "dshim.streamed"
 _READ_CHUNK = 65536

@@ -1,8 +1,8 @@
-"""The sans-IO half of :mod:`dshim.channels.kit.ws`: the session protocol and its actions.
+"""The sans-IO half of :mod:`dshim.net.ws`: the session protocol and its actions.
 
 A websocket channel's ``protocol.py`` implements :class:`WsSession` and returns these
-actions; it imports this module, never :mod:`dshim.channels.kit.ws` (which is trio code),
-so that it stays free of trio, sockets and clocks.  Read :mod:`dshim.channels.kit.ws` for
+actions; it imports this module, never :mod:`dshim.net.ws` (which is trio code),
+so that it stays free of trio, sockets and clocks.  Read :mod:`dshim.net.ws` for
 what the runner does with each action.
 """
 
@@ -88,7 +88,7 @@ class Handover:
     """The server announced that this connection ends soon (DingTalk ``disconnect``):
     start the next connection now, while this one stays open -- it may still deliver --
     until it closes (the session's own :class:`Close`, or the server).  Acted on by
-    :func:`dshim.channels.kit.ws.run_ws_handover`; elsewhere it is only logged."""
+    :func:`dshim.net.ws.run_ws_handover`; elsewhere it is only logged."""
 
     reason: str = ""
 

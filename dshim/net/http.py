@@ -39,7 +39,6 @@ import msgspec
 import structlog
 import trio
 
-from dshim.channels.kit.h11transport import STREAMED, H11Transport, PreparedPost
 from dshim.errors import (
     AuthError,
     ChannelError,
@@ -49,6 +48,7 @@ from dshim.errors import (
     TooLarge,
     TransportError,
 )
+from dshim.net.h11transport import STREAMED, H11Transport, PreparedPost
 
 __all__ = [
     "AccessToken",
@@ -101,7 +101,7 @@ async def open_http(
     No redirects are followed (a redirect could carry credentials elsewhere) and the
     environment's proxy settings are not read.  Paths are relative to ``api_base`` when
     it is given.  ``fast_prefix``: calls under this path (by default all; None: none),
-    http and https, go through :class:`~dshim.channels.kit.h11transport.H11Transport`,
+    http and https, go through :class:`~dshim.net.h11transport.H11Transport`,
     about a third of httpcore's CPU per call; streamed answers (:func:`download_capped`)
     and streamed uploads stay on httpx's pool.  ``ssl_context`` verifies servers; by
     default it is httpx's (certifi's CA bundle, host names checked; the environment's
@@ -365,7 +365,7 @@ def _counting(what: str) -> Iterator[Callable[[int], None]]:
 
 class Answer(Protocol):
     """What callers read from an API call's response: an ``httpx.Response``, or the
-    transport's light :class:`~dshim.channels.kit.h11transport.ApiResponse`."""
+    transport's light :class:`~dshim.net.h11transport.ApiResponse`."""
 
     @property
     def status_code(self) -> int: ...
@@ -399,10 +399,10 @@ async def counted(what: str, request: Awaitable[R]) -> R:
 class JsonPoster:
     """POSTs JSON bodies to the API paths of one client, on its hot path.
 
-    Through an :class:`~dshim.channels.kit.h11transport.H11Transport` (``open_http(...,
+    Through an :class:`~dshim.net.h11transport.H11Transport` (``open_http(...,
     fast_prefix=...)``) each path is prepared once: the paths the transport serves get
     their request head as bytes (see
-    :meth:`~dshim.channels.kit.h11transport.H11Transport.prepare_post`) and a call goes to
+    :meth:`~dshim.net.h11transport.H11Transport.prepare_post`) and a call goes to
     the transport without an ``httpx.Request`` or ``httpx.Response``; the others (outside
     its prefix) get their URL, and a call builds its request from it and hands it to the
     client's transport — httpx's client layers (URL merging, redirects, auth, cookies,
