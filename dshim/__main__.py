@@ -1,3 +1,3 @@
-from dshim.launch import main
+from dshim.entry import main
 
 main()

@@ -349,8 +349,3 @@ def replay(
         only_conversation=only_conversation,
     )
     raise typer.Exit(code)
-
-
-def main() -> None:
-    """Console-script entry point (kept for old installs: :func:`dshim.launch.main`)."""
-    launch.main()

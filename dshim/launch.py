@@ -242,22 +242,3 @@ def parse_serve(
     bots = [value for name, value in after if name == "--bot"]
     listen = dict(after).get("--listen") or _env("DSHIM_HTTP_LISTEN")
     return g, bots, listen, dict(after).get("--capture")
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Console-script entry point (``dshim``, ``python -m dshim``)."""
-    args = sys.argv[1:] if argv is None else list(argv)
-    try:
-        parsed = parse_serve(args)
-        if parsed is None:
-            from dshim.cli import app
-
-            app() if argv is None else app(args=args)
-            return
-        try:
-            code = serve(*parsed)
-        except Exit as exc:
-            code = exc.code
-        sys.exit(code)
-    except KeyboardInterrupt:  # pragma: no cover - interactive only
-        sys.exit(130)
