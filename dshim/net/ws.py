@@ -54,6 +54,10 @@ awaited long.
 Every action a session can return is one of :class:`Send`, :class:`Close`,
 :class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
 :class:`Handover` (logged as ``ws_handed_over``).
+A channel whose own requests travel on the socket and are answered there (WeCom: a reply
+frame and its ack, matched by ``req_id``) sends them through the :class:`WsOutlet` that
+``on_open`` of :func:`connect_once` receives; its session sees the answers as frames.
+
 They and :class:`WsSession` live in the sans-IO :mod:`dshim.net.ws_session`
 (what a ``protocol.py`` imports) and are re-exported here.
 URLs are logged without their query (it can carry a ticket or credentials), frames only
@@ -105,6 +109,7 @@ __all__ = [
     "Send",
     "WsEnded",
     "WsOptions",
+    "WsOutlet",
     "WsSession",
     "connect_once",
     "open_client_websocket",
@@ -153,6 +158,22 @@ DEFAULT_OPTIONS = WsOptions()
 Stream = trio.SocketStream | trio.SSLStream[trio.SocketStream]
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class WsOutlet:
+    """Sends frames onto one open connection from outside its session (see the module
+    docstring); valid until that connection closes."""
+
+    ws: WebSocketConnection
+
+    async def send(self, data: str | bytes) -> None:
+        """Send one frame; :class:`trio.ClosedResourceError` when the connection closed
+        before it went out whole."""
+        try:
+            await self.ws.send_message(data)
+        except ConnectionClosed as exc:
+            raise trio.ClosedResourceError("the websocket is closed") from exc
+
+
 def _loggable(url: str) -> str:
     """``url`` without its query and fragment (tickets, credentials)."""
     parts = urllib.parse.urlsplit(url)
@@ -181,9 +202,13 @@ class _Connection(Generic[E]):
     stream: Stream | None = None
     #: Told when the session returns :class:`Handover` (``run_ws_handover``).
     on_handover: Callable[[Handover], None] | None = None
+    #: Given a :class:`WsOutlet` before the session's first actions.
+    on_open: Callable[[WsOutlet], None] | None = None
 
     async def drive(self) -> int | None:
         """Run until the connection ends; returns the close code (None: network)."""
+        if self.on_open is not None:
+            self.on_open(WsOutlet(self.ws))
         for action in self.session.connection_opened(self.clock()):
             if await self._perform(action):
                 return self.own_close
@@ -391,12 +416,14 @@ async def connect_once(
     stop_when_connected: bool = False,
     on_connected: Callable[[Connected], None] | None = None,
     on_handover: Callable[[Handover], None] | None = None,
+    on_open: Callable[[WsOutlet], None] | None = None,
 ) -> WsEnded:
     """One connection to ``url`` driven by ``session``; returns how it ended.
 
     Network failures, timeouts and refused upgrades are returned (``code`` None), never
     raised.  ``stop_when_connected`` closes with 1000 as soon as the session is live
-    (probes).
+    (probes).  ``on_open`` gets the connection's :class:`WsOutlet` once the websocket is
+    open, before the session's ``connection_opened`` actions.
     """
     log.info("ws_connecting", url=_loggable(url))
     conn: _Connection[E] | None = None
@@ -410,6 +437,7 @@ async def connect_once(
             )
             conn.stream = stream
             conn.on_handover = on_handover
+            conn.on_open = on_open
             code = await conn.drive()
     except (
         ConnectionClosed,
