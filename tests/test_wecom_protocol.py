@@ -13,8 +13,9 @@ from msgspec import UNSET
 from dshim.channels.wecom import media
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.render import split
-from dshim.errors import ChannelError, RateLimited
+from dshim.errors import AuthError, ChannelError, FatalChannelError, RateLimited
 from dshim.model import InboundMessage, Option, Skip
+from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
 
 BOT = "aib-test"
 URL = "https://ww-aibot-img-1258476243.cos.ap-guangzhou.myqcloud.com/abc?sign=x"
@@ -357,6 +358,78 @@ def test_heartbeat_two_unacked_pings_mean_dead() -> None:
     hb.sent("ping_b", 60.0)
     hb.sent("ping_c", 90.0)
     assert hb.dead()
+
+
+def session() -> p.WecomSession:
+    counter = iter(range(1000))
+    return p.WecomSession(BOT, "s3cret", lambda cmd: f"{cmd}_{next(counter)}", ping_interval_s=30)
+
+
+def ack(req_id: str, errcode: int = 0) -> str:
+    return json.dumps({"headers": {"req_id": req_id}, "errcode": errcode, "errmsg": "x"})
+
+
+def sent(actions: Any) -> list[dict[str, Any]]:
+    return [json.loads(a.data) for a in actions if isinstance(a, Send)]
+
+
+def test_session_subscribes_then_pings_and_hands_over_callbacks_and_acks() -> None:
+    s = session()
+    [sub] = sent(s.connection_opened(0.0))
+    assert sub["cmd"] == p.SUBSCRIBE and sub["body"] == {"bot_id": BOT, "secret": "s3cret"}
+    assert s.next_timer() == 10.0  # the subscribe's ack timeout
+    early = frame(body())
+    assert [type(a) for a in s.receive(early, 1.0)] == [Ignored]  # nothing before the ack
+    assert [type(a) for a in s.receive(ack(sub["headers"]["req_id"]), 1.0)] == [Connected]
+    assert s.next_timer() == 31.0
+    [cb] = s.receive(early, 2.0)
+    assert isinstance(cb, Deliver) and isinstance(cb.event, p.Callback)
+    [mine] = s.receive(ack("aibot_send_msg_9"), 2.0)
+    assert isinstance(mine, Deliver) and isinstance(mine.event, p.Ack)
+    [ping] = sent(s.tick(31.0, reading=True))
+    assert ping["cmd"] == p.PING
+    assert s.receive(ack(ping["headers"]["req_id"]), 31.5) == ()  # the ping's ack: kept here
+
+
+def test_session_closes_after_two_unacked_pings_only_while_reading() -> None:
+    s = session()
+    [sub] = sent(s.connection_opened(0.0))
+    s.receive(ack(sub["headers"]["req_id"]), 0.0)
+    assert len(sent(s.tick(30.0, reading=True))) == 1
+    assert len(sent(s.tick(60.0, reading=True))) == 1
+    # The channel holds a callback: the acks may be waiting unread.
+    assert len(sent(s.tick(90.0, reading=False))) == 1
+    [close] = s.tick(120.0, reading=True)
+    assert isinstance(close, Close) and close.reason == "no ping ack"
+    assert s.next_timer() is None
+    s.connection_lost(WsEnded(1000, by_us=True), 120.0)  # not fatal: reconnect
+
+
+def test_session_closes_without_a_subscribe_ack() -> None:
+    s = session()
+    s.connection_opened(0.0)
+    assert s.tick(9.0, reading=True) == ()
+    [close] = s.tick(10.0, reading=True)
+    assert isinstance(close, Close)
+    s.connection_lost(WsEnded(1000, by_us=True), 10.0)
+
+
+def test_session_rejected_subscribe_and_takeover_are_fatal() -> None:
+    s = session()
+    [sub] = sent(s.connection_opened(0.0))
+    [close] = s.receive(ack(sub["headers"]["req_id"], errcode=40058), 0.5)
+    assert isinstance(close, Close)
+    with pytest.raises(AuthError) as info:
+        s.connection_lost(WsEnded(1000, by_us=True), 1.0)
+    assert "s3cret" not in str(info.value)
+    s = session()
+    [sub] = sent(s.connection_opened(0.0))
+    s.receive(ack(sub["headers"]["req_id"]), 0.5)
+    ev = body("event", event={"eventtype": p.TAKEOVER_EVENT})
+    [close] = s.receive(frame(ev, cmd=p.EVENT_CALLBACK), 1.0)
+    assert isinstance(close, Close) and close.reason == "taken over"
+    with pytest.raises(FatalChannelError):
+        s.connection_lost(WsEnded(1000, by_us=True), 1.0)
 
 
 def test_budget_30_a_minute_and_1000_an_hour() -> None:

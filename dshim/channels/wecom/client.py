@@ -1,9 +1,10 @@
 """The WeCom long connection, thin trio I/O over :mod:`.protocol`.
 
-:class:`WecomLink` owns the bot's one websocket: it connects (the kit's
-:func:`~dshim.net.ws.open_client_websocket`), subscribes, pings, reads, and lets any
-task send a frame and await its ack with :meth:`WecomLink.request` — strictly one frame
-at a time per ``req_id`` (a fair lock per ``req_id``, at most
+:class:`WecomLink` owns the bot's one websocket: the kit's runner
+(:func:`~dshim.net.ws.run_ws`) connects it and drives :class:`~.protocol.WecomSession`
+(subscribe, pings, takeover), and the link lets any task send a frame on the live socket
+(its :class:`~dshim.net.ws.WsOutlet`) and await its ack with :meth:`WecomLink.request` —
+strictly one frame at a time per ``req_id`` (a fair lock per ``req_id``, at most
 :data:`~.protocol.REQ_QUEUE_MAX` waiting), each waiting at most 5 s for its ack.  When the
 socket closes, every frame that was waiting for an ack or queued behind one fails with
 :class:`~.protocol.ConnectionLost`; new requests wait (bounded) for the next connection.
@@ -31,13 +32,12 @@ from typing import Any
 import httpx
 import structlog
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from dshim.channels.kit import Backoff
 from dshim.channels.wecom import protocol as p
-from dshim.errors import AuthError, ChannelError, FatalChannelError, TransportError
+from dshim.errors import ChannelError, TransportError
 from dshim.net.http import count_request, download_capped
-from dshim.net.ws import WsOptions, open_client_websocket
+from dshim.net.ws import Connected, Deliverer, WsEnded, WsOptions, WsOutlet, connect_once, run_ws
 
 log = structlog.get_logger("dshim.wecom")
 
@@ -105,7 +105,7 @@ class WecomLink:
         self.new_req_id = new_req_id
         #: Incremented for every subscribed connection.
         self.generation = 0
-        self._ws: WebSocketConnection | None = None
+        self._ws: WsOutlet | None = None
         self._live = trio.Event()
         self._pending: dict[str, _Waiter] = {}
         self._slots: dict[str, _Slot] = {}
@@ -158,8 +158,8 @@ class WecomLink:
         self._pending[req_id] = waiter
         try:
             try:
-                await ws.send_message(p.frame(cmd, req_id, body))
-            except ConnectionClosed:
+                await ws.send(p.frame(cmd, req_id, body))
+            except trio.ClosedResourceError:
                 # Closed before the frame was written whole: WeCom never got it.
                 raise p.ConnectionLost(f"{what}: the socket closed", request_sent=False) from None
             count_request(cmd, "sent")
@@ -188,53 +188,65 @@ class WecomLink:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Keep the bot connected; ``started`` after the first accepted subscribe."""
-        backoff = Backoff(rng=self.rng)
+        """Keep the bot connected (the kit's :func:`~dshim.net.ws.run_ws` over a
+        :class:`~.protocol.WecomSession`); ``started`` after the first accepted subscribe."""
+        session = p.WecomSession(
+            self.bot_id,
+            self._secret,
+            self.new_req_id,
+            ping_interval_s=self.tuning.ping_interval_s,
+            subscribe_timeout_s=self.tuning.subscribe_timeout_s,
+        )
         started = False
+        opening: WsOutlet | None = None
 
-        def on_live() -> None:
+        def opened(outlet: WsOutlet) -> None:
+            nonlocal opening
+            opening = outlet
+            count_request(p.SUBSCRIBE, "sent")
+
+        def connected(_: Connected) -> None:
             nonlocal started
+            log.info("bot_authenticated", bot_id=self.bot_id)
+            self.generation += 1
+            self._ws = opening
+            self._live.set()
             if not started:
                 started = True
                 task_status.started()
 
-        while True:
-            live_for = await self._connect_once(callbacks, on_live)
-            if live_for is not None and live_for >= self.tuning.stable_after_s:
-                backoff.reset()
-                continue
-            delay = backoff.next_delay()
-            log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=backoff.failures)
-            await trio.sleep(delay)
+        async def deliver(got: p.Event) -> None:
+            if isinstance(got, p.Callback):
+                await callbacks.send(got)
+                return
+            waiter = self._pending.pop(got.req_id, None)
+            if waiter is None:
+                log.info("ack_unmatched", req_id=got.req_id[:80], errcode=got.errcode)
+                return
+            waiter.ack = got
+            waiter.done.set()
 
-    async def _connect_once(
-        self, callbacks: trio.MemorySendChannel[p.Callback], on_live: Callable[[], None]
-    ) -> float | None:
-        """One connection; returns how long it was live (None: it never was)."""
-        log.info("ws_connecting", url=self.url.split("?", 1)[0])
-        live_at: float | None = None
-        try:
-            async with open_client_websocket(self.url, self.options) as (ws, _):
-                await self._subscribe(ws)
-                live_at = trio.current_time()
-                self.generation += 1
-                self._ws = ws
-                self._live.set()
-                log.info("ws_connected", generation=self.generation)
-                on_live()
-                try:
-                    await self._serve(ws, callbacks)
-                finally:
-                    self._lost()
-        except (ConnectionClosed, HandshakeError, OSError, trio.BrokenResourceError) as exc:
-            log.warning("ws_connection_failed", error=type(exc).__name__)
-        except trio.TooSlowError:
-            log.warning("ws_connection_failed", error="timeout")
-        if live_at is None:
-            return None
-        live_for = trio.current_time() - live_at
-        log.info("ws_disconnected", connected_s=round(live_for, 3))
-        return live_for
+        async def connect(
+            url: str, session: p.WecomSession, deliver: Deliverer[p.Event], **kw: Any
+        ) -> WsEnded:
+            try:
+                return await connect_once(
+                    url, session, deliver, on_open=opened, on_connected=connected, **kw
+                )
+            finally:
+                self._lost()
+
+        async def next_url() -> str:
+            return self.url
+
+        await run_ws(
+            session,
+            next_url,
+            deliver,
+            backoff=Backoff(rng=self.rng),
+            options=self.options,
+            connect=connect,
+        )
 
     def _lost(self) -> None:
         """The socket is gone: fail every frame waiting for an ack."""
@@ -244,88 +256,6 @@ class WecomLink:
             waiter.lost = True
             waiter.done.set()
         self._pending.clear()
-
-    async def _subscribe(self, ws: WebSocketConnection) -> None:
-        req_id = self.new_req_id(p.SUBSCRIBE)
-        await ws.send_message(
-            p.frame(p.SUBSCRIBE, req_id, p.subscribe_body(self.bot_id, self._secret))
-        )
-        count_request(p.SUBSCRIBE, "sent")
-        with trio.fail_after(self.tuning.subscribe_timeout_s):
-            while True:
-                got = p.classify(await ws.get_message())
-                if isinstance(got, p.Ack) and got.req_id == req_id:
-                    break
-                # Nothing else is expected before the subscribe ack: dropped.
-                log.info("frame_dropped", reason="before subscribe")
-        if got.errcode != 0:
-            raise AuthError(
-                f"WeCom rejected the bot's subscribe (errcode {got.errcode}: "
-                f"{got.errmsg[:200]}): check bot_id and secret, and that the bot's API mode "
-                "is long connection"
-            )
-        log.info("bot_authenticated", bot_id=self.bot_id)
-
-    async def _serve(
-        self, ws: WebSocketConnection, callbacks: trio.MemorySendChannel[p.Callback]
-    ) -> None:
-        hb = p.Heartbeat(self.tuning.ping_interval_s)
-        hb.start(trio.current_time())
-        async with trio.open_nursery() as nursery:
-
-            async def ping() -> None:
-                while True:
-                    await trio.sleep_until(hb.next_at)
-                    if hb.dead():
-                        log.warning("heartbeat_missed", unacked_pings=hb.unacked)
-                        with trio.move_on_after(self.options.close_wait_s):
-                            await ws.aclose(1000, "no ping ack")
-                        nursery.cancel_scope.cancel()
-                        return
-                    req_id = self.new_req_id(p.PING)
-                    hb.sent(req_id, trio.current_time())
-                    try:
-                        await ws.send_message(p.frame(p.PING, req_id))
-                    except ConnectionClosed:
-                        return
-
-            nursery.start_soon(ping)
-            await self._read(ws, hb, callbacks)
-            nursery.cancel_scope.cancel()
-
-    async def _read(
-        self,
-        ws: WebSocketConnection,
-        hb: p.Heartbeat,
-        callbacks: trio.MemorySendChannel[p.Callback],
-    ) -> None:
-        while True:
-            try:
-                data = await ws.get_message()
-            except ConnectionClosed:
-                return
-            got = p.classify(data)
-            if isinstance(got, p.Ack):
-                if hb.acked(got.req_id):
-                    continue
-                waiter = self._pending.pop(got.req_id, None)
-                if waiter is None:
-                    log.info("ack_unmatched", req_id=got.req_id[:80], errcode=got.errcode)
-                    continue
-                waiter.ack = got
-                waiter.done.set()
-            elif isinstance(got, p.Takeover):
-                with trio.move_on_after(self.options.close_wait_s):
-                    await ws.aclose(1000, "taken over")
-                raise FatalChannelError(
-                    "WeCom disconnected this bot: another connection with the same "
-                    "bot_id took it over (another dshim or SDK process?); not "
-                    "reconnecting, so the two do not evict each other"
-                )
-            elif isinstance(got, p.Callback):
-                await callbacks.send(got)
-            else:
-                log.warning("frame_dropped", reason="unusable", detail=got.detail)
 
 
 async def download(http: httpx.AsyncClient, url: str, max_bytes: int) -> bytes:

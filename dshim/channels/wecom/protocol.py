@@ -22,9 +22,10 @@ Connection states::
             never reconnect (two deployments would evict each other forever)
          -> socket lost: every pending request fails (ConnectionLost), reconnect
 
-:class:`Heartbeat` keeps the ping bookkeeping; :func:`classify` sorts a received frame
-into an :class:`Ack` (matched to a pending request by the client) or a
-:class:`Callback`.  ``req_id`` values we mint follow the SDK's convention
+:class:`WecomSession` is this state machine for the kit's websocket runner
+(:mod:`dshim.net.ws`); :class:`Heartbeat` keeps its ping bookkeeping; :func:`classify`
+sorts a received frame into an :class:`Ack` (matched to a pending request by the client)
+or a :class:`Callback`.  ``req_id`` values we mint follow the SDK's convention
 ``<cmd>_<epoch ms>_<8 hex>`` (:func:`new_req_id`): the SDK and WeCom's own tooling
 recognise subscribe and ping acks by that prefix.
 
@@ -78,7 +79,14 @@ from dshim.channels.kit.ids import (
     shape,
 )
 from dshim.channels.wecom import models as m
-from dshim.errors import ChannelError, NotFound, RateLimited, TransportError
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    FatalChannelError,
+    NotFound,
+    RateLimited,
+    TransportError,
+)
 from dshim.model import (
     Attachment,
     Fetcher,
@@ -88,6 +96,7 @@ from dshim.model import (
     ReplyReference,
     Skip,
 )
+from dshim.net.ws_session import Action, Close, Connected, Deliver, Ignored, Send, WsEnded
 
 CHANNEL = "wecom"
 DEFAULT_WS_URL = "wss://openws.work.weixin.qq.com"
@@ -390,6 +399,113 @@ class Heartbeat:
             self.unacked = 0
             return True
         return False
+
+
+#: What reaches the channel from a live connection: callbacks for the pipeline, and the
+#: acks of its own frames (matched to their requests by ``req_id`` in the client).
+Event = Callback | Ack
+
+
+class WecomSession:
+    """The long connection as a :class:`~dshim.net.ws_session.WsSession` (the states of
+    the module docstring), run by the kit's :func:`~dshim.net.ws.run_ws`.
+
+    ``new_req_id(cmd)`` mints the subscribe's and the pings' ``req_id``.  A rejected
+    subscribe and a takeover close the connection and are raised by
+    :meth:`connection_lost` (no reconnect)."""
+
+    def __init__(
+        self,
+        bot_id: str,
+        secret: str,
+        new_req_id: Callable[[str], str],
+        *,
+        ping_interval_s: float = PING_INTERVAL_S,
+        subscribe_timeout_s: float = 10.0,
+    ) -> None:
+        self.bot_id = bot_id
+        self._secret = secret
+        self.new_req_id = new_req_id
+        self.subscribe_timeout_s = subscribe_timeout_s
+        self.heartbeat = Heartbeat(ping_interval_s)
+        self.live = False
+        self._subscribe_id = ""
+        self._subscribe_by: float | None = None
+        self._closing = False
+        self._fatal: ChannelError | None = None
+
+    def connection_opened(self, now: float) -> Sequence[Action[Event]]:
+        self.live = False
+        self._closing = False
+        self._subscribe_id = req_id = self.new_req_id(SUBSCRIBE)
+        self._subscribe_by = now + self.subscribe_timeout_s
+        body = subscribe_body(self.bot_id, self._secret)
+        return [Send(frame(SUBSCRIBE, req_id, body), kind=SUBSCRIBE)]
+
+    def receive(self, data: str | bytes, now: float) -> Sequence[Action[Event]]:
+        got = classify(data)
+        if not self.live:
+            if not isinstance(got, Ack) or got.req_id != self._subscribe_id:
+                return [Ignored("before subscribe")]  # nothing else is expected first
+            return self._subscribed(got, now)
+        if isinstance(got, Callback):
+            return [Deliver(got)]
+        if isinstance(got, Ack):
+            return () if self.heartbeat.acked(got.req_id) else [Deliver(got)]
+        if isinstance(got, Takeover):
+            self._fatal = FatalChannelError(
+                "WeCom disconnected this bot: another connection with the same "
+                "bot_id took it over (another dshim or SDK process?); not "
+                "reconnecting, so the two do not evict each other"
+            )
+            return self._close("taken over")
+        return [Ignored("unusable", got.detail)]
+
+    def _subscribed(self, ack: Ack, now: float) -> Sequence[Action[Event]]:
+        self._subscribe_by = None
+        if ack.errcode != 0:
+            # Not transient, and the subscribe is rate-protected: no retry loop.
+            self._fatal = AuthError(
+                f"WeCom rejected the bot's subscribe (errcode {ack.errcode}: "
+                f"{ack.errmsg[:200]}): check bot_id and secret, and that the bot's API mode "
+                "is long connection"
+            )
+            return self._close("subscribe rejected")
+        self.live = True
+        self.heartbeat.start(now)
+        return [Connected(session=self.bot_id)]
+
+    def _close(self, reason: str) -> list[Action[Event]]:
+        self._closing = True
+        return [Close(1000, reason)]
+
+    def next_timer(self) -> float | None:
+        if self._closing:
+            return None
+        return self.heartbeat.next_at if self.live else self._subscribe_by
+
+    def tick(self, now: float, *, reading: bool) -> Sequence[Action[Event]]:
+        if self._closing:
+            return ()
+        if not self.live:
+            if self._subscribe_by is not None and now >= self._subscribe_by:
+                return self._close("no subscribe ack")
+            return ()
+        hb = self.heartbeat
+        if not hb.due(now):
+            return ()
+        # Unread acks may wait while the channel holds a callback: dead only when reading.
+        if hb.dead() and reading:
+            return self._close("no ping ack")
+        req_id = self.new_req_id(PING)
+        hb.sent(req_id, now)
+        return [Send(frame(PING, req_id), kind=PING, logged=False)]
+
+    def connection_lost(self, ended: WsEnded, now: float) -> None:
+        self.live = False
+        self._subscribe_by = None
+        if self._fatal is not None:
+            raise self._fatal
 
 
 class Budget:
