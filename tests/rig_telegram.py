@@ -1,20 +1,38 @@
-"""The Telegram :class:`~tests.channel_contract.ChannelRig`: the fake Bot API on 127.0.0.1."""
+"""The Telegram :class:`~tests.channel_contract.ChannelRig`: the fake Bot API on 127.0.0.1.
+
+Also :func:`telegram_bed`, what ``tests/test_telegram_e2e.py`` runs its bots on: the fake
+with Ada's private chat, and bots run through ``serve_bots`` against it.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import trio
 
 from dshim.channels.base import Channel
 from dshim.channels.telegram.channel import CHANNEL
+from dshim.config import parse_config
+from dshim.harness.base import TurnContext
+from dshim.harness.echo import EchoHarness
+from dshim.model import PromptPart
+from dshim.prompt import prompt_text
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
 from tests.channel_contract import Answer
-from tests.helpers import Clock
+from tests.helpers import Clock, Events
 
 ADA = FakeTelegram.user(42, "Ada", "Lovelace", "ada")
+BOB = FakeTelegram.user(43, "Bob")
 GROUP_ID = -1001234567890
+DEADLINE = 900  # virtual seconds, for a whole e2e test
 #: Calls that only receive (long polls): everything else is a call "for" a message.
 RECEIVING = ("getUpdates",)
 
@@ -57,13 +75,7 @@ class TelegramRig:
         )
 
     def source(self, kind: str) -> str:
-        block = {
-            "channel": "telegram",
-            "conversationType": kind,
-            "senderId": str(ADA["id"]),
-            "senderName": "Ada Lovelace",
-        }
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return source(ADA, kind)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         chat = self.fake.chats[int(ADA["id"])].data
@@ -99,3 +111,140 @@ class TelegramRig:
 
     async def wait_until(self, predicate: Callable[[], bool]) -> None:
         await self.fake.wait_until(predicate)
+
+
+# --- the e2e bed ----------------------------------------------------------------------------
+
+
+def source(sender: dict[str, Any], kind: str = "direct") -> str:
+    """The ``<dsh_im_source>`` block of a Telegram user in a direct or group chat."""
+    name = " ".join(p for p in (sender.get("first_name"), sender.get("last_name")) if p)
+    block = {
+        "channel": "telegram",
+        "conversationType": kind,
+        "senderId": str(sender["id"]),
+        "senderName": name,
+    }
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+def echo_of(
+    sender: dict[str, Any], content: str, kind: str = "direct", reply_block: str | None = None
+) -> str:
+    """What the echo harness answers: the prompt's text parts joined by a blank line."""
+    parts = [source(sender, kind)] + ([reply_block] if reply_block else []) + [content]
+    return "\n\n".join(parts)
+
+
+class RecordingHarness(EchoHarness):
+    """The echo harness, remembering every prompt it received and its session."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prompts: list[list[PromptPart]] = []
+        #: The session of each prompt, in order.
+        self.sessions: list[str] = []
+
+    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
+        self.prompts.append(list(parts))
+        self.sessions.append(session_id)
+        return super().prompt(session_id, parts, ctx)
+
+    @property
+    def texts(self) -> list[str]:
+        return [prompt_text(p) for p in self.prompts]
+
+
+@dataclass
+class BotRun:
+    """A running bot: its store, how it ended (empty while it runs), and its scope
+    (cancel it to kill the process mid-answer)."""
+
+    store: Store
+    results: dict[str, str]
+    scope: trio.CancelScope
+
+
+class TelegramBed:
+    """The fake Bot API with Ada's private chat (``dm``); ``bot()`` runs a bot on it."""
+
+    def __init__(self, fake: FakeTelegram, clock: Clock, data_dir: Path) -> None:
+        self.fake = fake
+        self.clock = clock
+        self.data_dir = data_dir
+        self.dm = fake.private_chat(ADA)
+
+    def say(self, text: str | None = None, **options: Any) -> dict[str, Any]:
+        """Ada writes to the bot in her private chat; returns the message."""
+        return self.fake.user_message(self.dm, ADA, text, **options)
+
+    def texts(self, chat_id: int = 42) -> list[str]:
+        """The bot's messages in a chat as it shows them now, oldest first."""
+        return [m.text for m in self.fake.bot_messages(chat_id)]
+
+    async def answered(self, count: int, chat_id: int = 42) -> None:
+        """Wait until the bot has sent ``count`` messages into the chat."""
+        await self.fake.wait_until(lambda: len(self.fake.bot_messages(chat_id)) == count)
+
+    async def polling(self) -> None:
+        """Wait until the bot is up and long-polling."""
+        fake = self.fake
+        await fake.wait_until(
+            lambda: (
+                any(c.status == 0 for c in fake.calls_to("getUpdates"))
+                or len(fake.calls_to("getUpdates")) > 1
+            )
+        )
+
+    @asynccontextmanager
+    async def bot(
+        self,
+        *,
+        poll: bool = True,
+        harness: EchoHarness | None = None,
+        observer: Events | None = None,
+        token: str = TEST_TOKEN,
+        **options: Any,
+    ) -> AsyncIterator[BotRun]:
+        """Run one bot through serve_bots on a real SQLite store in the data directory
+        (inline: the autojump clock stays exact), once it polls (unless ``poll`` is False);
+        leaving the block shuts it down gracefully.  ``options`` are ``[[bots]]`` keys."""
+        table = {"name": "tg", "channel": "telegram", "token": "${TG_TOKEN}"}
+        config = parse_config(
+            {"bots": [{**table, "api_base": self.fake.url, **options}]}, env={"TG_TOKEN": token}
+        )
+        shutdown = trio.Event()
+        async with open_store(self.data_dir, inline=True) as store, trio.open_nursery() as nursery:
+            run = BotRun(store, {}, nursery.cancel_scope)
+
+            async def serve(task_status: trio.TaskStatus[None]) -> None:
+                run.results.update(
+                    await serve_bots(
+                        config,
+                        store,
+                        shutdown=shutdown,
+                        channels={"tg": CHANNEL},
+                        clock=self.clock,
+                        harness=harness or EchoHarness(),
+                        observer=observer,
+                        task_status=task_status,
+                    )
+                )
+
+            await nursery.start(serve)
+            if poll:
+                await self.polling()
+            yield run
+            shutdown.set()
+
+
+@asynccontextmanager
+async def telegram_bed(
+    data_dir: Path, **fake_options: Any
+) -> AsyncIterator[tuple[TelegramBed, FakeTelegram]]:
+    """The fake Bot API on 127.0.0.1 for one e2e test, within its ``DEADLINE``: the bed
+    and (for brevity) its fake."""
+    with trio.fail_after(DEADLINE):
+        clock = Clock()
+        async with open_fake_telegram(clock=clock, **fake_options) as fake:
+            yield TelegramBed(fake, clock, data_dir), fake
