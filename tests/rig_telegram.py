@@ -165,6 +165,72 @@ class BotRun:
     scope: trio.CancelScope
 
 
+@asynccontextmanager
+async def running_bot(
+    fake: FakeTelegram,
+    store: Store,
+    clock: Clock,
+    *,
+    harness: EchoHarness | None = None,
+    token: str = TEST_TOKEN,
+    observer: Events | None = None,
+    **options: Any,
+) -> AsyncIterator[BotRun]:
+    """Run one Telegram bot through serve_bots on ``store``; leaving the block shuts it
+    down gracefully.  ``options`` are ``[[bots]]`` keys."""
+    table = {"name": "tg", "channel": "telegram", "token": "${TG_TOKEN}"}
+    config = parse_config(
+        {"bots": [{**table, "api_base": fake.url, **options}]}, env={"TG_TOKEN": token}
+    )
+    shutdown = trio.Event()
+    async with trio.open_nursery() as nursery:
+        run = BotRun(store, {}, nursery.cancel_scope)
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            run.results.update(
+                await serve_bots(
+                    config,
+                    store,
+                    shutdown=shutdown,
+                    channels={"tg": CHANNEL},
+                    clock=clock,
+                    harness=harness or EchoHarness(),
+                    observer=observer,
+                    task_status=task_status,
+                )
+            )
+
+        await nursery.start(serve)
+        yield run
+        shutdown.set()
+
+
+@asynccontextmanager
+async def telegram_world(tmp_path: Path) -> AsyncIterator[tuple[FakeTelegram, Store, Clock]]:
+    """The fake Bot API and a real SQLite store (inline: the autojump clock stays exact)."""
+    clock = Clock()
+    async with (
+        open_fake_telegram(clock=clock) as fake,
+        open_store(tmp_path, inline=True) as store,
+    ):
+        yield fake, store, clock
+
+
+async def polling(fake: FakeTelegram) -> None:
+    """Wait until the bot is up and long-polling."""
+    await fake.wait_until(
+        lambda: (
+            any(c.status == 0 for c in fake.calls_to("getUpdates"))
+            or len(fake.calls_to("getUpdates")) > 1
+        )
+    )
+
+
+def final_texts(fake: FakeTelegram, chat_id: int) -> list[str]:
+    """The bot's messages in a chat as it shows them now, oldest first."""
+    return [m.text for m in fake.bot_messages(chat_id)]
+
+
 class TelegramBed:
     """The fake Bot API with Ada's private chat (``dm``); ``bot()`` runs a bot on it."""
 
@@ -180,7 +246,7 @@ class TelegramBed:
 
     def texts(self, chat_id: int = 42) -> list[str]:
         """The bot's messages in a chat as it shows them now, oldest first."""
-        return [m.text for m in self.fake.bot_messages(chat_id)]
+        return final_texts(self.fake, chat_id)
 
     async def answered(self, count: int, chat_id: int = 42) -> None:
         """Wait until the bot has sent ``count`` messages into the chat."""
@@ -188,54 +254,20 @@ class TelegramBed:
 
     async def polling(self) -> None:
         """Wait until the bot is up and long-polling."""
-        fake = self.fake
-        await fake.wait_until(
-            lambda: (
-                any(c.status == 0 for c in fake.calls_to("getUpdates"))
-                or len(fake.calls_to("getUpdates")) > 1
-            )
-        )
+        await polling(self.fake)
 
     @asynccontextmanager
-    async def bot(
-        self,
-        *,
-        poll: bool = True,
-        harness: EchoHarness | None = None,
-        observer: Events | None = None,
-        token: str = TEST_TOKEN,
-        **options: Any,
-    ) -> AsyncIterator[BotRun]:
-        """Run one bot through serve_bots on a real SQLite store in the data directory
-        (inline: the autojump clock stays exact), once it polls (unless ``poll`` is False);
-        leaving the block shuts it down gracefully.  ``options`` are ``[[bots]]`` keys."""
-        table = {"name": "tg", "channel": "telegram", "token": "${TG_TOKEN}"}
-        config = parse_config(
-            {"bots": [{**table, "api_base": self.fake.url, **options}]}, env={"TG_TOKEN": token}
-        )
-        shutdown = trio.Event()
-        async with open_store(self.data_dir, inline=True) as store, trio.open_nursery() as nursery:
-            run = BotRun(store, {}, nursery.cancel_scope)
-
-            async def serve(task_status: trio.TaskStatus[None]) -> None:
-                run.results.update(
-                    await serve_bots(
-                        config,
-                        store,
-                        shutdown=shutdown,
-                        channels={"tg": CHANNEL},
-                        clock=self.clock,
-                        harness=harness or EchoHarness(),
-                        observer=observer,
-                        task_status=task_status,
-                    )
-                )
-
-            await nursery.start(serve)
+    async def bot(self, *, poll: bool = True, **options: Any) -> AsyncIterator[BotRun]:
+        """Run one bot (see :func:`running_bot`) on a real SQLite store in the data
+        directory (inline: the autojump clock stays exact), once it polls (unless ``poll``
+        is False)."""
+        async with (
+            open_store(self.data_dir, inline=True) as store,
+            running_bot(self.fake, store, self.clock, **options) as run,
+        ):
             if poll:
                 await self.polling()
             yield run
-            shutdown.set()
 
 
 @asynccontextmanager

@@ -38,10 +38,10 @@ from dshim.pipeline.turn import MEDIA_DEADLINE_S
 from dshim.replay import DATA_DIR_MARK, run_fixture
 from tests.channel_contract import RecordingHarness as TabHarness
 from tests.helpers import T0, msg, open_rig
+from tests.rig_telegram import ADA, RecordingHarness, polling, running_bot, telegram_world
 from tests.rig_webchat import ChatClient, serving
 from tests.test_harness_acp import DEADLINE_S, acp_rig, journal
 from tests.test_kit_h11 import read_request, serve_raw
-from tests.test_telegram_e2e import ADA, RecordingHarness, polling, running_bot, telegram_world
 
 #: The start of a real PDF: its second line is binary (never UTF-8, never inlined).
 PDF = b"%PDF-1.7\n%\xe2\xe3\xcf\xd3\n" + b"1 0 obj << /Type /Catalog >> endobj\n" * 40

@@ -27,7 +27,7 @@ from dshim.store.base import Store
 from dshim.testing.fakes.dsh import VERSION, FakeDsh, open_fake_dsh
 from dshim.testing.fakes.telegram import TEST_TOKEN, FakeTelegram, open_fake_telegram
 from tests.helpers import Clock
-from tests.test_telegram_e2e import ADA, echo_of, final_texts, polling, source
+from tests.rig_telegram import ADA, echo_of, final_texts, polling, source
 
 DEADLINE = 900
 CHAT = 42

@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from dshim.channels.telegram.protocol import BotIdentity, parse_update
 from dshim.model import InboundMessage, Skip
 from tests.helpers import Events
-from tests.test_telegram_e2e import (
+from tests.rig_telegram import (
     ADA,
     DEADLINE,
     echo_of,

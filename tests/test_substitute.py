@@ -17,7 +17,7 @@ from dshim.model import InboundMessage, Mention
 from dshim.pipeline.substitute import ANCHORS_PER_SESSION, decide, match_target, slash_guarded
 from dshim.prompt import substitute_block
 from dshim.testing.fakes.telegram import FakeTelegram
-from tests.test_telegram_e2e import (
+from tests.rig_telegram import (
     ADA,
     BOB,
     DEADLINE,

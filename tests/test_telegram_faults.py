@@ -16,7 +16,7 @@ import trio
 
 from dshim.pipeline.runtime import LATE_ANSWER_TEXT
 from dshim.testing.fakes.telegram import FakeTelegram
-from tests.test_telegram_e2e import (
+from tests.rig_telegram import (
     ADA,
     DEADLINE,
     echo_of,
