@@ -181,3 +181,29 @@ def answer_of_default(fake: FakeDingTalk, text: str) -> str:
     }
     src = "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
     return f"{src}\n\n{text}"
+
+
+async def test_a_card_create_whose_answer_was_lost_is_kept_when_finish_finds_it_existing(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """The first create makes the card but its answer is lost: the stream gives the card
+    up for the moment, and finish's create of the same outTrackId is told it exists.  The
+    lost create made it, so that card is delivered and finished -- no markdown instead."""
+    text = "echo:slow 4 a card made in the dark"
+    with trio.fail_after(DEADLINE), capture_logs() as logs:
+        async with running_bot(tmp_path) as (bot, fake):
+            fake.drop_response_next("POST /v1.0/card/instances")
+            fake.user_message(fake.dm_conversation, text)
+            final = answer_of_default(fake, text)
+            with trio.move_on_after(300):
+                await fake.wait_until(
+                    lambda: any(m.text == final for m in fake.bot_messages(fake.dm_conversation))
+                )
+            await trio.sleep(60)
+    [card] = fake.bot_messages(fake.dm_conversation)
+    assert (card.kind, card.text, card.finalized, card.flow_status) == ("card", final, True, "3")
+    creates = [c for c in fake.calls if c.op == "POST /v1.0/card/instances"]
+    # The lost create (no answer), then the one that found the card: one outTrackId.
+    assert [c.status for c in creates] == [0, 400]
+    assert len({c.json["outTrackId"] for c in creates}) == 1
+    assert not [e for e in logs if e["event"] == "card_answers_fell_back"]
