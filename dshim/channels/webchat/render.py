@@ -4,7 +4,7 @@ Every tab that follows the conversation gets the frames (:class:`~.client.Tabs`)
 message the bot delivers is also written to the conversation's message log, which is
 where the page's history and the quotes of the bot's answers come from.
 
-Streaming (:class:`WebchatStream`): the first text goes out at once (this is local: no
+Streaming (:class:`WebchatCalls` on the native-stream engine): the first text goes out at once (this is local: no
 pacing for a platform's sake), then at most one frame per :data:`FRAME_INTERVAL_S` per
 answer, each carrying the whole text so far with ``"final": false`` and the answer's one
 id; texts that arrive in between are merged (only the newest is sent).  ``finish`` sends
@@ -24,25 +24,24 @@ waiting, an ``interaction_closed`` frame takes the buttons away.
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import structlog
-import trio
 
 from dshim.channels.base import (
     ChannelStore,
     InteractionPrompt,
     LoggedMessage,
     PresentsInteractions,
-    WatchesDelivery,
 )
 from dshim.channels.webchat import protocol
 from dshim.channels.webchat.client import Tabs
 from dshim.errors import StoreError
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import split_text
+from dshim.streams.native import NativeStream, Step, open_native_stream
 
 log = structlog.get_logger("dshim.webchat")
 
@@ -157,22 +156,14 @@ class WebchatOutbound(PresentsInteractions):
         return await self.deliver(target, split(text))
 
     @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WebchatStream]:
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[NativeStream]:
         """Stream one answer (see the module docstring)."""
         self.tabs.broadcast(
             target.conversation_id, protocol.typing_frame(target.conversation_id, self.me.name)
         )
-        stream = WebchatStream(self, target)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream.pump)
-                try:
-                    yield stream
-                finally:
-                    nursery.cancel_scope.cancel()
-        finally:
-            with trio.CancelScope(shield=True):
-                await stream.abandon()
+        calls = WebchatCalls(self, target)
+        async with open_native_stream(calls, calls.bind) as stream:
+            yield stream
 
     @asynccontextmanager
     async def open_interaction(
@@ -202,75 +193,57 @@ class WebchatOutbound(PresentsInteractions):
             )
 
 
-class WebchatStream(WatchesDelivery):
-    """One streamed answer (:class:`dshim.outbound.ReplyStream`, with ``watch_delivery``)."""
+class WebchatCalls:
+    """One streamed answer's frames, on the native-stream engine
+    (:mod:`dshim.streams.native`): the engine paces and merges, these show."""
+
+    interval_s = FRAME_INTERVAL_S
+    shows_notes = True
 
     def __init__(self, outbound: WebchatOutbound, target: ReplyTarget) -> None:
         self.outbound = outbound
         self.target = target
         self.id = new_id()
-        self._text = ""
-        self._note: str | None = None
-        self._shown: str | None = None
         self._sent_at: float | None = None
-        self._changed = trio.Event()
-        self._finished = False
-        self._hook: Callable[[], Awaitable[None]] | None = None
-        self._first = trio.Lock()
+        self._shown: str | None = None
+        self.stream: NativeStream | None = None
 
-    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook()`` once, right before the first frame of this answer."""
-        self._hook = hook
-
-    async def update(self, text: str) -> None:
-        if text != self._text:
-            self._text = text
-            self._note = None
-            self._changed.set()
-
-    async def progress(self, note: str) -> None:
-        self._note = note.strip() or None
-        self._changed.set()
-
-    def _display(self) -> str:
-        text = self._text.strip()[:MAX_MESSAGE_LEN]
-        if text and self._note:
-            return f"{text}\n\n⏳ {self._note}"
-        return text
+    def bind(self, stream: NativeStream) -> None:
+        self.stream = stream
 
     async def _before_first(self) -> None:
-        """The delivery hook, once; whoever comes second waits until it is done."""
-        async with self._first:
-            hook, self._hook = self._hook, None
-            if hook is not None:
-                await hook()
-            if self._sent_at is None:
-                self._sent_at = self.outbound.clock()
+        assert self.stream is not None
+        await self.stream.delivering()
+        if self._sent_at is None:
+            self._sent_at = self.outbound.clock()
 
-    async def pump(self) -> None:
-        """Send the text so far, at most one frame per FRAME_INTERVAL_S (until finish)."""
-        while not self._finished:
-            await self._changed.wait()
-            self._changed = trio.Event()
-            display = self._display()
-            if not display or display == self._shown:
-                continue
-            await self._before_first()
-            if self._finished:
-                return
-            self._shown = display
-            logged = self.outbound._bot_message(
-                self.id, display, self._sent_at or 0.0, self.target.reply_to_message_id
-            )
-            self.outbound._live[self.id] = (self.target.conversation_id, logged)
-            self.outbound.show(self.target.conversation_id, logged, final=False)
-            await trio.sleep(FRAME_INTERVAL_S)
+    def _display(self) -> str:
+        assert self.stream is not None
+        text = self.stream.text.strip()[:MAX_MESSAGE_LEN]
+        note = self.stream.note
+        return f"{text}\n\n⏳ {note}" if text and note else text
+
+    async def start(self, text: str) -> Step:
+        await self._before_first()
+        assert self.stream is not None
+        if self.stream.finishing:
+            return Step.STOP
+        return await self.append(text)
+
+    async def append(self, text: str) -> Step:
+        display = self._display()
+        if not display:
+            return Step.AGAIN
+        self._shown = display
+        logged = self.outbound._bot_message(
+            self.id, display, self._sent_at or 0.0, self.target.reply_to_message_id
+        )
+        self.outbound._live[self.id] = (self.target.conversation_id, logged)
+        self.outbound.show(self.target.conversation_id, logged, final=False)
+        return Step.SHOWN
 
     async def finish(self, text: str) -> list[Delivered]:
         """The one final frame (and follow-up messages beyond the length limit)."""
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
         chunks = split(text)
         if not chunks:
             chunks = ["…"] if self._shown is not None else []
@@ -282,13 +255,16 @@ class WebchatStream(WatchesDelivery):
             self.target, chunks, first_id=self.id, sent_at=self._sent_at
         )
 
+    def fallback(self) -> None:
+        return None  # sending never fails
+
     async def abandon(self) -> None:
         """Left without ``finish`` (stopped, failed): what was shown becomes final."""
-        if self._finished:
-            return
-        self._finished = True
         self.outbound._live.pop(self.id, None)
         if self._shown is not None:
             await self.outbound.deliver(
                 self.target, [self._shown], first_id=self.id, sent_at=self._sent_at
             )
+
+    async def background(self) -> None:
+        return None
