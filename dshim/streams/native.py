@@ -31,8 +31,10 @@ pauses them one second per failure in a row, and the third in a row stops them (
 final text still goes through ``finish``, which retries under the channel's rules:
 :func:`retrying` is the shared primitive for that).
 
-A channel supplies a :class:`NativeCalls` -- start, append, finish, and optionally a
-fallback, abandon and background work -- and nothing else.
+A channel supplies a :class:`NativeCalls` -- start, append, finish, a fallback, abandon
+and background work (timers of its own: they take :attr:`NativeStream.lock` around their
+calls) -- and nothing else.  A channel that counts its failures differently catches
+them in its calls and answers :attr:`Step.AGAIN` or :attr:`Step.STOP` itself.
 """
 
 from __future__ import annotations
@@ -198,6 +200,20 @@ class NativeStream(WatchesDelivery):
     @property
     def finishing(self) -> bool:
         return self._finishing.is_set()
+
+    @property
+    def lock(self) -> trio.Lock:
+        """Held around every call the engine makes; a channel's own calls on the same
+        answer outside the engine (a timer's rotation, a card attached to the stream)
+        take it too, so calls on one answer never overlap."""
+        return self._lock
+
+    def redraw(self) -> None:
+        """What is shown no longer holds the display text (the channel moved on to a new
+        message or bubble): the next intermediate call goes out even if the text did not
+        change."""
+        self.shown = None
+        self._changed.set()
 
     async def delivering(self) -> None:
         """Right before the channel's first call that can show text: the delivery hook,
