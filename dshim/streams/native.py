@@ -33,8 +33,9 @@ final text still goes through ``finish``, which retries under the channel's rule
 
 A channel supplies a :class:`NativeCalls` -- start, append, finish, a fallback, abandon
 and background work (timers of its own: they take :attr:`NativeStream.lock` around their
-calls) -- and nothing else.  A channel that counts its failures differently catches
-them in its calls and answers :attr:`Step.AGAIN` or :attr:`Step.STOP` itself.
+calls and report them with :meth:`NativeStream.paced`) -- and nothing else.  A channel
+that counts its failures differently catches them in its calls and answers
+:attr:`Step.AGAIN` or :attr:`Step.STOP` itself.
 """
 
 from __future__ import annotations
@@ -207,6 +208,11 @@ class NativeStream(WatchesDelivery):
         answer outside the engine (a timer's rotation, a card attached to the stream)
         take it too, so calls on one answer never overlap."""
         return self._lock
+
+    def paced(self) -> None:
+        """A call of the channel's own on this answer (outside the engine) went out now:
+        the next intermediate call waits ``interval_s`` from here."""
+        self._last_call = trio.current_time()
 
     def redraw(self) -> None:
         """What is shown no longer holds the display text (the channel moved on to a new

@@ -1,7 +1,8 @@
 """WeCom outbound: native stream replies, rotation, overflow, pushes and button cards.
 
 An answer is a native stream bound to the user's message (``aibot_respond_msg`` with the
-inbound ``req_id``, :class:`WecomStream`):
+inbound ``req_id``, :class:`WecomCalls` on the native-stream engine of
+:mod:`dshim.streams.native`):
 
 1. as soon as the turn starts, a first frame with a new ``stream.id`` and
    :data:`~.protocol.THINKING_MARK` opens the bubble (it shows none of the answer, so the
@@ -49,10 +50,9 @@ as everywhere.
 
 from __future__ import annotations
 
-import math
 import secrets
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -60,13 +60,14 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt, PresentsInteractions, WatchesDelivery
+from dshim.channels.base import InteractionPrompt, PresentsInteractions
 from dshim.channels.kit import Backoff
 from dshim.channels.wecom import protocol as p
 from dshim.channels.wecom.client import WecomLink
-from dshim.errors import ChannelError, RateLimited, TransportError, outcome_unknown, single_error
+from dshim.errors import ChannelError, RateLimited, TransportError, outcome_unknown
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import BACKOFF_MAX_S, Limits, split_text
+from dshim.streams.native import NativeStream, Step, open_native_stream
 
 log = structlog.get_logger("dshim.wecom")
 
@@ -137,7 +138,7 @@ class WecomOutbound(PresentsInteractions):
         self.tuning = tuning or RenderTuning()
         self.limits = limits or Limits(max_len=p.STREAM_MAX_BYTES, measure=p.utf8_len)
         self.bot_username: str | None = None
-        self._streams: dict[str, WecomStream] = {}
+        self._streams: dict[str, WecomCalls] = {}
         self._carded: OrderedDict[str, None] = OrderedDict()
         self._cards: dict[str, PendingCard] = {}
         #: inbound req_id -> the stream id of a bubble an undelivered answer left open.
@@ -344,26 +345,18 @@ class WecomOutbound(PresentsInteractions):
         return [first, *await self.push(target.conversation_id, chunks[1:])]
 
     @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WecomStream]:
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[NativeStream]:
         """Stream one answer (see the module docstring)."""
-        stream = WecomStream(self, target)
-        key = stream.route.req_id if stream.route is not None else None
+        calls = WecomCalls(self, target)
+        key = calls.route.req_id if calls.route is not None else None
         if key is not None:
-            self._streams[key] = stream
+            self._streams[key] = calls
         try:
-            # A failed send is the turn's (raised as itself), never a group for the bot.
-            with single_error():
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(stream.pump)
-                    try:
-                        yield stream
-                    finally:
-                        nursery.cancel_scope.cancel()
+            async with open_native_stream(calls, calls.bind) as stream:
+                yield stream
         finally:
-            if key is not None and self._streams.get(key) is stream:
+            if key is not None and self._streams.get(key) is calls:
                 del self._streams[key]
-            with trio.CancelScope(shield=True), trio.move_on_after(p.ACK_TIMEOUT_S):
-                await stream.abandon()
 
     @asynccontextmanager
     async def open_interaction(
@@ -426,50 +419,41 @@ class _Done:
     completed_at: float
 
 
-class WecomStream(WatchesDelivery):
-    """One streamed answer (:class:`dshim.outbound.ReplyStream` with ``watch_delivery``)."""
+class WecomCalls:
+    """One streamed answer's frames and pushes, on the native-stream engine
+    (:mod:`dshim.streams.native`): the engine merges texts, paces at ``interval_s`` and
+    delivers the final text once; these keep WeCom's bubbles (segments), the rotation
+    timer and the reply path."""
+
+    shows_notes = True
 
     def __init__(self, out: WecomOutbound, target: ReplyTarget) -> None:
         self.out = out
         self.target = target
+        self.interval_s = out.tuning.interval_s
         self.route = target.route if isinstance(target.route, p.Route) else None
-        self._text = ""
-        self._note: str | None = None
-        self._changed = trio.Event()
-        self._finishing = False
+        self.stream: NativeStream | None = None
         self._cur: _Segment | None = None
+        self._opened = False
+        self._segment_opened = trio.Event()
         self._offset = 0
         self._done: list[_Done] = []
         #: The reply path is gone (846605, a closed socket, no route): push the rest.
         self._broken = self.route is None or not p.reply_window_open(
             self.route.received_at, out.clock()
         )
-        self._lock = trio.Lock()
-        self._hook: Callable[[], Awaitable[None]] | None = None
-        self._last_frame = -1e9
-        self.frames: int = 0
         self._card: dict[str, Any] | None = None
         self._orphan: _Segment | None = None
         self._generation: int | None = None
         self._failures = 0
 
-    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook()`` once, right before the first frame with answer text."""
-        self._hook = hook
+    def bind(self, stream: NativeStream) -> None:
+        self.stream = stream
 
-    async def update(self, text: str) -> None:
-        if text != self._text:
-            self._text = text
-            self._note = None
-            self._wake()
-
-    async def progress(self, note: str) -> None:
-        self._note = note.strip() or None
-        self._wake()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
+    @property
+    def _s(self) -> NativeStream:
+        assert self.stream is not None
+        return self.stream
 
     # -- frames --------------------------------------------------------------------------------
 
@@ -477,13 +461,18 @@ class WecomStream(WatchesDelivery):
         return text[self._offset :]
 
     def _display(self) -> str:
-        chunks = split(self._rest(self._text))
+        chunks = split(self._rest(self._s.text))
         body = chunks[0] if chunks else ""
-        if body and self._note:
-            with_note = f"{body}\n\n⏳ {self._note}"
+        note = self._s.note
+        if body and note:
+            with_note = f"{body}\n\n⏳ {note}"
             if p.utf8_len(with_note) <= p.STREAM_MAX_BYTES:
                 return with_note
         return body
+
+    def _display_plain(self) -> str:
+        chunks = split(self._rest(self._s.text))
+        return chunks[0] if chunks else ""
 
     async def _frame(self, content: str, *, finish: bool, give_up_at: float | None = None) -> None:
         """One frame of the current segment (opening a new one when there is none).
@@ -491,24 +480,23 @@ class WecomStream(WatchesDelivery):
         until then."""
         assert self.route is not None
         has_text = content != p.THINKING_MARK
-        if has_text and self._hook is not None:
-            hook, self._hook = self._hook, None
-            await hook()
+        if has_text:
+            await self._s.delivering()
         seg = self._cur
         if seg is None:
             await self.out.room(self.target.conversation_id)
             seg = _Segment(new_stream_id(), self._offset, trio.current_time(), self.out.clock())
             self._cur = seg
+            self._segment_opened.set()
         body: dict[str, Any]
         if self._card is not None:
             body = p.stream_card_body(seg.id, content, self._card, finish=finish)
         else:
             body = p.stream_body(seg.id, content, finish=finish)
         plain = self._display_plain()
-        if content != f"{plain}\n\n⏳ {self._note}":
+        if content != f"{plain}\n\n⏳ {self._s.note}":
             plain = content  # no progress note in it
-        self._last_frame = trio.current_time()
-        self.frames += 1
+        self._s.paced()
         seg.sent_text = seg.sent_text or has_text  # shown, maybe, even without an ack
         if self._generation is None:
             # A stream lives on one connection: after a drop the rest goes by push.
@@ -532,13 +520,14 @@ class WecomStream(WatchesDelivery):
         seg = self._cur
         if seg is None:
             return
-        rest = self._rest(self._text)
+        rest = self._rest(self._s.text)
         lead = len(rest) - len(rest.lstrip())
         if final and rest.lstrip().startswith(final):
             self._offset += lead + len(final)
         if final and final != p.THINKING_MARK:
             self._done.append(_Done(seg.id, final, seg.sent_at, self.out.clock()))
         self._cur = None
+        self._segment_opened = trio.Event()
 
     async def _rotate(self) -> None:
         """Finish the current stream before it expires; the answer goes on in a new one."""
@@ -556,73 +545,81 @@ class WecomStream(WatchesDelivery):
             content = seg.plain
         self._close_segment(content)
 
-    def _display_plain(self) -> str:
-        chunks = split(self._rest(self._text))
-        return chunks[0] if chunks else ""
-
     def _due_rotation(self) -> bool:
         seg = self._cur
         return seg is not None and trio.current_time() - seg.opened_at >= self.out.tuning.rotate_s
 
-    async def _step(self, *, opening: bool = False) -> None:
+    async def _step(self, *, opening: bool = False) -> Step:
         """One intermediate frame (or rotation), under the stream's lock."""
-        async with self._lock:
-            if self._finishing or self._broken:
-                return
-            try:
-                if self._due_rotation():
-                    await self._rotate()
-                    return
-                display = self._display() or (p.THINKING_MARK if self._cur is None else "")
-                if opening:
-                    display = p.THINKING_MARK
-                if display and (self._cur is None or display != self._cur.shown):
-                    await self._frame(display, finish=False)
-            except p.StreamExpired:
-                seg = self._cur
-                self._close_segment(seg.plain if seg is not None else "")
-            except (p.ReplyExpired, p.ConnectionLost) as exc:
-                self._lost(exc)
-            except ChannelError as exc:
-                self._failures += 1
-                log.info("stream_update_failed", error=_short(exc), failures=self._failures)
+        if self._s.finishing or self._broken:
+            return Step.STOP
+        try:
+            if self._due_rotation():
+                await self._rotate()
+                self._s.redraw()  # the rest goes on in a new bubble
+                return Step.AGAIN
+            if opening:
+                self._opened = True
+                display = p.THINKING_MARK
             else:
-                self._failures = 0
+                display = self._display()
+                if not display:
+                    return Step.SHOWN  # all of the text is in a finished bubble
+            if self._cur is None or display != self._cur.shown:
+                await self._frame(display, finish=False)
+        except p.StreamExpired:
+            seg = self._cur
+            self._close_segment(seg.plain if seg is not None else "")
+            self._s.redraw()
+            return Step.AGAIN
+        except (p.ReplyExpired, p.ConnectionLost) as exc:
+            self._lost(exc)
+            return Step.STOP
+        except ChannelError as exc:
+            self._failures += 1
+            log.info("stream_update_failed", error=_short(exc), failures=self._failures)
+            return Step.STOP if self._failures >= PREVIEW_FAILURES else Step.AGAIN
+        self._failures = 0
+        return Step.AGAIN if opening else Step.SHOWN
 
-    async def pump(self) -> None:
-        """The thinking frame at once, then the newest text at most every 800 ms, and a
-        rotation when the stream gets old.  Three failed frames in a row end the previews
-        (``finish`` still delivers)."""
+    async def start(self, text: str) -> Step:
+        if not self._opened:
+            # The thinking marker first, as when the turn started (the text follows
+            # after the interval).
+            return await self._step(opening=True)
+        return await self._step()
+
+    async def append(self, text: str) -> Step:
+        return await self._step()
+
+    async def background(self) -> None:
+        """The thinking marker as soon as the turn starts, then the rotation timer: a
+        bubble that has been open for ``rotate_s`` is finished and the answer goes on in
+        a new one (the engine wakes to write it)."""
         if self._broken:
             return
-        await self._step(opening=True)  # the thinking marker, as soon as the turn starts
+        async with self._s.lock:
+            if not self._opened:
+                await self._step(opening=True)
         interval = self.out.tuning.interval_s
-        while not self._finishing and not self._broken and self._failures < PREVIEW_FAILURES:
+        while not self._s.finishing and not self._broken and self._failures < PREVIEW_FAILURES:
             seg = self._cur
-            rotate_at = seg.opened_at + self.out.tuning.rotate_s if seg is not None else math.inf
-            if trio.current_time() >= rotate_at:
-                await self._step()
-                if self._cur is seg:  # the rotation failed: not again at once
-                    await trio.sleep(interval)
+            if seg is None:
+                await self._segment_opened.wait()
                 continue
-            wait = self._last_frame + interval - trio.current_time()
-            if wait > 0:
-                await trio.sleep(wait)
-                continue
-            changed = self._changed
-            display = self._display()
-            if not display or (seg is not None and display == seg.shown):
-                with trio.move_on_at(rotate_at):
-                    await changed.wait()
-                continue
-            await self._step()
+            await trio.sleep_until(seg.opened_at + self.out.tuning.rotate_s)
+            async with self._s.lock:
+                if self._cur is seg:
+                    await self._step()
+            if self._cur is seg:  # the rotation failed: not again at once
+                await trio.sleep(interval)
 
     async def attach_card(self, card: dict[str, Any]) -> bool:
         """Attach a template card to this stream's next frame (sent at once)."""
-        if self.route is None or self._broken or self._finishing:
+        if self.route is None or self._broken or self._s.finishing:
             return False
-        async with self._lock:
-            if self._broken or self._finishing:
+        async with self._s.lock:
+            if self._broken or self._s.finishing:
                 return False
             self._card = card
             try:
@@ -643,19 +640,17 @@ class WecomStream(WatchesDelivery):
         Not delivered after the retries (:class:`TransportError`, ``request_sent``
         False): the bubble this answer left open is remembered, and the outbox's
         delivery finishes it (:meth:`WecomOutbound.send_text`)."""
-        if self._finishing:
-            raise RuntimeError("finish() called twice")
-        self._finishing = True
-        self._wake()
-        async with self._lock:
-            self._text = text
-            try:
-                delivered = await self._deliver(text)
-            except ChannelError as exc:
-                self._keep_bubble(exc)
-                raise
-            await self._close_orphan()
-            return delivered
+        self._s.text = text
+        try:
+            delivered = await self._deliver(text)
+        except ChannelError as exc:
+            self._keep_bubble(exc)
+            raise
+        await self._close_orphan()
+        return delivered
+
+    def fallback(self) -> None:
+        return None  # pushes carry whatever the reply path cannot
 
     async def _deliver(self, text: str) -> list[Delivered]:
         chunks = split(self._rest(text))
@@ -691,21 +686,19 @@ class WecomStream(WatchesDelivery):
     async def abandon(self) -> None:
         """Left without ``finish`` (stopped, failed, shutdown): the open bubble is finished
         with what it shows, so it does not spin until WeCom expires it."""
-        if self._finishing:
-            return
-        self._finishing = True
         seg = self._cur
         if seg is None or self._broken or self.route is None:
             return
-        try:
-            await self.out.reply_frame(
-                self.route,
-                p.stream_body(seg.id, seg.shown or p.THINKING_MARK, finish=True),
-                what="stream",
-                bound=self._generation,
-            )
-        except ChannelError as exc:
-            log.info("stream_abandon_failed", error=_short(exc))
+        with trio.move_on_after(p.ACK_TIMEOUT_S):
+            try:
+                await self.out.reply_frame(
+                    self.route,
+                    p.stream_body(seg.id, seg.shown or p.THINKING_MARK, finish=True),
+                    what="stream",
+                    bound=self._generation,
+                )
+            except ChannelError as exc:
+                log.info("stream_abandon_failed", error=_short(exc))
 
     def _lost(self, exc: ChannelError) -> None:
         """The reply path is gone: the rest of the answer goes by push."""
@@ -744,7 +737,7 @@ class WecomStream(WatchesDelivery):
             except p.StreamExpired:
                 seg = self._cur
                 self._close_segment(seg.plain if seg is not None and seg.has_text else "")
-                rest = split(self._rest(self._text))
+                rest = split(self._rest(self._s.text))
                 if not rest:
                     return
                 first = rest[0]
