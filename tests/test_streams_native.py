@@ -317,3 +317,38 @@ async def test_retrying_repeats_known_failures_waits_rate_limits_and_raises_unkn
         outcomes[:] = [ChannelError("refused for good")]
         with pytest.raises(ChannelError, match="for good"):
             await retrying(call, give_up_at=trio.current_time() + 60, backoff=Backoff())
+
+
+async def test_a_channel_that_counts_its_own_failures_pauses_the_next_attempt(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    class Paused(Script):
+        """Catches its failures itself: AGAIN after a pause of its choosing, never STOP."""
+
+        async def append(self, text: str) -> Step:
+            step = await super().append(text)
+            if step is Step.AGAIN:
+                assert self.stream is not None
+                self.stream.pause(4.0)
+            return step
+
+    calls = Paused()
+    calls.outcomes = [Step.SHOWN, Step.AGAIN, Step.AGAIN, Step.AGAIN]
+    calls.finish_result = done("one two")
+    with trio.fail_after(DEADLINE):
+        async with open_native_stream(calls, calls.bind) as stream:
+            t0 = trio.current_time()
+            await stream.update("one")
+            await trio.sleep(1.5)
+            await stream.update("one two")
+            await trio.sleep(15)
+            await stream.finish("one two")
+    times = [(round(t - t0, 1), op) for t, op, _ in calls.calls]
+    assert times == [
+        (0.0, "start"),
+        (1.5, "append"),
+        (5.5, "append"),
+        (9.5, "append"),
+        (13.5, "append"),  # three in a row did not stop it: the channel counts
+        (16.5, "finish"),
+    ]

@@ -35,7 +35,8 @@ A channel supplies a :class:`NativeCalls` -- start, append, finish, a fallback, 
 and background work (timers of its own: they take :attr:`NativeStream.lock` around their
 calls and report them with :meth:`NativeStream.paced`) -- and nothing else.  A channel
 that counts its failures differently catches them in its calls and answers
-:attr:`Step.AGAIN` or :attr:`Step.STOP` itself.
+:attr:`Step.AGAIN` or :attr:`Step.STOP` itself (with :meth:`NativeStream.pause` saying
+how long the next attempt waits, as a rate limit raised to the engine would).
 """
 
 from __future__ import annotations
@@ -213,6 +214,12 @@ class NativeStream(WatchesDelivery):
         """A call of the channel's own on this answer (outside the engine) went out now:
         the next intermediate call waits ``interval_s`` from here."""
         self._last_call = trio.current_time()
+
+    def pause(self, seconds: float) -> None:
+        """No intermediate call before ``seconds`` from now (and never before
+        ``interval_s`` after the last): what a channel that catches its own failures sets
+        before it answers :attr:`Step.AGAIN`."""
+        self._paused_until = max(self._paused_until, trio.current_time() + seconds)
 
     def redraw(self) -> None:
         """What is shown no longer holds the display text (the channel moved on to a new
