@@ -14,11 +14,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dshim.model import InboundMessage
-from dshim.pipeline import commands as cmds
 
 __all__ = ["Batch", "Batches", "Step"]
 
 LaneKey = tuple[str, str]
+
+#: Messages one batch collects at most.
+BATCH_LIMIT = 10
+
+BATCH_REFUSED_MEDIA = (
+    "Batch mode collects text only: images, files or quoted messages are not collected. "
+    "Send more text, /send to submit or /cancel to discard."
+)
+
+
+BATCH_REFUSED_FORWARD = (
+    "Batch mode collects what you type: forwarded messages are not collected. "
+    "Send more text, /send to submit or /cancel to discard."
+)
 
 
 class Batch:
@@ -65,7 +78,7 @@ class Batches:
                 )
             self._open[key] = Batch()
             return Step(
-                reply=f"Collecting messages (up to {cmds.BATCH_LIMIT}). Send /send to submit them as one prompt, /cancel to discard."
+                reply=f"Collecting messages (up to {BATCH_LIMIT}). Send /send to submit them as one prompt, /cancel to discard."
             )
         if name == "cancel":
             if batch is None:
@@ -84,19 +97,19 @@ class Batches:
     def collect(self, msg: InboundMessage, batch: Batch) -> Step:
         """A message that is not a command while a batch is open."""
         if msg.images or msg.files or msg.reply_to is not None:
-            return Step(reply=cmds.BATCH_REFUSED_MEDIA)
+            return Step(reply=BATCH_REFUSED_MEDIA)
         if msg.forwarded:
-            return Step(reply=cmds.BATCH_REFUSED_FORWARD)
+            return Step(reply=BATCH_REFUSED_FORWARD)
         text = msg.content.strip()
         if not text:
             return Step()
-        if len(batch.texts) >= cmds.BATCH_LIMIT:
+        if len(batch.texts) >= BATCH_LIMIT:
             return Step(
-                reply=f"The batch is full ({cmds.BATCH_LIMIT} messages): this one was not added. /send or /cancel."
+                reply=f"The batch is full ({BATCH_LIMIT} messages): this one was not added. /send or /cancel."
             )
         batch.texts.append(text)
-        if len(batch.texts) == cmds.BATCH_LIMIT:
+        if len(batch.texts) == BATCH_LIMIT:
             return Step(
-                reply=f"The batch is full ({cmds.BATCH_LIMIT} messages). Send /send to submit or /cancel."
+                reply=f"The batch is full ({BATCH_LIMIT} messages). Send /send to submit or /cancel."
             )
         return Step()

@@ -44,7 +44,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dshim.pipeline")
 
-BATCH_LIMIT = 10
 STATUS_TIMEOUT_S = 5.0
 
 #: What ``/substitute <word>`` asks for (English and Chinese words; none: status).
@@ -109,18 +108,6 @@ def help_text(agent_commands: Sequence[tuple[str, str]] = ()) -> str:
 def agent_prompt(args: str) -> str:
     """The text ``/agent <command> [args]`` sends to the agent: ``/<command> [args]``."""
     return "/" + args.strip().lstrip("/")
-
-
-BATCH_REFUSED_MEDIA = (
-    "Batch mode collects text only: images, files or quoted messages are not collected. "
-    "Send more text, /send to submit or /cancel to discard."
-)
-
-
-BATCH_REFUSED_FORWARD = (
-    "Batch mode collects what you type: forwarded messages are not collected. "
-    "Send more text, /send to submit or /cancel to discard."
-)
 
 
 def batch_prompt(texts: list[str]) -> str:
