@@ -15,7 +15,7 @@ one that could not be had (``too-large``, ``not-found``, ``failed``); keys in ex
 order.  A quoted message's files are never downloaded: the reply block names them.
 
 The source and files blocks use the same JSON encoding and escaping as the reply block
-(:func:`dshim.reply.encode_block`).  Its keys come in a fixed order -- ``channel``,
+(:func:`dshim.text.encode_block`).  Its keys come in a fixed order -- ``channel``,
 ``conversationType``, ``senderId``, ``senderName``, ``conversationTitle``, ``threadId`` --
 restricted to ``PromptConfig.source_fields``; each value is cleaned, single-line, cut at
 256 code points, and omitted when unknown or empty.
@@ -28,7 +28,7 @@ another sender.  The rule, applied to the current text, to every value of the so
 block (sender name, conversation title ...), to the notes about attachments (they carry
 file names) and to files inlined as text: every ``<`` that is followed by ``dsh_im_``
 in any case — optionally with ``/`` before it, and with whitespace or characters that
-:func:`~dshim.reply.clean_text` removes (zero-width, bidi, control) around that ``/`` —
+:func:`~dshim.text.clean_text` removes (zero-width, bidi, control) around that ``/`` —
 is replaced by ``＜`` (U+FF1C FULLWIDTH LESS-THAN SIGN).  Nothing else changes: the text
 stays readable and the agent sees that something tag-like was written.  "Any case" is
 Python's case-insensitive match, so ``DSH_IM_`` and ``dſh_im_`` (long s) count too.
@@ -52,14 +52,8 @@ from dshim.model import (
     SubstituteTurn,
     TextPart,
 )
-from dshim.reply import (
-    REMOVED_CHARS,
-    clean_text,
-    cut,
-    encode_block,
-    render_reply_block,
-    single_line,
-)
+from dshim.reply import render_reply_block
+from dshim.text import REMOVED_CHARS, clean_text, cut, encode_block, single_line
 
 __all__ = [
     "FILES_TAG",

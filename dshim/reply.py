@@ -8,16 +8,16 @@ lookup and/or the recovery of one of the bot's own answers (at most once, budget
 
 Rules (they are a contract with agents downstream; keep them stable):
 
-* Cleaning (:func:`clean_text`): CRLF and lone CR become LF; then U+0000-0009, U+000B,
+* Cleaning (:func:`dshim.text.clean_text`): CRLF and lone CR become LF; then U+0000-0009, U+000B,
   U+000C, U+000E-001F, U+007F-009F, U+200B, U+200E, U+200F, U+202A-202E, U+2060-2064,
   U+2066-206F and U+FEFF are removed; then the text is trimmed.  ``author_name``, ids and
-  attachment names are also single-line (:func:`single_line`: every whitespace run becomes
+  attachment names are also single-line (:func:`~dshim.text.single_line`: every whitespace run becomes
   one space).  Attachment names are reduced to their basename (``\\`` counts as ``/``).
 * Coercion: ints become strings, integral floats without ``.0``, other finite floats via
   ``repr``; bools, NaN/inf and other types are absent.  Empty strings (after cleaning)
   are absent.
 * Limits, in code points: content 8,000, author name 256, attachment name 255; at most 20
-  attachments.  A cut (:func:`cut`) happens after cleaning and is trimmed again; any cut
+  attachments.  A cut (:func:`~dshim.text.cut`) happens after cleaning and is trimmed again; any cut
   sets ``truncated``.  Ids are never cut: a message id or author id longer than 256 code
   points (after cleaning) is omitted, as if the platform had not sent it (``truncated``
   stays as it is), and is not used to look anything up either.
@@ -50,11 +50,9 @@ Rules (they are a contract with agents downstream; keep them stable):
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -73,13 +71,13 @@ from dshim.model import (
     ReplyReference,
 )
 from dshim.store.base import OutboundEntry, Store
+from dshim.text import clean_text, cut, encode_block, single_line
 
 if TYPE_CHECKING:
     from dshim.harness.base import ReadsHistory
 
 __all__ = [
     "ATTACHMENT_NAME_MAX",
-    "REMOVED_CHARS",
     "AUTHOR_NAME_MAX",
     "CONTENT_MAX",
     "ID_MAX",
@@ -87,13 +85,9 @@ __all__ = [
     "REPLY_NOTE",
     "REPLY_TAG",
     "ResolveContext",
-    "clean_text",
-    "cut",
-    "encode_block",
     "normalize",
     "render_reply_block",
     "resolve",
-    "single_line",
 ]
 
 log = structlog.get_logger("dshim.reply")
@@ -109,58 +103,6 @@ MAX_ATTACHMENTS = 20
 
 NOT_DELIVERED = "not-delivered"
 DELETED = "deleted"
-
-_REMOVED_RANGES = (
-    (0x0000, 0x0009),
-    (0x000B, 0x000C),
-    (0x000E, 0x001F),
-    (0x007F, 0x009F),
-    (0x200B, 0x200B),
-    (0x200E, 0x200F),
-    (0x202A, 0x202E),
-    (0x2060, 0x2064),
-    (0x2066, 0x206F),
-    (0xFEFF, 0xFEFF),
-)
-#: Every character :func:`clean_text` removes (tests and properties use it).
-REMOVED_CHARS = frozenset(chr(c) for lo, hi in _REMOVED_RANGES for c in range(lo, hi + 1))
-_REMOVED_RE = re.compile(
-    "[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in _REMOVED_RANGES) + "]+"
-)
-_WHITESPACE_RE = re.compile(r"\s+")
-_ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
-
-
-# --- text ----------------------------------------------------------------------------------
-
-
-def clean_text(s: str) -> str:
-    """CRLF/CR -> LF, remove control, zero-width, bidi and BOM characters, trim."""
-    if "\r" in s:
-        s = s.replace("\r\n", "\n").replace("\r", "\n")
-    return _REMOVED_RE.sub("", s).strip()
-
-
-def single_line(s: str) -> str:
-    """:func:`clean_text`, then every whitespace run (newlines included) becomes one space."""
-    return _WHITESPACE_RE.sub(" ", clean_text(s)).strip()
-
-
-def cut(s: str, n: int) -> tuple[str, bool]:
-    """Keep at most ``n`` code points; a cut is trimmed again.  Returns (text, was_cut)."""
-    if len(s) <= n:
-        return s, False
-    return s[:n].strip(), True
-
-
-def encode_block(tag: str, obj: Mapping[str, Any] | Sequence[Any]) -> str:
-    """``<tag>`` + compact UTF-8 JSON with ``<``, ``>``, ``&`` as ``\\u003c`` ... + ``</tag>``.
-
-    The escaping makes it impossible for any string inside to close (or open) a tag.
-    """
-    body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(_ESCAPES)
-    return f"<{tag}>{body}</{tag}>"
-
 
 # --- normalization -------------------------------------------------------------------------
 

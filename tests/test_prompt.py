@@ -28,7 +28,8 @@ from dshim.prompt import (
     session_title,
     source_block,
 )
-from dshim.reply import REMOVED_CHARS, normalize, render_reply_block
+from dshim.reply import normalize, render_reply_block
+from dshim.text import REMOVED_CHARS
 
 ASTRAL = "\U0001f600"
 SRC_OPEN, SRC_CLOSE = "<dsh_im_source>", "</dsh_im_source>"

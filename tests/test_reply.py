@@ -35,18 +35,14 @@ from dshim.errors import (
 from dshim.model import Attachment, QuotedMessage, ReplyReference
 from dshim.net.http import status_error
 from dshim.reply import (
-    REMOVED_CHARS,
     REPLY_NOTE,
     ResolveContext,
-    clean_text,
-    cut,
-    encode_block,
     normalize,
     render_reply_block,
     resolve,
-    single_line,
 )
 from dshim.store.base import OutboundEntry
+from dshim.text import REMOVED_CHARS, clean_text, cut, encode_block, single_line
 from tests.store_proxy import open_proxy
 
 OPEN = "<dsh_im_reply_to>"

@@ -46,7 +46,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from dshim.reply import cut, single_line
+from dshim.text import cut, single_line
 
 __all__ = [
     "FILES_DIR",

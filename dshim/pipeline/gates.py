@@ -13,7 +13,7 @@ unaddressed step 2: a group message not addressed to the bot — dropped
 stale      step 3: older than the backlog limit — dropped (``duplicate`` when its
            key was already accepted, so a redelivered old message is reported as
            what it is); a stale command is never run
-ignored    nothing for the agent: no text (after :func:`~dshim.reply.clean_text`:
+ignored    nothing for the agent: no text (after :func:`~dshim.text.clean_text`:
            whitespace, zero-width and control characters do not count), no image,
            no file, no quote — a sticker, a poll, an empty forward; not a turn
 denied     step 4: the access policy refuses the current sender — the dedup key is
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dshim.config import AccessConfig
 from dshim.model import DropReason, InboundMessage
-from dshim.reply import REMOVED_CHARS, clean_text
+from dshim.text import REMOVED_CHARS, clean_text
 
 __all__ = ["allowed", "judge"]
 
@@ -46,7 +46,7 @@ def allowed(msg: InboundMessage, access: AccessConfig) -> bool:
 
 
 def _has_text(text: str) -> bool:
-    """Anything left after :func:`~dshim.reply.clean_text` (cheap for ordinary text)."""
+    """Anything left after :func:`~dshim.text.clean_text` (cheap for ordinary text)."""
     s = text.strip()
     if not s:
         return False
