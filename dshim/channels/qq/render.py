@@ -15,20 +15,29 @@ final text goes in a new message.  304023/304024 (pending
 audit) count as sent without an id; 304027/40034128 (window expired) end the delivery of
 this answer with one log line, never a retry loop.
 
+Both kinds of answer run on the native-stream engine (:mod:`dshim.streams.native`: it
+paces and merges the texts, runs the delivery hook once, finishes once and abandons on
+cancellation); :class:`C2CCalls` and :class:`GroupCalls` are QQ's calls, and count their
+failures the QQ way.  The message and retry limits are a :class:`~dshim.render.Limits`
+(:data:`LIMITS`); :class:`Timings` holds the rest.
+
 * **C2C**: the native stream (``/v2/users/{openid}/stream_messages``, ``input_mode``
   ``replace`` with the whole text so far, ``index`` 0, 1, 2 ..., ``stream_msg_id`` from
   the first answer) at most every 700 ms; a chunk must start with what the message
   already shows (else 40007), so when the agent rewrites earlier text, or the text passes
   2,000 characters, the message is finished and the answer continues in a new one.  A
-  stream is always closed with ``input_state: 10`` -- by ``finish``, and also when the
-  answer is stopped, cancelled or fails.  Its content is markdown when permitted, else
-  text (50055/50056 switch to text for the rest of the bot's life); other replies
-  (notices, group answers) are plain text.
-* **Groups** (and guild channels): no edit, no stream.  A short "working…" reply when no
-  answer is ready within 10 s (one slot), then the answer; if the agent is still running
-  30 s before the 5-minute window closes, what exists goes out with a notice that the rest
-  cannot be delivered here (QQ forbids later replies) -- the pipeline keeps the full
-  answer in the transcript.
+  failed preview is tried again (after a 429's ``retry_after``) for as long as it takes;
+  a refusal, like a lost answer, stops the previews.  A stream is always
+  closed with ``input_state: 10`` -- by ``finish``, and also when the answer is stopped,
+  cancelled or fails.  Its content is markdown when permitted, else text (50055/50056
+  switch to text for the rest of the bot's life); other replies (notices, group answers)
+  are plain text.
+* **Groups** (and guild channels): no edit, no stream (no intermediate calls: the engine
+  only collects the text).  A short "working…" reply when no answer is ready within 10 s
+  (one slot), then the answer; if the agent is still running 30 s before the 5-minute
+  window closes, what exists goes out with a notice that the rest cannot be delivered
+  here (QQ forbids later replies) -- the pipeline keeps the full answer in the
+  transcript.  Both are timers beside the stream, under the engine's lock.
 * Every answer splits at 2,000 characters within the replies left; the last one carries
   a cut notice when they do not suffice.  The first message quotes the user's message
   (``message_reference.message_id`` = its ``msg_idx``; a group that rejects it gets the
@@ -55,7 +64,7 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import InteractionPrompt, WatchesDelivery
+from dshim.channels.base import InteractionPrompt
 from dshim.channels.kit import Backoff
 from dshim.channels.qq import models as m
 from dshim.channels.qq.client import QQApi
@@ -81,10 +90,10 @@ from dshim.errors import (
     RateLimited,
     TransportError,
     outcome_unknown,
-    single_error,
 )
 from dshim.model import Delivered, Option, ReplyTarget
-from dshim.render import split_text
+from dshim.render import Limits, split_text
+from dshim.streams.native import NativeStream, Step, open_native_stream
 
 log = structlog.get_logger("dshim.qq")
 
@@ -109,22 +118,23 @@ STREAM_FINISHED = 40054015
 Presenter = Callable[[ReplyTarget, InteractionPrompt], AbstractAsyncContextManager[list[Delivered]]]
 
 
+#: 2,000 characters a message; a C2C stream chunk at most every 700 ms
+#: (``edit_interval_s``); one reply is retried (same ``msg_seq``) for ``send_retry_s``
+#: after failures that prove it was not delivered -- never past the reply window; the one
+#: repeat of a reply whose answer was lost waits ``unknown_repeat_wait_s``, then until QQ
+#: answers ``GET /users/@me`` again (see :class:`_Retries`).  No typing indicator.
+LIMITS = Limits(max_len=MAX_MESSAGE_CHARS, edit_interval_s=0.7, typing_interval_s=None)
+
+
 @dataclass(frozen=True, slots=True)
 class Timings:
-    """The renderer's timings (tests shrink nothing: they run on the autojump clock)."""
+    """The renderer's timings beyond its :class:`~dshim.render.Limits` (tests shrink
+    nothing: they run on the autojump clock)."""
 
-    #: C2C stream: at most one chunk per this many seconds.
-    stream_interval_s: float = 0.7
     #: Groups: the "working…" reply when no answer is ready after this long.
     working_after_s: float = 10.0
     #: Groups: send what exists this long before the passive window closes (4.5 of 5 min).
     cut_before_end_s: float = 30.0
-    #: How long one reply is retried (same ``msg_seq``) after failures that prove it was
-    #: not delivered (could not connect, a 5xx, a 429) -- never past the reply window.
-    send_retry_s: float = 120.0
-    #: The one repeat of a reply whose answer was lost waits this long, then until QQ
-    #: answers ``GET /users/@me`` again (see :class:`_Retries`).
-    unknown_repeat_wait_s: float = 15.0
     #: Closing a stream when the answer is cancelled: at most this long.
     close_timeout_s: float = 5.0
 
@@ -244,7 +254,7 @@ class _Retries:
         self._out = out
         self._budget = budget
         self._backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
-        self._give_up_at = min(out.mono() + out.timings.send_retry_s, budget.deadline)
+        self._give_up_at = min(out.mono() + out.limits.send_retry_s, budget.deadline)
         #: Unknown outcomes so far (a stream's preview may have had one already).
         self.unknown = unknown
 
@@ -277,7 +287,7 @@ class _Retries:
         lost the answer is likely still on), then until QQ answers ``GET /users/@me``."""
         out = self._out
         give_up_at = max(self._give_up_at, out.mono())
-        await trio.sleep(min(out.timings.unknown_repeat_wait_s, give_up_at - out.mono()))
+        await trio.sleep(min(out.limits.unknown_repeat_wait_s, give_up_at - out.mono()))
         while True:
             try:
                 await out.api.get_me()
@@ -308,6 +318,7 @@ class QQOutbound:
         markdown: bool = True,
         keyboards: bool = False,
         timings: Timings = DEFAULT_TIMINGS,
+        limits: Limits = LIMITS,
         monotonic: Callable[[], float] = trio.current_time,
     ) -> None:
         self.api = api
@@ -315,6 +326,7 @@ class QQOutbound:
         self.mono = monotonic
         self.bot_username = bot_username
         self.timings = timings
+        self.limits = limits
         #: Markdown for C2C/group replies; off for good after a 50055/50056.
         self.markdown = markdown
         #: Groups quote the user's message until one rejects ``message_reference``.
@@ -410,7 +422,8 @@ class QQOutbound:
         """``text`` as replies within the budget; stops (logged) when the window closed."""
         out: list[Delivered] = []
         try:
-            for i, chunk in enumerate(fit_chunks(text, budget.left(self.mono()), notice)):
+            slots = budget.left(self.mono())
+            for i, chunk in enumerate(fit_chunks(text, slots, notice, self.limits.max_len)):
                 if i == 0 and before_first is not None:
                     await before_first()
                 out.append(await self.send_one(route, budget, chunk, quote=quote and i == 0))
@@ -439,7 +452,7 @@ class QQOutbound:
         which the pipeline judges like a typed one."""
         route = _route(target)
         budget = self.budget(route)
-        if not self.markdown or len(prompt.text) > MAX_MESSAGE_CHARS:
+        if not self.markdown or len(prompt.text) > self.limits.max_len:
             raise ChannelError("buttons need one markdown message")
         try:
             shown = await self.send_one(
@@ -453,16 +466,18 @@ class QQOutbound:
         yield [shown]
 
     @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[C2CStream | GroupStream]:
-        """A C2C answer streams natively; groups and guilds get notices and the answer."""
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[NativeStream]:
+        """A C2C answer streams natively; groups and guilds get notices and the answer
+        (both on the native-stream engine: :class:`C2CCalls`, :class:`GroupCalls`)."""
         route = _route(target)
         budget = self.budget(route)
+        calls: C2CCalls | GroupCalls
         if route.kind == C2C:
-            async with _open_c2c(self, route, budget) as c2c:
-                yield c2c
+            calls = C2CCalls(self, route, budget)
         else:
-            async with _open_group(self, route, budget) as group:
-                yield group
+            calls = GroupCalls(self, route, budget)
+        async with open_native_stream(calls, calls.bind) as stream:
+            yield stream
 
 
 def _route(target: ReplyTarget) -> Route:
@@ -474,38 +489,46 @@ def _route(target: ReplyTarget) -> Route:
 # --- groups ------------------------------------------------------------------------------------
 
 
-class GroupStream(WatchesDelivery):
-    """A group answer: "working…" after 10 s, a cut 30 s before the window ends."""
+class GroupCalls:
+    """A group answer on the native-stream engine: no intermediate calls at all (QQ has no
+    edit or stream here); "working…" after 10 s and the cut 30 s before the window ends
+    are timers (:meth:`background`, under the engine's lock), the answer goes in
+    :meth:`finish` -- unless the cut delivered it already."""
+
+    #: The engine's first call is its last (:attr:`Step.STOP`): no pacing to keep.
+    interval_s = 0.0
+    shows_notes = False
 
     def __init__(self, out: QQOutbound, route: Route, budget: PassiveBudget) -> None:
         self._out = out
         self._route = route
         self._budget = budget
-        self._text = ""
-        self._lock = trio.Lock()
         self._delivered: list[Delivered] = []
         self._done = False
-        self._hook: Callable[[], Awaitable[None]] | None = None
+        self._engine: NativeStream | None = None
 
-    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
-        self._hook = hook
+    def bind(self, stream: NativeStream) -> None:
+        self._engine = stream
 
-    async def _before_answer(self) -> None:
-        hook, self._hook = self._hook, None
-        if hook is not None:
-            await hook()
+    @property
+    def _stream(self) -> NativeStream:
+        assert self._engine is not None, "bound by open_native_stream"
+        return self._engine
 
-    async def update(self, text: str) -> None:
-        self._text = text
+    async def start(self, text: str) -> Step:
+        return Step.STOP  # the text waits for finish (or the cut)
 
-    async def progress(self, note: str) -> None:
-        return None
+    async def append(self, text: str) -> Step:
+        return Step.STOP
+
+    async def background(self) -> None:
+        await _guard(self._timers)
 
     async def _timers(self) -> None:
-        out, budget = self._out, self._budget
+        out, budget, stream = self._out, self._budget, self._stream
         cut_at = budget.deadline - out.timings.cut_before_end_s
         await trio.sleep_until(min(out.mono() + out.timings.working_after_s, cut_at))
-        async with self._lock:
+        async with stream.lock:
             if not self._done and not self._delivered and out.mono() < cut_at:
                 try:
                     self._delivered.append(
@@ -516,47 +539,39 @@ class GroupStream(WatchesDelivery):
                     self._done = True
                     return
         await trio.sleep_until(cut_at)
-        async with self._lock:
+        async with stream.lock:
             if self._done:
                 return
             self._done = True
-            log.warning("reply_window_closing", answered=len(self._text))
-            text = f"{self._text.strip()}\n\n{WINDOW_NOTICE}" if self._text.strip() else ""
+            answer = stream.text
+            log.warning("reply_window_closing", answered=len(answer))
+            text = f"{answer.strip()}\n\n{WINDOW_NOTICE}" if answer.strip() else ""
             self._delivered += await out.send_chunks(
                 self._route,
                 budget,
                 text or WINDOW_NOTICE,
                 quote=not self._delivered,
                 notice=WINDOW_NOTICE,
-                before_first=self._before_answer,
+                before_first=stream.delivering,
             )
 
     async def finish(self, text: str) -> list[Delivered]:
-        async with self._lock:
-            if not self._done:
-                self._done = True
-                self._delivered += await self._out.send_chunks(
-                    self._route,
-                    self._budget,
-                    text,
-                    quote=not self._delivered,
-                    before_first=self._before_answer,
-                )
+        if not self._done:  # the engine holds its lock: the timers wait
+            self._done = True
+            self._delivered += await self._out.send_chunks(
+                self._route,
+                self._budget,
+                text,
+                quote=not self._delivered,
+                before_first=self._stream.delivering,
+            )
         return list(self._delivered)
 
+    def fallback(self) -> None:
+        return None  # every reply is passive: there is no other way to answer
 
-@asynccontextmanager
-async def _open_group(
-    out: QQOutbound, route: Route, budget: PassiveBudget
-) -> AsyncIterator[GroupStream]:
-    stream = GroupStream(out, route, budget)
-    with single_error():
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_guard, stream._timers)
-            try:
-                yield stream
-            finally:
-                nursery.cancel_scope.cancel()
+    async def abandon(self) -> None:
+        return None  # nothing is open
 
 
 async def _guard(fn: Callable[[], Awaitable[None]]) -> None:
@@ -587,69 +602,72 @@ class _Message:
         self.unsure: list[tuple[str, int]] = []
 
 
-class C2CStream(WatchesDelivery):
-    """A C2C answer on QQ's native stream (see the module docstring)."""
+class C2CCalls:
+    """A C2C answer on QQ's native stream (see the module docstring), on the
+    native-stream engine: the engine paces and merges, these make the chunk calls.
+
+    Every intermediate call brings the messages one chunk call towards the answer so far
+    (the engine's raw ``text``: the messages' offsets are into it, as the final text's
+    are).  Failures are counted the QQ way, so the calls catch them: a chunk whose answer
+    was lost stops the previews (``finish`` repeats it once), other transient failures
+    try again after the interval (a 429 after its ``retry_after``) as long as it takes, a
+    closed reply window ends the delivery, a refusal ends the previews."""
+
+    shows_notes = False
 
     def __init__(self, out: QQOutbound, route: Route, budget: PassiveBudget) -> None:
         self._out = out
         self._route = route
         self._budget = budget
-        self._text = ""
-        self._changed = trio.Event()
-        self._lock = trio.Lock()
+        self.interval_s = out.limits.edit_interval_s
         #: Offset in the answer where the current message starts.
         self._start = 0
         self._cur: _Message | None = None
         self._delivered: list[Delivered] = []
-        self._finishing = False
         self._closed_window = False
-        self._hook: Callable[[], Awaitable[None]] | None = None
         self._last_call = -math.inf
         #: Calls whose answer was lost while previewing (finish makes the one repeat).
         self._unknown = 0
+        self._engine: NativeStream | None = None
 
-    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
-        self._hook = hook
+    def bind(self, stream: NativeStream) -> None:
+        self._engine = stream
 
-    async def update(self, text: str) -> None:
-        self._text = text
-        self._changed.set()
+    @property
+    def _stream(self) -> NativeStream:
+        assert self._engine is not None, "bound by open_native_stream"
+        return self._engine
 
-    async def progress(self, note: str) -> None:
-        return None
+    # -- intermediate calls ------------------------------------------------------------
 
-    # -- the pump ----------------------------------------------------------------------
+    async def start(self, text: str) -> Step:
+        return await self.append(text)
 
-    async def _pump(self) -> None:
-        interval = self._out.timings.stream_interval_s
-        while not self._finishing and not self._closed_window:
-            await self._changed.wait()
-            self._changed = trio.Event()
-            await trio.sleep_until(self._last_call + interval)
-            if self._finishing:
-                return
-            async with self._lock:
-                if self._finishing or self._closed_window:
-                    return
-                try:
-                    await self._step(self._text, final=False)
-                except (RateLimited, TransportError) as exc:
-                    if unknown_outcome(exc):
-                        # QQ may show this chunk: no more previews, finish repeats it once.
-                        log.warning("stream_updates_stopped", error=str(exc)[:200])
-                        self._unknown += 1
-                        return
-                    wait = exc.retry_after if isinstance(exc, RateLimited) else interval
-                    log.info("stream_update_failed", error=str(exc)[:200])
-                    self._last_call = self._out.mono() + (wait or interval) - interval
-                    self._changed.set()  # try again with the newest text
-                except ReplyWindowClosed as exc:
-                    log.warning("reply_window_expired", error=str(exc))
-                    self._closed_window = True
+    async def append(self, text: str) -> Step:
+        try:
+            await self._step(self._stream.text, final=False)
+        except (RateLimited, TransportError) as exc:
+            if unknown_outcome(exc):
+                # QQ may show this chunk: no more previews, finish repeats it once.
+                log.warning("stream_updates_stopped", error=str(exc)[:200])
+                self._unknown += 1
+                return Step.STOP
+            wait = exc.retry_after if isinstance(exc, RateLimited) else self.interval_s
+            log.info("stream_update_failed", error=str(exc)[:200])
+            self._stream.pause(wait or self.interval_s)
+            return Step.AGAIN  # with the newest text
+        except ReplyWindowClosed as exc:
+            log.warning("reply_window_expired", error=str(exc))
+            self._closed_window = True
+            return Step.STOP
+        except (ChannelError, OSError) as exc:
+            log.warning("stream_task_failed", error=str(exc)[:200])
+            return Step.STOP
+        return Step.STOP if self._closed_window else Step.SHOWN
 
     async def _step(self, full: str, *, final: bool) -> None:
         """Bring the messages up to ``full``: one chunk call (not final), or all (final)."""
-        limit = MAX_MESSAGE_CHARS
+        limit = self._out.limits.max_len
         while True:
             cur = self._cur
             if cur is None:  # a new message starts at the next non-blank character
@@ -701,9 +719,7 @@ class C2CStream(WatchesDelivery):
             if seq is None:
                 raise ReplyWindowClosed("no passive reply left for this message")
             cur = self._cur = _Message(seq, out.clock(), first=not self._delivered)
-            if self._hook is not None:
-                hook, self._hook = self._hook, None
-                await hook()
+            await self._stream.delivering()
         body: dict[str, Any] = {
             "input_mode": "replace",
             "input_state": state,
@@ -718,6 +734,7 @@ class C2CStream(WatchesDelivery):
         elif cur.first and self._route.msg_idx and out.stream_quotes:
             body["message_reference"] = {"message_id": self._route.msg_idx}
         self._last_call = out.mono()
+        self._stream.paced()  # a close and a new start in one step: paced from the last
         try:
             sent = await out.api.stream(self._route.target, body)
         except MarkdownRejected:
@@ -799,16 +816,19 @@ class C2CStream(WatchesDelivery):
     # -- finishing ---------------------------------------------------------------------
 
     async def finish(self, text: str) -> list[Delivered]:
-        """Deliver the final text (closing the stream with state 10) and return every message."""
-        self._finishing = True
-        async with self._lock:
+        """Deliver the final text (closing the stream with state 10) and return every
+        message; a stream still open afterwards (the window closed, a failure raised)
+        is closed like an abandoned one."""
+        try:
             if not self._closed_window:
-                await trio.sleep_until(self._last_call + self._out.timings.stream_interval_s)
+                await trio.sleep_until(self._last_call + self.interval_s)
                 try:
                     await self._final(text)
                 except ReplyWindowClosed as exc:
                     log.warning("reply_window_expired", error=str(exc))
-        return list(self._delivered)
+            return list(self._delivered)
+        finally:
+            await self.close_open()
 
     async def _final(self, text: str) -> None:
         retries = _Retries(self._out, self._budget, unknown=self._unknown)
@@ -820,6 +840,15 @@ class C2CStream(WatchesDelivery):
                 return
             except (RateLimited, TransportError) as exc:
                 await retries.wait(exc)
+
+    def fallback(self) -> None:
+        return None  # every reply is passive: there is no other way to answer
+
+    async def abandon(self) -> None:
+        await self.close_open()
+
+    async def background(self) -> None:
+        return None
 
     async def close_open(self) -> None:
         """Close a stream left open (stop, cancellation, failure): ``input_state`` 10."""
@@ -834,21 +863,13 @@ class C2CStream(WatchesDelivery):
                 log.warning("stream_close_failed", error=str(exc)[:200])
 
 
-@asynccontextmanager
-async def _open_c2c(
-    out: QQOutbound, route: Route, budget: PassiveBudget
-) -> AsyncIterator[C2CStream]:
-    stream = C2CStream(out, route, budget)
-    try:
-        with single_error():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_guard, stream._pump)
-                try:
-                    yield stream
-                finally:
-                    nursery.cancel_scope.cancel()
-    finally:
-        await stream.close_open()
-
-
-__all__ = ["QQOutbound", "Timings", "cut_point", "fit_chunks", "message_body"]
+__all__ = [
+    "LIMITS",
+    "C2CCalls",
+    "GroupCalls",
+    "QQOutbound",
+    "Timings",
+    "cut_point",
+    "fit_chunks",
+    "message_body",
+]
