@@ -3,7 +3,7 @@ package.
 
 Which configuration: ``--config PATH`` (or ``DSHIM_CONFIG``) when given — it must exist —
 else ``./dshim.toml`` when it exists, else the built-in default
-(:func:`dshim.config.default_config`: the web chat with the echo harness), so a bare
+(:func:`dshim.channels.registry.default_config`: the web chat with the echo harness), so a bare
 ``dshim serve`` works on a fresh install.
 
 Exit codes: 0 ok, 1 a check or run failed, 2 usage or configuration error.  Heavy modules
@@ -196,14 +196,15 @@ def init(
     ] = LOCAL_CONFIG,
 ) -> None:
     """Write a commented starter dshim.toml (never overwrites a file); ``-``: to stdout."""
-    from dshim.config import STARTER_TOML, write_starter
+    from dshim.channels.registry import starter_toml
+    from dshim.config import write_starter
     from dshim.errors import ConfigError
 
     if str(path) == "-":
-        typer.echo(STARTER_TOML, nl=False)
+        typer.echo(starter_toml(), nl=False)
         return
     try:
-        write_starter(path)
+        write_starter(path, starter_toml())
     except ConfigError as exc:
         raise _fail(str(exc), 2) from None
     typer.echo(
@@ -280,8 +281,8 @@ def login(
     """Log a bot in interactively where its platform needs it (WeChat: scan a QR code)."""
     g: Globals = ctx.obj
     cfg, label = _load(g)
-    from dshim.channels import load_channel
     from dshim.channels.base import login_hook
+    from dshim.channels.registry import load_channel
     from dshim.config import data_dir_origin, prepare_data_dir
     from dshim.errors import ConfigError, DshimError
 

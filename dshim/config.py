@@ -8,6 +8,12 @@
                    max_file_bytes, files_ttl_s,
                    [bots.access] [bots.prompt] [bots.reply] [bots.lanes]
 
+This module never imports a channel: what the parser needs of them -- the keys, each
+channel's settings struct, a few of their traits -- is a :class:`ChannelCatalog` handed
+in by the caller.  :mod:`dshim.channels.registry` builds it from the channel specs and
+wraps :func:`parse_config`, :func:`load_config` and :func:`default_config` with it
+(use those).
+
 Every error is a :class:`~dshim.errors.ConfigError` whose message starts with
 ``<file>: <key path>:``, e.g. ``dshim.toml: bots[0].access.mode: expected "open" or
 "allowlist", got "safe"``.  Values of secret fields are never echoed in errors and are held
@@ -21,6 +27,8 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,18 +36,6 @@ import msgspec
 
 from dshim.errors import ConfigError
 
-CHANNEL_KEYS = (
-    "weixin",
-    "feishu",
-    "dingtalk",
-    "wecom",
-    "qq",
-    "slack",
-    "telegram",
-    "discord",
-    "whatsapp",
-    "webchat",
-)
 SOURCE_FIELDS = (
     "channel",
     "conversationType",
@@ -51,6 +47,21 @@ SOURCE_FIELDS = (
 DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
 DEFAULT_FILES_TTL_S = 7 * 86400.0
 ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+
+
+@dataclass(frozen=True)
+class ChannelCatalog:
+    """What the parser knows of channels, handed in by its caller (the registry)."""
+
+    #: The known ``channel`` values, in the order error messages list them.
+    keys: tuple[str, ...]
+    #: A channel's settings struct, which validates its own keys of a ``[[bots]]`` table
+    #: (may import the channel; a ConfigError when it cannot be had).
+    settings_for: Callable[[str], type[msgspec.Struct]]
+    #: Channels whose messages arrive only as webhooks: key -> the platform's name.
+    webhook_only: Mapping[str, str] = field(default_factory=dict)
+    #: Channels that resolve a substitute target's email to an id at start-up.
+    resolves_email: frozenset[str] = frozenset()
 
 
 class Secret:
@@ -445,7 +456,10 @@ def _collect_secrets(obj: Any, out: list[str]) -> None:
 
 
 def load_config(
-    path: str | os.PathLike[str], env: typing.Mapping[str, str] | None = None
+    path: str | os.PathLike[str],
+    env: typing.Mapping[str, str] | None = None,
+    *,
+    channels: ChannelCatalog,
 ) -> Config:
     """Read, substitute and validate a config file.  Raises ConfigError."""
     p = Path(path)
@@ -468,7 +482,7 @@ def load_config(
         raise ConfigError(f"{label}: not valid UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: invalid TOML: {exc}") from None
-    return parse_config(raw, label=label, env=os.environ if env is None else env)
+    return parse_config(raw, label=label, env=os.environ if env is None else env, channels=channels)
 
 
 def parse_config(
@@ -476,13 +490,14 @@ def parse_config(
     *,
     label: str = "dshim.toml",
     env: typing.Mapping[str, str],
+    channels: ChannelCatalog,
     channel_settings: bool = True,
 ) -> Config:
     """Validate an already parsed TOML document.
 
     Each ``[[bots]]`` table is split into the common keys (:class:`BotConfig`) and the
-    channel's own keys, which its ``Channel.settings`` struct validates (the channel
-    module is imported for that).  ``channel_settings=False`` skips the channel's keys
+    channel's own keys, which the struct ``channels.settings_for`` names validates (the
+    registry imports the channel module for that).  ``channel_settings=False`` skips the channel's keys
     (replay fixtures and tests of the pipeline alone): ``settings`` stays None.
     """
     substituted = _substitute(raw, env, label, ())
@@ -501,29 +516,25 @@ def parse_config(
         config = msgspec.convert(substituted, Config, dec_hook=_dec_hook, str_keys=True)
     except msgspec.ValidationError as exc:
         raise ConfigError(_explain(str(exc), substituted, label)) from None
-    _check_semantics(config, label)
+    _check_semantics(config, label, channels)
     if channel_settings:
         for i, bot in enumerate(config.bots):
-            bot.settings = _channel_settings(bot, rests[i], label, i)
+            bot.settings = _channel_settings(bot, rests[i], label, i, channels)
     return config
 
 
 def _channel_settings(
-    bot: BotConfig, keys: dict[str, Any], label: str, index: int
+    bot: BotConfig, keys: dict[str, Any], label: str, index: int, channels: ChannelCatalog
 ) -> msgspec.Struct:
-    from dshim.channels import load_channel
-
     where: tuple[str | int, ...] = ("bots", index)
     try:
-        channel = load_channel(bot.channel)
+        settings = channels.settings_for(bot.channel)
     except ConfigError as exc:
         raise ConfigError(f"{label}: {_fmt_path((*where, 'channel'))}: {exc}") from None
     try:
-        return msgspec.convert(keys, channel.settings, dec_hook=_dec_hook, str_keys=True)
+        return msgspec.convert(keys, settings, dec_hook=_dec_hook, str_keys=True)
     except msgspec.ValidationError as exc:
-        raise ConfigError(
-            _explain(str(exc), keys, label, root=channel.settings, prefix=where)
-        ) from None
+        raise ConfigError(_explain(str(exc), keys, label, root=settings, prefix=where)) from None
 
 
 def _substitute(
@@ -731,7 +742,7 @@ def _kind_of(value: Any) -> str:
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def _check_semantics(config: Config, label: str) -> None:
+def _check_semantics(config: Config, label: str, channels: ChannelCatalog) -> None:
     seen: set[str] = set()
     for i, bot in enumerate(config.bots):
         where = f"{label}: bots[{i}]"
@@ -742,8 +753,8 @@ def _check_semantics(config: Config, label: str) -> None:
         if bot.name in seen:
             raise ConfigError(f"{where}.name: duplicate bot name {_describe_value(bot.name)}")
         seen.add(bot.name)
-        if bot.channel not in CHANNEL_KEYS:
-            choices = ", ".join(f'"{c}"' for c in CHANNEL_KEYS)
+        if bot.channel not in channels.keys:
+            choices = ", ".join(f'"{c}"' for c in channels.keys)
             raise ConfigError(
                 f"{where}.channel: expected one of {choices}, got {_describe_value(bot.channel)}"
             )
@@ -771,7 +782,9 @@ def _check_semantics(config: Config, label: str) -> None:
         for j, user in enumerate(bot.access.operators):
             if not str(user).strip():
                 raise ConfigError(f"{where}.access.operators[{j}]: empty user id")
-        _check_substitute(bot.substitute, bot.channel, f"{where}.substitute")
+        _check_substitute(
+            bot.substitute, bot.channel in channels.resolves_email, f"{where}.substitute"
+        )
     h = config.harness
     if h.kind == "openai":
         if not h.base_url:
@@ -799,10 +812,10 @@ def _check_semantics(config: Config, label: str) -> None:
     if config.dshim.backlog_max_age_s <= 0:
         raise ConfigError(f"{label}: dshim.backlog_max_age_s: expected a positive number")
     _check_http(config.http, f"{label}: ")
-    _check_webhook_bots(config, label)
+    _check_webhook_bots(config, label, channels)
 
 
-def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
+def _check_substitute(sub: SubstituteConfig, resolves_email: bool, where: str) -> None:
     for j, target in enumerate(sub.targets):
         if not target.ids() and not target.email:
             raise ConfigError(
@@ -810,7 +823,7 @@ def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
                 " union_id or email"
             )
     # Feishu resolves an email to an open_id at start-up; elsewhere an email never matches.
-    usable = [t for t in sub.targets if t.ids() or (channel == "feishu" and t.email)]
+    usable = [t for t in sub.targets if t.ids() or (resolves_email and t.email)]
     if sub.enabled and not usable:
         raise ConfigError(
             f"{where}.targets: enabled = true needs at least one target with an id a mention"
@@ -819,17 +832,13 @@ def _check_substitute(sub: SubstituteConfig, channel: str, where: str) -> None:
         )
 
 
-#: Channels whose messages arrive only as webhooks on the local HTTP endpoint.
-WEBHOOK_ONLY_CHANNELS = {"whatsapp": "WhatsApp"}
-
-
-def _check_webhook_bots(config: Config, label: str) -> None:
+def _check_webhook_bots(config: Config, label: str, channels: ChannelCatalog) -> None:
     """A bot that receives only by webhook needs ``[http]``: without it, it would run
     and never receive a message."""
     if config.http.enabled:
         return
     for i, bot in enumerate(config.bots):
-        platform = WEBHOOK_ONLY_CHANNELS.get(bot.channel)
+        platform = channels.webhook_only.get(bot.channel)
         if platform is not None and bot.enabled:
             raise ConfigError(
                 f"{label}: http.enabled: is false, but bots[{i}] ({_describe_value(bot.name)}) "
@@ -920,7 +929,9 @@ DEFAULT_CONFIG_LABEL = "the built-in default configuration"
 DEFAULT_BOT_NAME = "web"
 
 
-def default_config(env: typing.Mapping[str, str] | None = None) -> Config:
+def default_config(
+    env: typing.Mapping[str, str] | None = None, *, channels: ChannelCatalog
+) -> Config:
     """What ``dshim serve`` runs without a config file: the echo harness, one ``webchat``
     bot named ``web`` and the HTTP endpoint on 127.0.0.1:8910 (data in the default data
     directory)."""
@@ -928,6 +939,7 @@ def default_config(env: typing.Mapping[str, str] | None = None) -> Config:
         {"bots": [{"name": DEFAULT_BOT_NAME, "channel": "webchat"}]},
         label=DEFAULT_CONFIG_LABEL,
         env=os.environ if env is None else env,
+        channels=channels,
     )
 
 
@@ -979,11 +991,11 @@ def data_dir_origin(config: Config | None, override: Path | None, label: str) ->
 
 # --- dshim init ---------------------------------------------------------------------------------
 
-#: The commented starter file ``dshim init`` writes.  It loads as written (the web chat bot
-#: and the echo harness); each platform block loads once uncommented with its environment
-#: variables set.  Credentials are never written here: ``"${NAME}"`` reads them from the
+#: The start of the commented starter file ``dshim init`` writes (the tables every
+#: configuration has); :func:`dshim.channels.registry.starter_toml` adds the channels'
+#: blocks.  Credentials are never written there: ``"${NAME}"`` reads them from the
 #: environment.
-STARTER_TOML = """\
+STARTER_HEAD = """\
 # dshim.toml, written by `dshim init`.  docs/configuration.md explains every key.
 # Credentials are never written in this file: "${NAME}" reads the environment variable NAME.
 
@@ -1022,84 +1034,15 @@ interaction_timeout_s = 600           # approvals and questions unanswered this 
 # base_url = "https://api.deepseek.com"
 # api_key = "${DEEPSEEK_API_KEY}"     # optional for local servers (Ollama, llama.cpp, vLLM)
 # model = "deepseek-chat"
-
-# The web chat, served at the root of [http] listen: open http://127.0.0.1:8910/
-[[bots]]
-name = "web"
-channel = "webchat"
-
-# Platforms: uncomment a block and set its environment variables.
-
-# WeChat (personal, Tencent iLink).  Without a token, `dshim login weixin` logs in by QR code.
-# [[bots]]
-# name = "weixin"
-# channel = "weixin"
-# token = "${WEIXIN_BOT_TOKEN}"
-
-# Feishu / Lark (a custom app with the bot capability, long-connection events)
-# [[bots]]
-# name = "feishu"
-# channel = "feishu"
-# app_id = "${FEISHU_APP_ID}"
-# app_secret = "${FEISHU_APP_SECRET}"
-# domain = "feishu"                   # or "lark"
-
-# DingTalk (an internal app robot, Stream mode)
-# [[bots]]
-# name = "dingtalk"
-# channel = "dingtalk"
-# client_id = "${DINGTALK_CLIENT_ID}"          # the AppKey
-# client_secret = "${DINGTALK_CLIENT_SECRET}"  # the AppSecret
-
-# WeCom (an intelligent robot in long-connection API mode)
-# [[bots]]
-# name = "wecom"
-# channel = "wecom"
-# bot_id = "${WECOM_BOT_ID}"
-# secret = "${WECOM_BOT_SECRET}"
-
-# QQ (the official bot API)
-# [[bots]]
-# name = "qq"
-# channel = "qq"
-# app_id = "${QQ_APP_ID}"
-# client_secret = "${QQ_CLIENT_SECRET}"
-
-# Slack (Socket Mode)
-# [[bots]]
-# name = "slack"
-# channel = "slack"
-# bot_token = "${SLACK_BOT_TOKEN}"    # xoxb-...
-# app_token = "${SLACK_APP_TOKEN}"    # xapp-... with connections:write
-
-# Telegram (a bot from @BotFather)
-# [[bots]]
-# name = "telegram"
-# channel = "telegram"
-# token = "${TELEGRAM_BOT_TOKEN}"     # "<bot id>:<secret>"
-
-# Discord (Developer Portal -> Bot; turn on the Message Content intent)
-# [[bots]]
-# name = "discord"
-# channel = "discord"
-# token = "${DISCORD_BOT_TOKEN}"
-
-# WhatsApp (Cloud API; webhooks arrive at /hooks/whatsapp through your public HTTPS proxy)
-# [[bots]]
-# name = "whatsapp"
-# channel = "whatsapp"
-# phone_number_id = "${WHATSAPP_PHONE_NUMBER_ID}"
-# access_token = "${WHATSAPP_TOKEN}"
-# app_secret = "${WHATSAPP_APP_SECRET}"
-# verify_token = "${WHATSAPP_VERIFY_TOKEN}"
 """
 
 
-def write_starter(path: Path) -> None:
-    """Write :data:`STARTER_TOML` to ``path``; ConfigError when it exists (never overwritten)."""
+def write_starter(path: Path, text: str) -> None:
+    """Write the starter file ``text`` to ``path``; ConfigError when it exists (never
+    overwritten)."""
     try:
         with path.open("x", encoding="utf-8") as f:
-            f.write(STARTER_TOML)
+            f.write(text)
     except FileExistsError:
         raise ConfigError(f"{path} already exists: not overwriting it") from None
     except OSError as exc:

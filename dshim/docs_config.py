@@ -253,9 +253,9 @@ def tables_of(
 
 def channel_settings() -> list[tuple[str, type[msgspec.Struct]]]:
     """(key, settings struct) of every channel of the registry."""
-    from dshim.channels import load_channel
+    from dshim.channels.registry import CHANNEL_KEYS, settings_for
 
-    return [(key, load_channel(key).settings) for key in cfg.CHANNEL_KEYS]
+    return [(key, settings_for(key)) for key in CHANNEL_KEYS]
 
 
 def bot_tables() -> list[Table]:

@@ -92,7 +92,8 @@ def config_path(g: Globals) -> Path | None:
 
 def load(g: Globals) -> tuple[Any, str]:
     """The configuration and its label for messages (the file's name)."""
-    from dshim.config import DEFAULT_CONFIG_LABEL, default_config, load_config
+    from dshim.channels.registry import default_config, load_config
+    from dshim.config import DEFAULT_CONFIG_LABEL
     from dshim.errors import ConfigError
 
     path = config_path(g)

@@ -29,9 +29,10 @@ scanned):
 - every registered secret value of 6 characters or more (``configure_logging(secrets=...)``
   and :func:`register_secret` for tokens learned at runtime), also URL-quoted and
   JSON-escaped;
-- Telegram bot tokens ``<bot id>:<35 chars>``, also inside URL paths (``/bot<token>/getMe``);
-  the bot id is kept;
-- Slack ``xox?-...`` and ``xapp-...`` tokens; Discord bot tokens;
+- the token patterns the channels declare (``log_tokens`` of their specs, see
+  :mod:`dshim.channels.spec`): Telegram bot tokens ``<bot id>:<35 chars>``, also inside
+  URL paths (``/bot<token>/getMe``), the bot id kept; Slack ``xox?-...`` and
+  ``xapp-...`` tokens; Discord bot tokens;
 - the value after ``Bearer``;
 - credential query parameters (``access_token=``, ``corpsecret=``, ``appsecret=`` ...).
 
@@ -59,6 +60,7 @@ import structlog
 from structlog.contextvars import bound_contextvars
 from structlog.types import EventDict, Processor, WrappedLogger
 
+from dshim.channels.registry import SPECS
 from dshim.config import Secret
 from dshim.errors import ConfigError
 
@@ -104,16 +106,11 @@ _OWN_KEYS = frozenset(("level", "logger", "timestamp"))
 _MEMO_MAX_LEN = 64
 _MEMO_ENTRIES = 4096
 
-# Built-in patterns.  Each alternative owns exactly one named group, which tells _mask what
-# to keep; everything else in the match is replaced.
+# Built-in patterns: the channels' token patterns (each spec's ``log_tokens``, in registry
+# order), then the ones every platform shares.  Each alternative owns exactly one named
+# group: the part of the match that is kept (possibly empty); the rest is replaced.
 _PATTERNS = (
-    # Telegram: "<bot id>:<35 chars>", also as "/bot<token>/getMe" (no boundary before
-    # the digits on purpose).
-    r"(?P<telegram>\d{5,20}):[A-Za-z0-9_-]{35}",
-    # Slack: bot/user/app-level tokens.
-    r"(?P<slack>xox[a-z]|xapp)-[A-Za-z0-9-]+",
-    # Discord: base64(user id) "." timestamp "." HMAC.
-    r"(?P<discord>[A-Za-z0-9_-]{23,28}\.[A-Za-z0-9_-]{6,7}\.[A-Za-z0-9_-]{27,})",
+    *(pattern for entry in SPECS for pattern in entry.log_tokens),
     # Authorization: Bearer <token> -- keep the scheme.
     r"(?P<bearer>\b(?i:bearer)\s+)[^\s'\",;\\]+",
     # WeCom / DingTalk / WeChat put credentials in the query string.
@@ -124,12 +121,8 @@ _PATTERNS = (
 
 def _mask(match: re.Match[str]) -> str:
     kind = match.lastgroup
-    if kind == "secret" or kind == "discord":
+    if kind == "secret":
         return MASK
-    if kind == "telegram":
-        return f"{match['telegram']}:{MASK}"
-    if kind == "slack":
-        return f"{match['slack']}-{MASK}"
     assert kind is not None
     return match[kind] + MASK
 

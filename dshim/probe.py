@@ -27,15 +27,8 @@ import msgspec
 import trio
 
 from dshim.channels.base import ChannelStore, Check, Identity, ProbeResult
-from dshim.config import (
-    DEFAULT_CONFIG_LABEL,
-    BotConfig,
-    Config,
-    default_config,
-    load_config,
-    resolve_data_dir,
-    settings_of,
-)
+from dshim.channels.registry import default_config, load_config
+from dshim.config import DEFAULT_CONFIG_LABEL, BotConfig, Config, resolve_data_dir, settings_of
 from dshim.errors import ConfigError, DshimError
 from dshim.log import register_secret
 from dshim.store.base import BoundStore, Store
@@ -449,7 +442,7 @@ async def _harness_check(
 async def _bot_checks(
     config: Config, bot: BotConfig, store: Store, send_test: bool, timeout_s: float | None
 ) -> list[ProbeRow]:
-    from dshim.channels import load_channel
+    from dshim.channels.registry import load_channel
 
     try:
         channel = load_channel(bot.channel)

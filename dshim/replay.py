@@ -62,7 +62,7 @@ from dshim.channels.base import (
 from dshim.channels.kit.decode import decode as bounded_decode
 from dshim.channels.kit.decode import member_span, split_array
 from dshim.channels.kit.ids import plausible_time
-from dshim.config import CHANNEL_KEYS, parse_config
+from dshim.channels.registry import CHANNEL_KEYS, parse_config
 from dshim.errors import ConfigError
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
@@ -352,7 +352,7 @@ async def _run_fixture(
         if fx.format == "normalized":
             adapter = NormalizedAdapter(fx.channel, fx.bot)
         else:
-            from dshim.channels import load_channel
+            from dshim.channels.registry import load_channel
 
             try:
                 channel = load_channel(fx.channel)

@@ -44,7 +44,6 @@ import trio
 
 from dshim.backoff import Backoff
 from dshim.capture import Capture, open_capture
-from dshim.channels import load_channel
 from dshim.channels.base import (
     Channel,
     ChannelStore,
@@ -54,6 +53,7 @@ from dshim.channels.base import (
     RawDecoder,
     WebSocketHandler,
 )
+from dshim.channels.registry import load_channel
 from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
 from dshim.errors import (
     BUG_TYPES,

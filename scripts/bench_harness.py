@@ -41,7 +41,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dshim.config import parse_config  # noqa: E402
+from dshim.channels.registry import parse_config
 from dshim.harness.base import TurnContext  # noqa: E402
 from dshim.harness.openai import OpenAIHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402

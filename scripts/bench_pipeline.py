@@ -33,7 +33,7 @@ import trio
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dshim import normalized  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
+from dshim.channels.registry import parse_config
 from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.log import configure_logging  # noqa: E402
 from dshim.pipeline.runtime import open_bot_runtime  # noqa: E402

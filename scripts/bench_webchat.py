@@ -52,11 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchkit import FloorDedup, Meter, Run, argument_parser, micros, open_floor_dedup  # noqa: E402
 
+from dshim.channels.registry import parse_config
 from dshim.channels.webchat import models as m  # noqa: E402
 from dshim.channels.webchat import protocol  # noqa: E402
 from dshim.channels.webchat.channel import Chat  # noqa: E402
 from dshim.channels.webchat.protocol import BotIdentity, Member  # noqa: E402
-from dshim.config import parse_config  # noqa: E402
 from dshim.harness.echo import EchoHarness  # noqa: E402
 from dshim.http.app import Endpoint  # noqa: E402
 from dshim.http.server import serve_endpoint  # noqa: E402

@@ -151,7 +151,7 @@ async def steps_1_to_6(channel: str, bot_id: str, n: int, store_dir: Path) -> As
     """A bot runtime on a real store in ``store_dir`` whose turns (step 7) do nothing, so
     only steps 1-6 are measured; room for ``n`` queued events.  Yields the runtime (its
     ``accept``), and waits until every accepted event was taken off its lane."""
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
     from dshim.harness.echo import EchoHarness
     from dshim.pipeline.runtime import open_bot_runtime
     from dshim.store import open_store
@@ -434,7 +434,7 @@ async def counting_runtime(
     real (step 6: bounded queues, workers) and whose turn (step 7) only marks the inbox row
     done; its ``accept`` and ``accept_many`` count the verdicts.  Yields the runtime and
     the counts."""
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
     from dshim.harness.echo import EchoHarness
     from dshim.pipeline.lanes import LaneSet
     from dshim.pipeline.runtime import open_bot_runtime

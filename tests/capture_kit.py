@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from dshim.capture import open_capture
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from tests.channel_contract import BOT, ChannelRig, RecordingHarness

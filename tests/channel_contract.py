@@ -25,7 +25,7 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.base import Channel
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart, TextPart

@@ -10,7 +10,8 @@ from typing import Any
 
 import trio
 
-from dshim.config import Config, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import Config
 from dshim.harness.base import Harness
 from dshim.harness.echo import EchoHarness
 from dshim.model import InboundMessage, PromptPart, ReplyReference, Skip

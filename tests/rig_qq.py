@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from dshim.channels.qq import channel as qq_channel
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.echo import EchoHarness
 from dshim.serve import serve_bots
 from dshim.store import open_store

@@ -16,8 +16,8 @@ from typing import Any
 import trio
 
 from dshim.channels.base import Channel
+from dshim.channels.registry import parse_config
 from dshim.channels.telegram.channel import CHANNEL
-from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart

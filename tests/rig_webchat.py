@@ -24,8 +24,8 @@ from typing import Any
 import trio
 
 from dshim.channels.base import BotHost, Channel, HttpHandler, WebSocketHandler
+from dshim.channels.registry import parse_config
 from dshim.channels.webchat import channel as webchat_channel
-from dshim.config import parse_config
 from dshim.harness.base import Harness
 from dshim.http.app import Endpoint
 from dshim.http.server import serve_endpoint

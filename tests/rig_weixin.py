@@ -13,8 +13,8 @@ from typing import Any
 import trio
 
 from dshim.channels.base import Channel
+from dshim.channels.registry import parse_config
 from dshim.channels.weixin.channel import CHANNEL
-from dshim.config import parse_config
 from dshim.harness.echo import EchoHarness
 from dshim.serve import serve_bots
 from dshim.store import open_store

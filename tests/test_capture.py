@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from dshim.capture import Capture, enforce_keep, open_capture, write_atomic
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.replay import load_fixture
 from tests.capture_kit import capturing, replay_lines
 from tests.channel_contract import BOT, ChannelRig, RecordingHarness, echo_of, final_texts

@@ -9,7 +9,7 @@ from pathlib import Path
 import trio
 
 from dshim.capture import Capture
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.log import register_secret
 from dshim.model import InboundMessage
 

@@ -6,15 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from dshim.channels.registry import load_config, parse_config
 from dshim.channels.telegram.channel import TelegramSettings
-from dshim.config import (
-    Config,
-    Secret,
-    load_config,
-    override_listen,
-    parse_config,
-    resolve_data_dir,
-)
+from dshim.config import Config, Secret, override_listen, resolve_data_dir
 from dshim.errors import ConfigError
 
 TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"

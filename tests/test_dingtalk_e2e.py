@@ -26,7 +26,7 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.dingtalk import channel as dingtalk_channel
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.echo import EchoHarness
 from dshim.model import TextDelta, ToolProgress, TurnEnd
 from dshim.serve import serve_bots

@@ -545,7 +545,7 @@ def test_the_inbox_copy_has_no_session_webhook_and_still_maps() -> None:
     ],
 )
 def test_bad_settings_name_the_key(keys: dict[str, Any], error: str) -> None:
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
     from dshim.errors import ConfigError
 
     table = {"name": "d", "channel": "dingtalk", "client_id": "dingx", "client_secret": "s3cret"}
@@ -556,7 +556,7 @@ def test_bad_settings_name_the_key(keys: dict[str, Any], error: str) -> None:
 
 def test_settings_defaults() -> None:
     from dshim.channels.dingtalk.channel import DingTalkSettings
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
 
     config = parse_config(
         {

@@ -32,7 +32,7 @@ from dshim.channels.base import ChannelSpec
 from dshim.channels.discord import channel as discord_channel
 from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart

@@ -30,7 +30,7 @@ import msgspec
 import pytest
 
 from dshim import docs_config
-from dshim.config import CHANNEL_KEYS
+from dshim.channels.registry import CHANNEL_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
@@ -350,7 +350,7 @@ def test_the_page_lists_every_key_the_loader_accepts() -> None:
         assert f'### `channel = "{key}"`' in text
     # Telegram's own key, shown in its section with the default its settings struct has
     # (read from the struct: the test names no platform host itself).
-    from dshim.channels import load_channel
+    from dshim.channels.registry import load_channel
 
     settings = load_channel("telegram").settings
     default = next(f.default for f in msgspec.structs.fields(settings) if f.name == "api_base")
@@ -530,7 +530,7 @@ class _AnyEnv(dict[str, str]):
 def test_every_harness_example_loads() -> None:
     import tomllib
 
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
 
     text = (REPO / "docs" / "harnesses.md").read_text(encoding="utf-8")
     blocks = ["\n".join(line for _, line in block) for block in toml_blocks(text)]

@@ -24,7 +24,10 @@ import httpx
 import pytest
 import trio
 
-FAKES = ["telegram", "slack", "discord", "feishu", "dingtalk", "wecom", "qq", "weixin", "whatsapp"]
+from dshim.channels.registry import SPECS
+
+#: Every channel with a remote platform has a fake of it (``dshim.testing.fakes.<key>``).
+FAKES = [entry.key for entry in SPECS if not entry.local]
 
 
 @dataclass

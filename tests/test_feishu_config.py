@@ -9,7 +9,7 @@ import pytest
 
 from dshim.channels.feishu.channel import FeishuSettings
 from dshim.channels.feishu.client import DOMAINS
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.errors import ConfigError
 
 

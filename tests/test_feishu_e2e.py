@@ -27,7 +27,7 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.feishu import channel as feishu_channel
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart, TurnEvent

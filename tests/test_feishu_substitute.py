@@ -26,7 +26,7 @@ from structlog.testing import capture_logs
 
 from dshim.channels.feishu import channel as feishu_channel
 from dshim.channels.feishu.protocol import ControlPress, EventMapper
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.echo import EchoHarness
 from dshim.model import InboundMessage, Mention
 from dshim.pipeline.substitute import ANCHORS_PER_SESSION

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import trio
 
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.errors import ConfigError, TooLarge
 from dshim.model import FilePart, MediaRef, PromptPart, TextPart
 from dshim.net.http import download_capped, open_http

@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness import open_harness
 from dshim.harness.acp import IMAGES_REFUSED, AcpHarness
 from dshim.model import MediaRef

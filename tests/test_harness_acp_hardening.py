@@ -18,7 +18,7 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness import open_harness
 from dshim.harness.acp import AcpHarness
 from dshim.probe import ProbeRow, _harness_check

@@ -22,7 +22,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dshim.config import HarnessConfig, Secret, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import HarnessConfig, Secret
 from dshim.errors import ConfigError, HarnessError
 from dshim.harness import create_harness, open_harness
 from dshim.harness.base import TurnContext

@@ -19,8 +19,8 @@ from typing import Any
 import structlog
 import trio
 
+from dshim.channels.registry import parse_config
 from dshim.channels.telegram.channel import CHANNEL
-from dshim.config import parse_config
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store

@@ -17,7 +17,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.harness.openai import IMAGES_REFUSED, OpenAIHarness, SseDecoder, parse_retry_after
 from dshim.model import MediaRef
 from dshim.pipeline.turn import STOPPED_MARK

@@ -24,8 +24,8 @@ import pytest
 import trio
 
 from dshim.channels.base import HttpRequest, HttpResponse, WebSocket
+from dshim.channels.registry import parse_config
 from dshim.channels.webchat import protocol as webchat_protocol
-from dshim.config import parse_config
 from dshim.errors import ConfigError
 from dshim.http.app import Endpoint
 from dshim.http.ops import add_operator_routes

@@ -20,7 +20,8 @@ import httpx
 import trio
 
 from dshim.channels.base import BotHost, Channel
-from dshim.config import Config, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import Config
 from dshim.errors import AuthError, TransportError
 from dshim.http.status import BotStatuses, iso_time
 from dshim.log import register_secret

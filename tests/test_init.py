@@ -21,17 +21,13 @@ import pytest
 
 from dshim.channels.base import ChannelSettings, ChannelSpec
 from dshim.channels.discord.channel import DiscordSettings
+from dshim.channels.registry import CHANNEL_KEYS, default_config, load_config, starter_toml
 from dshim.channels.telegram.channel import TelegramSettings
-from dshim.config import (
-    CHANNEL_KEYS,
-    STARTER_TOML,
-    default_config,
-    load_config,
-)
 from dshim.errors import ConfigError
 
 TG_TOKEN = "123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
 PLATFORMS = [key for key in CHANNEL_KEYS if key != "webchat"]
+STARTER_TOML = starter_toml()
 
 
 class StandInSettings(ChannelSettings):

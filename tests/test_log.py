@@ -21,7 +21,8 @@ import pytest
 import structlog
 import trio
 
-from dshim.config import Secret, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import Secret
 from dshim.errors import ConfigError
 from dshim.log import (
     bound_contextvars,

@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from dshim.channels.discord.client import RestClient
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.errors import NotFound, TransportError
 from dshim.metrics import NO_METRICS, ProcessMetrics
 from dshim.net import http as kit_http

@@ -9,7 +9,8 @@ import pytest
 from dshim.channels.qq.channel import QQSettings
 from dshim.channels.qq.client import DEFAULT_API_BASE, DEFAULT_TOKEN_BASE
 from dshim.channels.qq.protocol import DEFAULT_INTENTS, intents
-from dshim.config import ConfigError, Secret, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import ConfigError, Secret
 
 SECRET = "qq-app-secret-value"
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import trio
 
+from dshim.channels.registry import parse_config
 from dshim.channels.telegram.channel import CHANNEL
-from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart, ReplyTarget, TextDelta, TextPart, TurnEnd, TurnEvent

@@ -12,7 +12,8 @@ import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.base import BotHost, ProbeRows, ReplayAdapter, ReplaySource
-from dshim.config import Config, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import Config
 from dshim.errors import AuthError, TransportError
 from dshim.serve import (
     PRUNE_FIRST_S,

@@ -24,8 +24,8 @@ import pytest
 import trio
 import trio.testing
 
+from dshim.channels.registry import parse_config
 from dshim.channels.slack import channel as slack_channel
-from dshim.config import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart

@@ -113,7 +113,7 @@ async def test_rejected_tokens_fail_the_probe(
 async def test_badly_shaped_tokens_are_a_config_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
     from dshim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"bots\[0\]\.app_token: not a Slack app-level token"):

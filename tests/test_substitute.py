@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import trio
 
-from dshim.config import SubstituteConfig, SubstituteTarget, parse_config
+from dshim.channels.registry import parse_config
+from dshim.config import SubstituteConfig, SubstituteTarget
 from dshim.errors import ConfigError
 from dshim.model import InboundMessage, Mention
 from dshim.pipeline.substitute import ANCHORS_PER_SESSION, decide, match_target, slash_guarded

@@ -6,9 +6,9 @@ import tomllib
 
 import pytest
 
+from dshim.channels.registry import parse_config
 from dshim.channels.wecom.channel import WecomSettings
 from dshim.channels.wecom.protocol import DEFAULT_WS_URL
-from dshim.config import parse_config
 from dshim.errors import ConfigError
 
 ENV = {"WECOM_BOT_ID": "aibXk3fQ0Tzx", "WECOM_BOT_SECRET": "s3cr3t-value"}

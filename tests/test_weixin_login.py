@@ -9,10 +9,10 @@ from typing import Any
 import trio
 from typer.testing import CliRunner
 
+from dshim.channels.registry import parse_config
 from dshim.channels.weixin import creds
 from dshim.channels.weixin.channel import CHANNEL
 from dshim.cli import app
-from dshim.config import parse_config
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
 from tests.rig_weixin import (
     BOT,

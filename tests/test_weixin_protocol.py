@@ -435,7 +435,7 @@ async def test_media_urls_stay_on_the_cdn() -> None:
     ],
 )
 def test_bad_settings_name_the_key(table: dict[str, Any], message: str) -> None:
-    from dshim.config import parse_config
+    from dshim.channels.registry import parse_config
     from dshim.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message):

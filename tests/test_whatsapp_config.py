@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from dshim.channels.registry import parse_config
 from dshim.channels.whatsapp.channel import WhatsAppSettings
 from dshim.channels.whatsapp.client import DEFAULT_API_BASE
-from dshim.config import parse_config, settings_of
+from dshim.config import settings_of
 from dshim.errors import ConfigError
 
 ENV = {"T": "EAAG-token-0123456789", "S": "app-secret-0123", "V": "verify-0123"}

@@ -23,7 +23,7 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.config import parse_config
+from dshim.channels.registry import parse_config
 from dshim.errors import StoreError
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness

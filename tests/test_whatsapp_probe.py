@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import trio
 
+from dshim.channels.registry import load_config
 from dshim.channels.whatsapp import channel as wa_channel
-from dshim.config import load_config
 from dshim.probe import ProbeRow, _probe, format_table
 from dshim.serve import serve_bots
 from dshim.store import open_store

@@ -83,8 +83,13 @@ PEERS: dict[str, tuple[str, list[str], str]] = {
 }
 #: The platform each peer speaks (dshim and the floor: see :func:`candidates`).
 PLATFORM_OF = {"hikari": "discord", "slack-sdk": "slack"}
-#: Each platform's benchmark fake (a script of this folder, run in its own process).
-FAKES = {"telegram": "fake_telegram.py", "discord": "fake_discord.py", "slack": "fake_slack.py"}
+#: Each platform's benchmark fake (a script of this folder, ``fake_<platform>.py``, run in
+#: its own process; ``fake_idle.py`` serves any platform, for the idle scenario only).
+FAKES = {
+    path.stem.removeprefix("fake_"): path.name
+    for path in sorted(BENCH.glob("fake_*.py"))
+    if path.name != "fake_idle.py"
+}
 
 
 @dataclass(frozen=True)
@@ -644,18 +649,24 @@ def scenario_b2(cands: list[Candidate], reps: int) -> None:
     )
 
 
-NINE = ["telegram", "discord", "slack", "feishu", "dingtalk", "wecom", "qq", "weixin", "whatsapp"]
+def platform_channels() -> list[str]:
+    """Every channel with a remote platform (all but the web chat), in registry order."""
+    from dshim.channels.registry import SPECS
+
+    return [entry.key for entry in SPECS if not entry.local]
 
 
 def scenario_idle(cands: list[Candidate], reps: int, idle_s: float) -> None:
     """B6: process start to the first poll / READY / hello of every bot, then RSS and
-    CPU over ``idle_s`` idle seconds; dshim with one Telegram bot and with nine bots of
-    nine channels (each against its fake in its own process), each peer with one bot."""
+    CPU over ``idle_s`` idle seconds; dshim with one Telegram bot and with one bot of every
+    channel that has a platform (nine: each against its fake in its own process), each
+    peer with one bot."""
     rows = []
     for cand in cands:
         if cand.name == "floor":
             continue
-        setups = [["telegram"], NINE] if cand.platform == "any" else [[cand.platform]]
+        every = platform_channels()
+        setups = [["telegram"], every] if cand.platform == "any" else [[cand.platform]]
         for platforms in setups:
             rss, cpu, start = [], [], []
             slowest = ""
