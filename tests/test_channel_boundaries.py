@@ -1,5 +1,5 @@
 """Channels use only the contract: ``dshim.channels.base``, the kit, the network floor
-(``dshim.net``), the model, errors and
+(``dshim.net``), the native-stream engine (``dshim.streams``), the model, errors and
 render — never serve, probe, replay, the pipeline or a harness — and ``protocol.py`` is
 sans-IO.  Checked on the import graph of a fresh interpreter and on the source."""
 
@@ -12,20 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from dshim.channels import load_channel
 from dshim.channels.base import Channel
-from dshim.channels.registry import load_channel
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dshim" / "channels"
 CHANNELS = sorted(p.name for p in PACKAGE.iterdir() if (p / "channel.py").is_file())
 ALLOWED_DSHIM = (
     "dshim.channels.base",
-    "dshim.channels.spec",
     "dshim.channels.kit",
     "dshim.net",
+    "dshim.streams",
     "dshim.model",
     "dshim.errors",
 )
-ALLOWED_EXACT = {"dshim", "dshim.render", "dshim.channels.kit", "dshim.net"}
+ALLOWED_EXACT = {"dshim", "dshim.render", "dshim.channels.kit", "dshim.net", "dshim.streams"}
 FORBIDDEN_LOADED = (
     "dshim.serve",
     "dshim.probe",

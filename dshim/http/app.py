@@ -56,13 +56,6 @@ from typing import Any
 import structlog
 import trio
 
-from dshim.channels.base import (
-    HttpHandler,
-    HttpRequest,
-    HttpResponse,
-    WebSocketClosed,
-    WebSocketHandler,
-)
 from dshim.http.auth import (
     Auth,
     GuessThrottle,
@@ -72,6 +65,13 @@ from dshim.http.auth import (
     login_form,
     login_page,
     safe_next,
+)
+from dshim.http.types import (
+    HttpHandler,
+    HttpRequest,
+    HttpResponse,
+    WebSocketClosed,
+    WebSocketHandler,
 )
 
 __all__ = ["CLOSE_WAIT_S", "MAX_BODY", "RELEASE_KEY", "AsgiWebSocket", "Endpoint", "json_error"]

@@ -48,8 +48,8 @@ from typing import Literal
 
 import trio
 
-from dshim.channels.base import HttpRequest, HttpResponse
 from dshim.config import is_loopback
+from dshim.http.types import HttpRequest, HttpResponse
 
 __all__ = [
     "COOKIE",

@@ -8,9 +8,9 @@ text exposition of the process's registry (:mod:`dshim.metrics`).
 
 from __future__ import annotations
 
-from dshim.channels.base import HttpRequest, HttpResponse
 from dshim.http.app import Endpoint
 from dshim.http.status import BotStatuses
+from dshim.http.types import HttpRequest, HttpResponse
 from dshim.metrics import ProcessMetrics
 
 __all__ = ["add_operator_routes"]
