@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import pytest
+import structlog.testing
 import trio
 
 from dshim.backoff import Backoff
@@ -352,3 +353,28 @@ async def test_a_channel_that_counts_its_own_failures_pauses_the_next_attempt(
         (13.5, "append"),  # three in a row did not stop it: the channel counts
         (16.5, "finish"),
     ]
+
+
+async def test_retrying_names_the_call_in_its_log_records(autojump_clock: trio.abc.Clock) -> None:
+    outcomes: list[BaseException | str] = [
+        RateLimited("busy", retry_after=2.0),
+        TransportError("refused", request_sent=False),
+        "ok",
+    ]
+
+    async def call() -> str:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        result = await retrying(
+            call,
+            give_up_at=trio.current_time() + 60,
+            backoff=Backoff(1.0, 30.0, 2.0, jitter=0.0),
+            events=("waited", "retried"),
+            log_context={"seq": 3},
+        )
+    assert result == "ok"
+    assert [(e["event"], e["seq"]) for e in logs] == [("waited", 3), ("retried", 3)]

@@ -29,7 +29,8 @@ Intermediate failures never end the answer: a :class:`~dshim.errors.RateLimited`
 pauses the updates for its ``retry_after``; any other :class:`~dshim.errors.ChannelError`
 pauses them one second per failure in a row, and the third in a row stops them (the
 final text still goes through ``finish``, which retries under the channel's rules:
-:func:`retrying` is the shared primitive for that).
+:func:`retrying` is the shared primitive for that; a channel whose rules add to it
+wraps it, and its ``log_context`` names the message in the retry's log records).
 
 A channel supplies a :class:`NativeCalls` -- start, append, finish, a fallback, abandon
 and background work (timers of its own: they take :attr:`NativeStream.lock` around their
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Protocol, TypeVar
 
@@ -378,6 +379,7 @@ async def retrying(
     repeatable: bool = True,
     on_unsure: Callable[[], None] | None = None,
     events: tuple[str, str] = ("stream_rate_limited", "stream_call_retry"),
+    log_context: Mapping[str, object] | None = None,
 ) -> T:
     """``await call()`` through transient failures until ``give_up_at``.
 
@@ -387,10 +389,12 @@ async def retrying(
     went out, no answer came back) is raised at once unless the call is ``repeatable``
     (making it twice changes nothing: an idempotency key, a set-to-this-text call);
     ``on_unsure`` hears of every such failure.  ``events`` names the log records of a
-    rate-limit wait and of a retry.  Refusals (any other ChannelError) are
-    raised at once, as is the last failure when the time is up.
+    rate-limit wait and of a retry, and ``log_context`` adds fields to both (which
+    message is retried, as a channel's own records around the call say).  Refusals (any
+    other ChannelError) are raised at once, as is the last failure when the time is up.
     """
     limited = 0.0
+    context = dict(log_context or {})
     while True:
         try:
             return await call()
@@ -398,7 +402,7 @@ async def retrying(
             limited += exc.retry_after
             if limited > rate_limit_budget_s:
                 raise
-            log.info(events[0], retry_after=exc.retry_after)
+            log.info(events[0], retry_after=exc.retry_after, **context)
             await trio.sleep(exc.retry_after)
         except TransportError as exc:
             unsure = outcome_unknown(exc)
@@ -409,5 +413,5 @@ async def retrying(
             delay = backoff.next_delay()
             if trio.current_time() + delay > give_up_at:
                 raise
-            log.info(events[1], error=str(exc)[:200], retry_in_s=delay)
+            log.info(events[1], error=str(exc)[:200], retry_in_s=delay, **context)
             await trio.sleep(delay)
