@@ -1,0 +1,206 @@
+"""Floors without loops: the import graph of ``dshim``, drawn from the source.
+
+Every ``import`` of a dshim module counts -- at module level, inside a function (a lazy
+import) and under ``if TYPE_CHECKING:`` -- because each is a dependency a reader has to
+follow.  Two rules keep the house in order:
+
+- **no cycles**: no strongly connected component of more than one module;
+- **floors**: every module sits on a floor and imports only from its own floor or
+  below.  A new module must be placed (an unplaced one fails), so the table below is
+  the map of the house.
+
+``from pkg import sub`` of a submodule is an arrow to the submodule, not to the package
+(Python imports a package before its submodules anyway; that is not a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "dshim"
+
+#: (floor, module pattern): the first pattern that matches a module's name places it.
+FLOORS: list[tuple[int, str]] = [
+    # Ground: no dshim imports above it -- errors, the model, text helpers, the network
+    # client and websocket runner, the HTTP types, the channel specs (key, starter ...).
+    (0, r"dshim|dshim\.(errors|backoff|model|text|metrics)"),
+    (0, r"dshim\.net(\..+)?|dshim\.http\.types"),
+    (0, r"dshim\.channels|dshim\.channels\.spec|dshim\.channels\.\w+\.spec"),
+    # Configuration and the store.
+    (1, r"dshim\.config|dshim\.store(\..+)?"),
+    # The contracts and engines everything above is written against.
+    (2, r"dshim\.channels\.(base|registry)|dshim\.channels\.kit(\..+)?"),
+    (2, r"dshim\.(outbound|render|prompt|reply)|dshim\.streams(\..+)?"),
+    (2, r"dshim\.harness\.(base|httpio)"),
+    # The parts: channels, harnesses, the pipeline (with capture), logging set-up.
+    (3, r"dshim\.channels\.\w+(\.\w+)?|dshim\.harness(\.\w+(\.\w+)?)?"),
+    (3, r"dshim\.pipeline(\..+)?|dshim\.(capture|log|normalized)|dshim\.testing\.outbound"),
+    # What runs the parts: the HTTP endpoint, probe, replay, serve.
+    (4, r"dshim\.http\.\w+|dshim\.(probe|replay|serve)"),
+    # Entry points and test support.
+    (5, r"dshim\.(launch|entry|cli|docs_config|__main__)|dshim\.testing(\..+)?"),
+]
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Every module of the package under ``root`` by dotted name (``pkg`` for
+    ``pkg/__init__.py``)."""
+    names: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _resolve(name: str, modules: Mapping[str, object]) -> str | None:
+    while name and name not in modules:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(modules: Mapping[str, Path]) -> dict[str, set[str]]:
+    """Module -> the dshim modules it imports (anywhere in its source)."""
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    targets.append(full if full in modules else base)
+        graph[name] = {
+            found
+            for target in targets
+            if target.split(".")[0] == "dshim"
+            and (found := _resolve(target, modules)) is not None
+            and found != name
+        }
+    return graph
+
+
+def cycles(graph: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def floor_of(module: str, floors: list[tuple[int, str]] = FLOORS) -> int | None:
+    for floor, pattern in floors:
+        if re.fullmatch(pattern, module):
+            return floor
+    return None
+
+
+def arrows_up(
+    graph: Mapping[str, Iterable[str]], floors: list[tuple[int, str]] = FLOORS
+) -> list[str]:
+    """``a (n) -> b (m)`` for every import of a higher floor's module."""
+    out = []
+    for module in sorted(graph):
+        here = floor_of(module, floors)
+        for target in sorted(graph[module]):
+            there = floor_of(target, floors)
+            if here is not None and there is not None and there > here:
+                out.append(f"{module} ({here}) -> {target} ({there})")
+    return out
+
+
+# --- the rules on dshim ------------------------------------------------------------------
+
+
+GRAPH = import_graph(module_names(PACKAGE))
+
+
+def test_the_graph_is_drawn_from_the_whole_package() -> None:
+    # Sanity of the drawing itself: known arrows of each kind are there.
+    assert "dshim.channels.base" in GRAPH["dshim.channels.telegram.channel"]  # module level
+    assert "dshim.http.types" in GRAPH["dshim.channels.base"]
+    assert len(GRAPH) > 150
+
+
+def test_no_module_imports_itself_back() -> None:
+    assert cycles(GRAPH) == [], "import cycles: " + "; ".join(
+        " <-> ".join(c) for c in cycles(GRAPH)
+    )
+
+
+def test_every_module_has_a_floor() -> None:
+    assert [m for m in sorted(GRAPH) if floor_of(m) is None] == []
+
+
+def test_no_module_imports_from_a_higher_floor() -> None:
+    assert arrows_up(GRAPH) == []
+
+
+# --- the checks check ----------------------------------------------------------------------
+
+
+def test_a_cycle_through_a_lazy_or_type_checking_import_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "dshim"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from dshim import b\n")
+    (pkg / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from dshim.sub.c import X\n"
+    )
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "c.py").write_text("def f():\n    from ..a import g\n")
+    graph = import_graph(module_names(pkg))
+    assert graph["dshim.a"] == {"dshim.b"}
+    assert graph["dshim.sub.c"] == {"dshim.a"}
+    assert cycles(graph) == [["dshim.a", "dshim.b", "dshim.sub.c"]]
+
+
+def test_an_arrow_up_is_reported_with_both_floors() -> None:
+    floors = [(0, r"low"), (1, r"high")]
+    graph = {"low": {"high"}, "high": {"low"}}
+    assert arrows_up(graph, floors) == ["low (0) -> high (1)"]
+    assert floor_of("elsewhere", floors) is None
