@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dshim.channels import load_channel
 from dshim.channels.base import Channel
+from dshim.channels.registry import load_channel
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dshim" / "channels"
 CHANNELS = sorted(p.name for p in PACKAGE.iterdir() if (p / "channel.py").is_file())
