@@ -8,12 +8,14 @@ with the *same* ``msg_seq``, so a send that landed is refused as a duplicate (40
 counted as sent) instead of shown twice.  A failure that proves nothing was delivered
 (could not connect, a 5xx, a 429) is retried with backoff for ``send_retry_s`` (120 s),
 then raised for the pipeline's outbox; a call whose answer was lost after it went out is
-repeated once, after a pause and once ``GET /users/@me`` answers (:class:`_Retries`).  A
-stream preview of unknown outcome stops the previews; when a stream's start turns out to
-have landed unseen (40054005 on its repeat) with other text than the final one, the
-final text goes in a new message.  304023/304024 (pending
-audit) count as sent without an id; 304027/40034128 (window expired) end the delivery of
-this answer with one log line, never a retry loop.
+repeated once, after a pause and once ``GET /users/@me`` answers (:class:`_Retries`: the
+engine's :func:`~dshim.streams.native.retrying` with the passive budget's rules around
+it -- no 429 waited out into the window's end, nothing retried past it).  A stream
+preview of unknown outcome stops the previews; when a stream's start turns out to have
+landed unseen (40054005 on its repeat) with other text than the final one, the final
+text goes in a new message.  304023/304024 (pending audit) count as sent without an id;
+304027/40034128 (window expired) end the delivery of this answer with one log line,
+never a retry loop.
 
 Both kinds of answer run on the native-stream engine (:mod:`dshim.streams.native`: it
 paces and merges the texts, runs the delivery hook once, finishes once and abandons on
@@ -59,7 +61,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 import trio
@@ -93,9 +95,11 @@ from dshim.errors import (
 )
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import Limits, split_text
-from dshim.streams.native import NativeStream, Step, open_native_stream
+from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.qq")
+
+T = TypeVar("T")
 
 #: Sent in a group when no answer is ready within ``working_after_s`` (uses one reply).
 WORKING_TEXT = "⏳ Working on it…"
@@ -110,6 +114,9 @@ TOO_LONG_NOTICE = "[The answer is longer than QQ lets a bot reply to one message
 SPLIT_MIN_FRACTION = 0.55
 #: Budgets (per inbound message) remembered at most.
 MAX_BUDGETS = 4096
+#: Backoff between the attempts of one reply: 1 s (``Limits.retry_backoff_s``), doubling
+#: up to this.
+RETRY_BACKOFF_MAX_S = 10.0
 #: Stream input states.
 GENERATING, DONE = 1, 10
 #: A chunk for a stream that is closed already (a repeat of a closing chunk that landed).
@@ -240,47 +247,64 @@ def _delivered_id(sent: m.Sent | None, route: Route, seq: int) -> str:
 
 
 class _Retries:
-    """The waits between the attempts of one reply (the same ``msg_seq`` every time).
+    """The attempts of one reply (the same ``msg_seq`` every time), under QQ's rules.
 
-    A failure that proves the reply was not delivered (could not connect, a 5xx, a 429) is
-    retried with backoff -- a 429 as long as QQ asks -- for ``send_retry_s``; then it is
-    raised: the pipeline's outbox delivers the answer when QQ is back.  A reply whose
-    answer was lost after the request went out (unknown outcome) is repeated once, after
-    ``unknown_repeat_wait_s`` and once QQ answers again; its ``msg_seq`` makes QQ refuse
-    the repeat (40054005) should the first have landed.  A second unknown outcome is
-    raised.  Nothing waits past the reply window (then ReplyWindowClosed)."""
+    A failure that proves the reply was not delivered (could not connect, a 5xx) is
+    retried with backoff for ``send_retry_s`` -- the engine's :func:`retrying` -- then
+    raised: the pipeline's outbox delivers the answer when QQ is back.  What is QQ's own
+    is the passive budget: a 429 is waited out as long as QQ asks unless the wait would
+    reach the end of the reply window (then ReplyWindowClosed), and nothing is retried
+    past that end; a reply whose answer was lost after the request went out (unknown
+    outcome) is repeated once, after ``unknown_repeat_wait_s`` and once QQ answers again,
+    its ``msg_seq`` making QQ refuse the repeat (40054005) should the first have landed.
+    A second unknown outcome is raised."""
 
     def __init__(self, out: QQOutbound, budget: PassiveBudget, *, unknown: int = 0) -> None:
         self._out = out
         self._budget = budget
-        self._backoff = Backoff(min_s=1.0, max_s=10.0, jitter=0.0)
+        self._backoff = Backoff(
+            min_s=out.limits.retry_backoff_s, max_s=RETRY_BACKOFF_MAX_S, jitter=0.0
+        )
         self._give_up_at = min(out.mono() + out.limits.send_retry_s, budget.deadline)
         #: Unknown outcomes so far (a stream's preview may have had one already).
         self.unknown = unknown
 
-    async def wait(self, exc: RateLimited | TransportError, **log_context: object) -> None:
-        out = self._out
-        if isinstance(exc, RateLimited):
-            wait = exc.retry_after or 1.0
-            if out.mono() + wait >= self._budget.deadline:
-                raise ReplyWindowClosed("rate limited until the reply window closes") from exc
-            log.info("rate_limited", retry_after=round(wait, 3), **log_context)
-            await trio.sleep(wait)
-            return
-        if unknown_outcome(exc):
-            self.unknown += 1
-            if self.unknown > 1:
-                log.warning("reply_delivery_gave_up", outcome="unknown", **log_context)
-                raise exc
-            log.info("reply_unconfirmed", error=str(exc)[:200], **log_context)
-            await self.until_reachable()
-            return
-        delay = self._backoff.next_delay()
-        if out.mono() + delay > self._give_up_at:
-            log.warning("reply_delivery_gave_up", error=str(exc)[:200], **log_context)
-            raise exc
-        log.info("reply_retrying", error=str(exc)[:200], retry_in_s=delay, **log_context)
-        await trio.sleep(delay)
+    async def run(self, call: Callable[[], Awaitable[T]], **log_context: object) -> T:
+        """``await call()`` until it is known to be done (or raise, see above)."""
+        while True:
+            try:
+                return await retrying(
+                    lambda: self._within_window(call, log_context),
+                    give_up_at=self._give_up_at,
+                    backoff=self._backoff,
+                    repeatable=False,  # the one repeat is QQ's: below
+                    events=("rate_limited", "reply_retrying"),
+                    log_context=log_context,
+                )
+            except TransportError as exc:
+                if not unknown_outcome(exc):  # out of time
+                    log.warning("reply_delivery_gave_up", error=str(exc)[:200], **log_context)
+                    raise
+                self.unknown += 1
+                if self.unknown > 1:
+                    log.warning("reply_delivery_gave_up", outcome="unknown", **log_context)
+                    raise
+                log.info("reply_unconfirmed", error=str(exc)[:200], **log_context)
+                await self.until_reachable()
+
+    async def _within_window(
+        self, call: Callable[[], Awaitable[T]], log_context: dict[str, object]
+    ) -> T:
+        """429s waited out as QQ asks (1 s when it does not say), within the window."""
+        while True:
+            try:
+                return await call()
+            except RateLimited as exc:
+                wait = exc.retry_after or 1.0
+                if self._out.mono() + wait >= self._budget.deadline:
+                    raise ReplyWindowClosed("rate limited until the reply window closes") from exc
+                log.info("rate_limited", retry_after=round(wait, 3), **log_context)
+                await trio.sleep(wait)
 
     async def until_reachable(self) -> None:
         """Before the one repeat of a reply of unknown outcome: a pause (the outage that
@@ -370,44 +394,52 @@ class QQOutbound:
             raise ReplyWindowClosed("no passive reply left for this message (window or count)")
         sent_at = self.clock()
         quote = quote and (route.kind != GROUP or self.group_quotes)
-        retries = _Retries(self, budget)
-        while True:
-            # Markdown only where it carries a keyboard: plain replies are text (every bot
-            # may send it; markdown needs its own approval).
-            markdown = keyboard is not None and self.markdown and route.kind in (C2C, GROUP)
-            body = message_body(route, text, seq, markdown=markdown, quote=quote, keyboard=keyboard)
-            try:
-                sent: m.Sent | None = await self.api.send(route.kind, route.target, body)
-            except (AlreadySent, PendingAudit) as exc:
-                log.info("reply_counted_as_sent", code=exc.code, seq=seq)
-                sent = None
-            except MarkdownRejected:
-                if not markdown:
+
+        async def attempt() -> m.Sent | None:
+            nonlocal quote
+            while True:
+                # Markdown only where it carries a keyboard: plain replies are text (every
+                # bot may send it; markdown needs its own approval).
+                markdown = keyboard is not None and self.markdown and route.kind in (C2C, GROUP)
+                body = message_body(
+                    route, text, seq, markdown=markdown, quote=quote, keyboard=keyboard
+                )
+                try:
+                    return await self.api.send(route.kind, route.target, body)
+                except (AlreadySent, PendingAudit) as exc:
+                    log.info("reply_counted_as_sent", code=exc.code, seq=seq)
+                    return None
+                except MarkdownRejected:
+                    if not markdown:
+                        raise
+                    log.info("markdown_rejected_using_text")
+                    self.markdown = False
+                except (RateLimited, TransportError):  # the same msg_seq again (_Retries)
                     raise
-                log.info("markdown_rejected_using_text")
-                self.markdown = False
-                continue
-            except (RateLimited, TransportError) as exc:  # the same msg_seq again
-                await retries.wait(exc, seq=seq)
-                continue
-            except (ReplyWindowClosed, AuthError, FatalChannelError):
-                raise
-            except ChannelError as exc:
-                if keyboard is None and quote and route.kind == GROUP and type(exc) is ChannelError:
-                    # The group refused the quote: answer without it from now on.
-                    log.info("group_quote_rejected", error=str(exc))
-                    self.group_quotes = False
-                    quote = False
-                    continue
-                if not isinstance(exc, TransportError):  # refused: nothing was sent
-                    budget.give_back(seq)
-                raise
-            return Delivered(
-                message_id=_delivered_id(sent, route, seq),
-                text=text,
-                sent_at=sent_at,
-                completed_at=self.clock(),
-            )
+                except (ReplyWindowClosed, AuthError, FatalChannelError):
+                    raise
+                except ChannelError as exc:
+                    if (
+                        keyboard is None
+                        and quote
+                        and route.kind == GROUP
+                        and type(exc) is ChannelError
+                    ):
+                        # The group refused the quote: answer without it from now on.
+                        log.info("group_quote_rejected", error=str(exc))
+                        self.group_quotes = False
+                        quote = False
+                        continue
+                    budget.give_back(seq)  # refused: nothing was sent
+                    raise
+
+        sent = await _Retries(self, budget).run(attempt, seq=seq)
+        return Delivered(
+            message_id=_delivered_id(sent, route, seq),
+            text=text,
+            sent_at=sent_at,
+            completed_at=self.clock(),
+        )
 
     async def send_chunks(
         self,
@@ -834,12 +866,7 @@ class C2CCalls:
         retries = _Retries(self._out, self._budget, unknown=self._unknown)
         if self._unknown:
             await retries.until_reachable()  # before the one repeat of the lost chunk
-        while True:
-            try:
-                await self._step(text, final=True)
-                return
-            except (RateLimited, TransportError) as exc:
-                await retries.wait(exc)
+        await retries.run(lambda: self._step(text, final=True))
 
     def fallback(self) -> None:
         return None  # every reply is passive: there is no other way to answer
