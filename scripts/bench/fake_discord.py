@@ -19,7 +19,6 @@ Usage (the suite runs it; one JSON object per stdout line)::
 from __future__ import annotations
 
 import argparse
-import base64
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ledger import Ledger, add_arguments, emit, watch_calls  # noqa: E402
 
-from dshim.testing.fakes.discord import open_fake_discord, snowflake  # noqa: E402
-
-
-def bench_identity() -> dict[str, str]:
-    """A bot id and a token of Discord's shape (hikari reads the id from its first part)."""
-    bot_id = snowflake()
-    token = base64.b64encode(bot_id.encode()).decode().rstrip("=") + ".fake.bench-only"
-    return {"token": token, "bot_id": bot_id}
+from dshim.testing.fakes.discord import bench_identity, open_fake_discord, snowflake  # noqa: E402
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -650,10 +650,13 @@ def scenario_b2(cands: list[Candidate], reps: int) -> None:
 
 
 def platform_channels() -> list[str]:
-    """Every channel with a remote platform (all but the web chat), in registry order."""
+    """Every channel with a remote platform (all but the web chat): Telegram first, as in
+    the one-bot setup (the first fake's settings go to the candidate's environment, see
+    :func:`start_candidate`), then the others in registry order."""
     from dshim.channels.registry import SPECS
 
-    return [entry.key for entry in SPECS if not entry.local]
+    remote = [entry.key for entry in SPECS if not entry.local]
+    return sorted(remote, key=lambda key: key != "telegram")
 
 
 def scenario_idle(cands: list[Candidate], reps: int, idle_s: float) -> None:

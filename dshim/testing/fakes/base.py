@@ -21,13 +21,15 @@ every fake the same three things, so tests read the same on every channel:
   platform's own error shape.
 
 ``open_fake_<platform>`` managers run their servers with :func:`open_servers`, which
-raises the one error that ended them, never an ExceptionGroup.
+raises the one error that ended them, never an ExceptionGroup.  A platform's fake also
+says, as its ``IDLE_BENCH`` (an :class:`IdleBench`), how the idle bench
+(``scripts/bench/fake_idle.py``) runs it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -36,7 +38,7 @@ import trio
 from dshim.errors import single_error
 from dshim.testing.fakes.http import DropConnection
 
-__all__ = ["Fault", "FaultQueue", "FakePlatform", "open_servers"]
+__all__ = ["Fault", "FaultQueue", "FakePlatform", "IdleBench", "open_servers"]
 
 C = TypeVar("C")
 
@@ -194,6 +196,25 @@ class FakePlatform(Generic[C]):
             elif status is None:
                 status = fault
         return status
+
+
+F = TypeVar("F", bound=FakePlatform[Any])
+
+
+@dataclass(frozen=True)
+class IdleBench(Generic[F]):
+    """How the idle and startup bench (``scripts/bench/fake_idle.py``) runs a fake: it
+    opens it, prints the bot settings, then waits for the bot's first contact."""
+
+    #: Open the fake (with what the bench's peers need of it).
+    open: Callable[[], AbstractAsyncContextManager[F]]
+    #: The ``[[bots]]`` keys that point dshim at the fake (fake credentials only).
+    settings: Callable[[F], dict[str, Any]]
+    #: The bot made its first contact: its first long poll, READY, hello, connection.
+    contact: Callable[[F], bool]
+    #: A platform that only sends webhooks: instead of ``contact``, wait until the bot's
+    #: webhook (this URL) answers -- its route is mounted.
+    mounted: Callable[[str], Awaitable[None]] | None = None
 
 
 @asynccontextmanager

@@ -60,7 +60,7 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
+from dshim.testing.fakes.base import FakePlatform, Fault, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
 __all__ = ["ApiCall", "BotMessage", "FakeDingTalk", "StreamConn", "open_fake_dingtalk"]
@@ -856,6 +856,19 @@ async def open_fake_dingtalk(
         fake.api_base = http_server.url
         fake.ws_url = f"ws://{host}:{ws_server.port}"
         yield fake
+
+
+#: How the idle bench runs this fake: the bot's first contact is its Stream connection.
+IDLE_BENCH: IdleBench[FakeDingTalk] = IdleBench(
+    open_fake_dingtalk,
+    lambda f: {
+        "client_id": f.client_id,
+        "client_secret": f.client_secret,
+        "api_base": f.api_base,
+        "oapi_base": f.api_base,
+    },
+    lambda f: bool(f.connections),
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -82,6 +82,7 @@ autojump clock).  :meth:`wait_until` waits for a condition on any of them.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import math
@@ -91,7 +92,7 @@ import sys
 import time
 import zlib
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -101,10 +102,17 @@ import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
+from dshim.testing.fakes.base import FakePlatform, Fault, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
-__all__ = ["FakeDiscord", "FakeInteraction", "RestCall", "open_fake_discord", "snowflake"]
+__all__ = [
+    "FakeDiscord",
+    "FakeInteraction",
+    "RestCall",
+    "bench_identity",
+    "open_fake_discord",
+    "snowflake",
+]
 
 API_PREFIX = "/api/v10"
 DISCORD_EPOCH_MS = 1420070400000
@@ -1338,6 +1346,27 @@ async def open_fake_discord(
         fake.api_base = http_server.url + API_PREFIX
         fake.gateway_url = f"ws://{host}:{ws_server.port}"
         yield fake
+
+
+def bench_identity() -> dict[str, str]:
+    """A bot id and a token of Discord's shape (hikari reads the id from its first part)."""
+    bot_id = snowflake()
+    token = base64.b64encode(bot_id.encode()).decode().rstrip("=") + ".fake.bench-only"
+    return {"token": token, "bot_id": bot_id}
+
+
+def _open_for_bench() -> AbstractAsyncContextManager[FakeDiscord]:
+    identity = bench_identity()
+    return open_fake_discord(token=identity["token"], bot_id=identity["bot_id"])
+
+
+#: How the idle bench runs this fake (with a token of Discord's shape, as the peers need):
+#: the bot's first contact is READY.
+IDLE_BENCH: IdleBench[FakeDiscord] = IdleBench(
+    _open_for_bench,
+    lambda f: {"token": f.token, "api_base": f.api_base},
+    lambda f: f.ready_count > 0,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -80,7 +80,7 @@ from dshim.channels.feishu.protocol import (
     decode_frame,
     encode_frame,
 )
-from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
+from dshim.testing.fakes.base import FakePlatform, Fault, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
 __all__ = ["FakeFeishu", "RestCall", "open_fake_feishu"]
@@ -1112,6 +1112,14 @@ async def open_fake_feishu(
         fake.api_base = http_server.url
         fake.ws_url = f"ws://{host}:{ws_server.port}"
         yield fake
+
+
+#: How the idle bench runs this fake: the bot's first contact is its long connection.
+IDLE_BENCH: IdleBench[FakeFeishu] = IdleBench(
+    open_fake_feishu,
+    lambda f: {"app_id": f.app_id, "app_secret": f.app_secret, "api_base": f.api_base},
+    lambda f: bool(f.connections),
+)
 
 
 def main(argv: list[str] | None = None) -> None:

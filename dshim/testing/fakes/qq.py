@@ -69,7 +69,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from dshim.testing.fakes.base import FakePlatform, Fault, open_servers
+from dshim.testing.fakes.base import FakePlatform, Fault, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, json_response, serve_http
 
 __all__ = ["BotMessage", "FakeQQ", "RestCall", "open_fake_qq"]
@@ -1062,6 +1062,20 @@ async def open_fake_qq(
         fake.http_url = http_server.url
         fake.gateway_url = f"ws://{host}:{ws_server.port}/websocket"
         yield fake
+
+
+#: How the idle bench runs this fake: the bot's first contact is READY.
+IDLE_BENCH: IdleBench[FakeQQ] = IdleBench(
+    open_fake_qq,
+    lambda f: {
+        "app_id": f.app_id,
+        "client_secret": f.client_secret,
+        "api_base": f.http_url,
+        "token_base": f.http_url,
+        "gateway_url": f.gateway_url,
+    },
+    lambda f: f.ready_count > 0,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,7 +64,7 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from dshim.testing.fakes.base import FakePlatform, open_servers
+from dshim.testing.fakes.base import FakePlatform, IdleBench, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
     Request,
@@ -1055,6 +1055,14 @@ async def open_fake_slack(*, host: str = "127.0.0.1", port: int = 0) -> AsyncIte
         fake.relay_url = f"ws://127.0.0.1:{relay_port}"
         fake._nursery = nursery
         yield fake
+
+
+#: How the idle bench runs this fake: the bot's first contact is hello on Socket Mode.
+IDLE_BENCH: IdleBench[FakeSlack] = IdleBench(
+    open_fake_slack,
+    lambda f: {"bot_token": f.bot_token, "app_token": f.app_token, "api_base": f.api_base},
+    lambda f: f.live is not None,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 import trio
 
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, Fault, FaultQueue, open_servers
+from dshim.testing.fakes.base import FakePlatform, Fault, FaultQueue, IdleBench, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
     HttpServer,
@@ -908,6 +908,14 @@ def _announcement(fake: FakeTelegram) -> cli.Announcement:
     settings = {"token": fake.token, "api_base": fake.url}
     notes = {"bot": f"@{BOT_USERNAME}"}
     return cli.Announcement("Telegram Bot API", fake.url, "telegram", settings, notes)
+
+
+#: How the idle bench runs this fake: the bot's first contact is its first long poll.
+IDLE_BENCH: IdleBench[FakeTelegram] = IdleBench(
+    open_fake_telegram,
+    lambda f: {"token": f.token, "api_base": f.url},
+    lambda f: bool(f.calls_to("getUpdates")),
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,7 +54,7 @@ from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketReque
 
 from dshim.channels.wecom.media import encrypt
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, open_servers
+from dshim.testing.fakes.base import FakePlatform, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, serve_http
 
 __all__ = ["Answer", "FakeWecom", "Frame", "open_fake_wecom"]
@@ -591,6 +591,14 @@ async def open_fake_wecom(
         # A frame sent before the previous ack of its req_id: acks would be mis-attributed.
         bad = ", ".join(f"{f.cmd} {f.req_id}" for f in fake.order_violations[:5])
         raise AssertionError(f"frames sent before the previous ack of their req_id: {bad}")
+
+
+#: How the idle bench runs this fake: the bot's first contact is its subscribe.
+IDLE_BENCH: IdleBench[FakeWecom] = IdleBench(
+    open_fake_wecom,
+    lambda f: {"bot_id": f.bot_id, "secret": f.secret, "ws_url": f.ws_url},
+    lambda f: bool(f.subscribes),
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -52,7 +52,7 @@ import trio
 
 from dshim.channels.weixin import media as crypto
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, open_servers
+from dshim.testing.fakes.base import FakePlatform, IdleBench, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
     HttpServer,
@@ -496,6 +496,14 @@ def _announcement(fake: FakeWeixin) -> cli.Announcement:
     }
     notes = {"redirect_host": fake.redirect_url}
     return cli.Announcement("WeChat iLink bot API", fake.url, "weixin", settings, notes)
+
+
+#: How the idle bench runs this fake: the bot's first contact is its first call (a poll).
+IDLE_BENCH: IdleBench[FakeWeixin] = IdleBench(
+    open_fake_weixin,
+    lambda f: {"token": f.token, "bot_id": f.bot_id, "api_base": f.url, "cdn_base": f.cdn_url},
+    lambda f: bool(f.calls),
+)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -49,7 +49,7 @@ import httpx
 import trio
 
 from dshim.testing.fakes import cli
-from dshim.testing.fakes.base import FakePlatform, FaultQueue, open_servers
+from dshim.testing.fakes.base import FakePlatform, FaultQueue, IdleBench, open_servers
 from dshim.testing.fakes.http import (
     DropConnection,
     HttpServer,
@@ -548,6 +548,36 @@ def _announcement(fake: FakeWhatsApp) -> cli.Announcement:
     }
     notes = {"webhook": "dshim's http://<[http] listen>/hooks/whatsapp-fake (POSTs signed)"}
     return cli.Announcement("WhatsApp Cloud API", fake.url, "whatsapp", settings, notes)
+
+
+async def webhook_mounted(url: str) -> None:
+    """Poll the verification GET at ``url`` (a bot's webhook) until the bot's route answers."""
+    query = {"hub.mode": "subscribe", "hub.verify_token": TEST_VERIFY_TOKEN}
+    async with httpx.AsyncClient(timeout=2) as client:
+        while True:
+            try:
+                r = await client.get(url, params={**query, "hub.challenge": "up"})
+                if r.status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await trio.sleep(0.01)
+
+
+#: How the idle bench runs this fake.  It only sends webhooks, so the bot never contacts
+#: it first: the bench waits until the bot's webhook route is mounted instead.
+IDLE_BENCH: IdleBench[FakeWhatsApp] = IdleBench(
+    open_fake_whatsapp,
+    lambda f: {
+        "phone_number_id": f.phone_number_id,
+        "access_token": f.token,
+        "app_secret": TEST_APP_SECRET,
+        "verify_token": TEST_VERIFY_TOKEN,
+        "api_base": f.url,
+    },
+    lambda f: False,
+    mounted=webhook_mounted,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
