@@ -14,10 +14,10 @@ Every send gets a fresh ``client_id``.  ``ret != 0`` is never a delivery.  ``-2`
 last token a send to that user succeeded with when the refused one was another (which
 then takes the refused one's place, :meth:`ContextBook.worked`), else with the same; a 429
 waits as asked; a send that certainly created nothing (could not connect, not written
-whole, answered with a 5xx) is retried with a backoff for :data:`SEND_RETRY_S` (120 s, as
+whole, answered with a 5xx) is retried with a backoff for ``Limits.send_retry_s`` (120 s, as
 the shared engine does); a send whose outcome is unknown (the request went out, no answer
 came back) is repeated at most once, with the same ``client_id``,
-:data:`UNKNOWN_REPEAT_WAIT_S` later and once iLink answers again
+``Limits.unknown_repeat_wait_s`` later and once iLink answers again
 (:meth:`IlinkClient.reachable`), so the user sees at most two copies and never a loop of
 them.  A message that still fails ends the answer there: logged (``reply_undelivered``)
 and counted; the transcript keeps the whole answer, and when nothing of it went out the
@@ -60,7 +60,7 @@ from dshim.errors import (
 )
 from dshim.model import Delivered, ReplyTarget
 from dshim.net.http import count_request
-from dshim.render import split_text
+from dshim.render import BACKOFF_MAX_S, Limits, split_text
 
 log = structlog.get_logger("dshim.weixin")
 
@@ -74,14 +74,9 @@ TYPING_INTERVAL_S = 5.0
 TYPING_TICKET_TTL_S = 24 * 3600.0
 TYPING_FAILURE_PAUSE_S = 60.0
 TYPING_CALL_DEADLINE_S = 5.0
-#: 429 waits per message, in all, before giving up.
-RATE_LIMIT_BUDGET_S = 300.0
-#: How long one message is retried after failures that prove it was not delivered
-#: (could not connect or write it, a 5xx) -- the shared engine's ``send_retry_s``.
-SEND_RETRY_S = 120.0
-#: The one repeat of a send of unknown outcome waits at least this long (and for iLink
-#: to answer the probe), so it does not fall into the outage that lost the first.
-UNKNOWN_REPEAT_WAIT_S = 15.0
+#: The engine's limits, with WeChat's own: 4,000 characters, and 429 waits per message of
+#: at most 300 s in all before giving up (iLink's limits are per user message).
+LIMITS = Limits(max_len=MAX_CHARS, rate_limit_budget_s=300.0)
 #: Sends of unknown outcome per message: the first and one repeat.
 UNSURE_SENDS_MAX = 2
 PENDING_IDS_MAX = 1024
@@ -117,8 +112,10 @@ class WeixinOutbound:
         clock: Callable[[], float],
         rng: random.Random | None = None,
         register_secret: Callable[[str], None] = lambda s: None,
+        limits: Limits = LIMITS,
     ) -> None:
         self.client = client
+        self.limits = limits
         self.contexts = contexts
         self.store = store
         self.clock = clock
@@ -241,8 +238,9 @@ class WeixinOutbound:
         sent_at = self.clock()
         refused = unsure = 0
         waited = 0.0
-        backoff = Backoff(1.0, 30.0, 2.0, jitter=0.0)
-        give_up_at = trio.current_time() + SEND_RETRY_S
+        first = self.limits.retry_backoff_s
+        backoff = Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
+        give_up_at = trio.current_time() + self.limits.send_retry_s
         while True:
             try:
                 server_id = await self.client.send_message(body)
@@ -262,7 +260,7 @@ class WeixinOutbound:
                 await trio.sleep(REFUSED_RETRY_S)
                 client_id = body["client_id"] = self.new_client_id()  # nothing was created
             except RateLimited as exc:
-                if waited + exc.retry_after > RATE_LIMIT_BUDGET_S:
+                if waited + exc.retry_after > self.limits.rate_limit_budget_s:
                     raise
                 waited += exc.retry_after
                 log.info("reply_rate_limited", retry_after=exc.retry_after)
@@ -294,10 +292,10 @@ class WeixinOutbound:
 
     async def _until_reachable(self, user: str, backoff: Backoff, give_up_at: float) -> None:
         """Before the one repeat of a send of unknown outcome: wait
-        :data:`UNKNOWN_REPEAT_WAIT_S`, then until iLink answers
+        ``unknown_repeat_wait_s``, then until iLink answers
         (:meth:`IlinkClient.reachable`, retried with backoff) or the time is spent."""
         now = trio.current_time()
-        await trio.sleep(max(0.0, min(UNKNOWN_REPEAT_WAIT_S, give_up_at - now)))
+        await trio.sleep(max(0.0, min(self.limits.unknown_repeat_wait_s, give_up_at - now)))
         while True:
             try:
                 await self.client.reachable(user)
