@@ -19,6 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dshim" / "channels"
 CHANNELS = sorted(p.name for p in PACKAGE.iterdir() if (p / "channel.py").is_file())
 ALLOWED_DSHIM = (
     "dshim.channels.base",
+    "dshim.channels.spec",
     "dshim.channels.kit",
     "dshim.net",
     "dshim.streams",
