@@ -112,7 +112,7 @@ import trio
 from dshim.backoff import Backoff
 from dshim.errors import ChannelError, DshimError, NotFound, RateLimited, TransportError
 from dshim.model import Delivered, ReplyTarget
-from dshim.outbound import WatchesDelivery
+from dshim.outbound import ReplyStream, WatchesDelivery
 
 __all__ = [
     "ChatPacer",
@@ -875,8 +875,16 @@ class EditOutbound:
             self.transport(target), self.limits, text, clock=self.clock, pacer=self.pacer(target)
         )
 
-    def open_stream(self, target: ReplyTarget) -> AbstractAsyncContextManager[EditStream]:
-        """Stream an answer by editing: typing, then the first message, then edits."""
+    def open_stream(self, target: ReplyTarget) -> AbstractAsyncContextManager[ReplyStream]:
+        """Stream an answer by editing: typing, then the first message, then edits.
+
+        Typed as any :class:`~dshim.outbound.ReplyStream`, as the pipeline sees it: a
+        channel may override it with a stream of its own (a native one, or one around the
+        engine's, which :meth:`edit_stream` opens)."""
+        return self.edit_stream(target)
+
+    def edit_stream(self, target: ReplyTarget) -> AbstractAsyncContextManager[EditStream]:
+        """The engine's stream of one answer to ``target`` (what ``open_stream`` opens)."""
         return open_edit_stream(
             self.transport(target), self.limits, clock=self.clock, pacer=self.pacer(target)
         )

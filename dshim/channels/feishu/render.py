@@ -613,7 +613,7 @@ class FeishuOutbound(EditOutbound, PresentsControlNotices, PresentsInteractions)
             raise unconfirmed from exc
 
     @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[FeishuStream]:  # type: ignore[override]
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[FeishuStream]:
         key = target.reply_to_message_id or f"{target.conversation_id}:{self.epoch()}"
         transport = FeishuTransport(self, target, stream=True, key=f"answer:{key}")
         reaction = await self._react(target, "OnIt")

@@ -716,9 +716,7 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
     # -- Outbound -------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def open_stream(  # type: ignore[override]  # a native stream, or the engine's
-        self, target: ReplyTarget
-    ) -> AsyncIterator[NativeStream | EditStream]:
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[NativeStream | EditStream]:
         """A native stream where possible, else the chat.update engine.
 
         A substitute answer (``target.anchor``) always takes the engine: it arrives as
@@ -737,7 +735,7 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
                 yield anchored
             return
         if self.native_unavailable(route.channel_type if route else None):
-            async with super().open_stream(target) as edit_stream:
+            async with self.edit_stream(target) as edit_stream:
                 yield edit_stream
             return
         stream = NativeStream(self, target)

@@ -185,11 +185,9 @@ class WhatsAppOutbound(EditOutbound, PresentsInteractions):
         return await super().send_text(target, protocol.to_whatsapp(text))
 
     @asynccontextmanager  # a ReplyStream of its own over the engine's EditStream
-    async def open_stream(  # type: ignore[override]
-        self, target: ReplyTarget
-    ) -> AsyncIterator[WhatsAppStream]:
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WhatsAppStream]:
         """Typing until the answer is complete, then the final text (see the module doc)."""
-        async with super().open_stream(target) as stream:
+        async with self.edit_stream(target) as stream:
             yield WhatsAppStream(stream)
 
     @asynccontextmanager
