@@ -8,6 +8,7 @@ fallback, never both), and an answer that is stopped being closed on the screen.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -378,3 +379,52 @@ async def test_retrying_names_the_call_in_its_log_records(autojump_clock: trio.a
         )
     assert result == "ok"
     assert [(e["event"], e["seq"]) for e in logs] == [("waited", 3), ("retried", 3)]
+
+
+async def test_a_channel_names_the_records_of_its_intermediate_failures(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    calls = Script()
+    failure = TransportError("down", request_sent=False)
+    calls.outcomes = [Step.SHOWN, RateLimited("slow down", retry_after=2.0), failure, failure]
+    calls.outcomes.append(failure)
+    calls.finish_result = done("final")
+    events = ("card_rate_limited", "card_update_failed", "card_updates_stopped")
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with open_native_stream(calls, calls.bind, events=events) as stream:
+            await stream.update("a")
+            for i in range(20):
+                await trio.sleep(1.5)
+                await stream.update("a" + "b" * (i + 1))
+            await stream.finish("final")
+    assert [e["event"] for e in logs] == [
+        "card_rate_limited",
+        "card_update_failed",
+        "card_update_failed",
+        "card_updates_stopped",
+    ]
+
+
+async def test_next_call_at_is_an_interval_after_the_last_call_and_never_inside_a_pause(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    calls = Script()
+    calls.outcomes = [Step.SHOWN, RateLimited("slow down", retry_after=7.0)]
+    with trio.fail_after(DEADLINE):
+        async with open_native_stream(calls, calls.bind) as stream:
+            assert stream.next_call_at == -math.inf  # nothing went out yet
+            t0 = trio.current_time()
+            await stream.update("one")
+            await trio.sleep(0.1)
+            assert stream.next_call_at == pytest.approx(t0 + calls.interval_s)
+            await trio.sleep(1.5)
+            await stream.update("one two")  # rate limited at t0 + 1.6
+            await trio.sleep(0.1)
+            assert stream.next_call_at == pytest.approx(t0 + 1.6 + 7.0)
+            stream.paced()  # a call of the channel's own, inside the pause
+            assert stream.next_call_at == pytest.approx(t0 + 1.6 + 7.0)
+            await trio.sleep(10)
+            stream.paced()
+            assert stream.next_call_at == pytest.approx(trio.current_time() + calls.interval_s)
+            calls.finish_result = done("one two")
+            await stream.finish("one two")

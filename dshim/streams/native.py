@@ -30,7 +30,11 @@ pauses the updates for its ``retry_after``; any other :class:`~dshim.errors.Chan
 pauses them one second per failure in a row, and the third in a row stops them (the
 final text still goes through ``finish``, which retries under the channel's rules:
 :func:`retrying` is the shared primitive for that; a channel whose rules add to it
-wraps it, and its ``log_context`` names the message in the retry's log records).
+wraps it, and its ``log_context`` names the message in the retry's log records).  The
+log records of those intermediate failures are named by ``open_native_stream``'s
+``events`` (a channel keeps the names its operators know, as ``retrying``'s ``events``
+does for the retries); a channel whose ``finish`` is paced like its intermediate calls
+waits for :attr:`NativeStream.next_call_at` first.
 
 A channel supplies a :class:`NativeCalls` -- start, append, finish, a fallback, abandon
 and background work (timers of its own: they take :attr:`NativeStream.lock` around their
@@ -70,6 +74,9 @@ T = TypeVar("T")
 
 #: Intermediate failures in a row (other than rate limits) after which updates stop.
 MAX_UPDATE_FAILURES = 3
+#: The log records of intermediate failures: a rate limit's pause, a failure that is
+#: tried again, the failure that stops the updates.
+STREAM_EVENTS = ("stream_rate_limited", "stream_update_failed", "stream_updates_stopped")
 
 
 class Step(enum.Enum):
@@ -131,8 +138,9 @@ class NativeStream(WatchesDelivery):
     """One answer on a :class:`NativeCalls` (a :class:`~dshim.outbound.ReplyStream` with
     ``watch_delivery``).  Open with :func:`open_native_stream`."""
 
-    def __init__(self, calls: NativeCalls) -> None:
+    def __init__(self, calls: NativeCalls, *, events: tuple[str, str, str] = STREAM_EVENTS) -> None:
         self.calls = calls
+        self.events = events
         self.text = ""
         self.note: str | None = None
         #: What the last intermediate call put on the screen (None: nothing yet).
@@ -222,6 +230,13 @@ class NativeStream(WatchesDelivery):
         before it answers :attr:`Step.AGAIN`."""
         self._paused_until = max(self._paused_until, trio.current_time() + seconds)
 
+    @property
+    def next_call_at(self) -> float:
+        """When the next call on this answer may go: ``interval_s`` after the last, not
+        before a pause ended (what a ``finish`` paced like the intermediate calls waits
+        for)."""
+        return max(self._last_call + self.calls.interval_s, self._paused_until)
+
     def redraw(self) -> None:
         """What is shown no longer holds the display text (the channel moved on to a new
         message or bubble): the next intermediate call goes out even if the text did not
@@ -256,7 +271,7 @@ class NativeStream(WatchesDelivery):
                     await self._changed.wait()
                     self._changed = trio.Event()
                     continue
-                not_before = max(self._last_call + self.calls.interval_s, self._paused_until)
+                not_before = self.next_call_at
                 if trio.current_time() < not_before:
                     with trio.move_on_at(not_before):
                         await self._finishing.wait()
@@ -286,15 +301,15 @@ class NativeStream(WatchesDelivery):
                 self.started = step is Step.SHOWN
         except RateLimited as exc:
             self._paused_until = trio.current_time() + exc.retry_after
-            log.info("stream_rate_limited", retry_after=exc.retry_after)
+            log.info(self.events[0], retry_after=exc.retry_after)
             self._changed.set()
             return Step.AGAIN
         except ChannelError as exc:
             self._failures += 1
             if self._failures >= MAX_UPDATE_FAILURES:
-                log.warning("stream_updates_stopped", error=str(exc)[:200])
+                log.warning(self.events[2], error=str(exc)[:200])
                 return Step.STOP
-            log.info("stream_update_failed", error=str(exc)[:200], failures=self._failures)
+            log.info(self.events[1], error=str(exc)[:200], failures=self._failures)
             self._paused_until = trio.current_time() + self._failures
             self._changed.set()
             return Step.AGAIN
@@ -338,7 +353,10 @@ class NativeStream(WatchesDelivery):
 
 @asynccontextmanager
 async def open_native_stream(
-    calls: NativeCalls, bind: Callable[[NativeStream], None] | None = None
+    calls: NativeCalls,
+    bind: Callable[[NativeStream], None] | None = None,
+    *,
+    events: tuple[str, str, str] = STREAM_EVENTS,
 ) -> AsyncIterator[NativeStream]:
     """Run one natively streamed answer::
 
@@ -347,9 +365,10 @@ async def open_native_stream(
     ``bind`` receives the stream before anything runs (the calls use its
     :meth:`~NativeStream.delivering`, :meth:`~NativeStream.wake` and ``text``).  Leaving
     the block without ``finish`` cancels the background work and abandons what is up;
-    a failure raised by ``finish`` passes through as itself (never a group).
+    a failure raised by ``finish`` passes through as itself (never a group).  ``events``
+    names the log records of intermediate failures (:data:`STREAM_EVENTS`).
     """
-    stream = NativeStream(calls)
+    stream = NativeStream(calls, events=events)
     if bind is not None:
         bind(stream)
     try:
