@@ -428,3 +428,28 @@ async def test_next_call_at_is_an_interval_after_the_last_call_and_never_inside_
             assert stream.next_call_at == pytest.approx(trio.current_time() + calls.interval_s)
             calls.finish_result = done("one two")
             await stream.finish("one two")
+
+
+class StopButtonStream(NativeStream):
+    """A stream with a feature of a channel's own (here: a stop button's hook)."""
+
+    stop: object = None
+
+    def watch_stop(self, stop: object) -> None:
+        self.stop = stop
+
+
+async def test_a_channel_may_have_its_stream_built_as_a_subclass_with_a_feature_of_its_own(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    calls = Script()
+    calls.finish_result = done("all")
+    with trio.fail_after(DEADLINE):
+        async with open_native_stream(calls, calls.bind, stream_type=StopButtonStream) as stream:
+            assert isinstance(stream, StopButtonStream) and calls.stream is stream
+            stream.watch_stop("stop hook")
+            await stream.update("all")
+            await trio.sleep(0.1)
+            assert await stream.finish("all") == done("all")
+    assert stream.stop == "stop hook"
+    assert calls.ops() == ["start", "finish"]

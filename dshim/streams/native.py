@@ -41,7 +41,10 @@ and background work (timers of its own: they take :attr:`NativeStream.lock` arou
 calls and report them with :meth:`NativeStream.paced`) -- and nothing else.  A channel
 that counts its failures differently catches them in its calls and answers
 :attr:`Step.AGAIN` or :attr:`Step.STOP` itself (with :meth:`NativeStream.pause` saying
-how long the next attempt waits, as a rate limit raised to the engine would).
+how long the next attempt waits, as a rate limit raised to the engine would).  A channel
+whose stream has a feature of its own for the pipeline (Slack's stop button:
+:class:`~dshim.outbound.WatchesStop`) has ``open_native_stream`` build a subclass of
+:class:`NativeStream` that adds it (``stream_type``).
 """
 
 from __future__ import annotations
@@ -357,6 +360,7 @@ async def open_native_stream(
     bind: Callable[[NativeStream], None] | None = None,
     *,
     events: tuple[str, str, str] = STREAM_EVENTS,
+    stream_type: type[NativeStream] = NativeStream,
 ) -> AsyncIterator[NativeStream]:
     """Run one natively streamed answer::
 
@@ -366,9 +370,11 @@ async def open_native_stream(
     :meth:`~NativeStream.delivering`, :meth:`~NativeStream.wake` and ``text``).  Leaving
     the block without ``finish`` cancels the background work and abandons what is up;
     a failure raised by ``finish`` passes through as itself (never a group).  ``events``
-    names the log records of intermediate failures (:data:`STREAM_EVENTS`).
+    names the log records of intermediate failures (:data:`STREAM_EVENTS`); the stream is
+    a ``stream_type`` (a subclass that adds a feature of the channel's own, such as
+    ``watch_stop``; ``bind`` receives it as that).
     """
-    stream = NativeStream(calls, events=events)
+    stream = stream_type(calls, events=events)
     if bind is not None:
         bind(stream)
     try:
