@@ -5,21 +5,31 @@ Answers (``answer = "card"``, the default)
 One streaming AI card per answer: ``POST /v1.0/card/instances`` (a fresh ``outTrackId``)
 and ``/deliver`` into the direct chat (``IM_ROBOT.<staffId>``) or the group
 (``IM_GROUP.<conversationId>``, the asker @-ed) once the first text is there, then the
-whole text so far with ``PUT /v1.0/card/streaming`` (``isFull``, a new ``guid`` each call)
-at most every 500 ms, finally ``isFinalize`` and ``flowStatus`` 3 (``isError`` and 5 when
-the agent failed or the final text cannot be streamed).  Streaming calls are idempotent
-(the whole text each time), so they are retried through 429s and QPS 403s within a
-budget.  The card is recorded in the message index under its ``outTrackId`` when it is
-delivered and gets its final text when it is finished, so a quote of it
-(``originalProcessQueryKey``) recovers the exact answer; the card path therefore reports
-no :class:`Delivered` of its own (the pipeline would index the same card twice).
+whole text so far with ``PUT /v1.0/card/streaming`` (``isFull``, a new ``guid`` each
+call) at most every 500 ms, finally ``isFinalize`` and ``flowStatus`` 3 (``isError`` and
+5 when the agent failed or the final text cannot be streamed).  The answer streams on
+the native-stream engine (:mod:`dshim.streams.native`; :class:`CardCalls` makes the card
+calls): it merges the texts between two streaming calls, pauses them for a 429's wait
+and one second per other failure in a row, stops them at the third (the final text still
+goes), awaits the delivery hook between the create and the delivery (a card shows
+nothing before it) and finishes once.  A create that fails while the answer is written
+is not retried then: the card waits for the final text.  Card calls are idempotent (the
+whole text each time), so the final ones are retried through 429s and QPS 403s within a
+budget (the engine's :func:`~dshim.streams.native.retrying`, with the quota rule below
+for creating and delivering).  The card is recorded in the message index under its
+``outTrackId`` when it is delivered and gets its final text when it is finished, so a
+quote of it (``originalProcessQueryKey``) recovers the exact answer; the card path
+therefore reports no :class:`Delivered` of its own (the pipeline would index the same
+card twice).
 
 Fallback: when creating or delivering the card is refused (not permitted, over the card
 quota: 403 QPS or 429 again after one short wait, another refusal), or the final text
-cannot be streamed, the answer is sent as markdown: through the message's
-``sessionWebhook`` while it is valid, else the robot OpenAPI (``oToMessages/batchSend``
-/ ``groupMessages/send``, whose ``processQueryKey`` is the delivered id).  That answers
-fell back, and why, is logged once per bot.  Text paths split beyond 4,000 characters.
+cannot be streamed, the answer is sent as markdown at the end (the engine's fallback,
+:class:`MarkdownAtEnd`, as every answer is with ``answer = "markdown"``): through the
+message's ``sessionWebhook`` while it is valid, else the robot OpenAPI
+(``oToMessages/batchSend`` / ``groupMessages/send``, whose ``processQueryKey`` is the
+delivered id).  That answers fell back, and why, is logged once per bot.  Text paths
+split beyond 4,000 characters.
 
 Failures follow :mod:`dshim.render`'s rules (``Limits.send_retry_s``,
 ``unknown_repeat_wait_s``).  Every card call names its card by ``outTrackId`` and
@@ -49,14 +59,14 @@ import math
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import structlog
 import trio
 
-from dshim.channels.base import ChannelStore, OutboundEntry, WatchesDelivery
+from dshim.channels.base import ChannelStore, OutboundEntry, ReplyStream, WatchesDelivery
 from dshim.channels.dingtalk.client import DingTalkApi
 from dshim.channels.dingtalk.protocol import Route, card_markdown, new_track_id
 from dshim.channels.kit import Backoff
@@ -66,10 +76,10 @@ from dshim.errors import (
     RateLimited,
     TransportError,
     outcome_unknown,
-    single_error,
 )
 from dshim.model import AGENT_FAILED_NOTE, Delivered, ReplyTarget
 from dshim.render import BACKOFF_MAX_S, Limits, split_text
+from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.dingtalk")
 
@@ -95,6 +105,11 @@ TITLE_MAX = 30
 OPEN_CARDS_MAX = 1024
 #: The answer of a create whose outTrackId exists already: an earlier attempt made it.
 TRACK_EXISTS = "param.outTrackIdExists"
+#: The log records of the streaming calls' failures (the engine's, under card names): a
+#: rate limit's pause, a failure tried again, the failure that stops the updates.
+CARD_EVENTS = ("card_rate_limited", "card_update_failed", "card_updates_stopped")
+#: The log records of a card call's retries: a rate limit's wait, a transport retry.
+CARD_CALL_EVENTS = ("card_rate_limited", "card_call_retry")
 
 T = TypeVar("T")
 
@@ -109,6 +124,15 @@ class OpenCard:
     track_id: str
     #: Its delivery was confirmed (it is in the chat and in the message index).
     delivered: bool
+
+
+class _QuotaSpent(ChannelError):
+    """A quota refusal that is not waited for: carries it past :func:`retrying` (which
+    raises any refusal but a rate limit at once)."""
+
+    def __init__(self, limited: RateLimited) -> None:
+        super().__init__(str(limited), status=limited.status, code=limited.code)
+        self.limited = limited
 
 
 def unsure(exc: ChannelError) -> bool:
@@ -178,9 +202,10 @@ class DingTalkOutbound:
         route = _route(target)
         kept = self._open_cards.pop(route.msg_id, None) if route.msg_id else None
         if kept is not None and text.strip():
-            stream = CardStream(self, target, route, card=True)
-            stream.adopt(kept)
-            return await stream.finish(text)
+            calls = CardCalls(self, target, route, card=True)
+            calls.adopt(kept)
+            async with open_native_stream(calls, calls.bind, events=CARD_EVENTS) as stream:
+                return await stream.finish(text)
         return await self.deliver_markdown(target, text)
 
     @asynccontextmanager
@@ -188,24 +213,16 @@ class DingTalkOutbound:
         """One answer: a card (or markdown), with the reaction on the user's message."""
         route = _route(target)
         cards = self.answer == "card" and trio.current_time() >= self._cards_denied_until
-        stream = CardStream(self, target, route, card=cards)
+        calls = CardCalls(self, target, route, card=cards)
         reacted = await self._react(route, add=True)
         try:
-            # A failed send is the turn's (raised as itself), never a group for the bot.
-            with single_error():
-                async with trio.open_nursery() as nursery:
-                    if cards:
-                        nursery.start_soon(stream.pump)
-                    else:
-                        stream.pump_done.set()
-                    try:
-                        yield stream
-                    finally:
-                        nursery.cancel_scope.cancel()
+            # The engine raises a failed send as itself (the turn's, never a group) and
+            # abandons a card left without finish before the reaction is taken back.
+            async with open_native_stream(calls, calls.bind, events=CARD_EVENTS) as stream:
+                yield CardStream(stream, calls)
         finally:
-            with trio.CancelScope(shield=True):
-                await stream.abandon()
-                if reacted:
+            if reacted:
+                with trio.CancelScope(shield=True):
                     await self._react(route, add=False)
 
     # -- helpers the stream uses ----------------------------------------------------------
@@ -250,30 +267,31 @@ class DingTalkOutbound:
         failures, lost answers included, with backoff until ``give_up_at`` (then the last
         failure is raised), and through 429 / QPS refusals as long as they ask -- within
         :data:`RATE_LIMIT_BUDGET_S`, or, with ``quota`` (creating and delivering, where a
-        refusal means markdown), once after a short wait."""
-        backoff = self.backoff()
-        waited = 0.0
+        refusal means markdown), once after a short wait.  The engine's :func:`retrying`
+        with DingTalk's quota rule on top."""
         limited = 0
-        while True:
+
+        async def once() -> T:
+            nonlocal limited
             try:
                 return await call()
             except RateLimited as exc:
                 limited += 1
-                waited += exc.retry_after
                 if quota and (limited > 1 or exc.retry_after > QPS_RETRY_MAX_S):
-                    raise
-                if waited > RATE_LIMIT_BUDGET_S:
-                    raise
-                log.info("card_rate_limited", retry_after=exc.retry_after)
-                await trio.sleep(exc.retry_after)
-            except TransportError as exc:
-                if unsure(exc) and on_unsure is not None:
-                    on_unsure()
-                delay = backoff.next_delay()
-                if trio.current_time() + delay > give_up_at:
-                    raise
-                log.info("card_call_retry", error=str(exc)[:200], retry_in_s=delay)
-                await trio.sleep(delay)
+                    raise _QuotaSpent(exc) from exc
+                raise
+
+        try:
+            return await retrying(
+                once,
+                give_up_at=give_up_at,
+                backoff=self.backoff(),
+                rate_limit_budget_s=RATE_LIMIT_BUDGET_S,
+                on_unsure=on_unsure,
+                events=CARD_CALL_EVENTS,
+            )
+        except _QuotaSpent as exc:
+            raise exc.limited from None
 
     def fell_back(self, reason: str, exc: BaseException | None = None) -> None:
         """Log once per bot that answers use markdown instead of cards, and why (later
@@ -391,8 +409,72 @@ class DingTalkOutbound:
 
 
 class CardStream(WatchesDelivery):
-    """One answer: an AI card streamed in place, or markdown at the end (see the module
-    docstring).  A :class:`dshim.outbound.ReplyStream` with ``watch_delivery``."""
+    """What :meth:`DingTalkOutbound.open_stream` yields: the answer's stream on the
+    native-stream engine, and the card it put up (``track_id``, None while there is none:
+    the capture reports an answer a card showed, which no :class:`Delivered` names).  A
+    :class:`dshim.outbound.ReplyStream` with ``watch_delivery``."""
+
+    def __init__(self, stream: NativeStream, calls: CardCalls) -> None:
+        self._stream = stream
+        self._calls = calls
+
+    @property
+    def track_id(self) -> str | None:
+        return self._calls.track_id
+
+    def watch_delivery(self, hook: Hook) -> None:
+        self._stream.watch_delivery(hook)
+
+    async def update(self, text: str) -> None:
+        await self._stream.update(text)
+
+    async def progress(self, note: str) -> None:
+        """A tool or status note: shown under the text in the card until more text."""
+        await self._stream.progress(note)
+
+    async def finish(self, text: str) -> list[Delivered]:
+        return await self._stream.finish(text)
+
+
+class MarkdownAtEnd(WatchesDelivery):
+    """The fallback: nothing while the answer is written, the final text as markdown (the
+    delivery hook before its first chunk)."""
+
+    def __init__(self, outbound: DingTalkOutbound, target: ReplyTarget) -> None:
+        self._out = outbound
+        self._target = target
+        self._hook: Hook | None = None
+
+    def watch_delivery(self, hook: Hook) -> None:
+        self._hook = hook
+
+    async def update(self, text: str) -> None:
+        return None
+
+    async def progress(self, note: str) -> None:
+        return None
+
+    async def finish(self, text: str) -> list[Delivered]:
+        if not text.strip():
+            return []
+        hook, self._hook = self._hook, None
+        return await self._out.deliver_markdown(self._target, text, hook=hook)
+
+
+class CardCalls:
+    """One answer's AI card (see the module docstring) on the native-stream engine
+    (:mod:`dshim.streams.native`): the engine paces the streaming calls
+    (``card_interval_s``), merges the texts between them, counts their failures and
+    finishes once; these make the card calls.
+
+    ``start`` creates and delivers the card (the delivery hook between the two: a card
+    shows nothing until it is delivered) and answers AGAIN: the first text follows by
+    ``stream_card`` after the interval.  It makes no retries (``finish`` does): a create
+    that fails is left to the final text, and no more intermediate calls go out; a
+    refusal hands the answer to markdown at the end (:class:`MarkdownAtEnd`), as does a
+    stream opened without cards."""
+
+    shows_notes = True
 
     def __init__(
         self, outbound: DingTalkOutbound, target: ReplyTarget, route: Route, *, card: bool
@@ -402,18 +484,11 @@ class CardStream(WatchesDelivery):
         self._target = target
         self._route = route
         self.card = card
+        self.interval_s = outbound.card_interval_s
+        #: The delivered card's outTrackId (None until it is in the chat).
         self.track_id: str | None = None
-        self._text = ""
-        self._note: str | None = None
+        #: What the last streaming call that went through showed.
         self._shown: str | None = None
-        self._last_call = -math.inf
-        self._paused_until = -math.inf
-        self._changed = trio.Event()
-        self._finishing = trio.Event()
-        self.pump_done = trio.Event()
-        self._call_lock = trio.Lock()
-        self._hook: Hook | None = None
-        self._finished = False
         #: The card's outTrackId once one was tried (reused by every repeat), whether its
         #: create went through, and whether a delivery may have landed unconfirmed.
         self._track: str | None = None
@@ -421,88 +496,45 @@ class CardStream(WatchesDelivery):
         self._deliver_unsure = False
         #: A create of this card went out and its answer was lost (it may exist).
         self._create_lost = False
+        self._engine: NativeStream | None = None
+
+    def bind(self, stream: NativeStream) -> None:
+        self._engine = stream
+
+    @property
+    def _stream(self) -> NativeStream:
+        assert self._engine is not None, "bound by open_native_stream"
+        return self._engine
 
     def adopt(self, card: OpenCard) -> None:
-        """Finish a card an earlier attempt at this answer left open (no pump)."""
+        """Finish a card an earlier attempt at this answer left open."""
         self._track = card.track_id
         self._created = True
         self._deliver_unsure = not card.delivered
         if card.delivered:
             self.track_id = card.track_id
-        self.pump_done.set()
 
-    def watch_delivery(self, hook: Hook) -> None:
-        self._hook = hook
+    # -- intermediate calls ----------------------------------------------------------------
 
-    async def update(self, text: str) -> None:
-        if text != self._text:
-            self._text = text
-            self._note = None
-            self._wake()
-
-    async def progress(self, note: str) -> None:
-        """A tool or status note: shown under the text in the card until more text."""
-        self._note = note.strip() or None
-        self._wake()
-
-    def _display(self) -> str:
-        text = self._text.strip()
-        if self._note is None:
-            return text
-        return f"{text}\n\n⏳ {self._note}" if text else f"⏳ {self._note}"
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def _sleep_until(self, t: float) -> None:
-        with trio.move_on_at(t):
-            await self._finishing.wait()
-
-    async def pump(self) -> None:
-        """Intermediate text: create the card at the first text, then paced updates."""
-        failures = 0
+    async def start(self, text: str) -> Step:
+        if not self.card:
+            return Step.FALLBACK
+        if self.track_id is not None:
+            return await self.append(text)
         try:
-            while not self._finishing.is_set():
-                text = self._display()
-                if not text or text == self._shown:
-                    await self._changed.wait()  # finish() wakes it too
-                    continue
-                not_before = max(self._last_call + self._out.card_interval_s, self._paused_until)
-                if trio.current_time() < not_before:
-                    await self._sleep_until(not_before)
-                    continue
-                async with self._call_lock:
-                    if self._finishing.is_set():
-                        return
-                    if self.track_id is None:
-                        # No retries here (finish makes them): a card that is not up
-                        # yet waits for the final text.
-                        try:
-                            if not await self._create(text, trio.current_time()):
-                                return
-                        except (RateLimited, TransportError) as exc:
-                            log.info("card_create_delayed", error=str(exc)[:200])
-                            return
-                        continue
-                    try:
-                        await self._stream(text, finalize=False)
-                        failures = 0
-                    except RateLimited as exc:
-                        self._paused_until = trio.current_time() + exc.retry_after
-                        log.info("card_rate_limited", retry_after=exc.retry_after)
-                    except ChannelError as exc:
-                        failures += 1
-                        if failures >= 3:
-                            log.warning("card_updates_stopped", error=str(exc)[:200])
-                            return
-                        self._paused_until = trio.current_time() + failures
-        finally:
-            self.pump_done.set()
+            if not await self._create(text, trio.current_time()):
+                return Step.FALLBACK
+        except (RateLimited, TransportError) as exc:
+            log.info("card_create_delayed", error=str(exc)[:200])
+            return Step.STOP
+        return Step.AGAIN  # up, still empty: the text follows after the interval
 
-    async def _stream(self, text: str, *, finalize: bool, error: bool = False) -> None:
+    async def append(self, text: str) -> Step:
+        await self._stream_card(text, finalize=False)
+        return Step.SHOWN
+
+    async def _stream_card(self, text: str, *, finalize: bool, error: bool = False) -> None:
         assert self.track_id is not None
-        self._last_call = trio.current_time()
         await self._api.stream_card(
             self.track_id, uuid.uuid4().hex, card_markdown(text), finalize=finalize, error=error
         )
@@ -519,7 +551,7 @@ class CardStream(WatchesDelivery):
         track_id = self._track
 
         def lost_create() -> None:
-            # Kept on the stream: a later call (finish after the pump gave up) that finds
+            # Kept on the calls: a later call (finish after the pump gave up) that finds
             # the card existing must know an earlier create may have made it.
             self._create_lost = True
 
@@ -543,9 +575,7 @@ class CardStream(WatchesDelivery):
                     return self._refused(exc)
                 # The lost attempt made it: the card exists.
             self._created = True
-        if self._hook is not None:
-            hook, self._hook = self._hook, None
-            await hook()
+        await self._stream.delivering()
         now = out.clock()
         try:
             await out.card_call(
@@ -574,7 +604,7 @@ class CardStream(WatchesDelivery):
             return self._refused(exc)
         self.track_id = track_id
         self._deliver_unsure = False
-        self._last_call = trio.current_time()
+        self._stream.paced()  # the first streaming call waits the interval from here
         await out.store.record_outbound(
             self._target.conversation_id,
             OutboundEntry(message_ids=[track_id], text=text, sent_at=now, completed_at=now),
@@ -587,39 +617,38 @@ class CardStream(WatchesDelivery):
         self._out.fell_back(_reason(exc), exc)
         return False
 
-    async def finish(self, text: str) -> list[Delivered]:
-        """The final text, exactly once: finalize the card, or markdown (see the module)."""
-        if self._finished:
-            raise RuntimeError("finish() called twice")
-        self._finished = True
-        self._finishing.set()
-        self._wake()
-        await self.pump_done.wait()
-        async with self._call_lock:
-            give_up_at = trio.current_time() + self._out.limits.send_retry_s
-            try:
-                if self.card and self.track_id is None and text.strip():
-                    await self._create(text, give_up_at)
-                if self.card and self.track_id is not None:
-                    if await self._final_card(text, give_up_at):
-                        now = self._out.clock()
-                        await self._out.store.update_outbound(
-                            self._target.conversation_id,
-                            self.track_id,
-                            now=now,
-                            text=text,
-                            completed_at=now,
-                        )
-                        return []
-            except TransportError as exc:
-                raise self._postponed(exc) from exc
-            except RateLimited:
-                self._keep_card()
-                raise
-        if not text.strip():
-            return []
-        hook, self._hook = self._hook, None
-        return await self._out.deliver_markdown(self._target, text, hook=hook)
+    # -- the end ------------------------------------------------------------------------------
+
+    async def finish(self, text: str) -> list[Delivered] | None:
+        """The final text: finalize the card; None (markdown) when there is no card to
+        finish or DingTalk refused it (see the module docstring)."""
+        give_up_at = trio.current_time() + self._out.limits.send_retry_s
+        try:
+            if self.card and self.track_id is None and text.strip():
+                await self._create(text, give_up_at)
+            if self.card and self.track_id is not None:
+                if await self._final_card(text, give_up_at):
+                    now = self._out.clock()
+                    await self._out.store.update_outbound(
+                        self._target.conversation_id,
+                        self.track_id,
+                        now=now,
+                        text=text,
+                        completed_at=now,
+                    )
+                    return []
+        except TransportError as exc:
+            raise self._postponed(exc) from exc
+        except RateLimited:
+            self._keep_card()
+            raise
+        return None if text.strip() else []
+
+    def fallback(self) -> AbstractAsyncContextManager[ReplyStream]:
+        return nullcontext(MarkdownAtEnd(self._out, self._target))
+
+    async def background(self) -> None:
+        return None
 
     def _keep_card(self) -> None:
         """The answer goes to the outbox: a card that is (or may be) up is finished by
@@ -642,17 +671,17 @@ class CardStream(WatchesDelivery):
         )
 
     async def abandon(self) -> None:
-        """Left without :meth:`finish` (stopped by shutdown, a failure): a card that is up
-        is closed in its failed state, so it does not stay "writing" forever."""
-        if self._finished or self.track_id is None:
+        """Left without ``finish`` (stopped by shutdown, a failure): a card that is up is
+        closed in its failed state, so it does not stay "writing" forever."""
+        if self.track_id is None:
             return
-        self._finished = True
+        text = self._stream.text or self._shown or ""
         with trio.move_on_after(ABANDON_TIMEOUT_S):
             try:
-                await self._stream(self._text or self._shown or "", finalize=True, error=True)
+                await self._stream_card(text, finalize=True, error=True)
             except ChannelError as exc:
                 log.info("card_status_failed", error=str(exc)[:200])
-            await self._mark(self._text or self._shown or "", error=True)
+            await self._mark(text, error=True)
 
     async def _final_card(self, text: str, give_up_at: float) -> bool:
         """Stream the final text with ``isFinalize`` and set ``flowStatus`` 3 (``isError``
@@ -661,10 +690,10 @@ class CardStream(WatchesDelivery):
         retried until ``give_up_at``, then raised."""
         # The agent's failure note ends the text: the card shows its error state.
         failed = text.rstrip().rsplit("\n\n", 1)[-1].startswith(AGENT_FAILED_NOTE)
-        await trio.sleep_until(max(self._last_call + self._out.card_interval_s, self._paused_until))
+        await trio.sleep_until(self._stream.next_call_at)
         try:
             await self._out.card_call(
-                lambda: self._stream(text, finalize=True, error=failed), give_up_at
+                lambda: self._stream_card(text, finalize=True, error=failed), give_up_at
             )
         except (RateLimited, TransportError):
             raise
