@@ -20,7 +20,7 @@ Every part is a complete fixture in the format :mod:`dshim.replay` reads:
   runtime knows; more through ``BotHost.capture_identity``), ``options``: the bot's
   configuration table without its ``channel`` and without any credential;
 * ``expect``: the output lines ``dshim replay --update`` would write, built from the
-  same observer events with the same code (:class:`dshim.pipeline.observer.Lines`);
+  same observer events with the same code (:class:`dshim.lines.Lines`);
 * ``http``, ``outbound``, ``history``: what a turn's quote was resolved from — the
   platform exchanges made while the quote resolved (the kit's HTTP client reports them
   through :data:`dshim.net.http.EXCHANGES`, set only around ``reply.resolve``),
@@ -77,12 +77,12 @@ import trio
 
 import dshim.log
 from dshim.config import BotConfig, Config, Secret
+from dshim.lines import Line, Lines
 from dshim.log import redact
 from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
 from dshim.net.http import EXCHANGES, Exchange
-from dshim.pipeline.files import safe_component
-from dshim.pipeline.observer import Line, Lines
 from dshim.store.base import OutboundEntry, Store
+from dshim.text import safe_component
 
 log = structlog.get_logger("dshim.capture")
 

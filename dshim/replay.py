@@ -50,6 +50,7 @@ import msgspec
 import trio
 import trio.testing
 
+import dshim.lines
 from dshim import normalized
 from dshim.channels.base import (
     Collecting,
@@ -76,7 +77,6 @@ from dshim.model import (
     TurnEnd,
     TurnEvent,
 )
-from dshim.pipeline import observer
 from dshim.pipeline.runtime import open_bot_runtime
 from dshim.store import open_store
 from dshim.store.base import BoundStore, OutboundEntry
@@ -85,7 +85,7 @@ from dshim.testing.outbound import RecordingOutbound, Sent
 Line = dict[str, Any]
 REPLAY_BOT = "replay"
 #: Printed texts (prompts, answers) longer than this are cut, with a note of how much.
-TEXT_PRINT_MAX = observer.TEXT_PRINT_MAX
+TEXT_PRINT_MAX = dshim.lines.TEXT_PRINT_MAX
 #: Lookups of raw fixtures go here; the recorded exchanges answer (nothing leaves).
 REPLAY_API_BASE = "https://replay.invalid"
 VIRTUAL_DEADLINE_S = 3600.0
@@ -239,18 +239,18 @@ def _ts(value: str | float) -> float:
 
 
 #: Printed in place of the fixture's temporary data directory (saved files' paths).
-DATA_DIR_MARK = observer.DATA_DIR_MARK
+DATA_DIR_MARK = dshim.lines.DATA_DIR_MARK
 
 
 class _Recorder:
     """Collects output lines; implements the pipeline Observer (the lines are
-    :class:`~dshim.pipeline.observer.Lines`, shared with ``serve --capture``)."""
+    :class:`~dshim.lines.Lines`, shared with ``serve --capture``)."""
 
     def __init__(self, name: str, data_dir: Path | None = None) -> None:
         self.name = name
         self.lines: list[Line] = []
         self.index = 0
-        self._make = observer.Lines(data_dir)
+        self._make = dshim.lines.Lines(data_dir)
 
     def _add(self, line: Line | None) -> None:
         if line is not None:
@@ -272,7 +272,7 @@ class _Recorder:
         self._add(self._make.send(sent.target, sent.text))
 
 
-_bounded = observer.bounded
+_bounded = dshim.lines.bounded
 
 
 def _query_set(query: str) -> list[tuple[str, str]]:

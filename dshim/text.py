@@ -6,16 +6,29 @@ zero-width, bidi and BOM characters; CR line ends); :func:`single_line` adds one
 per whitespace run for names and ids; :func:`cut` limits in code points;
 :func:`encode_block` writes a prompt block whose content cannot close (or open) a tag.
 The exact rules are a contract with agents downstream (see :mod:`dshim.reply`).
+
+:func:`safe_component` makes an id one file name (saved files, capture folders): a
+small alphabet, and a short hash of the original whenever it had to change, so two ids
+never share a name and none reads as ``.`` or ``..``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["REMOVED_CHARS", "clean_text", "cut", "encode_block", "single_line"]
+__all__ = [
+    "COMPONENT_MAX",
+    "REMOVED_CHARS",
+    "clean_text",
+    "cut",
+    "encode_block",
+    "safe_component",
+    "single_line",
+]
 
 _REMOVED_RANGES = (
     (0x0000, 0x0009),
@@ -36,6 +49,9 @@ _REMOVED_RE = re.compile(
 )
 _WHITESPACE_RE = re.compile(r"\s+")
 _ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+#: The longest file name part :func:`safe_component` keeps of an id (before the hash).
+COMPONENT_MAX = 80
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def clean_text(s: str) -> str:
@@ -64,3 +80,15 @@ def encode_block(tag: str, obj: Mapping[str, Any] | Sequence[Any]) -> str:
     """
     body = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).translate(_ESCAPES)
     return f"<{tag}>{body}</{tag}>"
+
+
+def safe_component(value: str, unsafe: re.Pattern[str] = _UNSAFE, replacement: str = "_") -> str:
+    """``value`` as one file name: every character ``unsafe`` matches (by default all but
+    ``A-Z a-z 0-9 . _ -``) becomes ``replacement``; a value that had to change, or is
+    empty, long or starts with ``.``, gets a short hash of the original appended."""
+    out = unsafe.sub(replacement, value)
+    if out != value or not out or out.startswith(".") or len(out) > COMPONENT_MAX:
+        # Changed: the hash of the original keeps two values apart.
+        digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        out = f"{out[:COMPONENT_MAX].lstrip('.')}-{digest}".lstrip("-")
+    return out

@@ -32,10 +32,10 @@ from dshim.pipeline.files import (
     FileStash,
     disk_name,
     display_name,
-    safe_component,
 )
 from dshim.pipeline.turn import MEDIA_DEADLINE_S
 from dshim.replay import DATA_DIR_MARK, run_fixture
+from dshim.text import safe_component
 from tests.channel_contract import RecordingHarness as TabHarness
 from tests.helpers import T0, msg, open_rig
 from tests.rig_telegram import ADA, RecordingHarness, polling, running_bot, telegram_world

@@ -8,7 +8,8 @@ A turn downloads every current non-image attachment (within the bot's
     <data_dir>/files/<bot>/<conversation>/<message>_<n>_<name>
 
 Directories are mode 0700, files 0600.  Every part of that path comes from
-:func:`safe_component` / :func:`disk_name`, never from a name as the platform gave it:
+:func:`dshim.text.safe_component` / :func:`disk_name`, never from a name as the platform
+gave it:
 
 - ``<bot>`` and ``<conversation>`` keep ``A-Z a-z 0-9 . _ -`` and turn anything else
   into ``_``; a value that had to change (or is long, or starts with ``.``) gets a
@@ -34,7 +35,6 @@ deadlines while it runs, and a write of a few MB to the page cache is short.
 
 from __future__ import annotations
 
-import hashlib
 import mimetypes
 import os
 import re
@@ -46,7 +46,7 @@ from pathlib import Path
 import structlog
 import trio
 
-from dshim.text import cut, single_line
+from dshim.text import cut, safe_component, single_line
 
 __all__ = [
     "FILES_DIR",
@@ -55,7 +55,6 @@ __all__ = [
     "disk_name",
     "display_name",
     "media_type",
-    "safe_component",
 ]
 
 log = structlog.get_logger("dshim.files")
@@ -72,30 +71,11 @@ SWEEP_SLICE = 256
 DISPLAY_NAME_MAX = 255
 #: The longest user-given part of a name on disk (UTF-8 bytes; the whole stays < 255).
 DISK_NAME_MAX = 150
-COMPONENT_MAX = 80
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _UNSAFE_ID = re.compile(r"[^A-Za-z0-9.-]")
 #: Characters a file name on disk never keeps (separators, shell and Windows specials).
 _NAME_UNSAFE = re.compile(r'[/\\<>:"|?*\x00-\x1f\x7f]')
 _MEDIA_TYPE = re.compile(r"^[a-z0-9][a-z0-9!#$&^_.+-]*/[a-z0-9][a-z0-9!#$&^_.+-]*$")
-
-
-def _digest(value: str) -> str:
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-
-
-def _safe(value: str, unsafe: re.Pattern[str], replacement: str) -> str:
-    out = unsafe.sub(replacement, value)
-    if out != value or not out or out.startswith(".") or len(out) > COMPONENT_MAX:
-        # Changed: the hash of the original keeps two values apart.
-        out = f"{out[:COMPONENT_MAX].lstrip('.')}-{_digest(value)}".lstrip("-")
-    return out
-
-
-def safe_component(value: str) -> str:
-    """A bot or conversation id as one directory name (see the module docstring)."""
-    return _safe(value, _UNSAFE, "_")
 
 
 def _without_controls(text: str) -> str:
@@ -129,7 +109,8 @@ def _cut_bytes(text: str, limit: int) -> str:
 def disk_name(message_id: str, index: int, name: str) -> str:
     """The name on disk of the ``index``-th (1-based) attachment ``name`` of a message."""
     clean = _NAME_UNSAFE.sub("_", _without_controls(name)).strip().lstrip(".") or "file"
-    return f"{_safe(message_id, _UNSAFE_ID, '-')}_{index}_{_cut_bytes(clean, DISK_NAME_MAX)}"
+    message = safe_component(message_id, _UNSAFE_ID, "-")
+    return f"{message}_{index}_{_cut_bytes(clean, DISK_NAME_MAX)}"
 
 
 def media_type(mime: str | None, name: str) -> str:
