@@ -10,7 +10,7 @@ Times are Unix epoch seconds as floats throughout.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -346,6 +346,29 @@ class TurnEnd(msgspec.Struct, kw_only=True, frozen=True):
 
 
 TurnEvent = TextDelta | Thinking | ToolProgress | ApprovalRequest | QuestionRequest | TurnEnd
+
+
+# --- a backend's session history (harness -> quote recovery) ------------------------------
+
+
+class HistoryPage(msgspec.Struct, kw_only=True, frozen=True):
+    """One page of a backend's session history, for the core's bounded quote recovery."""
+
+    #: The answers of completed turns in this page as (text, epoch seconds), newest first.
+    items: list[tuple[str, float]]
+    #: Cursor of the next older page (pass as ``before``); None when there is none.
+    before: str | None
+    #: Time of the oldest event in the page (epoch seconds), when known.
+    oldest_at: float | None = None
+
+
+@runtime_checkable
+class ReadsHistory(Protocol):
+    """Adapters whose backend keeps session history (DSH): ``history(session, before,
+    limit)`` pages it newest first, so a quote of an answer dshim's own transcript lacks
+    can still be recovered."""
+
+    async def history(self, session_id: str, *, before: str | None, limit: int) -> HistoryPage: ...
 
 
 # --- outbound -------------------------------------------------------------------------------

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import structlog
 import trio
@@ -68,13 +68,11 @@ from dshim.model import (
     Attachment,
     Loader,
     QuotedMessage,
+    ReadsHistory,
     ReplyReference,
 )
 from dshim.store.base import OutboundEntry, Store
 from dshim.text import clean_text, cut, encode_block, single_line
-
-if TYPE_CHECKING:
-    from dshim.harness.base import ReadsHistory
 
 __all__ = [
     "ATTACHMENT_NAME_MAX",

@@ -6,7 +6,8 @@ events are :data:`dshim.model.TurnEvent` values and the last one is a
 process is per bot) and is opened and closed by the bot's runtime.
 
 Optional abilities, checked with ``isinstance``: :class:`ProbesCapabilities` (probe rows),
-:class:`ReadsHistory` (the backend's session history for quote recovery),
+:class:`~dshim.model.ReadsHistory` (the backend's session history for quote recovery; it
+lives in the model, so the quoted-reply layer needs nothing of the harness package),
 :class:`ClosesSessions` (free a session when its conversation idles or is reset) and
 :class:`HasAgentCommands` (the agent's own slash commands).
 
@@ -52,26 +53,6 @@ class ProbeItem(msgspec.Struct, kw_only=True, frozen=True):
     name: str
     result: Literal["ok", "warn", "fail"]
     detail: str
-
-
-class HistoryPage(msgspec.Struct, kw_only=True, frozen=True):
-    """One page of a backend's session history, for the core's bounded quote recovery."""
-
-    #: The answers of completed turns in this page as (text, epoch seconds), newest first.
-    items: list[tuple[str, float]]
-    #: Cursor of the next older page (pass as ``before``); None when there is none.
-    before: str | None
-    #: Time of the oldest event in the page (epoch seconds), when known.
-    oldest_at: float | None = None
-
-
-@runtime_checkable
-class ReadsHistory(Protocol):
-    """Adapters whose backend keeps session history (DSH): ``history(session, before,
-    limit)`` pages it newest first, so a quote of an answer dshim's own transcript lacks
-    can still be recovered."""
-
-    async def history(self, session_id: str, *, before: str | None, limit: int) -> HistoryPage: ...
 
 
 @runtime_checkable

@@ -39,7 +39,7 @@ from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
 from dshim.config import DEFAULT_MAX_FILE_BYTES, BotConfig
 from dshim.errors import ChannelError, DshimError, HarnessError, NotFound, StoreError, TooLarge
-from dshim.harness.base import Harness, ReadsHistory, TurnContext
+from dshim.harness.base import Harness, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
     AGENT_FAILED_NOTE,
@@ -53,6 +53,7 @@ from dshim.model import (
     MissingFile,
     PromptPart,
     QuestionRequest,
+    ReadsHistory,
     ReplyTarget,
     TextDelta,
     ToolProgress,

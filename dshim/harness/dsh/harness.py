@@ -47,12 +47,12 @@ import structlog
 import trio
 
 from dshim.errors import HarnessError
-from dshim.harness.base import HistoryPage, ModelInfo, ProbeItem, TurnContext
+from dshim.harness.base import ModelInfo, ProbeItem, TurnContext
 from dshim.harness.dsh import protocol
 from dshim.harness.dsh.events import MUX_WAIT_S, POLL_INTERVAL_S, REPLY_TIMEOUT_S, DshEvents
 from dshim.harness.dsh.protocol import DshRpcError, HistoryAnswer, TurnTracker
 from dshim.harness.dsh.rpc import DEFAULT_BASE_URL, RPC_TIMEOUT_S, DshRpc, new_rpc_id
-from dshim.model import ImagePart, PromptPart, TurnEvent
+from dshim.model import HistoryPage, ImagePart, PromptPart, TurnEvent
 from dshim.prompt import prompt_text
 
 if TYPE_CHECKING:
