@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "AUTHOR_NAME_MAX",
     "COMPONENT_MAX",
     "REMOVED_CHARS",
     "clean_text",
@@ -48,6 +49,9 @@ _REMOVED_RE = re.compile(
     "[" + "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in _REMOVED_RANGES) + "]+"
 )
 _WHITESPACE_RE = re.compile(r"\s+")
+#: The longest name of a person an agent is told (a quote's author, a substitute's
+#: asker), in code points.
+AUTHOR_NAME_MAX = 256
 _ESCAPES = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
 #: The longest file name part :func:`safe_component` keeps of an id (before the hash).
 COMPONENT_MAX = 80

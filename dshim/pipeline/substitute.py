@@ -43,9 +43,8 @@ from dshim.errors import DshimError, TransportError
 from dshim.model import Anchor, InboundMessage, Mention, ReplyTarget, SubstituteTurn
 from dshim.outbound import ControlNotice, FindsDirectTargets, Outbound, control_presenter
 from dshim.pipeline.notices import Notifier
-from dshim.reply import AUTHOR_NAME_MAX
 from dshim.store.base import Store
-from dshim.text import cut, single_line
+from dshim.text import AUTHOR_NAME_MAX, cut, single_line
 
 __all__ = [
     "ANCHORS_PER_SESSION",
