@@ -23,7 +23,6 @@ import httpx
 import pytest
 import trio
 
-from dshim.channels.base import HttpRequest, HttpResponse, WebSocket
 from dshim.channels.registry import parse_config
 from dshim.channels.webchat import protocol as webchat_protocol
 from dshim.errors import ConfigError
@@ -31,6 +30,7 @@ from dshim.http.app import Endpoint
 from dshim.http.ops import add_operator_routes
 from dshim.http.server import serve_endpoint
 from dshim.http.status import BotStatuses
+from dshim.http.types import HttpRequest, HttpResponse, WebSocket
 from dshim.http.wsstream import PING_INTERVAL_S, WS_MAX_MESSAGE
 from dshim.metrics import ProcessMetrics
 from dshim.serve import make_endpoint

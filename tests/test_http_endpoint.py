@@ -19,9 +19,9 @@ import trio
 from structlog.testing import capture_logs
 from trio_websocket import ConnectionClosed
 
-from dshim.channels.base import HttpRequest, HttpResponse, WebSocket
 from dshim.http.app import Endpoint
 from dshim.http.server import serve_endpoint
+from dshim.http.types import HttpRequest, HttpResponse, WebSocket
 from tests.http_client import open_ws, port_of, raw_request, upgrade
 
 TOKEN = "s3cret-endpoint-token-0123456789"
