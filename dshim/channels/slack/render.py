@@ -5,18 +5,23 @@ message's thread, or its own ``ts``).  Agent text is always sent escaped (``&``,
 ``>``), so model output cannot write ``<!channel>``, ``<@U…>`` or links; it goes as
 ``markdown_text`` (standard Markdown) where the method takes it.
 
-Native streaming (:class:`NativeStream`, ``stream = true``): the first text opens
-``chat.startStream`` in the thread with the sender as ``recipient_user_id`` /
-``recipient_team_id``; then ``chat.appendStream`` sends only the new suffix, at most
-every :data:`APPEND_INTERVAL_S`, in pieces of at most :data:`APPEND_MAX` characters;
-``finish`` appends the rest and calls ``chat.stopStream``.  When streaming is not
-available (``channel_type_not_supported``, ``method_not_supported_for_channel_type``,
-``deprecated_endpoint``, ``messages_tab_disabled`` ...; remembered per channel type) or
-the text diverged from what was appended (the agent rewrote earlier text), the stream
-is stopped and the answer continues on the fallback: the streamed message is edited by
-``chat.update`` with the full text (:mod:`dshim.render`'s engine, which paces, splits and
-delivers the final text exactly once).  ``stopped_by_user`` (the person pressed stop in
-Slack) ends the turn like ``/stop`` through the stream's ``watch_stop`` hook.
+Native streaming (``stream = true``) runs on the native-stream engine
+(:mod:`dshim.streams.native`: it paces, merges the texts that arrive in between, runs the
+delivery hook once and hands the final text over exactly once, natively or to the
+fallback); Slack supplies its calls (:class:`SlackStreamCalls`) and a stream with its
+stop button (:class:`SlackStream`).  The first text opens ``chat.startStream`` in the
+thread with the sender as ``recipient_user_id`` / ``recipient_team_id``; then
+``chat.appendStream`` sends only the new suffix, at most every :data:`APPEND_INTERVAL_S`,
+in pieces of at most :data:`APPEND_MAX` characters; ``finish`` appends the rest and calls
+``chat.stopStream``.  When streaming is not available (``channel_type_not_supported``,
+``method_not_supported_for_channel_type``, ``deprecated_endpoint``,
+``messages_tab_disabled`` ...; remembered per channel type) or the text diverged from
+what was appended (the agent rewrote earlier text), the stream is stopped and the answer
+continues on the fallback: the streamed message is edited by ``chat.update`` with the
+full text (:mod:`dshim.render`'s engine, which paces, splits and delivers the final text
+exactly once).  ``stopped_by_user`` (the person pressed stop in Slack) ends the turn like
+``/stop`` through the stream's ``watch_stop`` hook.  A stream left without ``finish`` (a
+failed turn, a shutdown before any text) is left as it is.
 
 Fallback (:class:`SlackTransport`): ``chat.postMessage`` then ``chat.update`` at most
 once per second per message, 4,000 characters per message (``chat.update``'s limit),
@@ -38,10 +43,16 @@ again could show a piece twice); ``chat.stopStream`` is simply repeated (a strea
 stopped is stopped).  A stream stopped with the final text is the answer, also when the
 stop's answer was lost: it is never posted again.  What still fails after the retries is
 raised from ``finish`` as itself (the turn's failure, never the bot's), so the pipeline's
-outbox delivers an answer the platform certainly did not take once it is back.
+outbox delivers an answer the platform certainly did not take once it is back.  The
+retries are the engine's :func:`~dshim.streams.native.retrying` (the 429 waits of one
+answer add up to at most ``rate_limit_budget_s``); an intermediate append that failed
+so is caught by the calls, which pause the engine (the 429's ``Retry-After``, or their
+own backoff) before the same piece goes again.
 
-Status: ``assistant.threads.setStatus`` "is thinking…" until the first text (a workspace
-or conversation that refuses it is not asked again).
+Status: ``assistant.threads.setStatus`` "is thinking…" once ``typing_grace_s`` passed
+without text (a native stream's background work sets it once, the chat.update engine
+until its first message; a workspace or conversation that refuses it is not asked
+again).
 
 Approvals and questions (:meth:`SlackOutbound.open_interaction`): a thread message with
 the request text and a Block Kit ``actions`` block, one button per option (value = the
@@ -63,7 +74,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -77,7 +88,7 @@ from dshim.channels.base import (
     InteractionPrompt,
     PresentsControlNotices,
     PresentsInteractions,
-    WatchesDelivery,
+    ReplyStream,
     WatchesStop,
 )
 from dshim.channels.kit import Backoff
@@ -94,14 +105,7 @@ from dshim.channels.slack.protocol import (
     pieces,
     stream_suffix,
 )
-from dshim.errors import (
-    ChannelError,
-    DshimError,
-    RateLimited,
-    TransportError,
-    outcome_unknown,
-    single_error,
-)
+from dshim.errors import ChannelError, DshimError, RateLimited, TransportError, outcome_unknown
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import (
     BACKOFF_MAX_S,
@@ -113,6 +117,7 @@ from dshim.render import (
     ProbesReachable,
     open_edit_stream,
 )
+from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.slack")
 
@@ -247,12 +252,27 @@ class SlackTransport(IdempotentSends, ProbesReachable):
         await self.web.auth_test()
 
 
-class NativeStream(WatchesDelivery, WatchesStop):
-    """One answer streamed with ``chat.startStream`` / ``appendStream`` / ``stopStream``.
+class SlackStream(NativeStream, WatchesStop):
+    """One answer on the native-stream engine, with Slack's own stop button.
 
-    Implements :class:`dshim.outbound.ReplyStream` with ``watch_delivery`` and
-    ``watch_stop``; see the module docstring.
+    Implements :class:`dshim.outbound.ReplyStream` with ``watch_delivery`` (the engine's)
+    and ``watch_stop``; its calls are :class:`SlackStreamCalls`.
     """
+
+    on_stop: Callable[[], object] | None = None
+
+    def watch_stop(self, stop: Callable[[], object]) -> None:
+        """Call ``stop()`` when the person stopped the answer in Slack (``stopped_by_user``)."""
+        self.on_stop = stop
+
+
+class SlackStreamCalls:
+    """One answer's ``chat.startStream`` / ``appendStream`` / ``stopStream`` calls on the
+    native-stream engine (:mod:`dshim.streams.native`): the engine paces, merges and
+    finishes once, these stream and fall back; see the module docstring."""
+
+    interval_s = APPEND_INTERVAL_S
+    shows_notes = False  # a note would be appended for good: progress is not shown
 
     def __init__(self, outbound: SlackOutbound, target: ReplyTarget) -> None:
         self.outbound = outbound
@@ -264,21 +284,14 @@ class NativeStream(WatchesDelivery, WatchesStop):
         self.user = route.user if route else None
         self.team = route.team if route else None
         self.channel_type = route.channel_type if route else None
-        self._text = ""
+        self._stream: SlackStream | None = None
+        #: What was appended (the escaping aside): the text the message shows.
         self._shown = ""
         self.ts: str | None = None
         self._sent_at = 0.0
-        self._last_call = -1e9
-        self._changed = trio.Event()
-        self._finishing = False
-        self._pump_done = trio.Event()
-        self._fallback: EditStream | None = None
-        self._fallback_transport: SlackTransport | None = None
-        self._want_fallback = trio.Event()
-        self._fallback_ready = trio.Event()
-        self._delivery_hook: Callable[[], Awaitable[None]] | None = None
-        self._stop_hook: Callable[[], object] | None = None
         self.stopped_by_user = False
+        #: The fallback took over (or was asked to).
+        self.fell_back = False
         #: A ``chat.startStream`` whose answer was lost: a message may be up, unknown to us.
         self._start_unsure = False
         #: Why ``chat.stopStream`` could not be made (the fallback cannot edit the message).
@@ -286,49 +299,29 @@ class NativeStream(WatchesDelivery, WatchesStop):
         self._pump_backoff = self._backoff()
         self._rate_limited_s = 0.0
 
-    # -- hooks the pipeline sets ---------------------------------------------------------
+    def bind(self, stream: NativeStream) -> None:
+        assert isinstance(stream, SlackStream), "opened with stream_type=SlackStream"
+        self._stream = stream
 
-    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
-        """Await ``hook()`` once, right before the first call that can show text."""
-        self._delivery_hook = hook
+    @property
+    def stream(self) -> SlackStream:
+        assert self._stream is not None, "bound by open_native_stream"
+        return self._stream
 
-    def watch_stop(self, stop: Callable[[], object]) -> None:
-        """Call ``stop()`` when the person stopped the answer in Slack (``stopped_by_user``)."""
-        self._stop_hook = stop
+    def _went_out(self) -> None:
+        """A call on the message goes out now: the next waits ``interval_s``."""
+        self.stream.paced()
 
-    # -- ReplyStream ----------------------------------------------------------------------
+    def _hold(self, seconds: float) -> None:
+        """No call on the message for ``seconds``, then the interval."""
+        self.stream.pause(seconds + self.interval_s)
 
-    async def update(self, text: str) -> None:
-        if self._fallback is not None:
-            await self._fallback.update(text)
-            return
-        if text != self._text:
-            self._text = text
-            self._changed.set()
-
-    async def progress(self, note: str) -> None:
-        if self._fallback is not None:
-            await self._fallback.progress(note)
-
-    async def finish(self, text: str) -> list[Delivered]:
-        self._finishing = True
-        self._changed.set()
-        await self._pump_done.wait()
-        final = text.strip()
-        if self._fallback is None and self.ts is None and not self.stopped_by_user and final:
-            # The answer came whole before the stream started: stream it all the same
-            # (False: not available here, the fallback posts it).
-            await self._start(final)
-        if self._fallback is None and self.ts is not None and not self.stopped_by_user:
-            done = await self._finish_native(text)
-            if done is not None:
-                return done
-        fallback = await self._ensure_fallback()
-        if self._stop_failed is not None:
-            # Still streaming: no edit can land.  A failure that may pass (the platform is
-            # down or busy) lets the pipeline's outbox deliver the answer later.
-            raise self._stop_failed
-        return await fallback.finish(text)
+    async def _paced(self) -> None:
+        """Wait until the next call on the message may go (``finish``'s appends)."""
+        at = self.stream.next_call_at
+        if at > trio.current_time():
+            await trio.sleep_until(at)
+        self._went_out()
 
     # -- retries ---------------------------------------------------------------------------
 
@@ -337,79 +330,45 @@ class NativeStream(WatchesDelivery, WatchesStop):
         return Backoff(first, max(BACKOFF_MAX_S, first), 2.0, jitter=0.0)
 
     async def _retrying(self, call: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
-        """``call()`` under the engine's rules (:mod:`dshim.render`): a failure that proves
-        it did nothing (could not connect, a 5xx) is retried with backoff for
-        ``send_retry_s``, a 429 after its Retry-After (``rate_limit_budget_s`` in all); a
-        response lost after the request went out is raised at once unless the call is
-        ``repeatable`` (making it twice changes nothing)."""
+        """``call()`` under the engine's rules (:func:`dshim.streams.native.retrying`): a
+        failure that proves it did nothing (could not connect, a 5xx) is retried with
+        backoff for ``send_retry_s``, a 429 after its Retry-After; a response lost after
+        the request went out is raised at once unless the call is ``repeatable`` (making
+        it twice changes nothing).  The 429 waits add up over the whole answer to at most
+        ``rate_limit_budget_s``."""
         limits = self.outbound.limits
-        backoff = self._backoff()
-        give_up_at = trio.current_time() + limits.send_retry_s
-        while True:
+
+        async def counted() -> T:
             try:
                 return await call()
             except RateLimited as exc:
                 # The client waited out what it could; the method stays blocked this long.
                 self._rate_limited_s += exc.retry_after
-                if self._rate_limited_s > limits.rate_limit_budget_s:
-                    raise
-                log.info("stream_rate_limited", retry_after=exc.retry_after)
-                await trio.sleep(exc.retry_after)
-            except TransportError as exc:
-                if unsure(exc) and not repeatable:
-                    raise
-                delay = backoff.next_delay()
-                if trio.current_time() + delay > give_up_at:
-                    raise
-                log.info("stream_call_retry", error=str(exc)[:200], retry_in_s=delay)
-                await trio.sleep(delay)
+                raise
 
-    # -- the native path --------------------------------------------------------------------
+        return await retrying(
+            counted,
+            give_up_at=trio.current_time() + limits.send_retry_s,
+            backoff=self._backoff(),
+            rate_limit_budget_s=limits.rate_limit_budget_s - self._rate_limited_s,
+            repeatable=repeatable,
+        )
 
-    async def pump(self) -> None:
-        """Stream the text so far (ends at finish, at a fallback or a user stop)."""
+    # -- the native path (NativeCalls) ------------------------------------------------------
+
+    async def start(self, text: str) -> Step:
+        """``chat.startStream`` with the first piece (``text`` is stripped, as the final
+        text is: whitespace held back is never a divergence)."""
+        if self.ts is not None:  # started with a part of it: the rest is appended
+            return await self.append(text)
         try:
-            while not self._finishing and self._fallback is None and not self.stopped_by_user:
-                await self._changed.wait()
-                self._changed = trio.Event()
-                if self._finishing:
-                    return
-                # Stripped like the final text (dshim.pipeline.turn.compose_final), so that
-                # whitespace held back is never a divergence.
-                text = self._text.strip()
-                if not text:
-                    continue
-                wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
-                if wait > 0:
-                    await trio.sleep(wait)
-                    self._changed.set()  # plan again with the newest text
-                    continue
-                if not await self._step(text):
-                    await self._switch_to_fallback(self._text)
-                    return
-        finally:
-            self._pump_done.set()
-
-    async def _step(self, text: str) -> bool:
-        """One native call towards ``text``; False when the fallback must take over."""
-        try:
-            if self.ts is None:
-                return await self._start(text)
-            suffix = stream_suffix(self._shown, text)
-            if suffix is None or len(text) > STREAM_MAX:
-                log.info("stream_diverged", shown=len(self._shown), text=len(text))
-                return False
-            if suffix:
-                piece = pieces(suffix, APPEND_MAX)[0]
-                self._last_call = trio.current_time()
-                await self.web.append_stream(self.channel, self.ts, escape(piece))
-                self._shown += piece
-                self._pump_backoff.reset()
-                if len(piece) < len(suffix):
-                    self._changed.set()
-            return True
-        except ChannelError as exc:
-            return self._native_failed(exc)
+            started = await self._start(text)
+        except DshimError as exc:  # the delivery hook or the thread memory failed
+            log.warning("stream_task_failed", error=str(exc)[:200])
+            return Step.STOP  # finish does the rest
+        if not started:
+            return Step.FALLBACK
+        return Step.SHOWN if self._shown == text else Step.AGAIN  # AGAIN: the next piece
 
     async def _start(self, text: str) -> bool:
         if self.outbound.native_unavailable(self.channel_type) or self.thread_ts is None:
@@ -417,12 +376,10 @@ class NativeStream(WatchesDelivery, WatchesStop):
         first = pieces(text, APPEND_MAX)[0] if len(text) <= STREAM_MAX else ""
         if not first:
             return False
-        hook, self._delivery_hook = self._delivery_hook, None
-        if hook is not None:
-            await hook()
+        await self.stream.delivering()
         await self.outbound.post_turn(self.channel)  # a new message: ~1 per second here
         self._sent_at = self.outbound.clock()
-        self._last_call = trio.current_time()
+        self._went_out()
         try:
             started = await self.web.start_stream(
                 self.channel,
@@ -445,41 +402,61 @@ class NativeStream(WatchesDelivery, WatchesStop):
         self.ts = started.ts
         self._shown = first
         await self.outbound.posted(self.channel, self.thread_ts)
-        if len(first) < len(text):
-            self._changed.set()
         return True
 
-    def _native_failed(self, exc: ChannelError) -> bool:
+    async def append(self, text: str) -> Step:
+        """One ``chat.appendStream`` towards ``text``: the next piece of the new suffix."""
+        assert self.ts is not None
+        suffix = stream_suffix(self._shown, text)
+        if suffix is None or len(text) > STREAM_MAX:
+            log.info("stream_diverged", shown=len(self._shown), text=len(text))
+            return Step.FALLBACK
+        if not suffix:
+            return Step.SHOWN
+        piece = pieces(suffix, APPEND_MAX)[0]
+        self._went_out()
+        try:
+            await self.web.append_stream(self.channel, self.ts, escape(piece))
+        except ChannelError as exc:
+            return self._native_failed(exc)
+        self._shown += piece
+        self._pump_backoff.reset()
+        return Step.SHOWN if len(piece) == len(suffix) else Step.AGAIN  # AGAIN: the next piece
+
+    def _native_failed(self, exc: ChannelError) -> Step:
         code = str(exc.code)
         if code == "stopped_by_user":
             log.info("stream_stopped_by_user")
             self.stopped_by_user = True
-            if self._stop_hook is not None:
-                self._stop_hook()
-            return True
+            if self.stream.on_stop is not None:
+                self.stream.on_stop()
+            return Step.STOP
         if code in STREAM_UNAVAILABLE:
             self.outbound.mark_native_unavailable(self.channel_type, code)
         if isinstance(exc, RateLimited):
             # The client already waited what it could; try again after the pause.
-            self._last_call = trio.current_time() + exc.retry_after
-            self._changed.set()
-            return True
+            self._hold(exc.retry_after)
+            return Step.AGAIN
         if isinstance(exc, TransportError) and not unsure(exc):
             # Certainly not appended (could not connect, a 5xx): the same piece, later.
             delay = self._pump_backoff.next_delay()
             log.info("stream_append_retry", error=str(exc)[:200], retry_in_s=delay)
-            self._last_call = trio.current_time() + delay
-            self._changed.set()
-            return True
+            self._hold(delay)
+            return Step.AGAIN
         # Refused, or perhaps appended (the answer was lost): appending again could show
         # a piece twice, so the fallback stops the stream and sets the whole text.
         log.info("stream_append_failed", error=str(exc)[:200], code=code)
-        return False
+        return Step.FALLBACK
 
-    async def _finish_native(self, text: str) -> list[Delivered] | None:
+    async def finish(self, text: str) -> list[Delivered] | None:
         """Append the rest and stop; None when the fallback must finish instead."""
-        assert self.ts is not None
         final = text.strip()
+        if self.ts is None and not self.stopped_by_user and final:
+            # The answer came whole before the stream started: stream it all the same
+            # (False: not available here, the fallback posts it).
+            await self._start(final)
+        if self.ts is None or self.stopped_by_user:
+            return None
         suffix = stream_suffix(self._shown, final)
         if suffix is None or len(final) > STREAM_MAX or not final:
             return None
@@ -487,10 +464,7 @@ class NativeStream(WatchesDelivery, WatchesStop):
         for piece in pieces(suffix, APPEND_MAX):
 
             async def append(piece: str = piece) -> None:
-                wait = self._last_call + APPEND_INTERVAL_S - trio.current_time()
-                if wait > 0:
-                    await trio.sleep(wait)
-                self._last_call = trio.current_time()
+                await self._paced()
                 await self.web.append_stream(self.channel, ts, escape(piece))
 
             try:
@@ -509,51 +483,7 @@ class NativeStream(WatchesDelivery, WatchesStop):
             # being written.  Posting it again would show it twice.
             log.warning("stream_left_open", error=str(failed)[:200])
         now = self.outbound.clock()
-        return [Delivered(message_id=self.ts, text=final, sent_at=self._sent_at, completed_at=now)]
-
-    # -- the fallback ------------------------------------------------------------------------
-
-    async def _switch_to_fallback(self, text: str) -> None:
-        fallback = await self._ensure_fallback()
-        if text:
-            await fallback.update(text)
-
-    async def _ensure_fallback(self) -> EditStream:
-        """Switch to the chat.update engine (once), adopting the streamed message."""
-        if self._fallback is not None:
-            return self._fallback
-        if not self._want_fallback.is_set():
-            transport = SlackTransport(self.outbound, self.target)
-            if self.ts is not None:
-                if not self.stopped_by_user:
-                    self._stop_failed = await self._stop()
-                transport.adopted = Adopted(self.ts, self._sent_at)
-            self._fallback_transport = transport
-            self._want_fallback.set()
-        await self._fallback_ready.wait()
-        assert self._fallback is not None
-        return self._fallback
-
-    async def run_fallback(self) -> None:
-        """Host the fallback engine once it is wanted (its tasks live in this task)."""
-        await self._want_fallback.wait()
-        transport = self._fallback_transport
-        assert transport is not None
-        async with open_edit_stream(
-            transport,
-            self.outbound.limits,
-            clock=self.outbound.clock,
-            pacer=self.outbound.pacer(self.target),
-        ) as stream:
-            if transport.adopted is None:
-                hook, self._delivery_hook = self._delivery_hook, None
-                if hook is not None:
-                    stream.watch_delivery(hook)
-            if self._start_unsure:
-                stream.unconfirmed_send()
-            self._fallback = stream
-            self._fallback_ready.set()
-            await trio.sleep_forever()
+        return [Delivered(message_id=ts, text=final, sent_at=self._sent_at, completed_at=now)]
 
     async def _stop(self) -> ChannelError | None:
         """``chat.stopStream``, retried while Slack is down or busy (a repeat of a stop
@@ -574,13 +504,68 @@ class NativeStream(WatchesDelivery, WatchesStop):
             log.info("stream_stop_refused", error=str(exc)[:200], code=str(exc.code))
         return None
 
-    async def status(self) -> None:
+    # -- the fallback ------------------------------------------------------------------------
+
+    def fallback(self) -> AbstractAsyncContextManager[ReplyStream]:
+        return self._fallback()
+
+    @asynccontextmanager
+    async def _fallback(self) -> AsyncIterator[ReplyStream]:
+        """The chat.update engine, adopting the streamed message (stopped first)."""
+        self.fell_back = True
+        transport = SlackTransport(self.outbound, self.target)
+        if self.ts is not None:
+            if not self.stopped_by_user:
+                self._stop_failed = await self._stop()
+            transport.adopted = Adopted(self.ts, self._sent_at)
+        async with open_edit_stream(
+            transport,
+            self.outbound.limits,
+            clock=self.outbound.clock,
+            pacer=self.outbound.pacer(self.target),
+        ) as stream:
+            if self._start_unsure:
+                stream.unconfirmed_send()
+            if self._stop_failed is None:
+                yield stream
+            else:
+                yield _StillStreaming(stream, self._stop_failed)
+
+    async def abandon(self) -> None:
+        """Left without ``finish`` (a failed turn, or a shutdown before any text): nothing
+        is closed (a stream that is up stays as it is)."""
+        return None
+
+    async def background(self) -> None:
         """The "is thinking…" status, once, when the grace passed without text (a quick
         answer spends no call on it); the stream's end cancels the wait."""
         await trio.sleep(self.outbound.limits.typing_grace_s)
-        if self._text or self._finishing or self.ts is not None or self._fallback is not None:
+        stream = self.stream
+        if stream.text or stream.finishing or self.ts is not None or self.fell_back:
             return
-        await self.outbound.status(self.channel, self.thread_ts)
+        try:
+            await self.outbound.status(self.channel, self.thread_ts)
+        except DshimError as exc:  # never ends the answer
+            log.warning("stream_task_failed", error=str(exc)[:200])
+
+
+class _StillStreaming:
+    """The fallback of an answer whose ``chat.stopStream`` failed: the message is still
+    streaming, so no edit can land and ``finish`` raises why (a failure that may pass --
+    the platform is down or busy -- lets the pipeline's outbox deliver the answer later)."""
+
+    def __init__(self, inner: EditStream, failed: ChannelError) -> None:
+        self.inner = inner
+        self.failed = failed
+
+    async def update(self, text: str) -> None:
+        await self.inner.update(text)
+
+    async def progress(self, note: str) -> None:
+        await self.inner.progress(note)
+
+    async def finish(self, text: str) -> list[Delivered]:
+        raise self.failed
 
 
 @dataclass
@@ -716,7 +701,7 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
     # -- Outbound -------------------------------------------------------------------------
 
     @asynccontextmanager
-    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[NativeStream | EditStream]:
+    async def open_stream(self, target: ReplyTarget) -> AsyncIterator[ReplyStream]:
         """A native stream where possible, else the chat.update engine.
 
         A substitute answer (``target.anchor``) always takes the engine: it arrives as
@@ -738,17 +723,9 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
             async with self.edit_stream(target) as edit_stream:
                 yield edit_stream
             return
-        stream = NativeStream(self, target)
-        # A failed send is the turn's (raised as itself), never a group that restarts the bot.
-        with single_error():
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_guard, stream.pump)
-                nursery.start_soon(_guard, stream.status)
-                nursery.start_soon(_guard, stream.run_fallback)
-                try:
-                    yield stream
-                finally:
-                    nursery.cancel_scope.cancel()
+        calls = SlackStreamCalls(self, target)
+        async with open_native_stream(calls, calls.bind, stream_type=SlackStream) as stream:
+            yield stream
 
     @asynccontextmanager
     async def open_interaction(
@@ -812,15 +789,6 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
                     )
                 except ChannelError as exc:
                     log.info("interaction_update_failed", error=str(exc)[:200])
-
-
-async def _guard(task: Callable[[], Awaitable[None]]) -> None:
-    """A stream's background task never ends the answer (finish reports what failed);
-    anything but a dshim error is a bug and propagates."""
-    try:
-        await task()
-    except DshimError as exc:
-        log.warning("stream_task_failed", error=str(exc)[:200])
 
 
 def unsure(exc: ChannelError) -> bool:
