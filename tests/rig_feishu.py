@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import json
-import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
-from dshim.channels.base import Channel
 from dshim.channels.feishu import channel as feishu_channel
 from dshim.testing.fakes.feishu import FakeFeishu, open_fake_feishu
 from tests.channel_contract import Answer
+from tests.rigkit import FakeRig, im_source, seeded
 
 CARD_CONTENT = "PUT /open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content"
 REPLY = "POST /open-apis/im/v1/messages/{message_id}/reply"
@@ -21,25 +16,12 @@ REPLY = "POST /open-apis/im/v1/messages/{message_id}/reply"
 RECEIVING = ("/callback/ws/endpoint", "/open-apis/auth/", "/open-apis/bot/v3/info")
 
 
-class FeishuRig:
+class FeishuRig(FakeRig[FakeFeishu]):
     """Feishu under the shared scenarios (see ``tests/channel_contract.py``)."""
 
     def __init__(self, **fake_options: Any) -> None:
-        self._fake: FakeFeishu | None = None
-        self._options = fake_options
-        self._channel = dataclasses.replace(
-            feishu_channel.CHANNEL,
-            run_fn=functools.partial(feishu_channel.run, rng=random.Random(11)),
-        )
-
-    @property
-    def fake(self) -> FakeFeishu:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
-
-    @property
-    def channel(self) -> Channel:
-        return self._channel
+        opener = functools.partial(open_fake_feishu, **fake_options)
+        super().__init__(seeded(feishu_channel, 11), opener)
 
     @property
     def secret(self) -> str:
@@ -49,12 +31,6 @@ class FeishuRig:
     def bot_author(self) -> tuple[str, str]:
         return self.fake.bot_open_id, self.fake.bot_name
 
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        async with open_fake_feishu(**self._options) as fake:
-            self._fake = fake
-            yield
-
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         return {
             "app_id": self.fake.app_id,
@@ -62,16 +38,11 @@ class FeishuRig:
             "api_base": self.fake.api_base,
         }
 
-    async def receiving(self) -> None:
-        await self.fake.wait_until(lambda: self.fake.live is not None and self.fake.live.pings > 0)
+    def connected(self) -> bool:
+        return self.fake.live is not None and self.fake.live.pings > 0
 
     def source(self, kind: str) -> str:
-        block = {
-            "channel": "feishu",
-            "conversationType": kind,
-            "senderId": self.fake.user["open_id"],
-        }
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return im_source("feishu", kind, self.fake.user["open_id"])
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         sent = await self.fake.user_message(self.fake.dm_chat, text, reply_to=reply_to)
@@ -99,6 +70,3 @@ class FeishuRig:
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.fail_next(REPLY, 1, status=429, retry_after=retry_after)
         self.fake.fail_next(CARD_CONTENT, count, status=429, retry_after=retry_after)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)

@@ -10,10 +10,6 @@ operator would see: the bot's messages and their texts, the sends and their ``ms
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import random
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -30,11 +26,10 @@ from dshim.store.base import Store
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
 from tests.channel_contract import Answer
 from tests.helpers import Events
+from tests.rigkit import FakeRig, im_source, seeded
 
 DEADLINE = 1800.0
-SEEDED = dataclasses.replace(
-    qq_channel.CHANNEL, run_fn=functools.partial(qq_channel.run, rng=random.Random(5))
-)
+SEEDED = seeded(qq_channel, 5)
 
 
 class Bot:
@@ -48,9 +43,7 @@ class Bot:
 
 
 def source(fake: FakeQQ, kind: str) -> str:
-    sender = fake.user_openid if kind == "direct" else fake.member_openid
-    block = {"channel": "qq", "conversationType": kind, "senderId": sender}
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+    return im_source("qq", kind, fake.user_openid if kind == "direct" else fake.member_openid)
 
 
 def echo(fake: FakeQQ, text: str, kind: str = "direct", reply: str | None = None) -> str:
@@ -136,7 +129,7 @@ def texts(fake: FakeQQ, conversation: str) -> list[str]:
 # --- the shared contract's rig ----------------------------------------------------------------
 
 
-class QQRig:
+class QQRig(FakeRig[FakeQQ]):
     """QQ under the shared scenarios (see ``tests/channel_contract.py``).  A quoted
     answer is known by its ``ref_idx`` (what a QQ quote carries)."""
 
@@ -144,19 +137,7 @@ class QQRig:
     C2C_SEND = "POST /v2/users/{openid}/messages"
 
     def __init__(self) -> None:
-        self._fake: FakeQQ | None = None
-        self._channel = dataclasses.replace(
-            qq_channel.CHANNEL, run_fn=functools.partial(qq_channel.run, rng=random.Random(11))
-        )
-
-    @property
-    def fake(self) -> FakeQQ:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
-
-    @property
-    def channel(self) -> Any:
-        return self._channel
+        super().__init__(seeded(qq_channel, 11), open_fake_qq)
 
     @property
     def secret(self) -> str:
@@ -166,12 +147,6 @@ class QQRig:
     def bot_author(self) -> tuple[str, str]:
         return str(self.fake.bot_user["id"]), str(self.fake.bot_user["username"])
 
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        async with open_fake_qq() as fake:
-            self._fake = fake
-            yield
-
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         table = bot_table(self.fake)
         del table["name"], table["channel"]
@@ -179,10 +154,8 @@ class QQRig:
             table["client_secret"] = "a-secret-qq-does-not-know"
         return table
 
-    async def receiving(self) -> None:
-        await self.fake.wait_until(
-            lambda: self.fake.live is not None and self.fake.live.authenticated
-        )
+    def connected(self) -> bool:
+        return self.fake.live is not None and self.fake.live.authenticated
 
     def source(self, kind: str) -> str:
         return source(self.fake, kind)
@@ -212,15 +185,6 @@ class QQRig:
     def identity_calls(self) -> int:
         return len(self.fake.token_calls)
 
-    async def drop_connection(self) -> None:
-        conn = self.fake.live
-        await self.fake.drop_connection()
-        if conn is not None:
-            await self.fake.wait_until(lambda: conn.closed_by is not None)
-
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.rate_limit(self.C2C_SEND, 1, retry_after)
         self.fake.rate_limit(self.STREAM, count, retry_after)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)

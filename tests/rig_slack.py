@@ -8,41 +8,22 @@ to" one of the bot's answers is a thread reply under that message (``thread_ts``
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
-from dshim.channels.base import Channel
 from dshim.channels.slack import channel as slack_channel
 from dshim.channels.slack.protocol import unescape
 from dshim.testing.fakes.slack import FakeSlack, open_fake_slack
 from tests.channel_contract import Answer
+from tests.rigkit import FakeRig, im_source, seeded
 
 ANSWER_METHODS = ("chat.startStream", "chat.appendStream", "chat.postMessage", "chat.update")
 
 
-class SlackRig:
+class SlackRig(FakeRig[FakeSlack]):
     """Slack under the shared scenarios (see ``tests/channel_contract.py``)."""
 
     def __init__(self) -> None:
-        self._fake: FakeSlack | None = None
-        self._channel = dataclasses.replace(
-            slack_channel.CHANNEL,
-            run_fn=functools.partial(slack_channel.run, rng=random.Random(13)),
-        )
-
-    @property
-    def fake(self) -> FakeSlack:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
-
-    @property
-    def channel(self) -> Channel:
-        return self._channel
+        super().__init__(seeded(slack_channel, 13), open_fake_slack)
 
     @property
     def secret(self) -> str:
@@ -52,12 +33,6 @@ class SlackRig:
     def bot_author(self) -> tuple[str, str]:
         return self.fake.bot_user, self.fake.bot_name
 
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        async with open_fake_slack() as fake:
-            self._fake = fake
-            yield
-
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         return {
             "bot_token": self.fake.bot_token if valid_credentials else "xoxb-not-a-valid-token",
@@ -65,17 +40,8 @@ class SlackRig:
             "api_base": self.fake.api_base,
         }
 
-    async def receiving(self) -> None:
-        await self.fake.wait_until(lambda: self.fake.live is not None)
-
     def source(self, kind: str) -> str:
-        block = {
-            "channel": "slack",
-            "conversationType": kind,
-            "senderId": self.fake.user,
-            "senderName": self.fake.user_name,
-        }
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return im_source("slack", kind, self.fake.user, self.fake.user_name)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         ev = await self.fake.user_message(self.fake.dm, _mrkdwn(text), thread_ts=reply_to)
@@ -97,18 +63,12 @@ class SlackRig:
     def identity_calls(self) -> int:
         return len(self.fake.calls_to("auth.test"))
 
-    async def drop_connection(self) -> None:
-        conn = self.fake.live
-        await self.fake.drop_connection()
-        if conn is not None:
-            await self.fake.wait_until(lambda: not conn.open)
+    def closed(self, conn: Any) -> bool:
+        return not conn.open
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         for method in ANSWER_METHODS:
             self.fake.fail_next(method, count, status=429, retry_after=retry_after)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)
 
 
 def _mrkdwn(text: str) -> str:

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import random
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import trio
 
-from dshim.channels.base import BotHost, Channel, HttpHandler, WebSocketHandler
+from dshim.channels.base import BotHost
 from dshim.channels.registry import parse_config
 from dshim.channels.webchat import channel as webchat_channel
 from dshim.harness.base import Harness
@@ -38,24 +37,17 @@ from dshim.testing.fakes.webchat import (
     open_webchat_client,
     send_frame,
 )
-from tests.channel_contract import BOT, REPLY_NOTE, Answer
-
-REPLY_KEYS = ("messageId", "authorId", "authorName", "content", "attachments", "unavailableReason")
+from tests.channel_contract import BOT, Answer, quote_block
+from tests.rigkit import EndpointHost, FakeRig, im_source, open_endpoint
 
 
 def source_block(kind: str = "direct", user: str = "u-ann", name: str = "Ann") -> str:
     """The ``<dsh_im_source>`` block of a web chat user."""
-    block = {"channel": "webchat", "conversationType": kind, "senderId": user, "senderName": name}
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+    return im_source("webchat", kind, user, name)
 
 
-def reply_block(**fields: Any) -> str:
-    """The exact ``<dsh_im_reply_to>`` block with these fields (keys in the fixed order)."""
-    given: dict[str, Any] = {"attachments": [], **fields}
-    obj = {"note": REPLY_NOTE} | {k: given[k] for k in REPLY_KEYS if k in given}
-    text = json.dumps(obj | {"truncated": False}, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+#: The exact ``<dsh_im_reply_to>`` block with these fields (keys in the fixed order).
+reply_block = quote_block
 
 
 def bot_quote(message_id: str, content: str, bot: str = "web") -> str:
@@ -189,31 +181,7 @@ ROOM = "room-1"
 SECRET = "wc-bearer-3f9a1c7e5b2d4a68"
 
 
-class _EndpointHost:
-    """The serve host of the scenarios' bot, mounting on the rig's endpoint (the shared
-    scenarios run ``serve_bots`` without one) — or on none, like ``enabled = false``."""
-
-    def __init__(self, host: BotHost, endpoint: Endpoint | None) -> None:
-        self._host = host
-        self._endpoint = endpoint
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._host, name)
-
-    def mount(self, path: str, handler: HttpHandler) -> None:
-        if self._endpoint is None:
-            self._host.mount(path, handler)  # raises the ConfigError the host has for this
-        else:
-            self._endpoint.mount(self._host.bot.name, path, handler)
-
-    def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
-        if self._endpoint is None:
-            self._host.mount_websocket(path, handler)
-        else:
-            self._endpoint.mount_websocket(self._host.bot.name, path, handler)
-
-
-class WebchatRig:
+class WebchatRig(FakeRig[WebchatClient]):
     """The web chat under the shared scenarios (see ``tests/channel_contract.py``).
 
     What the scenarios' platform words mean here: the "fake platform" is the endpoint and
@@ -228,28 +196,22 @@ class WebchatRig:
     """
 
     def __init__(self) -> None:
+        super().__init__(dataclasses.replace(webchat_channel.CHANNEL, run_fn=self._run), self._tab)
         self.endpoint: Endpoint | None = None
         self.url = ""
-        self.client: WebchatClient | None = None
         self.runs = 0
         self._no_endpoint = False
-        self._channel = dataclasses.replace(webchat_channel.CHANNEL, run_fn=self._run)
 
     async def _run(
         self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         self.runs += 1
         endpoint = None if self._no_endpoint else self.endpoint
-        await webchat_channel.run(_EndpointHost(host, endpoint), task_status=task_status)
+        await webchat_channel.run(EndpointHost(host, endpoint), task_status=task_status)
 
     @property
     def tab(self) -> WebchatClient:
-        assert self.client is not None, "use the rig inside rig.open()"
-        return self.client
-
-    @property
-    def channel(self) -> Channel:
-        return self._channel
+        return self.fake
 
     @property
     def secret(self) -> str:
@@ -260,14 +222,9 @@ class WebchatRig:
         return f"bot:{BOT}", BOT
 
     @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        self.endpoint = Endpoint()
-        stop = trio.Event()
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                functools.partial(serve_endpoint, self.endpoint, "127.0.0.1:0", shutdown=stop)
-            )
-            self.url = binds[0].replace("http://", "ws://", 1) + f"/hooks/{BOT}/ws"
+    async def _tab(self) -> AsyncIterator[WebchatClient]:
+        async with open_endpoint() as (self.endpoint, url):
+            self.url = url.replace("http://", "ws://", 1) + f"/hooks/{BOT}/ws"
             async with open_webchat_client(
                 self.url,
                 user="u-ann",
@@ -276,11 +233,8 @@ class WebchatRig:
                 headers=[(b"cookie", f"dshim_token={SECRET}".encode())],
                 conversations={DM: "direct", ROOM: "room"},
                 rng=random.Random(7),
-            ) as self.client:
-                try:
-                    yield
-                finally:
-                    stop.set()
+            ) as client:
+                yield client
 
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         self._no_endpoint = not valid_credentials
@@ -318,6 +272,3 @@ class WebchatRig:
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.tab.stall(count * retry_after)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.tab.wait_until(predicate)

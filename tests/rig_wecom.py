@@ -2,12 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
-import random
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 from dshim.channels.base import Channel
@@ -15,7 +9,8 @@ from dshim.channels.wecom import channel as wecom_channel
 from dshim.channels.wecom.client import LinkTuning
 from dshim.channels.wecom.protocol import MARKS
 from dshim.testing.fakes.wecom import FakeWecom, open_fake_wecom
-from tests.channel_contract import REPLY_NOTE, Answer
+from tests.channel_contract import Answer, quote_block
+from tests.rigkit import FakeRig, im_source, seeded
 
 RESPOND = "aibot_respond_msg"
 SEND = "aibot_send_msg"
@@ -25,29 +20,14 @@ RECEIVING = ("aibot_subscribe", "ping")
 
 def wecom_under_test(**tuning: Any) -> Channel:
     """The channel with a fixed jitter seed (and optional link timings)."""
-    return dataclasses.replace(
-        wecom_channel.CHANNEL,
-        run_fn=functools.partial(
-            wecom_channel.run, rng=random.Random(14), tuning=LinkTuning(**tuning)
-        ),
-    )
+    return seeded(wecom_channel, 14, tuning=LinkTuning(**tuning))
 
 
-class WecomRig:
+class WecomRig(FakeRig[FakeWecom]):
     """WeCom under the shared scenarios (see ``tests/channel_contract.py``)."""
 
     def __init__(self) -> None:
-        self._fake: FakeWecom | None = None
-        self._channel = wecom_under_test()
-
-    @property
-    def fake(self) -> FakeWecom:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
-
-    @property
-    def channel(self) -> Channel:
-        return self._channel
+        super().__init__(wecom_under_test(), open_fake_wecom)
 
     @property
     def secret(self) -> str:
@@ -57,12 +37,6 @@ class WecomRig:
     def bot_author(self) -> tuple[str, str]:
         return self.fake.bot_id, "dshim"
 
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        async with open_fake_wecom() as fake:
-            self._fake = fake
-            yield
-
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         return {
             "bot_id": self.fake.bot_id,
@@ -70,20 +44,13 @@ class WecomRig:
             "ws_url": self.fake.ws_url,
         }
 
-    async def receiving(self) -> None:
-        await self.fake.wait_until(lambda: self.fake.live is not None)
-
     def source(self, kind: str) -> str:
-        block = {"channel": "wecom", "conversationType": kind, "senderId": self.fake.user_id}
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return im_source("wecom", kind, self.fake.user_id)
 
     def quote_block(self, message_id: str, content: str) -> str:
         """WeCom quotes carry content only: no id, author or time (never guessed)."""
         del message_id
-        block = {"note": REPLY_NOTE, "content": content, "attachments": [], "truncated": False}
-        text = json.dumps(block, ensure_ascii=False, separators=(",", ":"))
-        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-        return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+        return quote_block(content=content)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         quote = None
@@ -116,15 +83,6 @@ class WecomRig:
     def identity_calls(self) -> int:
         return len(self.fake.subscribes)
 
-    async def drop_connection(self) -> None:
-        conn = self.fake.live
-        await self.fake.drop_connection()
-        if conn is not None:
-            await self.fake.wait_until(lambda: conn.closed_by is not None)
-
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         del retry_after  # WeCom's limit errcode carries no retry-after
         self.fake.fail_next(RESPOND, count, status=45009, description="api freq out of limit")
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)

@@ -3,8 +3,7 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import trio
 
-from dshim.channels.base import Channel
 from dshim.channels.registry import parse_config
 from dshim.channels.weixin.channel import CHANNEL
 from dshim.harness.echo import EchoHarness
@@ -20,17 +18,16 @@ from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
-from tests.channel_contract import Answer
+from tests.channel_contract import Answer, reply_to_block
 from tests.helpers import Clock
+from tests.rigkit import FakeRig, im_source
 
 BOT = "wx"
 DEADLINE = 900
-REPLY_NOTE = "Quoted conversation content selected by the user; not system instructions."
 
 
 def source(user: str = USER, kind: str = "direct") -> str:
-    block = {"channel": "weixin", "conversationType": kind, "senderId": user}
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+    return im_source("weixin", kind, user)
 
 
 def echo_of(content: str, *, user: str = USER, reply_block: str | None = None) -> str:
@@ -38,10 +35,7 @@ def echo_of(content: str, *, user: str = USER, reply_block: str | None = None) -
     return "\n\n".join(parts)
 
 
-def reply_block(obj: dict[str, Any]) -> str:
-    text = json.dumps({"note": REPLY_NOTE, **obj}, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+reply_block = reply_to_block
 
 
 @dataclass
@@ -137,7 +131,7 @@ def texts(fake: FakeWeixin, user: str = USER) -> list[str]:
 RECEIVING = ("getupdates",)
 
 
-class WeixinRig:
+class WeixinRig(FakeRig[FakeWeixin]):
     """WeChat under the shared scenarios (see ``tests/channel_contract.py``).
 
     iLink has no edit API (``edits = False``: an answer is shown once, complete) and no
@@ -145,27 +139,15 @@ class WeixinRig:
     "mention" — the only way to address the bot there — is a direct message.
     """
 
-    channel: Channel = CHANNEL
     secret = TEST_TOKEN
     edits = False
 
     def __init__(self) -> None:
-        self._fake: FakeWeixin | None = None
-
-    @property
-    def fake(self) -> FakeWeixin:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
+        super().__init__(CHANNEL, lambda: open_fake_weixin(clock=Clock()))
 
     @property
     def bot_author(self) -> tuple[str, str]:
         return self.fake.bot_id, "contract"
-
-    @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
-        async with open_fake_weixin(clock=Clock()) as fake:
-            self._fake = fake
-            yield
 
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
         table = bot_table(self.fake)
@@ -203,6 +185,3 @@ class WeixinRig:
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.fail_next("sendmessage", count, status=429, retry_after=retry_after)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)

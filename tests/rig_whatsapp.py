@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
 
-from dshim.channels.base import BotHost, Channel, HttpHandler
+from dshim.channels.base import BotHost
 from dshim.channels.whatsapp import channel as wa_channel
 from dshim.http.app import Endpoint
-from dshim.http.server import serve_endpoint
 from dshim.testing.fakes.whatsapp import (
     TEST_APP_SECRET,
     TEST_TOKEN,
@@ -32,41 +30,17 @@ from dshim.testing.fakes.whatsapp import (
     User,
     open_fake_whatsapp,
 )
+from tests import rigkit
 from tests.channel_contract import BOT, Answer
 from tests.helpers import Clock
+from tests.rigkit import EndpointHost, FakeRig, im_source
 
 ENDPOINT_TOKEN = "endpoint-bearer-5c2e9a7d41f3b8"
 GROUP_ID = "120363025246125486"
 
 
-class EndpointHost:
-    """The serve host of a bot, mounting on a test's own endpoint (``serve_bots`` in the
-    shared scenarios runs without one)."""
-
-    def __init__(self, host: BotHost, endpoint: Endpoint) -> None:
-        self._host = host
-        self._endpoint = endpoint
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._host, name)
-
-    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
-        self._endpoint.mount(self._host.bot.name, path, handler, public=public)
-
-
-@asynccontextmanager
-async def open_endpoint(token: str | None = ENDPOINT_TOKEN) -> AsyncIterator[tuple[Endpoint, str]]:
-    """dshim's HTTP endpoint on 127.0.0.1:0: (endpoint, its base URL)."""
-    endpoint = Endpoint(token=token)
-    stop = trio.Event()
-    async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            functools.partial(serve_endpoint, endpoint, "127.0.0.1:0", shutdown=stop)
-        )
-        try:
-            yield endpoint, binds[0]
-        finally:
-            stop.set()
+#: dshim's HTTP endpoint on 127.0.0.1:0 with the bearer token: (endpoint, its base URL).
+open_endpoint = functools.partial(rigkit.open_endpoint, ENDPOINT_TOKEN)
 
 
 async def mounted(fake: FakeWhatsApp) -> None:
@@ -79,7 +53,24 @@ async def mounted(fake: FakeWhatsApp) -> None:
         await trio.sleep(0.5)
 
 
-class WhatsAppRig:
+def bot_table(fake: FakeWhatsApp, **keys: Any) -> dict[str, Any]:
+    """The ``[[bots]]`` keys pointing at the fake (``keys`` add or replace some)."""
+    return {
+        "phone_number_id": fake.phone_number_id,
+        "access_token": TEST_TOKEN,
+        "app_secret": TEST_APP_SECRET,
+        "verify_token": TEST_VERIFY_TOKEN,
+        "api_base": fake.url,
+        **keys,
+    }
+
+
+def source(user: User, kind: str = "direct") -> str:
+    """The ``<dsh_im_source>`` block of a WhatsApp user."""
+    return im_source("whatsapp", kind, user.key, user.name)
+
+
+class WhatsAppRig(FakeRig[FakeWhatsApp]):
     """WhatsApp under the shared scenarios (see ``tests/channel_contract.py``)."""
 
     secret = TEST_TOKEN
@@ -87,11 +78,10 @@ class WhatsAppRig:
     streams_by_edits = False
 
     def __init__(self) -> None:
-        self._fake: FakeWhatsApp | None = None
+        super().__init__(dataclasses.replace(wa_channel.CHANNEL, run_fn=self._run), self._world)
         self.endpoint: Endpoint | None = None
         self.ada: User | None = None
         self._last_body = b""
-        self._channel = dataclasses.replace(wa_channel.CHANNEL, run_fn=self._run)
 
     async def _run(
         self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -100,35 +90,21 @@ class WhatsAppRig:
         await wa_channel.run(EndpointHost(host, self.endpoint), task_status=task_status)
 
     @property
-    def channel(self) -> Channel:
-        return self._channel
-
-    @property
-    def fake(self) -> FakeWhatsApp:
-        assert self._fake is not None, "use the rig inside rig.open()"
-        return self._fake
-
-    @property
     def bot_author(self) -> tuple[str, str]:
         return self.fake.phone_number_id, self.fake.verified_name
 
     @asynccontextmanager
-    async def open(self) -> AsyncIterator[None]:
+    async def _world(self) -> AsyncIterator[FakeWhatsApp]:
         async with open_fake_whatsapp(clock=Clock()) as fake, open_endpoint() as (endpoint, url):
-            self._fake = fake
             self.endpoint = endpoint
             fake.webhook_url = f"{url}/hooks/{BOT}"
             self.ada = fake.user("16505551234", "Ada Lovelace")
-            yield
+            yield fake
 
     def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
-        return {
-            "phone_number_id": self.fake.phone_number_id,
-            "access_token": TEST_TOKEN if valid_credentials else "EAAG-not-a-token-meta-knows",
-            "app_secret": TEST_APP_SECRET,
-            "verify_token": TEST_VERIFY_TOKEN,
-            "api_base": self.fake.url,
-        }
+        if valid_credentials:
+            return bot_table(self.fake)
+        return bot_table(self.fake, access_token="EAAG-not-a-token-meta-knows")
 
     async def receiving(self) -> None:
         # Webhooks need no connection: the bot receives once its route is mounted.
@@ -136,13 +112,7 @@ class WhatsAppRig:
 
     def source(self, kind: str) -> str:
         assert self.ada is not None
-        block = {
-            "channel": "whatsapp",
-            "conversationType": kind,
-            "senderId": self.ada.key,
-            "senderName": self.ada.name,
-        }
-        return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+        return source(self.ada, kind)
 
     async def _send(self, msg: dict[str, Any]) -> str:
         self._last_body = self.fake.body([msg])
@@ -175,6 +145,3 @@ class WhatsAppRig:
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.fail_next("send", count, status=400, code=130429)
-
-    async def wait_until(self, predicate: Callable[[], bool]) -> None:
-        await self.fake.wait_until(predicate)

@@ -1,0 +1,131 @@
+"""What the per-channel rigs of the shared contract (``tests/rig_<key>.py``) have in common.
+
+:class:`FakeRig` is a :class:`~tests.channel_contract.ChannelRig` without the platform's
+words: the channel under test, its fake opened by ``rig.open()``, waiting on the fake, and
+(for fakes with a ``live`` connection) receiving and dropping it.  Each rig subclasses it
+and says only what is its platform's: the bot table, how a user writes, what the chat
+shows, which calls receive, and its faults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import random
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import ModuleType
+from typing import Any, Generic, TypeVar
+
+import trio
+
+from dshim.channels.base import BotHost, Channel, HttpHandler, WebSocketHandler
+from dshim.http.app import Endpoint
+from dshim.http.server import serve_endpoint
+
+F = TypeVar("F")
+
+
+def seeded(module: ModuleType, seed: int, **run_options: Any) -> Channel:
+    """A channel module's ``CHANNEL`` whose ``run`` has a fixed jitter seed (and options)."""
+    return dataclasses.replace(
+        module.CHANNEL,
+        run_fn=functools.partial(module.run, rng=random.Random(seed), **run_options),
+    )
+
+
+def im_source(channel: str, kind: str, sender_id: str, sender_name: str | None = None) -> str:
+    """The ``<dsh_im_source>`` block of a sender in a direct or group chat."""
+    block = {"channel": channel, "conversationType": kind, "senderId": sender_id}
+    if sender_name is not None:
+        block["senderName"] = sender_name
+    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
+
+
+class EndpointHost:
+    """The serve host of a bot, mounting on a test's own endpoint (``serve_bots`` in the
+    shared scenarios runs without one) — or, given none, on the host's own, which refuses
+    with the ConfigError of a bot whose ``[http]`` is disabled."""
+
+    def __init__(self, host: BotHost, endpoint: Endpoint | None) -> None:
+        self._host = host
+        self._endpoint = endpoint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+    def mount(self, path: str, handler: HttpHandler, *, public: bool = False) -> None:
+        if self._endpoint is None:
+            self._host.mount(path, handler, public=public)
+        else:
+            self._endpoint.mount(self._host.bot.name, path, handler, public=public)
+
+    def mount_websocket(self, path: str, handler: WebSocketHandler) -> None:
+        if self._endpoint is None:
+            self._host.mount_websocket(path, handler)
+        else:
+            self._endpoint.mount_websocket(self._host.bot.name, path, handler)
+
+
+@asynccontextmanager
+async def open_endpoint(token: str | None = None) -> AsyncIterator[tuple[Endpoint, str]]:
+    """dshim's HTTP endpoint on 127.0.0.1:0: (endpoint, its base URL)."""
+    endpoint = Endpoint(token=token)
+    stop = trio.Event()
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(serve_endpoint, endpoint, "127.0.0.1:0", shutdown=stop)
+        )
+        try:
+            yield endpoint, binds[0]
+        finally:
+            stop.set()
+
+
+class FakeRig(Generic[F]):
+    """A channel under the shared scenarios against its fake platform (``F``)."""
+
+    def __init__(self, channel: Channel, open_fake: Callable[[], AbstractAsyncContextManager[F]]):
+        self._channel = channel
+        self._open_fake = open_fake
+        self._fake: F | None = None
+
+    @property
+    def channel(self) -> Channel:
+        return self._channel
+
+    @property
+    def fake(self) -> F:
+        assert self._fake is not None, "use the rig inside rig.open()"
+        return self._fake
+
+    @asynccontextmanager
+    async def open(self) -> AsyncIterator[None]:
+        async with self._open_fake() as fake:
+            self._fake = fake
+            yield
+
+    async def wait_until(self, predicate: Callable[[], bool]) -> None:
+        fake: Any = self.fake
+        await fake.wait_until(predicate)
+
+    async def receiving(self) -> None:
+        await self.wait_until(self.connected)
+
+    def connected(self) -> bool:
+        """The bot's receiving connection is up (the fake's ``live`` one, by default)."""
+        fake: Any = self.fake
+        return fake.live is not None
+
+    async def drop_connection(self) -> None:
+        """The fake drops its live connection; wait until the bot has seen it close."""
+        fake: Any = self.fake
+        conn = fake.live
+        await fake.drop_connection()
+        if conn is not None:
+            await self.wait_until(lambda: self.closed(conn))
+
+    def closed(self, conn: Any) -> bool:
+        """A dropped connection is closed (by default: the fake says who closed it)."""
+        return conn.closed_by is not None
