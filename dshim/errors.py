@@ -82,7 +82,7 @@ module in brackets (under ``dshim.channels`` for a channel, else under ``dshim``
 Outside the tree, by design (the test keeps this list too; private ``_`` classes are a
 module's own control flow and the :mod:`dshim.testing` fakes' errors are their platforms'):
 
-* WebSocketClosed [channels.base] — a signal, not a failure: the peer closed the socket;
+* WebSocketClosed [http.types] — a signal, not a failure: the peer closed the socket;
   ``WebSocket.receive`` ends with it (it carries the close code), the reader returns.
 * Exit [launch] — a signal: the exit code the CLI leaves with (``typer.Exit`` at the edge).
 * UndocumentedKey [docs_config] — ``python -m dshim.docs_config``'s check for a settings
