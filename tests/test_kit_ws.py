@@ -431,3 +431,134 @@ async def test_a_handover_opens_the_next_connection_before_the_old_one_ends(
     times = sorted(t for _, t in delivered)
     assert all(b - a >= 1.0 - 1e-6 for a, b in zip(times, times[1:], strict=False))
     assert sessions[0].ended and sessions[0].ended[0].code == 1000
+
+
+async def test_a_replaced_connection_is_closed_once_the_next_is_live_or_after_the_grace(
+    autojump_clock: object,
+) -> None:
+    """``run_ws_handover(close_replaced=)``: the runner closes the old connection with
+    that Close as soon as the next one is live, without cancelling a delivery in hand on
+    the old one; when the next one never gets live, ``replaced_grace_s`` after it started."""
+    from dshim.net.ws import Handover, run_ws_handover
+
+    class Moving(Toy):
+        def receive(self, data: str | bytes, now: float) -> list[Action[str | bytes]]:
+            if data == "moving":
+                return [Handover("moving")]
+            return super().receive(data, now)
+
+    closes: list[tuple[int, int, float]] = []  # (connection, code, time)
+
+    async def script(server: Server, ws: WebSocketConnection) -> None:
+        n = len(server.connections)
+        if n == 1:
+            await ws.send_message("ready")
+            await ws.send_message("moving")
+            await trio.sleep(2)
+            await ws.send_message("event:slow")  # in hand when the next one is live
+        elif n == 2:
+            await trio.sleep(3)
+            await ws.send_message("ready")
+            await trio.sleep(1)
+            await ws.send_message("moving")  # the next one never gets live
+        try:
+            await server.pump(ws)
+        except ConnectionClosed as exc:
+            assert exc.reason is not None
+            closes.append((n, exc.reason.code, trio.current_time() - t0))
+
+    delivered: list[tuple[str | bytes, float]] = []
+    sessions: list[Moving] = []
+
+    def new_session() -> Moving:
+        sessions.append(Moving())
+        return sessions[-1]
+
+    async def deliver(event: str | bytes) -> None:
+        await trio.sleep(5)
+        delivered.append((event, trio.current_time() - t0))
+
+    async with serving(script) as server:
+
+        async def next_url() -> str:
+            return server.url
+
+        t0 = trio.current_time()
+        with trio.move_on_after(30):
+            await run_ws_handover(
+                new_session,
+                next_url,
+                deliver,
+                backoff=Backoff(rng=None),
+                close_replaced=Close(4000, "replaced"),
+                replaced_grace_s=7.0,
+            )
+    assert len(sessions) == 3
+    # the first closed when the second said ready (3 s), the second 7 s after the third
+    # began; the third at the shutdown
+    assert [(n, code) for n, code, _ in closes] == [(1, 4000), (2, 4000), (3, 1000)]
+    assert [round(t) for _, _, t in closes] == [3, 11, 30]
+    assert delivered == [("slow", pytest.approx(7.0, abs=0.1))]  # not cancelled by the close
+    first = sessions[0].ended
+    assert len(first) == 1 and (first[0].code, first[0].by_us) == (4000, True)
+    assert sessions[2].ended == []  # still open when the runner was cancelled
+
+
+async def test_a_sessions_own_ping_reports_its_pong(autojump_clock: object) -> None:
+    """A :class:`Ping` action: the runner pings, and the pong goes to the session's
+    ``pong(now)``; the timers follow what the pong scheduled.  A peer that never answers
+    gets no pong reported (and the runner does not judge: the session does)."""
+    from wsproto import ConnectionType, WSConnection
+    from wsproto.events import AcceptConnection, Request
+
+    from dshim.net.ws import Ping
+
+    @dataclass
+    class Pinger(Toy):
+        pings: list[float] = field(default_factory=list)
+        pongs: list[float] = field(default_factory=list)
+
+        def tick(self, now: float, *, reading: bool) -> list[Action[str | bytes]]:
+            self.pings.append(now)
+            self.next_beat = None  # the next ping once this one was answered
+            return [Ping()]
+
+        def pong(self, now: float) -> None:
+            self.pongs.append(now)
+            self.next_beat = now + INTERVAL
+
+    async def nothing(event: object) -> None:
+        return None
+
+    async def answering(server: Server, ws: WebSocketConnection) -> None:
+        await server.pump(ws)  # trio-websocket answers pings by itself
+
+    answered = Pinger()
+    async with serving(answering) as server:
+        t0 = trio.current_time()
+        with trio.move_on_after(35):
+            await connect_once(server.url, answered, nothing)
+    assert [round(t - t0) for t in answered.pings] == [10, 20, 30]
+    assert len(answered.pongs) == 3
+    assert all(p >= q for p, q in zip(answered.pongs, answered.pings, strict=True))
+
+    async def deaf(stream: trio.SocketStream) -> None:
+        conn = WSConnection(ConnectionType.SERVER)
+        while True:
+            conn.receive_data(await stream.receive_some(65536))
+            if any(isinstance(e, Request) for e in conn.events()):
+                break
+        await stream.send_all(conn.send(AcceptConnection()))
+        await trio.sleep_forever()  # never reads again: pings go unanswered
+
+    unanswered = Pinger()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            functools.partial(trio.serve_tcp, host="127.0.0.1"), deaf, 0
+        )
+        port = listeners[0].socket.getsockname()[1]
+        with trio.move_on_after(60) as waited:
+            await connect_once(f"ws://127.0.0.1:{port}/", unanswered, nothing)
+        nursery.cancel_scope.cancel()
+    assert waited.cancelled_caught  # still open: the session did not close it
+    assert len(unanswered.pings) == 1 and unanswered.pongs == []

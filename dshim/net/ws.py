@@ -1,9 +1,10 @@
 """Websocket connections for channels: one trio runner over a sans-IO session protocol.
 
-A websocket channel (Discord's gateway today; QQ, Slack Socket Mode, Feishu, DingTalk
-Stream and WeCom next) writes what it knows about its connection as a *session*
+Every websocket channel writes what it knows about its connection as a *session*
 (:class:`WsSession`): an object without I/O that takes frames and time and returns
-actions.  This module is the trio shell around it, the same for every platform.
+actions.  This module is the trio shell around it, the same for every platform:
+:func:`run_ws` runs the Discord and QQ gateways (``dshim.channels.kit.gateway_run``),
+Feishu and WeCom; :func:`run_ws_handover` runs DingTalk Stream and Slack Socket Mode.
 
 Theory of operation
 -------------------
@@ -30,20 +31,27 @@ two tasks over it.  Session methods never await, so each call is atomic:
   that confirms it (a ``"shutdown"`` verdict leaves it unacked, so the platform
   delivers it again) -- or before ``deliver`` when the session says ``ack_at_once``,
   for platforms whose ack deadline is shorter than an accept may take (Feishu 3 s,
-  DingTalk, Slack Socket Mode): the persisted dedup then drops the redelivery;
+  DingTalk, Slack Socket Mode): the persisted dedup then drops the redelivery.  (Slack's
+  ``deliver`` only queues the acked envelope for a delivering task of its own, so that a
+  slow pipeline never holds back the next ack);
 - the **timer** sleeps until ``session.next_timer()`` and calls ``session.tick(now,
   reading=...)``: heartbeats, application-level pings, Hello and pong watchdogs.
   ``reading`` is False while ``deliver`` runs: an acknowledgement may be waiting unread,
-  so the session must not declare the connection dead then;
+  so the session must not declare the connection dead then.  A session that times its
+  own websocket pings (Slack) returns :class:`Ping`: the ping goes out from a task of its
+  own and its pong is reported to the session's ``pong(now)`` (:class:`Pinging`);
 - the **pinger** (only with ``WsOptions.ping_interval_s``, for platforms whose dead
   sockets only a websocket ping finds, e.g. DingTalk Stream): a ping every interval, and
   no pong within ``pong_timeout_s`` cuts the connection (our close, ``ping_timeout_code``).
 
 Handovers: :func:`run_ws_handover` is the same loop for platforms whose server
 announces the end of a connection and may stop delivering on it at once (DingTalk Stream
-``disconnect``): each connection gets a fresh session, a :class:`Handover` action starts
-the next connection right away, and the old one runs on until it closes (its session's
-own :class:`Close` or the server's); deliveries of both reach ``deliver`` one at a time.
+``disconnect``, Slack's ``refresh_requested`` / ``warning``): each connection gets a fresh
+session, a :class:`Handover` action starts the next connection right away (the new
+socket is connected before the old one is closed), and the old one runs on until it
+closes -- its session's own :class:`Close` or the server's (DingTalk), or, with
+``close_replaced``, the runner's once the new one is live or a grace ran out (Slack);
+deliveries of all open connections reach ``deliver`` one at a time.
 
 Nothing cancels a delivery in hand: when the session closes the connection (a
 :class:`Close` action, e.g. a zombie verdict or a server-sent disconnect), the reader
@@ -52,8 +60,8 @@ connection is closed at once with ``shutdown_close_code`` and the peer's answer 
 awaited long.
 
 Every action a session can return is one of :class:`Send`, :class:`Close`,
-:class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``) and
-:class:`Handover` (logged as ``ws_handed_over``).
+:class:`Deliver`, :class:`Connected`, :class:`Ignored` (logged as ``frame_dropped``),
+:class:`Handover` (logged as ``ws_handed_over``) and :class:`Ping`.
 A channel whose own requests travel on the socket and are answered there (WeCom: a reply
 frame and its ack, matched by ``req_id``) sends them through the :class:`WsOutlet` that
 ``on_open`` of :func:`connect_once` receives; its session sees the answers as frames.
@@ -93,6 +101,8 @@ from dshim.net.ws_session import (
     Deliver,
     Handover,
     Ignored,
+    Ping,
+    Pinging,
     Send,
     WsEnded,
     WsSession,
@@ -106,6 +116,8 @@ __all__ = [
     "Deliverer",
     "Handover",
     "Ignored",
+    "Ping",
+    "Pinging",
     "Send",
     "WsEnded",
     "WsOptions",
@@ -204,18 +216,26 @@ class _Connection(Generic[E]):
     on_handover: Callable[[Handover], None] | None = None
     #: Given a :class:`WsOutlet` before the session's first actions.
     on_open: Callable[[WsOutlet], None] | None = None
+    #: Close with this once the event is set (``connect_once(close_on=)``).
+    close_on: tuple[trio.Event, Close] | None = None
+    #: The connection's tasks (:class:`Ping` starts one).
+    _nursery: trio.Nursery | None = None
 
     async def drive(self) -> int | None:
         """Run until the connection ends; returns the close code (None: network)."""
         if self.on_open is not None:
             self.on_open(WsOutlet(self.ws))
-        for action in self.session.connection_opened(self.clock()):
-            if await self._perform(action):
-                return self.own_close
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for action in self.session.connection_opened(self.clock()):
+                if await self._perform(action):
+                    nursery.cancel_scope.cancel()
+                    return self.own_close
             nursery.start_soon(self._timers)
             if self.options.ping_interval_s is not None:
                 nursery.start_soon(self._pinger, self.options.ping_interval_s)
+            if self.close_on is not None:
+                nursery.start_soon(self._close_when, *self.close_on)
             code = await self._read()
             nursery.cancel_scope.cancel()
         return self.own_close if self.own_close is not None else code
@@ -285,6 +305,24 @@ class _Connection(Generic[E]):
                     await self.stream.aclose()  # the reader's get_message ends at once
                 return
 
+    async def _ping(self) -> None:
+        """One :class:`Ping`: its pong goes to the session (none: the watchdog judges)."""
+        try:
+            await self.ws.ping()
+        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+            return  # the reader sees the close and ends
+        session = self.session
+        if isinstance(session, Pinging):
+            session.pong(self.clock())
+        if session.next_timer() != self._armed:
+            self._rearm.set()
+
+    async def _close_when(self, event: trio.Event, close: Close) -> None:
+        """Close from outside the session (a delivery in hand is not cancelled)."""
+        await event.wait()
+        if self.own_close is None:  # else this side is closing already
+            await self._perform(close)
+
     async def _send(self, action: Send) -> None:
         try:
             await self.ws.send_message(action.data)
@@ -319,6 +357,10 @@ class _Connection(Generic[E]):
             log.info("ws_handed_over", reason=action.reason)
             if self.on_handover is not None:
                 self.on_handover(action)
+            return False
+        if isinstance(action, Ping):
+            assert self._nursery is not None  # actions come only while drive() runs
+            self._nursery.start_soon(self._ping)
             return False
         raise AssertionError(f"unknown action {action!r}")
 
@@ -417,13 +459,16 @@ async def connect_once(
     on_connected: Callable[[Connected], None] | None = None,
     on_handover: Callable[[Handover], None] | None = None,
     on_open: Callable[[WsOutlet], None] | None = None,
+    close_on: tuple[trio.Event, Close] | None = None,
 ) -> WsEnded:
     """One connection to ``url`` driven by ``session``; returns how it ended.
 
     Network failures, timeouts and refused upgrades are returned (``code`` None), never
     raised.  ``stop_when_connected`` closes with 1000 as soon as the session is live
     (probes).  ``on_open`` gets the connection's :class:`WsOutlet` once the websocket is
-    open, before the session's ``connection_opened`` actions.
+    open, before the session's ``connection_opened`` actions.  ``close_on`` (an event and
+    a :class:`Close`): once the event is set, the connection is closed so, as if the
+    session had asked (a replaced connection of :func:`run_ws_handover`).
     """
     log.info("ws_connecting", url=_loggable(url))
     conn: _Connection[E] | None = None
@@ -438,6 +483,7 @@ async def connect_once(
             conn.stream = stream
             conn.on_handover = on_handover
             conn.on_open = on_open
+            conn.close_on = close_on
             code = await conn.drive()
     except (
         ConnectionClosed,
@@ -511,31 +557,61 @@ async def run_ws_handover(
     clock: Callable[[], float] = trio.current_time,
     options: WsOptions = DEFAULT_OPTIONS,
     on_connected: Callable[[Connected], None] | None = None,
+    close_replaced: Close | None = None,
+    replaced_grace_s: float = 10.0,
 ) -> NoReturn:
     """:func:`run_ws` for platforms that hand a connection over (DingTalk Stream
-    ``disconnect``): every connection gets its own session from ``new_session``, and a
-    :class:`Handover` from a session starts the next connection at once while the old
-    one stays open until it closes (it may still deliver).  Deliveries of both sockets
-    reach ``deliver`` one at a time.  Other ends reconnect exactly as :func:`run_ws`.
-    Raises what ``next_url`` or a session's ``connection_lost`` raise.
+    ``disconnect``, Slack Socket Mode ``refresh_requested``): every connection gets its
+    own session from ``new_session``, and a :class:`Handover` from a session starts the
+    next connection at once while the old one stays open (it may still deliver).
+    Deliveries of all open connections reach ``deliver`` one at a time.  Other ends
+    reconnect exactly as :func:`run_ws`.  Raises what ``next_url`` or a session's
+    ``connection_lost`` raise.
+
+    Without ``close_replaced`` (DingTalk) the old connection runs on until it closes by
+    itself.  With it (Slack, whose server keeps the old socket open for a while), the
+    runner closes the old connection with that :class:`Close` as soon as the next one is
+    live (:class:`Connected`) or has ended, and at the latest ``replaced_grace_s`` after
+    the next one started (logged as ``ws_replaced``); a delivery in hand on the old one
+    is not cancelled, the old connection's end is reported after it.
     """
     backoff = backoff or Backoff()
     lock = trio.Lock()
 
     async def one_at_a_time(event: E) -> Verdict | None:
-        async with lock:
+        # acquire_nowait first: an uncontended ``async with lock`` costs two scheduler
+        # round trips per event (~5 us, measurable in scripts/bench_slack.py).  Fair
+        # either way: acquire_nowait fails while others wait.
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+        try:
             return await deliver(event)
+        finally:
+            lock.release()
+
+    async def close_when_replaced(old: _Attempt[E], new: _Attempt[E]) -> None:
+        with trio.move_on_after(replaced_grace_s):
+            await new.settled.wait()
+        log.info("ws_replaced", next_connected=new.connected)
+        old.close_now.set()
 
     with single_error():
         async with trio.open_nursery() as nursery:
+            replaced: _Attempt[E] | None = None
             while True:
                 url = await next_url()
-                attempt = _Attempt(new_session())
+                attempt = _Attempt(new_session(), close_replaced)
                 nursery.start_soon(attempt.run, url, one_at_a_time, clock, options, on_connected)
+                if replaced is not None and close_replaced is not None:
+                    nursery.start_soon(close_when_replaced, replaced, attempt)
+                replaced = None
                 await attempt.wake.wait()
                 if attempt.handed_over:
                     backoff.reset()
-                    continue  # the old connection ends by itself
+                    replaced = attempt
+                    continue  # the old connection ends by itself, or is closed as replaced
                 ended = attempt.ended
                 assert ended is not None
                 if (
@@ -552,11 +628,17 @@ async def run_ws_handover(
 class _Attempt(Generic[E]):
     """One connection of :func:`run_ws_handover`: wakes the loop at a handover or its end."""
 
-    def __init__(self, session: WsSession[E]) -> None:
+    def __init__(self, session: WsSession[E], close_replaced: Close | None = None) -> None:
         self.session = session
         self.wake = trio.Event()
         self.handed_over = False
         self.ended: WsEnded | None = None
+        self.connected = False
+        #: Set once the connection is live or has ended (a replaced one may close then).
+        self.settled = trio.Event()
+        #: Set to close this connection as replaced (``close_replaced``).
+        self.close_now = trio.Event()
+        self._close_replaced = close_replaced
 
     def _handover(self, action: Handover) -> None:
         self.handed_over = True
@@ -570,15 +652,26 @@ class _Attempt(Generic[E]):
         options: WsOptions,
         on_connected: Callable[[Connected], None] | None,
     ) -> None:
-        ended = await connect_once(
-            url,
-            self.session,
-            deliver,
-            clock=clock,
-            options=options,
-            on_connected=on_connected,
-            on_handover=self._handover,
-        )
+        def connected(action: Connected) -> None:
+            self.connected = True
+            self.settled.set()
+            if on_connected is not None:
+                on_connected(action)
+
+        close = self._close_replaced
+        try:
+            ended = await connect_once(
+                url,
+                self.session,
+                deliver,
+                clock=clock,
+                options=options,
+                on_connected=connected,
+                on_handover=self._handover,
+                close_on=None if close is None else (self.close_now, close),
+            )
+        finally:
+            self.settled.set()
         log.info(
             "ws_disconnected",
             code=ended.code,
@@ -586,7 +679,7 @@ class _Attempt(Generic[E]):
             connected_s=None if ended.connected_for is None else round(ended.connected_for, 3),
         )
         self.ended = ended
-        try:
-            self.session.connection_lost(ended, clock())
-        finally:
-            self.wake.set()
+        # A fatal end raises here and stops the runner: the loop is not woken to plan a
+        # reconnect (no backoff drawn, no reconnect_delayed logged).
+        self.session.connection_lost(ended, clock())
+        self.wake.set()

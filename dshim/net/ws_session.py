@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 __all__ = [
     "Action",
@@ -19,6 +19,8 @@ __all__ = [
     "Deliver",
     "Handover",
     "Ignored",
+    "Ping",
+    "Pinging",
     "Send",
     "WsEnded",
     "WsSession",
@@ -85,15 +87,24 @@ class Ignored:
 
 @dataclass(frozen=True, slots=True)
 class Handover:
-    """The server announced that this connection ends soon (DingTalk ``disconnect``):
-    start the next connection now, while this one stays open -- it may still deliver --
-    until it closes (the session's own :class:`Close`, or the server).  Acted on by
-    :func:`dshim.net.ws.run_ws_handover`; elsewhere it is only logged."""
+    """The server announced that this connection ends soon (DingTalk ``disconnect``,
+    Slack ``refresh_requested``): start the next connection now, while this one stays
+    open -- it may still deliver -- until it closes (the session's own :class:`Close`,
+    the server, or the runner once the next one is live: ``close_replaced``).  Acted on
+    by :func:`dshim.net.ws.run_ws_handover`; elsewhere it is only logged."""
 
     reason: str = ""
 
 
-Action = Send | Close | Deliver[E] | Connected | Ignored | Handover
+@dataclass(frozen=True, slots=True)
+class Ping:
+    """Send a websocket ping (protocol level) now, for a session that judges liveness by
+    its own pongs (Slack Socket Mode): when the pong arrives the runner calls the
+    session's ``pong(now)`` (:class:`Pinging`).  The session stays in charge of the
+    timing, unlike ``WsOptions.ping_interval_s``."""
+
+
+Action = Send | Close | Deliver[E] | Connected | Ignored | Handover | Ping
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,4 +156,13 @@ class WsSession(Protocol[E]):
 
     def connection_lost(self, ended: WsEnded, now: float) -> None:
         """The connection ended; plan the next one.  Raise to stop for good."""
+        ...
+
+
+@runtime_checkable
+class Pinging(Protocol):
+    """A session that returns :class:`Ping` actions is told about their pongs."""
+
+    def pong(self, now: float) -> None:
+        """The pong of the last :class:`Ping` arrived."""
         ...
