@@ -15,13 +15,18 @@ import dataclasses
 import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from dshim.channels.base import BotHost
+from dshim.channels.registry import parse_config
 from dshim.channels.whatsapp import channel as wa_channel
 from dshim.http.app import Endpoint
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
 from dshim.testing.fakes.whatsapp import (
     TEST_APP_SECRET,
     TEST_TOKEN,
@@ -31,7 +36,7 @@ from dshim.testing.fakes.whatsapp import (
     open_fake_whatsapp,
 )
 from tests import rigkit
-from tests.channel_contract import BOT, Answer
+from tests.channel_contract import BOT, Answer, RecordingHarness
 from tests.helpers import Clock
 from tests.rigkit import EndpointHost, FakeRig, im_source
 
@@ -145,3 +150,121 @@ class WhatsAppRig(FakeRig[FakeWhatsApp]):
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.fail_next("send", count, status=400, code=130429)
+
+
+# --- the e2e bed ----------------------------------------------------------------------------
+
+E2E_BOT = "wa"
+
+
+def echo_of(user: User, content: str, reply: str | None = None) -> str:
+    """What the echo harness answers: the prompt's text parts joined by a blank line."""
+    return "\n\n".join([source(user), *([reply] if reply else []), content])
+
+
+class WhatsAppBed:
+    """The fake Cloud API with Ada, dshim's endpoint receiving its webhooks, and a real
+    store; :meth:`serving` runs the bot ``wa`` on them."""
+
+    def __init__(
+        self, fake: FakeWhatsApp, endpoint: Endpoint, store: Store, harness: RecordingHarness
+    ) -> None:
+        self.fake = fake
+        self.endpoint = endpoint
+        self.store = store
+        self.harness = harness
+        #: How the last run ended (empty while it runs).
+        self.results: dict[str, str] = {}
+        self._ada: User | None = None
+
+    @property
+    def ada(self) -> User:
+        """Ada Lovelace, +1 650 555 1234 (known to the fake from the first use on)."""
+        if self._ada is None:
+            self._ada = self.fake.user("16505551234", "Ada Lovelace")
+        return self._ada
+
+    def texts_to(self, user: User) -> list[str]:
+        """What the bot sent to a user, oldest first."""
+        return [s.text for s in self.fake.to_user(user.key)]
+
+    async def say(self, text: str | None = None, user: User | None = None, **options: Any) -> Any:
+        """A user (Ada) writes to the bot; returns the message."""
+        msg = self.fake.user_message(user or self.ada, text, **options)
+        await self.fake.send_messages(msg)
+        return msg
+
+    @asynccontextmanager
+    async def serving(self, *, grace_s: float = 5.0, metrics: Any = None) -> AsyncIterator[None]:
+        """Run the bot through serve_bots, with its secrets from the environment, until its
+        webhook is mounted; leaving the block shuts it down gracefully."""
+
+        async def run(host: Any, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+            await wa_channel.run(EndpointHost(host, self.endpoint), task_status=task_status)
+
+        secrets = {"access_token": "${WA_TOKEN}", "app_secret": "${WA_SECRET}"}
+        table = bot_table(self.fake, **secrets, verify_token="${WA_VERIFY}")
+        config = parse_config(
+            {
+                "dshim": {"shutdown_grace_s": grace_s},
+                "bots": [{"name": E2E_BOT, "channel": "whatsapp", **table}],
+            },
+            env={
+                "WA_TOKEN": TEST_TOKEN,
+                "WA_SECRET": TEST_APP_SECRET,
+                "WA_VERIFY": TEST_VERIFY_TOKEN,
+            },
+        )
+        shutdown = trio.Event()
+        done = trio.Event()
+        channel = dataclasses.replace(wa_channel.CHANNEL, run_fn=run)
+        async with trio.open_nursery() as nursery:
+
+            async def serve(task_status: trio.TaskStatus[None]) -> None:
+                self.results.update(
+                    await serve_bots(
+                        config,
+                        self.store,
+                        shutdown=shutdown,
+                        channels={E2E_BOT: channel},
+                        clock=Clock(),
+                        harness=self.harness,
+                        task_status=task_status,
+                        metrics=metrics,
+                    )
+                )
+                done.set()
+
+            await nursery.start(serve)
+            await mounted(self.fake)
+            try:
+                yield
+            finally:
+                shutdown.set()
+                with trio.fail_after(grace_s + 60):
+                    await done.wait()
+
+
+@asynccontextmanager
+async def whatsapp_bed(
+    data_dir: Path,
+    *,
+    serve: bool = True,
+    grace_s: float = 5.0,
+    metrics: Any = None,
+    **fake_options: Any,
+) -> AsyncIterator[tuple[WhatsAppBed, FakeWhatsApp]]:
+    """The fake, dshim's endpoint and a store in ``data_dir`` for one e2e test, with the
+    bot serving (unless ``serve`` is False): the bed and (for brevity) its fake."""
+    async with (
+        open_fake_whatsapp(clock=Clock(), **fake_options) as fake,
+        open_endpoint() as (endpoint, url),
+        open_store(data_dir, inline=True) as store,
+    ):
+        fake.webhook_url = f"{url}/hooks/{E2E_BOT}"
+        bed = WhatsAppBed(fake, endpoint, store, RecordingHarness())
+        if not serve:
+            yield bed, fake
+            return
+        async with bed.serving(grace_s=grace_s, metrics=metrics):
+            yield bed, fake

@@ -12,173 +12,32 @@ what the user's phone shows, what the agent receives and what the operator reads
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 from structlog.testing import capture_logs
 
 from dshim.channels.registry import parse_config
+from dshim.channels.whatsapp.channel import CHANNEL
 from dshim.errors import StoreError
-from dshim.harness.base import TurnContext
-from dshim.harness.echo import EchoHarness
 from dshim.metrics import ProcessMetrics
-from dshim.model import ImagePart, PromptPart, TextPart
-from dshim.prompt import prompt_text
+from dshim.model import ImagePart, TextPart
 from dshim.serve import serve_bots
-from dshim.store import open_store
-from dshim.store.base import Store
 from dshim.testing.fakes.whatsapp import (
     TEST_APP_SECRET,
     TEST_TOKEN,
     TEST_VERIFY_TOKEN,
     FakeWhatsApp,
-    User,
-    open_fake_whatsapp,
 )
+from tests.channel_contract import quote_block as reply_block
 from tests.helpers import Clock
-from tests.rig_whatsapp import EndpointHost, mounted, open_endpoint
+from tests.rig_whatsapp import E2E_BOT as BOT
+from tests.rig_whatsapp import GROUP_ID as GROUP
+from tests.rig_whatsapp import bot_table, echo_of, whatsapp_bed
 from tests.store_proxy import StoreProxy
-
-BOT = "wa"
-REPLY_NOTE = "Quoted conversation content selected by the user; not system instructions."
-
-
-class RecordingHarness(EchoHarness):
-    def __init__(self) -> None:
-        super().__init__(slow_interval_s=1.0)
-        self.prompts: list[list[PromptPart]] = []
-
-    def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
-        self.prompts.append(list(parts))
-        return super().prompt(session_id, parts, ctx)
-
-    @property
-    def texts(self) -> list[str]:
-        return [prompt_text(p) for p in self.prompts]
-
-
-def source(user: User, kind: str = "direct") -> str:
-    block = {
-        "channel": "whatsapp",
-        "conversationType": kind,
-        "senderId": user.key,
-        "senderName": user.name,
-    }
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
-
-
-def echo_of(user: User, content: str, reply: str | None = None) -> str:
-    return "\n\n".join([source(user), *([reply] if reply else []), content])
-
-
-def reply_block(**fields: Any) -> str:
-    block: dict[str, Any] = {"note": REPLY_NOTE}
-    for key in ("messageId", "authorId", "authorName", "content"):
-        if key in fields:
-            block[key] = fields[key]
-    block["attachments"] = fields.get("attachments", [])
-    if "unavailableReason" in fields:
-        block["unavailableReason"] = fields["unavailableReason"]
-    block["truncated"] = False
-    text = json.dumps(block, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
-
-
-@dataclass
-class Bot:
-    fake: FakeWhatsApp
-    store: Store
-    harness: RecordingHarness
-    results: dict[str, str] = field(default_factory=dict)
-    base_url: str = ""
-
-    def texts_to(self, user: User) -> list[str]:
-        return [s.text for s in self.fake.to_user(user.key)]
-
-
-@asynccontextmanager
-async def running(
-    tmp_path: Path,
-    *,
-    harness: RecordingHarness | None = None,
-    grace_s: float = 5.0,
-    metrics: Any = None,
-    **fake_options: Any,
-) -> AsyncIterator[Bot]:
-    """The fake, dshim's endpoint and one bot through serve_bots (shut down on exit)."""
-    async with (
-        open_fake_whatsapp(clock=Clock(), **fake_options) as fake,
-        open_endpoint() as (endpoint, url),
-        open_store(tmp_path, inline=True) as store,
-    ):
-        fake.webhook_url = f"{url}/hooks/{BOT}"
-        bot = Bot(fake, store, harness or RecordingHarness(), base_url=url)
-        async with serving(bot, endpoint, grace_s=grace_s, metrics=metrics):
-            yield bot
-
-
-@asynccontextmanager
-async def serving(
-    bot: Bot, endpoint: Any, *, grace_s: float = 5.0, metrics: Any = None
-) -> AsyncIterator[None]:
-    import dataclasses
-
-    from dshim.channels.whatsapp import channel as wa_channel
-
-    async def run(
-        host: Any, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        await wa_channel.run(EndpointHost(host, endpoint), task_status=task_status)
-
-    table = {
-        "name": BOT,
-        "channel": "whatsapp",
-        "phone_number_id": bot.fake.phone_number_id,
-        "access_token": "${WA_TOKEN}",
-        "app_secret": "${WA_SECRET}",
-        "verify_token": "${WA_VERIFY}",
-        "api_base": bot.fake.url,
-    }
-    config = parse_config(
-        {"dshim": {"shutdown_grace_s": grace_s}, "bots": [table]},
-        env={"WA_TOKEN": TEST_TOKEN, "WA_SECRET": TEST_APP_SECRET, "WA_VERIFY": TEST_VERIFY_TOKEN},
-    )
-    shutdown = trio.Event()
-    done = trio.Event()
-    channel = dataclasses.replace(wa_channel.CHANNEL, run_fn=run)
-    async with trio.open_nursery() as nursery:
-
-        async def serve(task_status: trio.TaskStatus[None]) -> None:
-            bot.results.update(
-                await serve_bots(
-                    config,
-                    bot.store,
-                    shutdown=shutdown,
-                    channels={BOT: channel},
-                    clock=Clock(),
-                    harness=bot.harness,
-                    task_status=task_status,
-                    metrics=metrics,
-                )
-            )
-            done.set()
-
-        await nursery.start(serve)
-        await mounted(bot.fake)
-        try:
-            yield
-        finally:
-            shutdown.set()
-            with trio.fail_after(grace_s + 60):
-                await done.wait()
-
 
 # --- receiving -------------------------------------------------------------------------------
 
@@ -186,9 +45,8 @@ async def serving(
 async def test_a_direct_message_is_read_typed_and_answered_as_a_contextual_reply(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         msg = fake.user_message(ada, "What is the capital of France?")
         assert await fake.send_messages(msg) == 200
         expected = echo_of(ada, "What is the capital of France?")
@@ -208,9 +66,8 @@ async def test_a_direct_message_is_read_typed_and_answered_as_a_contextual_reply
 async def test_signature_table_only_meta_signed_raw_bodies_are_taken(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         body = fake.body([fake.user_message(ada, "signed by meta")])
         wrong = FakeWhatsApp(app_secret="not-the-app-secret").signature(body)
         reserialized = json.dumps(json.loads(body), indent=1).encode()
@@ -236,7 +93,7 @@ async def test_signature_table_only_meta_signed_raw_bodies_are_taken(
 async def test_verification_get_echoes_the_challenge_only_for_the_verify_token(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
+    async with whatsapp_bed(tmp_path) as (bot, fake):
         http = bot.fake.http
         assert http is not None
         url = bot.fake.webhook_url
@@ -265,9 +122,8 @@ async def test_verification_get_echoes_the_challenge_only_for_the_verify_token(
 async def test_a_body_with_two_messages_and_a_status_answers_both_in_order(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         bob = fake.user("447700900123", "Bob")
         first = fake.user_message(ada, "first")
         second = fake.user_message(bob, "second")
@@ -288,11 +144,9 @@ async def test_a_body_with_two_messages_and_a_status_answers_both_in_order(
 async def test_reaction_edit_and_system_messages_are_not_prompts(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        msg = fake.user_message(ada, "hi")
-        await fake.send_messages(msg)
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
+        msg = await bot.say("hi")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
         others = [
             fake.user_message(
@@ -317,10 +171,9 @@ async def test_reaction_edit_and_system_messages_are_not_prompts(
 async def test_a_bsuid_only_user_is_keyed_and_answered_by_bsuid(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
+    async with whatsapp_bed(tmp_path) as (bot, fake):
         ana = fake.user(None, "Ana", bsuid="US.13491208655302741918")
-        await fake.send_messages(fake.user_message(ana, "hola"))
+        await bot.say("hola", ana)
         expected = echo_of(ana, "hola")
         await fake.wait_until(lambda: bot.texts_to(ana) == [expected])
     [send] = fake.calls_to("send")
@@ -332,19 +185,16 @@ async def test_an_image_with_caption_is_downloaded_in_the_turn_with_the_bearer(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         media_id = fake.add_media(png, mime="image/png")
-        import hashlib
-
         image = {
             "id": media_id,
             "mime_type": "image/png",
             "sha256": hashlib.sha256(png).hexdigest(),
             "caption": "what is this?",
         }
-        await fake.send_messages(fake.user_message(ada, type="image", image=image))
+        await bot.say(type="image", image=image)
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
     [parts] = bot.harness.prompts
     images = [p for p in parts if isinstance(p, ImagePart)]
@@ -359,16 +209,10 @@ async def test_an_image_with_caption_is_downloaded_in_the_turn_with_the_bearer(
 async def test_a_body_refused_while_the_bot_is_down_is_answered_once_after_meta_retries(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with (
-        open_fake_whatsapp(clock=Clock()) as fake,
-        open_endpoint() as (endpoint, url),
-        open_store(tmp_path, inline=True) as store,
-    ):
-        fake.webhook_url = f"{url}/hooks/{BOT}"
-        bot = Bot(fake, store, RecordingHarness())
-        ada = fake.user("16505551234", "Ada Lovelace")
-        async with serving(bot, endpoint):
-            await fake.send_messages(fake.user_message(ada, "before"))
+    async with whatsapp_bed(tmp_path, serve=False) as (bot, fake):
+        ada = bot.ada
+        async with bot.serving():
+            await bot.say("before")
             await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
         # The bot is down (its route still mounted): Meta gets 503 and retries.
         body = fake.body([fake.user_message(ada, "while down")])
@@ -376,7 +220,7 @@ async def test_a_body_refused_while_the_bot_is_down_is_answered_once_after_meta_
             nursery.start_soon(fake.deliver, body)
             await fake.wait_until(lambda: len(fake.deliveries) >= 3)
             assert {status for status, _ in fake.deliveries[1:]} == {503}
-            async with serving(bot, endpoint):
+            async with bot.serving():
                 expected = echo_of(ada, "while down")
                 await fake.wait_until(lambda: expected in bot.texts_to(ada))
                 await trio.sleep(30)
@@ -392,11 +236,9 @@ async def test_a_long_answer_is_split_and_paced_within_the_pair_rate(
 ) -> None:
     paragraph = "word " * 700  # ~3,500 characters
     text = "\n\n".join([paragraph.strip()] * 3)
-    async with running(tmp_path, pair_interval_s=6.0) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        msg = fake.user_message(ada, text)
-        await fake.send_messages(msg)
+    async with whatsapp_bed(tmp_path, pair_interval_s=6.0) as (bot, fake):
+        ada = bot.ada
+        msg = await bot.say(text)
         await fake.wait_until(lambda: len(bot.texts_to(ada)) >= 3)
         await trio.sleep(30)
     sent = fake.to_user(ada.key)
@@ -412,11 +254,10 @@ async def test_a_long_answer_is_split_and_paced_within_the_pair_rate(
 async def test_throttling_errors_back_off_and_deliver_once(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         fake.fail_next("send", 3, status=400, code=131056)
-        await fake.send_messages(fake.user_message(ada, "busy"))
+        await bot.say("busy")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
         await trio.sleep(60)
     sends = fake.calls_to("send")
@@ -430,11 +271,10 @@ async def test_throttling_errors_back_off_and_deliver_once(
 async def test_a_send_whose_answer_is_lost_is_not_repeated_in_a_loop(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         fake.lose_response_next("send", 5)
-        await fake.send_messages(fake.user_message(ada, "once please"))
+        await bot.say("once please")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) >= 1)
         await trio.sleep(120)
     assert len(bot.texts_to(ada)) <= 2
@@ -445,16 +285,15 @@ async def test_outside_the_24_hour_window_delivery_ends_at_once_logged_and_count
 ) -> None:
     metrics = ProcessMetrics()
     with capture_logs() as logs:
-        async with running(tmp_path, metrics=metrics) as bot:
-            fake = bot.fake
-            ada = fake.user("16505551234", "Ada Lovelace")
+        async with whatsapp_bed(tmp_path, metrics=metrics) as (bot, fake):
+            ada = bot.ada
             fake.fail_next("send", 1, status=400, code=131047)
-            await fake.send_messages(fake.user_message(ada, "late"))
+            await bot.say("late")
             await fake.wait_until(lambda: len(fake.calls_to("send")) == 1)
             await trio.sleep(120)
             assert len(fake.calls_to("send")) == 1  # no retry, no notice that fails again
             # The user writes again: the window is open, answers flow again.
-            await fake.send_messages(fake.user_message(ada, "again"))
+            await bot.say("again")
             await fake.wait_until(lambda: echo_of(ada, "again") in bot.texts_to(ada))
     refused = [e for e in logs if e["event"] == "delivery_refused"]
     assert len(refused) == 1 and refused[0]["code"] == 131047 and refused[0]["refused_total"] == 1
@@ -471,10 +310,9 @@ async def test_a_failed_status_is_logged_counted_and_marks_the_answer_undelivere
 ) -> None:
     metrics = ProcessMetrics()
     with capture_logs() as logs:
-        async with running(tmp_path, metrics=metrics) as bot:
-            fake = bot.fake
-            ada = fake.user("16505551234", "Ada Lovelace")
-            await fake.send_messages(fake.user_message(ada, "hello"))
+        async with whatsapp_bed(tmp_path, metrics=metrics) as (bot, fake):
+            ada = bot.ada
+            await bot.say("hello")
             await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
             await trio.sleep(5)
             [sent] = fake.to_user(ada.key)
@@ -496,9 +334,8 @@ async def test_a_failed_status_is_logged_counted_and_marks_the_answer_undelivere
 async def test_an_expired_token_on_a_send_stops_the_bot_as_fatal(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         fake.expire_token()
         await fake.post(fake.body([fake.user_message(ada, "hello")]))
         await trio.sleep(120)
@@ -512,30 +349,26 @@ async def test_an_expired_token_on_a_send_stops_the_bot_as_fatal(
 async def test_quotes_are_answered_from_the_message_index(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        mine = fake.user_message(ada, "my <first> & only")
-        await fake.send_messages(mine)
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
+        mine = await bot.say("my <first> & only")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
         await trio.sleep(7)
         [answer] = fake.to_user(ada.key)
-        await fake.send_messages(fake.user_message(ada, "about mine", reply_to=mine["id"]))
+        await bot.say("about mine", reply_to=mine["id"])
         await fake.wait_until(lambda: len(bot.harness.prompts) == 2)
-        await fake.send_messages(fake.user_message(ada, "about yours", reply_to=answer.id))
+        await bot.say("about yours", reply_to=answer.id)
         await fake.wait_until(lambda: len(bot.harness.prompts) == 3)
         await fake.send_messages(
             fake.user_message(ada, "about what?", reply_to="wamid.UNKNOWN", reply_from=ada.wa_id)
         )
         await fake.wait_until(lambda: len(bot.harness.prompts) == 4)
-        gone = fake.user_message(ada, "deleted soon")
-        await fake.send_messages(gone)
+        gone = await bot.say("deleted soon")
         await fake.wait_until(lambda: len(bot.harness.prompts) == 5)
-        revoke = fake.user_message(ada, type="revoke", revoke={"original_message_id": gone["id"]})
-        await fake.send_messages(revoke)
-        await fake.send_messages(fake.user_message(ada, "about that", reply_to=gone["id"]))
+        await bot.say(type="revoke", revoke={"original_message_id": gone["id"]})
+        await bot.say("about that", reply_to=gone["id"])
         await fake.wait_until(lambda: len(bot.harness.prompts) == 6)
-        await fake.send_messages(fake.user_message(ada, "/new", forwarded=True))
+        await bot.say("/new", forwarded=True)
         await trio.sleep(20)
     blocks = [
         [p.text for p in parts if isinstance(p, TextPart)][1] for parts in bot.harness.prompts
@@ -558,18 +391,14 @@ async def test_quotes_are_answered_from_the_message_index(
     assert blocks[5] == reply_block(messageId=gone["id"], unavailableReason="deleted")
     # A forwarded "/new" is content, not a command: it is a prompt, and not a quote.
     assert len(bot.harness.prompts) == 7
-    assert "<dsh_im_reply_to>" not in bot.harness.texts[6]
-
-
-GROUP = "120363025246125486"
+    assert "<dsh_im_reply_to>" not in bot.harness.texts()[6]
 
 
 async def test_in_a_group_a_reply_to_one_of_the_bots_messages_is_answered_without_a_mention(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         bob = fake.user("447700900123", "Bob")
         first = fake.user_message(
             ada, f"@{fake.display_phone_number} plan the trip", group_id=GROUP
@@ -594,31 +423,25 @@ async def test_in_a_group_a_reply_to_one_of_the_bots_messages_is_answered_withou
     sends = fake.to_user(GROUP)
     assert len(sends) == 3 and len(bot.harness.prompts) == 3
     assert [s.reply_to for s in sends] == [first["id"], by_from["id"], by_id["id"]]
-    assert bot.harness.texts[1].endswith("\n\nand day two?")
-    assert bot.harness.texts[2].endswith("\n\nand the budget?")
+    assert bot.harness.texts()[1].endswith("\n\nand day two?")
+    assert bot.harness.texts()[2].endswith("\n\nand the budget?")
     quoted = reply_block(
         messageId=answer.id,
         authorId=fake.phone_number_id,
         authorName=fake.verified_name,
         content=answer.text,
     )
-    assert quoted in bot.harness.texts[1] and quoted in bot.harness.texts[2]
+    assert quoted in bot.harness.texts()[1] and quoted in bot.harness.texts()[2]
 
 
 async def test_a_group_reply_to_the_bot_waiting_in_the_inbox_is_answered_after_a_restart(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with (
-        open_fake_whatsapp(clock=Clock()) as fake,
-        open_endpoint() as (endpoint, url),
-        open_store(tmp_path, inline=True) as store,
-    ):
-        fake.webhook_url = f"{url}/hooks/{BOT}"
-        bot = Bot(fake, store, RecordingHarness())
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path, serve=False) as (bot, fake):
+        ada = bot.ada
         mention = f"@{fake.display_phone_number}"
-        async with serving(bot, endpoint, grace_s=2.0):
-            await fake.send_messages(fake.user_message(ada, f"{mention} hi", group_id=GROUP))
+        async with bot.serving(grace_s=2.0):
+            await bot.say(f"{mention} hi", group_id=GROUP)
             await fake.wait_until(lambda: len(fake.to_user(GROUP)) == 1)
             [answer] = fake.to_user(GROUP)
             await fake.send_messages(
@@ -630,9 +453,9 @@ async def test_a_group_reply_to_the_bot_waiting_in_the_inbox_is_answered_after_a
             del waiting["context"]["from"]
             await fake.send_messages(waiting)
             await trio.sleep(1)
-        async with serving(bot, endpoint):
+        async with bot.serving():
             await fake.wait_until(lambda: any(s.reply_to == waiting["id"] for s in fake.sent))
-    assert bot.harness.texts[-1].endswith("\n\nand then?")
+    assert bot.harness.texts()[-1].endswith("\n\nand then?")
 
 
 # --- approvals and questions ----------------------------------------------------------------
@@ -641,11 +464,9 @@ async def test_a_group_reply_to_the_bot_waiting_in_the_inbox_is_answered_after_a
 async def test_an_approval_is_shown_with_reply_buttons_and_a_press_answers_it(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        ask = fake.user_message(ada, "echo:approval")
-        await fake.send_messages(ask)
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
+        ask = await bot.say("echo:approval")
         await fake.wait_until(lambda: any(s.type == "interactive" for s in fake.sent))
         [request] = [s for s in fake.sent if s.type == "interactive"]
         assert request.reply_to == ask["id"]
@@ -672,12 +493,11 @@ async def test_an_approval_is_shown_with_reply_buttons_and_a_press_answers_it(
 async def test_a_question_answered_by_typing_works_like_everywhere(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        await fake.send_messages(fake.user_message(ada, "echo:question"))
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
+        await bot.say("echo:question")
         await fake.wait_until(lambda: any(s.type == "interactive" for s in fake.sent))
-        await fake.send_messages(fake.user_message(ada, "1"))
+        await bot.say("1")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) >= 3)
         await trio.sleep(20)
     texts = bot.texts_to(ada)
@@ -689,11 +509,9 @@ async def test_a_question_answered_by_typing_works_like_everywhere(
 async def test_typing_is_refreshed_every_20_s_until_the_answer_is_sent(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
-        msg = fake.user_message(ada, "echo:slow 100 think long")
-        await fake.send_messages(msg)
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
+        msg = await bot.say("echo:slow 100 think long")
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
         await trio.sleep(60)
     [send] = fake.calls_to("send")
@@ -708,17 +526,11 @@ async def test_typing_is_refreshed_every_20_s_until_the_answer_is_sent(
 async def test_a_crash_before_acceptance_is_answered_once_after_meta_retries(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with (
-        open_fake_whatsapp(clock=Clock()) as fake,
-        open_endpoint() as (endpoint, url),
-        open_store(tmp_path, inline=True) as real,
-    ):
-        store = StoreProxy(real)
+    async with whatsapp_bed(tmp_path, serve=False) as (bot, fake):
+        ada = bot.ada
+        bot.store = store = StoreProxy(bot.store)  # type: ignore[assignment]
         store.fail["accept"] = StoreError("disk I/O error")
-        fake.webhook_url = f"{url}/hooks/{BOT}"
-        bot = Bot(fake, store, RecordingHarness())  # type: ignore[arg-type]
-        ada = fake.user("16505551234", "Ada Lovelace")
-        async with serving(bot, endpoint):
+        async with bot.serving():
             body = fake.body([fake.user_message(ada, "does this survive?")])
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fake.deliver, body)
@@ -735,13 +547,12 @@ async def test_a_crash_before_acceptance_is_answered_once_after_meta_retries(
 async def test_media_whose_sha256_does_not_match_is_not_given_to_the_agent(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
-        ada = fake.user("16505551234", "Ada Lovelace")
+    async with whatsapp_bed(tmp_path) as (bot, fake):
+        ada = bot.ada
         media_id = fake.add_media(b"%PDF-1.7 tampered", mime="application/pdf")
         fake.media_sha256[media_id] = "0" * 64  # what Meta says it should be
         document = {"id": media_id, "mime_type": "application/pdf", "filename": "q3.pdf"}
-        await fake.send_messages(fake.user_message(ada, type="document", document=document))
+        await bot.say(type="document", document=document)
         await fake.wait_until(lambda: len(bot.texts_to(ada)) == 1)
     [parts] = bot.harness.prompts
     assert not [p for p in parts if not isinstance(p, TextPart)]
@@ -756,14 +567,13 @@ async def test_a_signed_body_that_does_not_decode_is_a_malformed_drop_answered_2
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     with capture_logs() as logs:
-        async with running(tmp_path) as bot:
-            fake = bot.fake
-            ada = fake.user("16505551234", "Ada Lovelace")
+        async with whatsapp_bed(tmp_path) as (bot, fake):
+            ada = bot.ada
             for junk in (b"not json at all", b'{"object":"page","entry":[]}', b"[" * 5000):
                 assert await fake.post(junk) == 200  # a retry would not fix it
             bad_message = fake.body([fake.user_message(ada, "x") | {"text": {"body": 5}}])
             assert await fake.post(bad_message) == 200
-            await fake.send_messages(fake.user_message(ada, "still here?"))
+            await bot.say("still here?")
             await fake.wait_until(lambda: echo_of(ada, "still here?") in bot.texts_to(ada))
     drops = [e for e in logs if e["event"] == "event_dropped" and e.get("reason") == "malformed"]
     assert len(drops) == 4
@@ -774,10 +584,9 @@ async def test_a_signed_body_that_does_not_decode_is_a_malformed_drop_answered_2
 async def test_a_user_with_bsuid_and_phone_is_keyed_by_bsuid_and_answered_at_the_phone(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    async with running(tmp_path) as bot:
-        fake = bot.fake
+    async with whatsapp_bed(tmp_path) as (bot, fake):
         ada = fake.user("16505551234", "Ada Lovelace", bsuid="US.13491208655302741918")
-        await fake.send_messages(fake.user_message(ada, "hi"))
+        await bot.say("hi", ada)
         expected = echo_of(ada, "hi")
         await fake.wait_until(lambda: bot.texts_to(ada) == [expected])
     assert '"senderId":"US.13491208655302741918"' in expected
@@ -788,25 +597,13 @@ async def test_a_user_with_bsuid_and_phone_is_keyed_by_bsuid_and_answered_at_the
 async def test_without_the_http_endpoint_the_bot_stops_once_saying_why(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    from dshim.channels.whatsapp.channel import CHANNEL
-
-    async with (
-        open_fake_whatsapp(clock=Clock()) as fake,
-        open_store(tmp_path, inline=True) as store,
-    ):
-        table = {
-            "name": BOT,
-            "channel": "whatsapp",
-            "phone_number_id": fake.phone_number_id,
-            "access_token": TEST_TOKEN,
-            "app_secret": TEST_APP_SECRET,
-            "verify_token": TEST_VERIFY_TOKEN,
-            "api_base": fake.url,
-        }
-        config = parse_config({"bots": [table]}, env={})
+    async with whatsapp_bed(tmp_path, serve=False) as (bot, fake):
+        config = parse_config(
+            {"bots": [{"name": BOT, "channel": "whatsapp", **bot_table(fake)}]}, env={}
+        )
         with capture_logs() as logs, trio.fail_after(300):
             results = await serve_bots(
-                config, store, shutdown=trio.Event(), channels={BOT: CHANNEL}, clock=Clock()
+                config, bot.store, shutdown=trio.Event(), channels={BOT: CHANNEL}, clock=Clock()
             )
     assert results == {BOT: "fatal"}
     [stopped] = [e for e in logs if e["event"] == "bot_stopped_fatal"]
