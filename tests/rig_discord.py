@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from dshim.channels.discord import channel as discord_channel
+from dshim.harness.echo import EchoHarness
 from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord
 from tests.channel_contract import Answer
-from tests.rigkit import FakeRig, im_source, seeded
+from tests.rigkit import Bot, Configure, FakeRig, bot_on_fake, im_source, seeded
 
+#: Virtual seconds: far above what any test scripts, far below the suite's hard deadline.
+DEADLINE = 900.0
 CREATE = "POST /channels/{channel_id}/messages"
 EDIT = "PATCH /channels/{channel_id}/messages/{message_id}"
 
@@ -40,8 +46,7 @@ class DiscordRig(FakeRig[FakeDiscord]):
         return conn is not None and conn.authenticated
 
     def source(self, kind: str) -> str:
-        user = self.fake.user
-        return im_source("discord", kind, user["id"], user.get("global_name") or user["username"])
+        return source(self.fake.user, kind)
 
     async def user_dm(self, text: str, *, reply_to: str | None = None) -> str:
         sent = await self.fake.user_message(self.fake.dm_channel, text, reply_to=reply_to)
@@ -69,3 +74,57 @@ class DiscordRig(FakeRig[FakeDiscord]):
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.rate_limit(method="POST", route=r"/messages$", count=1, retry_after=retry_after)
         self.fake.rate_limit(method="PATCH", count=count, retry_after=retry_after)
+
+
+# --- the e2e bot --------------------------------------------------------------------------------
+
+
+def source(sender: dict[str, Any], kind: str, name: str | None = None) -> str:
+    """The ``<dsh_im_source>`` block of a Discord user (``name``: their name there)."""
+    name = name or sender.get("global_name") or sender["username"]
+    return im_source("discord", kind, sender["id"], name)
+
+
+@asynccontextmanager
+async def running_bot(
+    tmp_path: Path,
+    *,
+    configure: Configure[FakeDiscord] = None,
+    gateway_override: bool = True,
+    wait_ready: bool = True,
+    deadline: float = DEADLINE,
+    harness: EchoHarness | None = None,
+    **options: Any,
+) -> AsyncIterator[tuple[Bot, FakeDiscord]]:
+    """The bot (``serve_bots``, a real store) against a fresh fake, within ``deadline``.
+
+    ``configure`` sets the fake's knobs before the bot starts; ``options`` are ``[[bots]]``
+    keys; the block starts once the gateway is READY (unless ``wait_ready`` is False).
+    Leaving it shuts the bot down the way SIGTERM does.  The channel's jitter is pinned
+    with a fresh seed each time: a bot sees the same random draws whatever ran before it
+    (a shared Random made tests order-dependent).
+    """
+
+    def bot_table(fake: FakeDiscord) -> dict[str, Any]:
+        table = {
+            "name": "disco",
+            "channel": "discord",
+            "token": fake.token,
+            "api_base": fake.api_base,
+        }
+        table.update(options)
+        if gateway_override:  # else the URL comes from GET /gateway/bot
+            table["gateway_url"] = fake.gateway_url
+        return table
+
+    async with bot_on_fake(
+        open_fake_discord,
+        bot_table,
+        seeded(discord_channel, 7),
+        tmp_path,
+        harness=harness or EchoHarness(slow_interval_s=0.4),
+        deadline=deadline,
+        ready=(lambda fake: fake.ready_count >= 1) if wait_ready else None,
+        configure=configure,
+    ) as started:
+        yield started

@@ -10,36 +10,19 @@ operator would see: the bot's messages and their texts, the sends and their ``ms
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import trio
-
 from dshim.channels.qq import channel as qq_channel
-from dshim.channels.registry import parse_config
 from dshim.harness.echo import EchoHarness
-from dshim.serve import serve_bots
-from dshim.store import open_store
-from dshim.store.base import Store
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
 from tests.channel_contract import Answer
-from tests.helpers import Events
-from tests.rigkit import FakeRig, im_source, seeded
+from tests.rigkit import Bot, Configure, FakeRig, bot_on_fake, im_source, seeded
 
 DEADLINE = 1800.0
 SEEDED = seeded(qq_channel, 5)
-
-
-class Bot:
-    def __init__(self, fake: FakeQQ, events: Events) -> None:
-        self.fake = fake
-        self.events = events
-        self.results: dict[str, str] | None = None
-        self.ended = trio.Event()
-        self.shutdown = trio.Event()
-        self.store: Store | None = None
 
 
 def source(fake: FakeQQ, kind: str) -> str:
@@ -70,56 +53,29 @@ def bot_table(fake: FakeQQ, **options: Any) -> dict[str, Any]:
 async def running_bot(
     tmp_path: Path,
     *,
-    configure: Callable[[FakeQQ], None] | None = None,
-    fake: FakeQQ | None = None,
     wait_ready: bool = True,
     harness: EchoHarness | None = None,
     channel: Any = SEEDED,
+    configure: Configure[FakeQQ] = None,
+    fake: FakeQQ | None = None,
     crash: bool = False,
     **options: Any,
 ) -> AsyncIterator[tuple[Bot, FakeQQ]]:
     """The bot (``serve_bots``, a real store) against a fresh fake (or ``fake``); leaving
     the block shuts it down like SIGTERM, or with ``crash`` cancels it at once."""
-    with trio.fail_after(DEADLINE):
-        async with _fake(fake) as fake_:
-            if configure is not None:
-                configure(fake_)
-            config = parse_config({"bots": [bot_table(fake_, **options)]}, env={})
-            bot = Bot(fake_, Events())
-            async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
-                bot.store = store
-
-                async def serve() -> None:
-                    bot.results = await serve_bots(
-                        config,
-                        store,
-                        shutdown=bot.shutdown,
-                        channels={"qqbot": channel},
-                        observer=bot.events,
-                        harness=harness or EchoHarness(slow_interval_s=0.4),
-                    )
-                    bot.ended.set()
-
-                nursery.start_soon(serve)
-                try:
-                    if wait_ready:
-                        await fake_.wait_until(lambda: fake_.ready_count >= 1)
-                    yield bot, fake_
-                finally:
-                    if not crash:
-                        bot.shutdown.set()
-                        with trio.move_on_after(30):
-                            await bot.ended.wait()
-                    nursery.cancel_scope.cancel()
-
-
-@asynccontextmanager
-async def _fake(fake: FakeQQ | None) -> AsyncIterator[FakeQQ]:
-    if fake is not None:
-        yield fake
-        return
-    async with open_fake_qq() as new:
-        yield new
+    async with bot_on_fake(
+        open_fake_qq,
+        lambda fake: bot_table(fake, **options),
+        channel,
+        tmp_path,
+        harness=harness or EchoHarness(slow_interval_s=0.4),
+        deadline=DEADLINE,
+        ready=(lambda fake: fake.ready_count >= 1) if wait_ready else None,
+        configure=configure,
+        fake=fake,
+        crash=crash,
+    ) as started:
+        yield started
 
 
 def texts(fake: FakeQQ, conversation: str) -> list[str]:

@@ -26,8 +26,10 @@ def wecom_under_test(**tuning: Any) -> Channel:
 class WecomRig(FakeRig[FakeWecom]):
     """WeCom under the shared scenarios (see ``tests/channel_contract.py``)."""
 
-    def __init__(self) -> None:
-        super().__init__(wecom_under_test(), open_fake_wecom)
+    def __init__(self, extra: dict[str, Any] | None = None, **tuning: Any) -> None:
+        """``extra``: more ``[[bots]]`` keys; ``tuning``: link timings."""
+        super().__init__(wecom_under_test(**tuning), open_fake_wecom)
+        self.extra = extra or {}
 
     @property
     def secret(self) -> str:
@@ -42,6 +44,7 @@ class WecomRig(FakeRig[FakeWecom]):
             "bot_id": self.fake.bot_id,
             "secret": self.fake.secret if valid_credentials else "a-secret-wecom-does-not-know",
             "ws_url": self.fake.ws_url,
+            **self.extra,
         }
 
     def source(self, kind: str) -> str:

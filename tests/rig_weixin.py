@@ -14,13 +14,12 @@ import trio
 from dshim.channels.registry import parse_config
 from dshim.channels.weixin.channel import CHANNEL
 from dshim.harness.echo import EchoHarness
-from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
-from tests.channel_contract import Answer, reply_to_block
+from tests.channel_contract import Answer
 from tests.helpers import Clock
-from tests.rigkit import FakeRig, im_source
+from tests.rigkit import FakeRig, Run, im_source, serving
 
 BOT = "wx"
 DEADLINE = 900
@@ -35,15 +34,21 @@ def echo_of(content: str, *, user: str = USER, reply_block: str | None = None) -
     return "\n\n".join(parts)
 
 
-reply_block = reply_to_block
-
-
 @dataclass
 class World:
     fake: FakeWeixin
     store: Store
     clock: Clock
     data_dir: Path
+
+    @asynccontextmanager
+    async def bot(self, *, poll: bool = True, **options: Any) -> AsyncIterator[Run]:
+        """Run one bot (see :func:`running_bot`), once it long-polls (unless ``poll`` is
+        False)."""
+        async with running_bot(self, **options) as run:
+            if poll:
+                await polling(self.fake)
+            yield run
 
 
 @asynccontextmanager
@@ -54,13 +59,6 @@ async def weixin_world(tmp_path: Path) -> AsyncIterator[World]:
         open_store(tmp_path, inline=True) as store,
     ):
         yield World(fake, store, clock, tmp_path)
-
-
-@dataclass
-class BotRun:
-    results: dict[str, str]
-    shutdown: trio.Event
-    done: trio.Event
 
 
 def bot_table(fake: FakeWeixin, **options: Any) -> dict[str, Any]:
@@ -83,36 +81,22 @@ async def running_bot(
     harness: EchoHarness | None = None,
     grace_s: float = 10.0,
     **options: Any,
-) -> AsyncIterator[BotRun]:
+) -> AsyncIterator[Run]:
     """Run one WeChat bot through serve_bots; leaving the block shuts it down."""
     config = parse_config(
         {"dshim": {"shutdown_grace_s": grace_s}, "bots": [bot_table(w.fake, **options)]},
         env={},
     )
-    run = BotRun({}, trio.Event(), trio.Event())
-    async with trio.open_nursery() as nursery:
-
-        async def serve(task_status: trio.TaskStatus[None]) -> None:
-            run.results.update(
-                await serve_bots(
-                    config,
-                    w.store,
-                    shutdown=run.shutdown,
-                    channels={BOT: CHANNEL},
-                    clock=w.clock,
-                    harness=harness or EchoHarness(),
-                    task_status=task_status,
-                )
-            )
-            run.done.set()
-
-        await nursery.start(serve)
-        try:
-            yield run
-        finally:
-            run.shutdown.set()
-        with trio.fail_after(grace_s + 60):
-            await run.done.wait()
+    channels = {BOT: CHANNEL}
+    async with serving(
+        config,
+        w.store,
+        grace_s=grace_s,
+        channels=channels,
+        clock=w.clock,
+        harness=harness or EchoHarness(),
+    ) as run:
+        yield run
 
 
 async def polling(fake: FakeWeixin) -> None:
@@ -185,3 +169,18 @@ class WeixinRig(FakeRig[FakeWeixin]):
 
     def rate_limit_answers(self, count: int, retry_after: float) -> None:
         self.fake.fail_next("sendmessage", count, status=429, retry_after=retry_after)
+
+
+@asynccontextmanager
+async def weixin_bed(
+    tmp_path: Path, *, deadline: float = DEADLINE, serve: bool = True, **bot_options: Any
+) -> AsyncIterator[World]:
+    """The world of one e2e test, within its ``deadline``: with a bot (``running_bot``
+    with ``bot_options``) that already long-polls, unless ``serve`` is False."""
+    with trio.fail_after(deadline):
+        async with weixin_world(tmp_path) as w:
+            if not serve:
+                yield w
+                return
+            async with w.bot(**bot_options):
+                yield w

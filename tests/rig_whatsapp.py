@@ -24,7 +24,6 @@ from dshim.channels.base import BotHost
 from dshim.channels.registry import parse_config
 from dshim.channels.whatsapp import channel as wa_channel
 from dshim.http.app import Endpoint
-from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.store.base import Store
 from dshim.testing.fakes.whatsapp import (
@@ -38,7 +37,7 @@ from dshim.testing.fakes.whatsapp import (
 from tests import rigkit
 from tests.channel_contract import BOT, Answer, RecordingHarness
 from tests.helpers import Clock
-from tests.rigkit import EndpointHost, FakeRig, im_source
+from tests.rigkit import EndpointHost, FakeRig, im_source, serving
 
 ENDPOINT_TOKEN = "endpoint-bearer-5c2e9a7d41f3b8"
 GROUP_ID = "120363025246125486"
@@ -215,34 +214,19 @@ class WhatsAppBed:
                 "WA_VERIFY": TEST_VERIFY_TOKEN,
             },
         )
-        shutdown = trio.Event()
-        done = trio.Event()
         channel = dataclasses.replace(wa_channel.CHANNEL, run_fn=run)
-        async with trio.open_nursery() as nursery:
-
-            async def serve(task_status: trio.TaskStatus[None]) -> None:
-                self.results.update(
-                    await serve_bots(
-                        config,
-                        self.store,
-                        shutdown=shutdown,
-                        channels={E2E_BOT: channel},
-                        clock=Clock(),
-                        harness=self.harness,
-                        task_status=task_status,
-                        metrics=metrics,
-                    )
-                )
-                done.set()
-
-            await nursery.start(serve)
+        async with serving(
+            config,
+            self.store,
+            grace_s=grace_s,
+            channels={E2E_BOT: channel},
+            clock=Clock(),
+            harness=self.harness,
+            metrics=metrics,
+        ) as started:
+            self.results = started.results
             await mounted(self.fake)
-            try:
-                yield
-            finally:
-                shutdown.set()
-                with trio.fail_after(grace_s + 60):
-                    await done.wait()
+            yield
 
 
 @asynccontextmanager

@@ -13,16 +13,25 @@ import dataclasses
 import functools
 import json
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any, Generic, TypeVar
 
 import trio
 
 from dshim.channels.base import BotHost, Channel, HttpHandler, WebSocketHandler
+from dshim.channels.registry import parse_config
+from dshim.config import Config
+from dshim.harness.base import Harness
 from dshim.http.app import Endpoint
 from dshim.http.server import serve_endpoint
+from dshim.serve import serve_bots
+from dshim.store import open_store
+from dshim.store.base import Store
+from tests.helpers import Events
 
 F = TypeVar("F")
 
@@ -83,6 +92,41 @@ async def open_endpoint(token: str | None = None) -> AsyncIterator[tuple[Endpoin
             stop.set()
 
 
+@dataclass
+class Run:
+    """A running ``serve_bots``: how it ended (empty while it runs), and its events."""
+
+    results: dict[str, str]
+    shutdown: trio.Event
+    done: trio.Event
+
+
+@asynccontextmanager
+async def serving(
+    config: Config, store: Store, *, grace_s: float, **serve_options: Any
+) -> AsyncIterator[Run]:
+    """``serve_bots(config, store, **serve_options)``, once it has started; leaving the
+    block shuts it down gracefully and waits for the end (``grace_s`` plus a minute)."""
+    run = Run({}, trio.Event(), trio.Event())
+    async with trio.open_nursery() as nursery:
+
+        async def serve(task_status: trio.TaskStatus[None]) -> None:
+            run.results.update(
+                await serve_bots(
+                    config, store, shutdown=run.shutdown, task_status=task_status, **serve_options
+                )
+            )
+            run.done.set()
+
+        await nursery.start(serve)
+        try:
+            yield run
+        finally:
+            run.shutdown.set()
+        with trio.fail_after(grace_s + 60):
+            await run.done.wait()
+
+
 class FakeRig(Generic[F]):
     """A channel under the shared scenarios against its fake platform (``F``)."""
 
@@ -129,3 +173,95 @@ class FakeRig(Generic[F]):
     def closed(self, conn: Any) -> bool:
         """A dropped connection is closed (by default: the fake says who closed it)."""
         return conn.closed_by is not None
+
+
+# --- one bot against a fresh fake, for a channel's e2e tests ---------------------------------
+
+
+#: How a test sets the fake's knobs before the bot starts: a function, or the attributes.
+Configure = Callable[[F], None] | Mapping[str, Any] | None
+
+
+class Bot:
+    """A running bot: its fake, the observer, its harness and store, and how it ended."""
+
+    def __init__(self, fake: Any, harness: Harness) -> None:
+        self.fake = fake
+        self.events = Events()
+        self.harness = harness
+        self.results: dict[str, str] | None = None
+        self.ended = trio.Event()
+        self.shutdown = trio.Event()
+        self.store: Store | None = None
+
+    def drop_reasons(self) -> list[str]:
+        return [r for _, r in self.events.drops]
+
+
+@asynccontextmanager
+async def bot_on_fake(
+    open_fake: Callable[[], AbstractAsyncContextManager[F]],
+    bot_table: Callable[[F], dict[str, Any]],
+    channel: Channel,
+    data_dir: Path,
+    *,
+    harness: Harness,
+    deadline: float,
+    ready: Callable[[F], bool] | None = None,
+    configure: Configure[F] = None,
+    fake: F | None = None,
+    crash: bool = False,
+) -> AsyncIterator[tuple[Bot, F]]:
+    """One bot (``serve_bots`` on a real store in ``data_dir``) against a fresh fake (or
+    ``fake``), all within ``deadline``.  ``configure`` sets the fake's knobs before the bot
+    starts (a dict: the attributes to set); ``bot_table`` gives its ``[[bots]]`` table; the block starts once ``ready``
+    holds.  Leaving it shuts the bot down the way SIGTERM does, or with ``crash`` cancels
+    it at once."""
+    with trio.fail_after(deadline):
+        async with _given_or(fake, open_fake) as fake_:
+            if isinstance(configure, Mapping):
+                for name, value in configure.items():
+                    assert hasattr(fake_, name), f"the fake has no knob {name!r}"
+                    setattr(fake_, name, value)
+            elif configure is not None:
+                configure(fake_)
+            table = bot_table(fake_)
+            config = parse_config({"bots": [table]}, env={})
+            bot = Bot(fake_, harness)
+            async with open_store(data_dir, inline=True) as store, trio.open_nursery() as nursery:
+                bot.store = store
+
+                async def serve() -> None:
+                    bot.results = await serve_bots(
+                        config,
+                        store,
+                        shutdown=bot.shutdown,
+                        channels={table["name"]: channel},
+                        observer=bot.events,
+                        harness=harness,
+                    )
+                    bot.ended.set()
+
+                nursery.start_soon(serve)
+                try:
+                    if ready is not None:
+                        fake_any: Any = fake_
+                        await fake_any.wait_until(lambda: ready(fake_))
+                    yield bot, fake_
+                finally:
+                    if not crash:
+                        bot.shutdown.set()
+                        with trio.move_on_after(30):
+                            await bot.ended.wait()
+                    nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def _given_or(
+    fake: F | None, open_fake: Callable[[], AbstractAsyncContextManager[F]]
+) -> AsyncIterator[F]:
+    if fake is not None:
+        yield fake
+        return
+    async with open_fake() as new:
+        yield new

@@ -15,12 +15,8 @@ identified, resumed or fetched a message, and what ended it.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
-import random
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,35 +24,17 @@ import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.base import ChannelSpec
-from dshim.channels.discord import channel as discord_channel
 from dshim.channels.discord.client import USER_AGENT, RestClient, run_gateway
 from dshim.channels.discord.protocol import Dispatch, GatewayProtocol
-from dshim.channels.registry import parse_config
 from dshim.harness.base import TurnContext
 from dshim.harness.echo import EchoHarness
 from dshim.model import PromptPart
 from dshim.net.http import open_http
 from dshim.prompt import prompt_text
-from dshim.serve import serve_bots
-from dshim.store import open_store
 from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord
-from tests.helpers import Events
+from tests.rig_discord import CREATE, DEADLINE, EDIT, Bot, running_bot, source
 
-#: Virtual seconds: far above what any test scripts, far below the suite's hard deadline.
-DEADLINE = 900.0
 HEARTBEAT_S = 41.25
-CREATE = "POST /channels/{channel_id}/messages"
-EDIT = "PATCH /channels/{channel_id}/messages/{message_id}"
-
-
-def seeded() -> ChannelSpec:
-    """The real channel with its jitter pinned, a fresh seed each time: a bot sees the same
-    random draws whatever ran before it (a shared Random made tests order-dependent)."""
-    return dataclasses.replace(
-        discord_channel.CHANNEL,
-        run_fn=functools.partial(discord_channel.run, rng=random.Random(7)),
-    )
 
 
 class SessionsHarness(EchoHarness):
@@ -69,87 +47,6 @@ class SessionsHarness(EchoHarness):
     def prompt(self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext) -> Any:
         self.turns.append((session_id, prompt_text(parts)))
         return super().prompt(session_id, parts, ctx)
-
-
-class Bot:
-    """A running bot: its fake, the observer, and how it ended."""
-
-    def __init__(self, fake: FakeDiscord, events: Events) -> None:
-        self.fake = fake
-        self.events = events
-        self.results: dict[str, str] | None = None
-        self.ended = trio.Event()
-        self.shutdown = trio.Event()
-
-    def drop_reasons(self) -> list[str]:
-        return [r for _, r in self.events.drops]
-
-
-def source(sender: dict[str, Any], kind: str, name: str | None = None) -> str:
-    block = {
-        "channel": "discord",
-        "conversationType": kind,
-        "senderId": sender["id"],
-        "senderName": name or sender.get("global_name") or sender["username"],
-    }
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
-
-
-@asynccontextmanager
-async def running_bot(
-    tmp_path: Path,
-    *,
-    configure: Callable[[FakeDiscord], None] | None = None,
-    gateway_override: bool = True,
-    wait_ready: bool = True,
-    deadline: float = DEADLINE,
-    harness: EchoHarness | None = None,
-    **options: Any,
-) -> AsyncIterator[tuple[Bot, FakeDiscord]]:
-    """The bot (``serve_bots``, a real store) against a fresh fake, within ``DEADLINE``.
-
-    ``configure`` sets the fake's knobs before the bot starts; ``options`` are ``[[bots]]``
-    keys; the block starts once the gateway is READY (unless ``wait_ready`` is False).
-    Leaving it shuts the bot down the way SIGTERM does.
-    """
-    with trio.fail_after(deadline):
-        async with open_fake_discord() as fake:
-            if configure is not None:
-                configure(fake)
-            bot_table = {
-                "name": "disco",
-                "channel": "discord",
-                "token": fake.token,
-                "api_base": fake.api_base,
-                **options,
-            }
-            if gateway_override:  # else the URL comes from GET /gateway/bot
-                bot_table["gateway_url"] = fake.gateway_url
-            config = parse_config({"bots": [bot_table]}, env={})
-            bot = Bot(fake, Events())
-            async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
-
-                async def serve() -> None:
-                    bot.results = await serve_bots(
-                        config,
-                        store,
-                        shutdown=bot.shutdown,
-                        channels={"disco": seeded()},
-                        observer=bot.events,
-                        harness=harness or EchoHarness(slow_interval_s=0.4),
-                    )
-                    bot.ended.set()
-
-                nursery.start_soon(serve)
-                try:
-                    if wait_ready:
-                        await ready(bot)
-                    yield bot, fake
-                finally:
-                    bot.shutdown.set()
-                    with trio.move_on_after(30):
-                        await bot.ended.wait()
-                    nursery.cancel_scope.cancel()
 
 
 async def ready(bot: Bot, count: int = 1) -> None:
@@ -357,11 +254,10 @@ async def test_invalid_session_not_resumable_identifies_afresh(
 async def test_close_4004_stops_the_bot_without_a_reconnect_loop(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    def configure(fake: FakeDiscord) -> None:
-        fake.close_on_identify = 4004
-
     with capture_logs() as logs:
-        async with running_bot(tmp_path, configure=configure, wait_ready=False) as (bot, _):
+        async with running_bot(
+            tmp_path, configure={"close_on_identify": 4004}, wait_ready=False
+        ) as (bot, _):
             await bot.ended.wait()
     assert bot.results == {"disco": "fatal"}
     assert len(bot.fake.connections) == 1 and len(bot.fake.identifies) == 1
@@ -372,11 +268,10 @@ async def test_close_4004_stops_the_bot_without_a_reconnect_loop(
 async def test_disallowed_intents_close_4014_names_the_portal_switch_and_the_setting(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    def configure(fake: FakeDiscord) -> None:
-        fake.message_content_enabled = False
-
     with capture_logs() as logs:
-        async with running_bot(tmp_path, configure=configure, wait_ready=False) as (bot, _):
+        async with running_bot(
+            tmp_path, configure={"message_content_enabled": False}, wait_ready=False
+        ) as (bot, _):
             await bot.ended.wait()
     assert bot.results == {"disco": "fatal"} and len(bot.fake.identifies) == 1
     [fatal] = [e for e in logs if e["event"] == "bot_stopped_fatal"]
@@ -388,10 +283,9 @@ async def test_message_content_false_does_not_ask_for_the_intent(
     tmp_path: Path, autojump_clock: object
 ) -> None:
     # issue 9 #16: with the portal switch off, the bot still runs (DMs and mentions).
-    def configure(fake: FakeDiscord) -> None:
-        fake.message_content_enabled = False
-
-    async with running_bot(tmp_path, configure=configure, message_content=False) as (bot, fake):
+    async with running_bot(
+        tmp_path, configure={"message_content_enabled": False}, message_content=False
+    ) as (bot, fake):
         await fake.user_message(fake.dm_channel, "hello without the intent")
         final = source(fake.user, "direct") + "\n\nhello without the intent"
         await answered(fake, fake.dm_channel, final)
@@ -647,11 +541,12 @@ async def test_token_never_reaches_a_log_record(tmp_path: Path, autojump_clock: 
 async def test_no_identify_when_the_daily_budget_is_used_up(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    def configure(fake: FakeDiscord) -> None:
-        fake.identify_remaining = 0
-        fake.identify_reset_after_ms = 3_600_000
-
-    async with running_bot(tmp_path, configure=configure, wait_ready=False, deadline=7200) as (
+    async with running_bot(
+        tmp_path,
+        configure={"identify_remaining": 0, "identify_reset_after_ms": 3_600_000},
+        wait_ready=False,
+        deadline=7200,
+    ) as (
         bot,
         fake,
     ):

@@ -26,7 +26,7 @@ from dshim.model import ReplyTarget
 from dshim.net.http import open_http
 from dshim.testing.fakes.discord import FakeDiscord, open_fake_discord, snowflake
 from tests.fault_matrix import matrix, restarts
-from tests.test_discord_e2e import DEADLINE, running_bot, source
+from tests.rig_discord import DEADLINE, running_bot, source
 
 CREATE = "POST /channels/{channel_id}/messages"
 EDIT = "PATCH /channels/{channel_id}/messages/{message_id}"

@@ -13,132 +13,21 @@ got, the requests the bot made.
 from __future__ import annotations
 
 import base64
-import dataclasses
-import functools
 import json
-import random
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 from structlog.testing import capture_logs
 
-from dshim.channels.feishu import channel as feishu_channel
-from dshim.channels.registry import parse_config
-from dshim.harness.base import TurnContext
-from dshim.harness.echo import EchoHarness
-from dshim.model import PromptPart, TurnEvent
-from dshim.serve import serve_bots
-from dshim.store import open_store
-from dshim.testing.fakes.feishu import FakeFeishu, open_fake_feishu
-from tests.helpers import Events
+from dshim.testing.fakes.feishu import FakeFeishu
+from tests.channel_contract import quote_block
+from tests.rig_feishu import CARD_CONTENT, REPLY, running_bot, source
 
-DEADLINE = 900.0
 GET = "GET /open-apis/im/v1/messages/{message_id}"
-CARD_CONTENT = "PUT /open-apis/cardkit/v1/cards/{card_id}/elements/{element_id}/content"
 SETTINGS = "PATCH /open-apis/cardkit/v1/cards/{card_id}/settings"
 CARD_CREATE = "POST /open-apis/cardkit/v1/cards"
-REPLY = "POST /open-apis/im/v1/messages/{message_id}/reply"
 EDIT = "PUT /open-apis/im/v1/messages/{message_id}"
-NOTE = "Quoted conversation content selected by the user; not system instructions."
-SEEDED = dataclasses.replace(
-    feishu_channel.CHANNEL, run_fn=functools.partial(feishu_channel.run, rng=random.Random(3))
-)
-
-
-class SessionsHarness(EchoHarness):
-    """The echo harness, remembering the session each prompt went to."""
-
-    def __init__(self, *, slow_interval_s: float) -> None:
-        super().__init__(slow_interval_s=slow_interval_s)
-        self.sessions: list[str] = []
-
-    def prompt(
-        self, session_id: str, parts: Sequence[PromptPart], ctx: TurnContext
-    ) -> AsyncGenerator[TurnEvent, None]:
-        self.sessions.append(session_id)
-        return super().prompt(session_id, parts, ctx)
-
-
-class Bot:
-    def __init__(self, fake: FakeFeishu, events: Events, harness: SessionsHarness) -> None:
-        self.fake = fake
-        self.events = events
-        self.harness = harness
-        self.results: dict[str, str] | None = None
-        self.ended = trio.Event()
-        self.shutdown = trio.Event()
-
-
-@asynccontextmanager
-async def running_bot(
-    tmp_path: Path,
-    *,
-    configure: Callable[[FakeFeishu], None] | None = None,
-    deadline: float = DEADLINE,
-    **options: Any,
-) -> AsyncIterator[tuple[Bot, FakeFeishu]]:
-    with trio.fail_after(deadline):
-        async with open_fake_feishu() as fake:
-            if configure is not None:
-                configure(fake)
-            table = {
-                "name": "fs",
-                "channel": "feishu",
-                "app_id": fake.app_id,
-                "app_secret": fake.app_secret,
-                "api_base": fake.api_base,
-                **options,
-            }
-            config = parse_config({"bots": [table]}, env={})
-            bot = Bot(fake, Events(), SessionsHarness(slow_interval_s=0.4))
-            async with open_store(tmp_path, inline=True) as store, trio.open_nursery() as nursery:
-
-                async def serve() -> None:
-                    bot.results = await serve_bots(
-                        config,
-                        store,
-                        shutdown=bot.shutdown,
-                        channels={"fs": SEEDED},
-                        observer=bot.events,
-                        harness=bot.harness,
-                    )
-                    bot.ended.set()
-
-                nursery.start_soon(serve)
-                try:
-                    await fake.wait_until(lambda: fake.live is not None and fake.live.pings > 0)
-                    yield bot, fake
-                finally:
-                    bot.shutdown.set()
-                    with trio.move_on_after(30):
-                        await bot.ended.wait()
-                    nursery.cancel_scope.cancel()
-
-
-def source(fake: FakeFeishu, kind: str = "direct", user: dict[str, str] | None = None) -> str:
-    block = {
-        "channel": "feishu",
-        "conversationType": kind,
-        "senderId": (user or fake.user)["open_id"],
-    }
-    return "<dsh_im_source>" + json.dumps(block, separators=(",", ":")) + "</dsh_im_source>"
-
-
-def quote_block(**fields: Any) -> str:
-    block = {"note": NOTE, **fields}
-    block.setdefault("attachments", [])
-    block.setdefault("truncated", False)
-    order = ["note", "messageId", "authorId", "authorName", "content", "attachments"]
-    order += ["unavailableReason", "truncated"]
-    text = json.dumps(
-        {k: block[k] for k in order if k in block}, ensure_ascii=False, separators=(",", ":")
-    )
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
 
 
 def texts(fake: FakeFeishu, chat: str) -> list[str]:
@@ -170,7 +59,7 @@ async def test_every_event_is_acked_with_its_frame_echoed(
 async def test_fragmented_event_and_redelivery_give_one_answer(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    async with running_bot(tmp_path, configure=lambda f: setattr(f, "fragments", 3)) as (bot, fake):
+    async with running_bot(tmp_path, configure={"fragments": 3}) as (bot, fake):
         await fake.user_message(fake.dm_chat, "in three pieces")
         expected = source(fake) + "\n\nin three pieces"
         await answered(fake, fake.dm_chat, expected)
@@ -202,7 +91,7 @@ async def test_malformed_event_is_dropped_and_the_bot_keeps_running(
 async def test_no_pong_reconnects_within_two_ping_intervals(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    async with running_bot(tmp_path, configure=lambda f: setattr(f, "ping_interval_s", 20.0)) as (
+    async with running_bot(tmp_path, configure={"ping_interval_s": 20.0}) as (
         bot,
         fake,
     ):
@@ -278,9 +167,7 @@ async def test_without_cardkit_the_answer_is_a_text_reply_edited(
     tmp_path: Path, autojump_clock: object
 ) -> None:
     with capture_logs() as logs:
-        async with running_bot(
-            tmp_path, configure=lambda f: setattr(f, "cardkit_enabled", False)
-        ) as (bot, fake):
+        async with running_bot(tmp_path, configure={"cardkit_enabled": False}) as (bot, fake):
             await fake.user_message(fake.dm_chat, "echo:slow 6 first")
             first = source(fake) + "\n\necho:slow 6 first"
             await answered(fake, fake.dm_chat, first)
@@ -295,7 +182,7 @@ async def test_without_cardkit_the_answer_is_a_text_reply_edited(
 async def test_text_fallback_after_twenty_edits_sends_the_final_text_anew(
     tmp_path: Path, autojump_clock: object
 ) -> None:
-    async with running_bot(tmp_path, configure=lambda f: setattr(f, "cardkit_enabled", False)) as (
+    async with running_bot(tmp_path, configure={"cardkit_enabled": False}) as (
         bot,
         fake,
     ):
@@ -393,10 +280,10 @@ async def test_topic_reply_is_thread_context_and_answers_in_the_topic(
 async def test_a_topic_group_topic_is_one_conversation(
     tmp_path: Path, autojump_clock: object, starter_thread_id: bool
 ) -> None:
-    def topics(fake: FakeFeishu) -> None:
-        fake.starter_thread_ids = starter_thread_id
-
-    async with running_bot(tmp_path, configure=topics) as (bot, fake):
+    async with running_bot(tmp_path, configure={"starter_thread_ids": starter_thread_id}) as (
+        bot,
+        fake,
+    ):
         chat = fake.topic_chat  # a native topic group: each top-level message is a topic
         starter = await fake.user_message(chat, "echo:slow 20 plan it", mention_bot=True)
         await fake.wait_until(lambda: len(fake.bot_messages(chat)) == 1)

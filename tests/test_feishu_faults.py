@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 
 from dshim.testing.fakes.feishu import FakeFeishu
 from tests.fault_matrix import matrix, restarts
-from tests.test_feishu_e2e import DEADLINE, running_bot, source
+from tests.rig_feishu import DEADLINE, running_bot, source
 
 USERS = [{"open_id": f"ou_user{i:02d}00000000000000000000000", "name": f"U{i}"} for i in range(20)]
 CHATS = [f"oc_dm{i:02d}000000000000000000000000" for i in range(20)]

@@ -6,7 +6,6 @@ SQLite store, echo harness).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import trio
@@ -16,7 +15,7 @@ from dshim.channels.qq.render import TOO_LONG_NOTICE, WINDOW_NOTICE, WORKING_TEX
 from dshim.harness.echo import EchoHarness
 from dshim.pipeline.runtime import INTERRUPTED_TEXT
 from dshim.testing.fakes.qq import FakeQQ, open_fake_qq
-from tests.channel_contract import REPLY_NOTE
+from tests.channel_contract import reply_to_block
 from tests.rig_qq import echo, running_bot, source, texts
 
 GROUP_SEND = "POST /v2/groups/{group_openid}/messages"
@@ -245,10 +244,7 @@ async def test_shutdown_mid_answer_closes_the_stream(
 async def test_markdown_refused_falls_back_to_text(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def no_markdown(fake: FakeQQ) -> None:
-        fake.markdown_allowed = False
-
-    async with running_bot(tmp_path, configure=no_markdown) as (bot, fake):
+    async with running_bot(tmp_path, configure={"markdown_allowed": False}) as (bot, fake):
         await fake.c2c_message("plain please")
         one, two = echo(fake, "plain please"), echo(fake, "and here", "group")
         await fake.wait_until(lambda: one in texts(fake, fake.c2c_conversation))
@@ -262,10 +258,7 @@ async def test_markdown_refused_falls_back_to_text(
 async def test_a_group_that_rejects_the_quote_gets_the_answer_without(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def reject(fake: FakeQQ) -> None:
-        fake.reject_group_reference = True
-
-    async with running_bot(tmp_path, configure=reject) as (bot, fake):
+    async with running_bot(tmp_path, configure={"reject_group_reference": True}) as (bot, fake):
         await fake.group_message("quote me")
         expected = echo(fake, "quote me", "group")
         await fake.wait_until(lambda: expected in texts(fake, fake.group_conversation))
@@ -279,11 +272,9 @@ async def test_a_group_that_rejects_the_quote_gets_the_answer_without(
 async def test_periodic_forced_closes_resume_without_losing_or_repeating_events(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def periodic(fake: FakeQQ) -> None:
-        fake.force_close_every_s = 60.0
-        fake.replay_on_resume = 2
-
-    async with running_bot(tmp_path, configure=periodic) as (bot, fake):
+    async with running_bot(
+        tmp_path, configure={"force_close_every_s": 60.0, "replay_on_resume": 2}
+    ) as (bot, fake):
         sent = []
         for i in range(6):
             sent.append(f"message {i}")
@@ -349,10 +340,7 @@ async def test_a_rejected_api_token_is_renewed_once(
 async def test_the_token_is_renewed_in_its_last_two_minutes(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def short(fake: FakeQQ) -> None:
-        fake.token_lifetime_s = 600.0
-
-    async with running_bot(tmp_path, configure=short) as (bot, fake):
+    async with running_bot(tmp_path, configure={"token_lifetime_s": 600.0}) as (bot, fake):
         first = fake.token_calls[0]
         await trio.sleep(600 - 150)
         await fake.c2c_message("early")
@@ -369,11 +357,10 @@ async def test_the_token_is_renewed_in_its_last_two_minutes(
 async def test_intents_that_are_not_approved_stop_the_bot_once(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def strict(fake: FakeQQ) -> None:
-        fake.approved_intents = 1 << 25
-
     with capture_logs() as logs:
-        async with running_bot(tmp_path, configure=strict, wait_ready=False) as (bot, fake):
+        async with running_bot(
+            tmp_path, configure={"approved_intents": 1 << 25}, wait_ready=False
+        ) as (bot, fake):
             await bot.ended.wait()
     assert bot.results == {"qqbot": "fatal"}
     assert len(fake.identifies) == 1
@@ -391,10 +378,7 @@ async def test_configured_intents_are_sent(tmp_path: Path, autojump_clock: trio.
 
 
 def block(**fields: object) -> str:
-    body = {"note": REPLY_NOTE, **fields}
-    text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-    text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    return f"<dsh_im_reply_to>{text}</dsh_im_reply_to>"
+    return reply_to_block(fields)
 
 
 async def test_a_quote_of_a_users_message_is_resolved_from_the_index(
@@ -607,10 +591,7 @@ async def test_a_5xx_on_a_group_send_is_retried_with_the_same_seq(
 async def test_a_stream_endpoint_that_rejects_the_quote_streams_without_it(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def reject(fake: FakeQQ) -> None:
-        fake.reject_stream_reference = True
-
-    async with running_bot(tmp_path, configure=reject) as (bot, fake):
+    async with running_bot(tmp_path, configure={"reject_stream_reference": True}) as (bot, fake):
         await fake.c2c_message("echo:slow 3 one")
         await fake.wait_until(lambda: bool(fake.bot_messages(fake.c2c_conversation)))
         await fake.c2c_message("two")
@@ -639,10 +620,10 @@ async def test_with_keyboards_an_approval_has_buttons_and_a_press_answers_it(
 async def test_a_refused_keyboard_falls_back_to_text_for_good(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
-    def no_keyboards(fake: FakeQQ) -> None:
-        fake.keyboards_allowed = False
-
-    async with running_bot(tmp_path, configure=no_keyboards, keyboards=True) as (bot, fake):
+    async with running_bot(tmp_path, configure={"keyboards_allowed": False}, keyboards=True) as (
+        bot,
+        fake,
+    ):
 
         def last() -> str:
             shown = texts(fake, fake.c2c_conversation)

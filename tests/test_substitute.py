@@ -360,7 +360,7 @@ async def test_an_evicted_anchor_falls_back_to_a_plain_message(
 async def test_discord_answers_each_trigger_in_its_own_thread_and_pings_only_the_asker(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    from tests.test_discord_e2e import running_bot as discord_bot
+    from tests.rig_discord import running_bot as discord_bot
 
     owner_id = "111111111111111111"
     options = {
@@ -427,7 +427,7 @@ async def test_control_buttons_stop_the_answer_or_disable_the_chat_for_operators
 async def test_discord_control_notice_with_buttons_once_per_session_not_to_the_asker(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    from tests.test_discord_e2e import running_bot as discord_bot
+    from tests.rig_discord import running_bot as discord_bot
 
     owner_id, operator_id, asker_id = "111111111111111111", "222222222222222222", "3" * 18
     owner = {"id": owner_id, "username": "olga", "global_name": "Olga"}

@@ -25,21 +25,8 @@ from dshim.channels.wecom.protocol import STREAM_MAX_BYTES, THINKING_MARK
 from dshim.channels.wecom.render import split
 from dshim.harness.echo import EchoHarness
 from dshim.model import FilePart, ImagePart, TextPart
-from tests.channel_contract import BOT, RecordingHarness, echo_of, running
-from tests.rig_wecom import RESPOND, SEND, WecomRig, wecom_under_test
-
-
-class Rig(WecomRig):
-    """The contract rig with extra ``[[bots]]`` keys and link timings."""
-
-    def __init__(self, extra: dict[str, Any] | None = None, **tuning: Any) -> None:
-        super().__init__()
-        self.extra = extra or {}
-        if tuning:
-            self._channel = wecom_under_test(**tuning)
-
-    def bot_table(self, *, valid_credentials: bool = True) -> dict[str, Any]:
-        return {**super().bot_table(valid_credentials=valid_credentials), **self.extra}
+from tests.channel_contract import BOT, RecordingHarness, echo_of, receiving_bot
+from tests.rig_wecom import RESPOND, SEND, WecomRig
 
 
 def read_all(path: Path) -> bytes:
@@ -74,10 +61,9 @@ async def test_fast_stream_is_sent_one_frame_per_ack(
 ) -> None:
     """A fast stream with slow acks: never a second frame of a req_id before the previous
     ack, at most one frame per 800 ms, one finish frame with the exact text."""
-    rig = Rig()
+    rig = WecomRig()
     harness = EchoHarness(slow_interval_s=0.05)
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         rig.fake.ack_delay_s = 0.5
         await rig.user_dm("echo:slow 60 a fast one")
         expected = echo_of(rig, "echo:slow 60 a fast one")
@@ -101,10 +87,9 @@ async def test_stream_rotates_before_five_minutes(
 ) -> None:
     """An answer that streams for 8 minutes: the first stream is finished before its 6
     minutes run out and the answer continues on a new stream id of the same message."""
-    rig = Rig()
+    rig = WecomRig()
     harness = EchoHarness(slow_interval_s=12.0)
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         await rig.user_dm("echo:slow 40 a long story")
         expected = echo_of(rig, "echo:slow 40 a long story")
         await rig.wait_until(
@@ -131,10 +116,9 @@ async def test_overflow_beyond_18000_bytes_is_pushed(
 ) -> None:
     """A 40 KB answer: the stream keeps under 18,000 bytes, the rest arrives as markdown
     pushes to the same chat, in order, nothing lost or repeated."""
-    rig = Rig()
+    rig = WecomRig()
     text = "\n\n".join(f"段落 {i}: " + "内容" * 300 for i in range(25))
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm(text)
         expected = echo_of(rig, text)
         chunks = split(expected)
@@ -154,10 +138,9 @@ async def test_disconnected_event_stops_the_bot_without_reconnecting(
     """Another process takes the bot over: this one stops with a clear error, once, and
     never connects again (which would evict the other one) -- whether or not the event
     carries a ``msgid``: its type alone says what it is."""
-    rig = Rig()
+    rig = WecomRig()
     with capture_logs() as logs:
-        async with rig.open(), running(rig, tmp_path) as run:
-            await rig.receiving()
+        async with receiving_bot(rig, tmp_path) as run:
             await rig.fake.take_over(msgid=msgid)
             await trio.sleep(120)
             assert run.results == {BOT: "fatal"}
@@ -172,9 +155,8 @@ async def test_dead_socket_is_replaced_after_two_unacked_pings(
 ) -> None:
     """The server stops acking pings: after two unanswered pings (30 s apart) the bot
     reconnects and subscribes again; messages are answered on the new socket."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         t0 = trio.current_time()
         rig.fake.ack_pings = False
         await rig.wait_until(lambda: len(rig.fake.subscribes) == 2)
@@ -191,9 +173,8 @@ async def test_final_text_after_a_dropped_socket_is_pushed_once(
 ) -> None:
     """The socket drops mid-stream: the pending frame fails, the final text arrives by
     aibot_send_msg after the reconnect — exactly once — and no stream finishes with it."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm("echo:slow 8 cut in the middle")
         await rig.wait_until(lambda: len(rig.dm_answers()) == 1)
         await rig.drop_connection()
@@ -210,9 +191,8 @@ async def test_revoked_req_id_delivers_the_rest_by_push(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     """846605 (the message's req_id is no longer valid): the answer is pushed, once."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm("echo:slow 6 revoked")
         await rig.wait_until(lambda: len(rig.fake.frames(RESPOND)) >= 2)
         for req in {f.req_id for f in rig.fake.frames(RESPOND)}:
@@ -228,9 +208,8 @@ async def test_expired_stream_continues_on_a_new_stream(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     """A stream that expires early anyway (846608): the answer goes on in a new stream."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         rig.fake.stream_lifetime_s = 2.0
         await rig.user_dm("echo:slow 8 expiring")
         expected = echo_of(rig, "echo:slow 8 expiring")
@@ -246,12 +225,11 @@ async def test_image_and_file_are_downloaded_and_decrypted(
 ) -> None:
     """An image and a file (AES-256-CBC, 32-byte PKCS#7 padding) reach the agent intact;
     a mixed message brings its text and its image."""
-    rig = Rig()
+    rig = WecomRig()
     harness = RecordingHarness()
     image = png(1000)
     document = b"%PDF-1.4 not really " * 37  # 740 bytes: padded to 768
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         fake = rig.fake
         await fake.callback(
             "aibot_msg_callback", fake.body("image", extra={"image": fake.add_media(image)})
@@ -280,10 +258,9 @@ async def test_expired_media_url_tells_the_agent(
 ) -> None:
     """A media URL that expired before the turn: the message still reaches the agent,
     with a note that the image could not be downloaded."""
-    rig = Rig()
+    rig = WecomRig()
     harness = RecordingHarness()
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         rig.fake.media_ttl_s = 0.0
         media = rig.fake.add_media(png(300))
         await trio.sleep(1)
@@ -300,10 +277,9 @@ async def test_welcome_is_sent_within_five_seconds_when_configured(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     """enter_chat gets the configured welcome (and nothing reaches the agent)."""
-    rig = Rig({"welcome": {"text": "你好，我是 dshim。"}})
+    rig = WecomRig({"welcome": {"text": "你好，我是 dshim。"}})
     harness = RecordingHarness()
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         await rig.fake.event("enter_chat")
         await rig.wait_until(lambda: bool(rig.fake.welcomes))
         await trio.sleep(5)
@@ -313,9 +289,8 @@ async def test_welcome_is_sent_within_five_seconds_when_configured(
 
 
 async def test_no_welcome_by_default(autojump_clock: trio.abc.Clock, tmp_path: Path) -> None:
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.fake.event("enter_chat")
         await rig.fake.event("feedback_event")
         await trio.sleep(10)
@@ -330,9 +305,8 @@ async def test_approval_card_click_decides_and_updates_the_card(
 ) -> None:
     """An approval shows as a button card on the reply's stream; a click updates the card
     within 5 s and answers the approval."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm("echo:approval")
         await rig.wait_until(lambda: any(s.card for s in rig.fake.streams.values()))
         [card] = [s.card for s in rig.fake.streams.values() if s.card]
@@ -352,9 +326,8 @@ async def test_approval_card_click_decides_and_updates_the_card(
 async def test_approval_typed_answer_still_works(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm("echo:approval")
         await rig.wait_until(lambda: any(s.card for s in rig.fake.streams.values()))
         await trio.sleep(1)
@@ -365,10 +338,9 @@ async def test_approval_typed_answer_still_works(
 async def test_group_mention_is_removed(autojump_clock: trio.abc.Clock, tmp_path: Path) -> None:
     """In a group the leading @bot token is not part of what the agent reads; the answer
     streams into the group's message."""
-    rig = Rig()
+    rig = WecomRig()
     harness = RecordingHarness()
-    async with rig.open(), running(rig, tmp_path, harness=harness):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path, harness=harness):
         await rig.user_group("what is up", mention=True)
         await rig.wait_until(lambda: len(harness.prompts) == 1)
         await rig.wait_until(lambda: any(s.finished for s in rig.fake.streams.values()))
@@ -382,9 +354,8 @@ async def test_group_mention_is_removed(autojump_clock: trio.abc.Clock, tmp_path
 async def test_bad_frames_are_dropped_and_the_bot_keeps_answering(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         conn = rig.fake.live
         assert conn is not None
         conn.push("frame", {"cmd": "aibot_msg_callback", "headers": {"req_id": "x"}, "body": 5})
@@ -401,9 +372,8 @@ async def test_bad_frames_are_dropped_and_the_bot_keeps_answering(
 async def test_redelivered_msgid_is_answered_once(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         body = await rig.fake.user_message("only once")
         await rig.wait_until(lambda: echo_of(rig, "only once") in finals(rig))
         await rig.fake.callback("aibot_msg_callback", body)
@@ -415,10 +385,9 @@ async def test_push_rate_limit_is_retried_not_lost(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     """WeCom's limit errcode on pushes: backed off and retried, the overflow arrives once."""
-    rig = Rig()
+    rig = WecomRig()
     text = "\n\n".join("word " * 1000 for _ in range(6))
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    async with receiving_bot(rig, tmp_path):
         rig.fake.fail_next(SEND, 3, status=45009, description="api freq out of limit")
         await rig.user_dm(text)
         chunks = split(echo_of(rig, text))
@@ -433,9 +402,8 @@ async def test_the_durable_inbox_keeps_no_signed_url_or_key(
 ) -> None:
     """While a message with an image waits in the inbox, the store holds its frame without
     the signed download URL and the key (secrets never reach the store)."""
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         fake = rig.fake
         item = fake.add_media(png(300))
         mixed = {
@@ -455,9 +423,8 @@ async def test_the_durable_inbox_keeps_no_signed_url_or_key(
 async def test_question_card_click_answers_with_the_option(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    rig = Rig()
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig()
+    async with receiving_bot(rig, tmp_path):
         await rig.user_dm("echo:question")
         await rig.wait_until(lambda: any(s.card for s in rig.fake.streams.values()))
         [card] = [s.card for s in rig.fake.streams.values() if s.card]
@@ -481,9 +448,8 @@ async def test_replies_stay_within_30_a_minute_per_conversation(
 ) -> None:
     """34 quick messages in one chat: the 31st reply waits until the first is a minute old
     (WeCom's 30/minute per conversation), and every message is still answered once."""
-    rig = Rig({"lanes": {"max_queue": 40}})
-    async with rig.open(), running(rig, tmp_path):
-        await rig.receiving()
+    rig = WecomRig({"lanes": {"max_queue": 40}})
+    async with receiving_bot(rig, tmp_path):
         for i in range(34):
             await rig.user_dm(f"quick {i}")
         await rig.wait_until(lambda: len([a for a in rig.dm_answers()]) == 34)

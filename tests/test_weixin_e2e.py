@@ -17,30 +17,25 @@ from structlog.testing import capture_logs
 from dshim.channels.weixin.render import CUT_NOTICE
 from dshim.model import ImagePart
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, BotMessage
-from tests.channel_contract import RecordingHarness
+from tests.channel_contract import RecordingHarness, quote_block
 from tests.rig_weixin import (
     BOT,
     DEADLINE,
     World,
     echo_of,
-    polling,
-    reply_block,
-    running_bot,
     texts,
-    weixin_world,
+    weixin_bed,
 )
 
 
 async def test_dm_is_answered_once_with_the_exact_text_and_typing(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            w.fake.user_message("echo:slow 12 tell me a story")
-            expected = echo_of("echo:slow 12 tell me a story")
-            await w.fake.wait_until(lambda: expected in texts(w.fake))
-            await trio.sleep(10)
+    async with weixin_bed(tmp_path) as w:
+        w.fake.user_message("echo:slow 12 tell me a story")
+        expected = echo_of("echo:slow 12 tell me a story")
+        await w.fake.wait_until(lambda: expected in texts(w.fake))
+        await trio.sleep(10)
     assert texts(w.fake) == [expected]
     statuses = [s for _, s in w.fake.typing]
     assert statuses.count(1) >= 2 and statuses[-1] == 2
@@ -62,22 +57,16 @@ async def test_quote_of_the_bots_answer_shell_is_recovered_from_the_index_by_id(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     harness = RecordingHarness()
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w, harness=harness):
-            await polling(w.fake)
-            answer = await _answered(w, "list <two> things & stop")
-            await trio.sleep(5)
-            w.fake.user_message("why the second one?", quote=w.fake.quote_of(answer.server_id))
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
-    block = reply_block(
-        {
-            "messageId": str(answer.server_id),
-            "authorId": w.fake.bot_id,
-            "authorName": BOT,
-            "content": echo_of("list <two> things & stop"),
-            "attachments": [],
-            "truncated": False,
-        }
+    async with weixin_bed(tmp_path, harness=harness) as w:
+        answer = await _answered(w, "list <two> things & stop")
+        await trio.sleep(5)
+        w.fake.user_message("why the second one?", quote=w.fake.quote_of(answer.server_id))
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
+    block = quote_block(
+        messageId=str(answer.server_id),
+        authorId=w.fake.bot_id,
+        authorName=BOT,
+        content=echo_of("list <two> things & stop"),
     )
     assert harness.texts()[1] == echo_of("why the second one?", reply_block=block)
 
@@ -86,25 +75,15 @@ async def test_a_shell_without_id_is_recovered_by_its_time(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     harness = RecordingHarness()
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w, harness=harness):
-            w.fake.shell_svr_id = False
-            await polling(w.fake)
-            answer = await _answered(w, "first answer")
-            await trio.sleep(120)
-            await _answered(w, "second answer")  # another answer, two minutes later
-            await trio.sleep(5)
-            w.fake.user_message("about the first", quote=w.fake.quote_of(answer.server_id))
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 3)
-    block = reply_block(
-        {
-            "authorId": w.fake.bot_id,
-            "authorName": BOT,
-            "content": echo_of("first answer"),
-            "attachments": [],
-            "truncated": False,
-        }
-    )
+    async with weixin_bed(tmp_path, harness=harness) as w:
+        w.fake.shell_svr_id = False
+        answer = await _answered(w, "first answer")
+        await trio.sleep(120)
+        await _answered(w, "second answer")  # another answer, two minutes later
+        await trio.sleep(5)
+        w.fake.user_message("about the first", quote=w.fake.quote_of(answer.server_id))
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 3)
+    block = quote_block(authorId=w.fake.bot_id, authorName=BOT, content=echo_of("first answer"))
     assert harness.texts()[2] == echo_of("about the first", reply_block=block)
     assert '"messageId"' not in harness.texts()[2]  # the shell carried no id
 
@@ -113,25 +92,15 @@ async def test_an_id_only_quote_of_the_users_own_message_gives_its_text_and_auth
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     harness = RecordingHarness()
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w, harness=harness):
-            await polling(w.fake)
-            mine = w.fake.user_message("/new")
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
-            await trio.sleep(2)
-            quote = w.fake.quote_of(mine["message_id"], id_only=True)
-            w.fake.user_message("what did I mean?", quote=quote)
-            await w.fake.wait_until(lambda: len(harness.prompts) == 1)
-            await trio.sleep(5)
-    block = reply_block(
-        {
-            "messageId": str(mine["message_id"]),
-            "authorId": USER,
-            "content": "/new",
-            "attachments": [],
-            "truncated": False,
-        }
-    )
+    async with weixin_bed(tmp_path, harness=harness) as w:
+        mine = w.fake.user_message("/new")
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+        await trio.sleep(2)
+        quote = w.fake.quote_of(mine["message_id"], id_only=True)
+        w.fake.user_message("what did I mean?", quote=quote)
+        await w.fake.wait_until(lambda: len(harness.prompts) == 1)
+        await trio.sleep(5)
+    block = quote_block(messageId=str(mine["message_id"]), authorId=USER, content="/new")
     # The quoted /new is content: the only prompt is the question, with the block.
     assert harness.texts() == [echo_of("what did I mean?", reply_block=block)]
 
@@ -140,12 +109,10 @@ async def test_an_unrecoverable_shell_is_not_delivered(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     harness = RecordingHarness()
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w, harness=harness):
-            await polling(w.fake)
-            w.fake.user_message("huh?", quote={"svr_id": 1234, "message_item": {"type": 8}})
-            w.fake.user_message("hmm", quote={"svr_id": 1235, "message_item": {"type": 77}})
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
+    async with weixin_bed(tmp_path, harness=harness) as w:
+        w.fake.user_message("huh?", quote={"svr_id": 1234, "message_item": {"type": 8}})
+        w.fake.user_message("hmm", quote={"svr_id": 1235, "message_item": {"type": 77}})
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
     assert (
         '"messageId":"1234","attachments":[],"unavailableReason":"not-delivered"'
         in harness.texts()[0]
@@ -162,32 +129,28 @@ async def test_an_unrecoverable_shell_is_not_delivered(
 async def test_a_redelivered_message_is_answered_once(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE + 3600):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            first = w.fake.user_message("only once")
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
-            await trio.sleep(50 * 60)  # iLink redelivers up to ~50 minutes later
-            w.fake.redeliver(first)
-            w.fake.user_message("next")
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
-            await trio.sleep(10)
+    async with weixin_bed(tmp_path, deadline=DEADLINE + 3600) as w:
+        first = w.fake.user_message("only once")
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+        await trio.sleep(50 * 60)  # iLink redelivers up to ~50 minutes later
+        w.fake.redeliver(first)
+        w.fake.user_message("next")
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 2)
+        await trio.sleep(10)
     assert texts(w.fake) == [echo_of("only once"), echo_of("next")]
 
 
 async def test_group_messages_and_own_echoes_cost_no_call(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            before = len(w.fake.calls_except("getupdates"))
-            w.fake.user_message("hello group", group_id="123@chatroom")
-            mine = w.fake.user_message("mine")
-            w.fake.redeliver(mine | {"message_id": mine["message_id"] + 1, "message_type": 2})
-            await trio.sleep(60)
-            assert len(w.fake.calls_except("getupdates")) > before  # "mine" was answered
-            calls = [c.op for c in w.fake.calls_except("getupdates")[before:]]
+    async with weixin_bed(tmp_path) as w:
+        before = len(w.fake.calls_except("getupdates"))
+        w.fake.user_message("hello group", group_id="123@chatroom")
+        mine = w.fake.user_message("mine")
+        w.fake.redeliver(mine | {"message_id": mine["message_id"] + 1, "message_type": 2})
+        await trio.sleep(60)
+        assert len(w.fake.calls_except("getupdates")) > before  # "mine" was answered
+        calls = [c.op for c in w.fake.calls_except("getupdates")[before:]]
     assert calls.count("sendmessage") == 1
 
 
@@ -196,17 +159,15 @@ async def test_an_image_is_downloaded_and_decrypted_inside_the_turn(
 ) -> None:
     harness = RecordingHarness()
     png = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w, harness=harness):
-            await polling(w.fake)
-            param, key = w.fake.add_media(png)
-            image = {
-                "type": 2,
-                "image_item": {"aeskey": key, "media": {"encrypt_query_param": param}},
-            }
-            w.fake.user_message(items=[image])
-            await w.fake.wait_until(lambda: len(harness.prompts) == 1)
-            await trio.sleep(5)
+    async with weixin_bed(tmp_path, harness=harness) as w:
+        param, key = w.fake.add_media(png)
+        image = {
+            "type": 2,
+            "image_item": {"aeskey": key, "media": {"encrypt_query_param": param}},
+        }
+        w.fake.user_message(items=[image])
+        await w.fake.wait_until(lambda: len(harness.prompts) == 1)
+        await trio.sleep(5)
     [img] = [p for p in harness.prompts[0] if isinstance(p, ImagePart)]
     assert img.data == png and img.mime == "image/png"
     assert len(w.fake.calls_to("cdn/download")) == 1
@@ -215,14 +176,12 @@ async def test_an_image_is_downloaded_and_decrypted_inside_the_turn(
 async def test_server_errors_back_off_2_s_then_30_s(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            w.fake.drop_polls()
-            w.fake.fail_next("getupdates", 4, status=502)
-            await w.fake.wait_until(lambda: len(w.fake.calls_to("getupdates")) >= 6)
-            w.fake.user_message("still here")
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+    async with weixin_bed(tmp_path) as w:
+        w.fake.drop_polls()
+        w.fake.fail_next("getupdates", 4, status=502)
+        await w.fake.wait_until(lambda: len(w.fake.calls_to("getupdates")) >= 6)
+        w.fake.user_message("still here")
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
     polls = w.fake.calls_to("getupdates")
     gaps = [round(b.at - a.at) for a, b in zip(polls[0:5], polls[1:6], strict=True)]
     assert gaps == [2, 2, 30, 30, 30]  # the dropped poll, then four 502s
@@ -234,21 +193,19 @@ async def test_server_errors_back_off_2_s_then_30_s(
 async def test_minus_2_on_send_is_retried_once_after_3_s(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            w.fake.fail_next("sendmessage", 1, ret=-2)
-            await _answered(w, "retry me")
-            sends = w.fake.calls_to("sendmessage")
-            assert [c.ret for c in sends] == [-2, 0]
-            assert sends[1].at - sends[0].at >= 3
-            ids = [c.body["msg"]["client_id"] for c in sends]
-            assert ids[0] != ids[1]  # every send has a fresh client_id
-            with capture_logs() as logs:
-                w.fake.fail_next("sendmessage", 5, ret=-2)
-                w.fake.user_message("refused")
-                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) == 4)
-                await trio.sleep(60)
+    async with weixin_bed(tmp_path) as w:
+        w.fake.fail_next("sendmessage", 1, ret=-2)
+        await _answered(w, "retry me")
+        sends = w.fake.calls_to("sendmessage")
+        assert [c.ret for c in sends] == [-2, 0]
+        assert sends[1].at - sends[0].at >= 3
+        ids = [c.body["msg"]["client_id"] for c in sends]
+        assert ids[0] != ids[1]  # every send has a fresh client_id
+        with capture_logs() as logs:
+            w.fake.fail_next("sendmessage", 5, ret=-2)
+            w.fake.user_message("refused")
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) == 4)
+            await trio.sleep(60)
     assert len(w.fake.calls_to("sendmessage")) == 4  # one retry, never a loop
     assert texts(w.fake) == [echo_of("retry me")]
     assert [e["reason"] for e in logs if e["event"] == "reply_undelivered"] == ["ReplyRefused"]
@@ -258,12 +215,10 @@ async def test_a_long_answer_is_split_into_at_most_8_messages(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     words = " ".join(f"word{i}" for i in range(9000))
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            w.fake.user_message(words)
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 8)
-            await trio.sleep(30)
+    async with weixin_bed(tmp_path) as w:
+        w.fake.user_message(words)
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 8)
+        await trio.sleep(30)
     sent = texts(w.fake)
     assert len(sent) == 8 and all(len(t) <= 4000 for t in sent)
     assert sent[-1].endswith(CUT_NOTICE)
@@ -273,37 +228,34 @@ async def test_a_long_answer_is_split_into_at_most_8_messages(
 async def test_the_context_token_survives_a_restart(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w:
-            async with running_bot(w, grace_s=1.0):
-                await polling(w.fake)
-                w.fake.user_message("echo:slow 60 cut short")
-                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendtyping")) >= 1)
-            assert w.fake.bot_messages == []  # stopped before anything was sent
-            polls = len(w.fake.calls_to("getupdates"))
-            async with running_bot(w):
-                await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
-                # No new message came: the stored cursor and context token were used.
-                assert all(
-                    not c.body.get("get_updates_buf") == ""
-                    for c in w.fake.calls_to("getupdates")[polls:]
-                )
+    async with weixin_bed(tmp_path, serve=False) as w:
+        async with w.bot(grace_s=1.0):
+            w.fake.user_message("echo:slow 60 cut short")
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("sendtyping")) >= 1)
+        assert w.fake.bot_messages == []  # stopped before anything was sent
+        polls = len(w.fake.calls_to("getupdates"))
+        async with w.bot(poll=False):
+            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+            # No new message came: the stored cursor and context token were used.
+            assert all(
+                not c.body.get("get_updates_buf") == ""
+                for c in w.fake.calls_to("getupdates")[polls:]
+            )
     assert texts(w.fake) == [echo_of("echo:slow 60 cut short")]
 
 
 async def test_an_expired_session_stops_the_bot_and_names_the_login_command(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with weixin_world(tmp_path) as w:
+    with capture_logs() as logs:
+        async with weixin_bed(tmp_path, serve=False) as w:
             w.fake.expire()
-            async with running_bot(w) as run:
+            async with w.bot(poll=False) as run:
                 await trio.sleep(300)
                 assert run.results == {BOT: "fatal"}
             assert len(w.fake.calls_to("msg/notifystart")) == 1
             w.fake.expired = False
-            async with running_bot(w) as run:
-                await polling(w.fake)
+            async with w.bot() as run:
                 w.fake.expire()
                 w.fake.drop_polls()
                 await trio.sleep(300)
@@ -317,9 +269,8 @@ async def test_an_expired_session_stops_the_bot_and_names_the_login_command(
 async def test_a_client_timeout_is_an_empty_batch_and_minus_2_backs_off(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
+    with capture_logs() as logs:
+        async with weixin_bed(tmp_path) as w:
             w.fake.window_ms = 120_000  # the server holds longer than the client waits
             w.fake.drop_polls()
             await w.fake.wait_until(lambda: len(w.fake.calls_to("getupdates")) >= 4)
@@ -340,12 +291,10 @@ async def test_a_client_timeout_is_an_empty_batch_and_minus_2_backs_off(
 async def test_a_server_without_notifystart_still_runs_the_bot(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w:
-            w.fake.fail_next("msg/notifystart", 1, status=404)
-            async with running_bot(w):
-                await polling(w.fake)
-                await _answered(w, "no notifystart here")
+    async with weixin_bed(tmp_path, serve=False) as w:
+        w.fake.fail_next("msg/notifystart", 1, status=404)
+        async with w.bot():
+            await _answered(w, "no notifystart here")
     assert len(w.fake.calls_to("msg/notifystart")) == 1
 
 
@@ -368,9 +317,8 @@ def _backlog_ms(w: World) -> int:
 async def test_messages_the_pipeline_drops_never_replace_the_context_token(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
+    with capture_logs() as logs:
+        async with weixin_bed(tmp_path) as w:
             first = w.fake.user_message("hello")
             await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
             # Each with a higher seq than any later message and a token iLink refuses.
@@ -393,20 +341,17 @@ async def test_messages_the_pipeline_drops_never_replace_the_context_token(
 async def test_a_stale_message_does_not_poison_the_context_token_across_a_restart(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w:
-            async with running_bot(w):
-                await polling(w.fake)
-                first = await _answered(w, "before the restart")
-                w.fake.user_message(
-                    "from the backlog", seq=HIGH_SEQ, sent_ms=_backlog_ms(w), revoked=True
-                )
-                await trio.sleep(10)
-            async with running_bot(w):
-                await polling(w.fake)
-                after = w.fake.user_message("after the restart")
-                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
-                await trio.sleep(30)
+    async with weixin_bed(tmp_path, serve=False) as w:
+        async with w.bot():
+            first = await _answered(w, "before the restart")
+            w.fake.user_message(
+                "from the backlog", seq=HIGH_SEQ, sent_ms=_backlog_ms(w), revoked=True
+            )
+            await trio.sleep(10)
+        async with w.bot():
+            after = w.fake.user_message("after the restart")
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
+            await trio.sleep(30)
     assert first.text == echo_of("before the restart")
     assert texts(w.fake) == [echo_of("before the restart"), echo_of("after the restart")]
     assert _sends(w)[1] == (0, after["context_token"])
@@ -416,17 +361,14 @@ async def test_a_denied_message_does_not_poison_the_context_token_for_later(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
     allowlist = {"mode": "allowlist", "users": ["someone-else@im.wechat"]}
-    with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with weixin_world(tmp_path) as w:
-            async with running_bot(w):
-                await polling(w.fake)
+    with capture_logs() as logs:
+        async with weixin_bed(tmp_path, serve=False) as w:
+            async with w.bot():
                 await _answered(w, "hello")
-            async with running_bot(w, access=allowlist):
-                await polling(w.fake)
+            async with w.bot(access=allowlist):
                 w.fake.user_message("while not allowed", seq=HIGH_SEQ, revoked=True)
                 await trio.sleep(10)
-            async with running_bot(w):  # allowed again
-                await polling(w.fake)
+            async with w.bot():  # allowed again
                 back = w.fake.user_message("allowed again")
                 await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 2)
                 await trio.sleep(30)
@@ -438,22 +380,20 @@ async def test_a_denied_message_does_not_poison_the_context_token_for_later(
 async def test_a_refused_token_falls_back_once_to_the_last_one_that_worked(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with weixin_world(tmp_path) as w, running_bot(w):
-            await polling(w.fake)
-            first = w.fake.user_message("first")
-            await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
-            good = first["context_token"]
-            # The server already refuses the next message's own token.
-            second = w.fake.user_message("second", revoked=True)
+    async with weixin_bed(tmp_path) as w:
+        first = w.fake.user_message("first")
+        await w.fake.wait_until(lambda: len(w.fake.bot_messages) == 1)
+        good = first["context_token"]
+        # The server already refuses the next message's own token.
+        second = w.fake.user_message("second", revoked=True)
+        await trio.sleep(60)
+        assert _sends(w) == [(0, good), (-2, second["context_token"]), (0, good)]
+        # Both refused: one fallback, never a loop.
+        w.fake.revoke(good)
+        with capture_logs() as logs:
+            third = w.fake.user_message("third", revoked=True)
+            await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 5)
             await trio.sleep(60)
-            assert _sends(w) == [(0, good), (-2, second["context_token"]), (0, good)]
-            # Both refused: one fallback, never a loop.
-            w.fake.revoke(good)
-            with capture_logs() as logs:
-                third = w.fake.user_message("third", revoked=True)
-                await w.fake.wait_until(lambda: len(w.fake.calls_to("sendmessage")) >= 5)
-                await trio.sleep(60)
     assert _sends(w)[3:] == [(-2, third["context_token"]), (-2, good)]
     assert texts(w.fake) == [echo_of("first"), echo_of("second")]
     assert [e["reason"] for e in logs if e["event"] == "reply_undelivered"] == ["ReplyRefused"]
