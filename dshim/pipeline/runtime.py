@@ -15,18 +15,18 @@ order, and awaits it.  ``accept`` runs steps 1-6 of DESIGN.md §3 on the reader'
    quoted or forwarded message is never a command, a /batch control word or an answer);
 6. enqueue on the conversation's lane (bounded; overflow gets a visible "busy" reply).
 
-The judgements of steps 1-4 are pure (:mod:`dshim.pipeline.gates`); commands are the
-table in :mod:`dshim.pipeline.commands`, batch input is :mod:`dshim.pipeline.batch`,
-interaction answers :mod:`dshim.pipeline.interactions`, notices
-:mod:`dshim.pipeline.notices`.  When ``accept`` returns, the event is durable: a
-channel may confirm it to the platform (advance an offset, ack an envelope).  Step 7 — the
-turn — runs later on the lane's task (:mod:`dshim.pipeline.turn`).  Nothing before step 7
-does network lookups for quoted messages, so unaddressed, duplicate, denied or stale
-messages never trigger one.
+Steps 1-4 are :mod:`dshim.pipeline.intake` (their judgements are pure,
+:mod:`dshim.pipeline.gates`); commands are the table in :mod:`dshim.pipeline.commands`,
+batch input is :mod:`dshim.pipeline.batch`, interaction answers
+:mod:`dshim.pipeline.interactions`, notices :mod:`dshim.pipeline.notices`.  When
+``accept`` returns, the event is durable: a channel may confirm it to the platform
+(advance an offset, ack an envelope).  Step 7 — the turn — runs later on the lane's task
+(:mod:`dshim.pipeline.turn`).  Nothing before step 7 does network lookups for quoted
+messages, so unaddressed, duplicate, denied or stale messages never trigger one.
 
 The inbox entry of a message is removed when its handling ends (answered, refused, or
 dropped by steps 4-6).  Entries left behind by a crash or shutdown are restored on the
-next start (:meth:`BotRuntime.restore`):
+next start (:meth:`BotRuntime.restore`, :mod:`dshim.pipeline.recovery`):
 
 - ``queued`` (its turn never started): it runs — each resume counts as an attempt, so
   one that takes the bot down before its turn starts is given up (:data:`GAVE_UP_TEXT`)
@@ -40,6 +40,17 @@ next start (:meth:`BotRuntime.restore`):
 A shutdown (:meth:`BotRuntime.drain`) lets running turns finish during the grace; then it
 stops them at once: a partial answer is finished marked as cut (so the notice is not
 needed after the restart), a turn that had shown nothing is left to run again.
+
+Parts
+-----
+:class:`BotRuntime` is the composition: it builds the bot's parts, hands each what it
+needs, and keeps the public surface channels, serve, replay and the tests use.  What is
+left here is what ties the parts together — steps 5 and 6 (:meth:`BotRuntime._dispatch`:
+the command table, batches, answers, the lane) and the lane items themselves (a turn, a
+``/new``, a retracted message).  :class:`~dshim.pipeline.intake.Intake` (steps 1-4) and
+:class:`~dshim.pipeline.recovery.Recovery` (restore, the outbox, the drain) come back
+here only through the callbacks given to them, and never hold the lanes: those are read
+from the runtime when they are used.
 """
 
 from __future__ import annotations
@@ -49,33 +60,42 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 import structlog
 import trio
 
-from dshim import normalized
-from dshim.backoff import Backoff
 from dshim.config import BotConfig, Config, SubstituteTarget, backlog_max_age
 from dshim.errors import DshimError, HarnessError, single_error
 from dshim.harness import create_harness, open_harness
 from dshim.harness.base import ClosesSessions, Harness
 from dshim.metrics import NO_METRICS, BotMetrics
-from dshim.model import DropReason, InboundMessage, ReplyTarget, Skip, SubstituteTurn, Verdict
+from dshim.model import InboundMessage, ReplyTarget, Skip, Verdict
 from dshim.outbound import Outbound
 from dshim.pipeline import commands as cmds
 from dshim.pipeline import gates
 from dshim.pipeline.activity import Activity
 from dshim.pipeline.batch import Batch, Batches, Step
 from dshim.pipeline.files import FileStash
+from dshim.pipeline.intake import Intake, RawDecoder
 from dshim.pipeline.interactions import Interactions
 from dshim.pipeline.lanes import Lane, LaneItem, LaneSet
-from dshim.pipeline.notices import Notifier, Outcome, short
+from dshim.pipeline.notices import Notifier, short
 from dshim.pipeline.observer import Observer
+from dshim.pipeline.recovery import (
+    CUT_GRACE_S,
+    GAVE_UP_TEXT,
+    INTERRUPTED_TEXT,
+    LATE_ANSWER_TEXT,
+    MAX_TURN_ATTEMPTS,
+    OUTBOX_RETRY_MAX_S,
+    OUTBOX_RETRY_S,
+    Recovery,
+)
 from dshim.pipeline.substitute import SubstituteGate
 from dshim.pipeline.turn import TurnDeps, run_turn
-from dshim.store.base import InboxEntry, OutboxEntry, Store
+from dshim.store.base import Store
 
 if TYPE_CHECKING:
     from dshim.capture import BotCapture
@@ -85,7 +105,13 @@ RetractOutcome = Literal["dropped", "stopped", "none"]
 
 __all__ = [
     "BUSY_TEXT",
+    "CUT_GRACE_S",
+    "GAVE_UP_TEXT",
     "INTERRUPTED_TEXT",
+    "LATE_ANSWER_TEXT",
+    "MAX_TURN_ATTEMPTS",
+    "OUTBOX_RETRY_MAX_S",
+    "OUTBOX_RETRY_S",
     "BotRuntime",
     "Clock",
     "LaneItem",
@@ -98,39 +124,7 @@ __all__ = [
 log = structlog.get_logger("dshim.pipeline")
 
 Clock = Callable[[], float]
-RawDecoder = Callable[[bytes], "InboundMessage | Skip"]
-
 BUSY_TEXT = "I'm busy with earlier messages in this chat, so this message was not queued. Please send it again in a moment."
-INTERRUPTED_TEXT = "dshim restarted while answering this message, so the answer was interrupted. Send it again to retry."
-LATE_ANSWER_TEXT = (
-    "The answer to this message could not be delivered in time (the platform was"
-    " unreachable). Send it again to retry."
-)
-#: The outbox's first retry while the platform stays down, and its longest wait.
-OUTBOX_RETRY_S = 30.0
-OUTBOX_RETRY_MAX_S = 300.0
-#: Turns started for one message before a restart gives up on it (with a notice).
-MAX_TURN_ATTEMPTS = 2
-GAVE_UP_TEXT = (
-    "dshim stopped twice while handling this message, so it gave up on it. Send it again to retry."
-)
-#: After the shutdown grace: how long cut answers may take to show their mark.
-CUT_GRACE_S = 5.0
-
-ACCEPTED = Verdict(True)
-_SHUTDOWN = Verdict(False, "shutdown")
-
-
-class _Judged(NamedTuple):
-    """An event steps 1-4 let through: what the store keeps for it, and when."""
-
-    msg: InboundMessage
-    stored: bytes | None
-    denied: bool
-    now: float
-
-
-_substitute_decoder = msgspec.json.Decoder(SubstituteTurn)
 
 
 class BotRuntime:
@@ -179,6 +173,37 @@ class BotRuntime:
         self.interactions = Interactions(self.notifier, config.harness.interaction_timeout_s)
         self.substitute = SubstituteGate(bot, store, clock, targets=substitute_targets)
         self.batches = Batches()
+        self.backlog_max_age_s = backlog_max_age(config, bot)
+        #: Steps 1-4; what they let through comes back to :meth:`_dispatch`.
+        self.intake = Intake(
+            bot=bot,
+            bot_id=bot_id,
+            store=store,
+            clock=clock,
+            dedup_ttl_s=config.dshim.dedup_ttl_s,
+            backlog_max_age_s=self.backlog_max_age_s,
+            substitute=self.substitute,
+            observer=observer,
+            metrics=metrics,
+            capture=capture,
+            decode_raw=decode_raw,
+            dispatch=self._dispatch,
+        )
+        #: Restore at start, the durable outbox, the drain at shutdown.
+        self.recovery = Recovery(
+            bot=bot,
+            bot_id=bot_id,
+            store=store,
+            clock=clock,
+            backlog_max_age_s=self.backlog_max_age_s,
+            notifier=self.notifier,
+            substitute=self.substitute,
+            decode_stored=self.intake.decode_stored,
+            drop=self.intake.drop,
+            is_command=self._is_command,
+            dispatch=self._dispatch,
+            enqueue=self._enqueue,
+        )
         self.lanes = LaneSet(
             nursery,
             self._run_item,
@@ -198,17 +223,12 @@ class BotRuntime:
             metrics=metrics,
             substitute=self.substitute,
             files=files,
-            outbox_wake=self._wake_outbox,
+            outbox_wake=self.recovery.wake_outbox,
             capture=capture,
         )
-        self._outbox_due = trio.Event()
-        self._closing = False
         #: Inbox keys of turns waiting in a lane, and those withdrawn meanwhile (retract).
         self._queued: set[tuple[str, str]] = set()
         self._retracted: set[tuple[str, str]] = set()
-        #: The shutdown grace is over: no lane item starts any more.
-        self._cutting = False
-        self.backlog_max_age_s = backlog_max_age(config, bot)
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -241,40 +261,13 @@ class BotRuntime:
 
     @property
     def closing(self) -> bool:
-        return self._closing
+        return self.intake.closing
 
-    def _drop(self, item: InboundMessage | Skip, reason: DropReason, **kw: Any) -> Verdict:
-        level = "warning" if reason == "malformed" else "info"
-        getattr(log, level)(
-            "event_dropped",
-            reason=reason,
-            message_id=item.message_id,
-            **({"detail": item.detail} if isinstance(item, Skip) and item.detail else {}),
-            **kw,
-        )
-        if self.observer is not None:
-            self.observer.on_drop(item, reason)
-        self.metrics.event(reason)
-        return Verdict(False, reason)
-
-    # -- steps 1-6 ---------------------------------------------------------------------
+    # -- steps 1-4 (dshim.pipeline.intake), then 5-6 here ------------------------------
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         """Run steps 1-6.  When it returns, the event is durable or deliberately dropped."""
-        if self.capture is not None and raw is not None:
-            self.capture.event(item, raw)
-        judged = await self._judge(item, raw)
-        if isinstance(judged, Verdict):
-            return judged
-        fresh = await self.store.accept(
-            self.bot.name,
-            judged.msg.conversation_id,
-            judged.msg.message_id,
-            now=judged.now,
-            ttl_s=self.config.dshim.dedup_ttl_s,
-            raw=judged.stored,
-        )
-        return await self._accepted(judged, fresh)
+        return await self.intake.accept(item, raw)
 
     async def accept_many(
         self, events: Sequence[tuple[InboundMessage | Skip, bytes | None]]
@@ -282,95 +275,7 @@ class BotRuntime:
         """:meth:`accept` for a batch (a getUpdates page, a websocket burst): every key and
         inbox entry in one store transaction, then steps 5-6 in order.  Once one event is
         refused for shutdown, the rest are too (the platform delivers them again)."""
-        verdicts: list[Verdict | _Judged] = []
-        for item, raw in events:
-            if self.capture is not None and raw is not None:
-                self.capture.event(item, raw)
-            if verdicts and verdicts[-1] is _SHUTDOWN:
-                verdicts.append(_SHUTDOWN)
-                continue
-            judged = await self._judge(item, raw)
-            verdicts.append(_SHUTDOWN if judged == _SHUTDOWN else judged)
-        pending = [v for v in verdicts if isinstance(v, _Judged)]
-        fresh = iter(
-            await self.store.accept_many(
-                self.bot.name,
-                [(p.msg.conversation_id, p.msg.message_id, p.stored) for p in pending],
-                now=self.clock(),
-                ttl_s=self.config.dshim.dedup_ttl_s,
-            )
-            if pending
-            else []
-        )
-        out: list[Verdict] = []
-        for v in verdicts:
-            out.append(await self._accepted(v, next(fresh)) if isinstance(v, _Judged) else v)
-        return out
-
-    async def _judge(self, item: InboundMessage | Skip, raw: bytes | None) -> _Judged | Verdict:
-        """Steps 1-4 and what the store keeps: a verdict when the event is dropped here."""
-        if isinstance(item, Skip):
-            return self._drop(item, item.reason)
-        msg = item
-        now = self.clock()
-        reason = gates.judge(
-            msg,
-            bot_id=self.bot_id,
-            now=now,
-            max_age_s=self.backlog_max_age_s,
-            access=self.bot.access,
-        )
-        if self.substitute.enabled and reason in ("unaddressed", None):
-            # Step 2, substitute triggers: before dedup and before any network call.
-            sub = await self.substitute.evaluate(msg)
-            if sub is not None:
-                msg.substitute = sub
-                if reason == "unaddressed":
-                    reason = gates.judge(
-                        msg,
-                        bot_id=self.bot_id,
-                        now=now,
-                        max_age_s=self.backlog_max_age_s,
-                        access=self.bot.access,
-                        substitute=True,
-                    )
-        if reason == "stale":
-            if await self.store.seen(self.bot.name, msg.conversation_id, msg.message_id, now=now):
-                return self._drop(msg, "duplicate")
-            return self._drop(msg, "stale", age_s=round(now - msg.received_at, 1))
-        if reason is not None and reason != "denied":
-            return self._drop(msg, reason)
-        if self._closing:
-            # Not accepted: the platform will redeliver after the restart.
-            self.metrics.event("shutdown")
-            return _SHUTDOWN
-        denied = reason == "denied"
-        stored: bytes | None
-        if denied:
-            stored = None  # remember the key (step 3 comes first), keep no inbox entry
-        elif raw is not None:
-            stored = b"R" + raw
-        else:
-            stored = b"N" + normalized.encode_event(msg)
-        if stored is not None and msg.substitute is not None:
-            stored = b"S" + msgspec.json.encode(msg.substitute) + b"\n" + stored
-        return _Judged(msg, stored, denied, now)
-
-    async def _accepted(self, judged: _Judged, fresh: bool) -> Verdict:
-        """After the store took (or refused, as a duplicate) the key: steps 5 and 6."""
-        msg = judged.msg
-        if not fresh:
-            return self._drop(msg, "duplicate")
-        if judged.denied:
-            self._drop(msg, "denied", sender=msg.sender_id)
-            # Durable (its key is kept) but never work: a channel must not act on it.
-            return Verdict(True, "denied")
-        self.metrics.event("accepted")
-        if msg.substitute is not None:
-            await self.substitute.remember_anchor(msg, msg.substitute)
-            log.info("substitute_triggered", message_id=msg.message_id)
-        await self._dispatch(msg)
-        return ACCEPTED
+        return await self.intake.accept_many(events)
 
     async def _finish_inbox(self, msg: InboundMessage) -> None:
         await self.store.inbox_done(self.bot.name, msg.conversation_id, msg.message_id)
@@ -402,6 +307,12 @@ class BotRuntime:
         await self._enqueue(
             LaneItem(kind="turn", msg=msg, inbox_keys=[(msg.conversation_id, msg.message_id)])
         )
+
+    def _is_command(self, msg: InboundMessage) -> bool:
+        """Would step 5 take ``msg`` for a command?  (Recovery asks: a restored /send does
+        not run again, its batch is gone with the process.)"""
+        typed = not (msg.images or msg.files or msg.forwarded)
+        return typed and cmds.parse_command(msg.content, self.outbound.bot_username) is not None
 
     async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
         """The platform withdrew a message: drop it while queued, stop it while running
@@ -547,7 +458,7 @@ class BotRuntime:
         retracted = [k for k in item.inbox_keys if k in self._retracted]
         self._retracted.difference_update(retracted)
         try:
-            if self._cutting:
+            if self.recovery.cutting:
                 return  # shutting down: its inbox entry brings it back after the restart
             if item.kind == "turn" and retracted and len(retracted) == len(item.inbox_keys):
                 for conv, mid in item.inbox_keys:  # withdrawn while it waited: no turn
@@ -572,169 +483,16 @@ class BotRuntime:
         finally:
             self.activity.done()
 
-    # -- restart -----------------------------------------------------------------------
-
-    def _decode_stored(self, data: bytes) -> InboundMessage | Skip:
-        if data[:1] == b"S":  # a substitute turn: its decision, then the message
-            decision, _, inner = data[1:].partition(b"\n")
-            item = self._decode_stored(inner)
-            if isinstance(item, InboundMessage):
-                item.substitute = _substitute_decoder.decode(decision)
-            return item
-        kind, body = data[:1], data[1:]
-        if kind == b"R" and self.decode_raw is not None:
-            return self.decode_raw(body)
-        if kind == b"N":
-            return normalized.decode_event(body, channel=self.bot.channel, bot_id=self.bot_id)
-        return Skip(reason="malformed", detail="unknown inbox format")
+    # -- restart, the outbox, shutdown (dshim.pipeline.recovery) -----------------------
 
     async def restore(self) -> int:
         """Resume messages accepted before a restart.  Returns how many were resumed."""
-        entries = await self.store.inbox_pending(self.bot.name)
-        resumed = 0
-        for entry in entries:
-            try:
-                item = self._decode_stored(entry.raw)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-                item = Skip(reason="malformed", detail=short(exc))
-            if isinstance(item, Skip):
-                log.warning(
-                    "inbox_entry_unreadable", message_id=entry.message_id, detail=item.detail
-                )
-                await self.store.inbox_done(self.bot.name, entry.conversation_id, entry.message_id)
-                continue
-            if entry.state == "undelivered":
-                continue  # its answer waits in the outbox (run_outbox delivers it)
-            if entry.state in ("running", "delivered"):
-                resumed += await self._restore_interrupted(entry, item)
-                continue
-            reason = gates.judge(
-                item,
-                bot_id=self.bot_id,
-                now=self.clock(),
-                max_age_s=self.backlog_max_age_s,
-                access=self.bot.access,
-                substitute=item.substitute is not None,
-            )
-            if reason is not None:
-                self._drop(item, reason, restored=True)
-                await self._finish_inbox(item)
-                continue
-            # Every resume counts, like a turn start: a message that takes the bot down
-            # before its turn starts cannot resume (and take it down) for ever.
-            tried = await self.store.inbox_resumed(
-                self.bot.name, entry.conversation_id, entry.message_id
-            )
-            if tried >= MAX_TURN_ATTEMPTS:
-                log.warning("inbox_entry_given_up", message_id=item.message_id, attempts=tried)
-                await self._notice_then_done(entry, item, GAVE_UP_TEXT)
-                continue
-            log.info("inbox_entry_resumed", message_id=item.message_id, attempt=tried + 1)
-            await self._dispatch(item)
-            resumed += 1
-        return resumed
-
-    async def _restore_interrupted(self, entry: InboxEntry, item: InboundMessage) -> int:
-        """A message whose turn had started: run it again, or say it was interrupted."""
-        stale = bool(item.received_at) and self.clock() - item.received_at > self.backlog_max_age_s
-        if (
-            entry.state == "running"
-            and entry.attempts < MAX_TURN_ATTEMPTS
-            and not stale
-            and not self._is_command(item)  # a /send: its batch is gone with the process
-        ):
-            log.info(
-                "turn_resumed_after_restart", message_id=item.message_id, attempt=entry.attempts + 1
-            )
-            await self._enqueue(
-                LaneItem(
-                    kind="turn",
-                    msg=item,
-                    inbox_keys=[(entry.conversation_id, entry.message_id)],
-                )
-            )
-            return 1
-        log.warning(
-            "turn_interrupted_by_restart",
-            message_id=item.message_id,
-            shown=entry.state == "delivered",
-            attempts=entry.attempts,
-        )
-        await self._notice_then_done(entry, item, INTERRUPTED_TEXT)
-        return 0
-
-    async def _notice_then_done(self, entry: InboxEntry, item: InboundMessage, text: str) -> None:
-        """Tell the user under their message, and only then finish its inbox entry."""
-        conversation_id, message_id = entry.conversation_id, entry.message_id
-
-        async def noticed(outcome: Outcome) -> None:
-            # Done only once the notice is out (or may be, or never can be): a crash before
-            # that, or a platform that is down, leaves it for the next start.
-            if outcome == "later":
-                log.warning("restart_notice_postponed", message_id=message_id)
-                return
-            await self.store.inbox_done(self.bot.name, conversation_id, message_id)
-
-        await self.notifier.notify(ReplyTarget.for_message(item), text, then=noticed)
-
-    # -- the durable outbox --------------------------------------------------------------
-
-    def _wake_outbox(self) -> None:
-        self._outbox_due.set()
+        return await self.recovery.restore()
 
     async def run_outbox(self) -> None:
-        """Deliver the answers the platform did not take (an outage longer than the
-        engine's retries), oldest first, for as long as the bot runs: at start (they
-        survive restarts), when a turn postpones one, and again with backoff while the
-        platform stays down.  An answer older than ``backlog_max_age_s`` makes no sense
-        any more: a short notice under the message takes its place."""
-        backoff = Backoff(OUTBOX_RETRY_S, OUTBOX_RETRY_MAX_S, 2.0, jitter=0.1)
-        while True:
-            self._outbox_due = trio.Event()
-            entries = await self.store.outbox_pending(self.bot.name)
-            waiting = 0
-            for entry in entries:
-                if not await self._deliver_postponed(entry):
-                    waiting += 1
-            if waiting:
-                delay = backoff.next_delay()
-                log.info("outbox_waiting", answers=waiting, retry_in_s=round(delay, 1))
-                with trio.move_on_after(delay):
-                    await self._outbox_due.wait()
-            else:
-                backoff.reset()
-                await self._outbox_due.wait()
-
-    async def _deliver_postponed(self, entry: OutboxEntry) -> bool:
-        """Try one postponed answer; False while the platform still does not take it."""
-        bot = self.bot.name
-        item = None
-        if entry.raw is not None:
-            try:
-                item = self._decode_stored(entry.raw)
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
-                item = None
-        if not isinstance(item, InboundMessage):
-            log.warning("outbox_entry_unreadable", message_id=entry.message_id)
-            await self.store.outbox_done(bot, entry.conversation_id, entry.message_id)
-            return True
-        target = ReplyTarget.for_message(item)
-        if item.substitute is not None:
-            target = await self.substitute.target_for(item, target)
-        late = self.clock() - entry.created_at > self.backlog_max_age_s
-        text = LATE_ANSWER_TEXT if late else entry.text
-        _, outcome = await self.notifier.send_outcome(target, text)
-        if outcome == "later":
-            return False
-        log.info("outbox_delivered", message_id=entry.message_id, late=late, outcome=outcome)
-        await self.store.outbox_done(bot, entry.conversation_id, entry.message_id)
-        return True
-
-    def _is_command(self, msg: InboundMessage) -> bool:
-        typed = not (msg.images or msg.files or msg.forwarded)
-        return typed and cmds.parse_command(msg.content, self.outbound.bot_username) is not None
-
-    # -- shutdown ----------------------------------------------------------------------
+        """Deliver the answers the platform did not take, for as long as the bot runs
+        (see :meth:`dshim.pipeline.recovery.Recovery.run_outbox`)."""
+        await self.recovery.run_outbox()
 
     async def drain(self, grace_s: float) -> None:
         """Stop accepting; let running turns finish for up to ``grace_s`` seconds, then cut
@@ -742,17 +500,8 @@ class BotRuntime:
         (within :data:`CUT_GRACE_S` more), a turn that had shown nothing is left to run
         again after the restart.  Queued items stay queued (they run after the restart).
         """
-        self._closing = True
-        with trio.move_on_after(grace_s):
-            await self.lanes.wait_none_running()
-        if not self.lanes.running_count():
-            return
-        self._cutting = True
-        log.warning("shutdown_cutting_turns", running=self.lanes.stop_all("shutdown"))
-        with trio.move_on_after(CUT_GRACE_S):
-            await self.lanes.wait_none_running()
-        if self.lanes.running_count():
-            log.warning("shutdown_cancelling_turns", running=self.lanes.running_count())
+        self.intake.closing = True
+        await self.recovery.drain(self.lanes, grace_s)
 
 
 def wall_clock() -> float:
