@@ -126,12 +126,12 @@ class OpenCard:
     delivered: bool
 
 
-class _QuotaSpent(ChannelError):
+class _QuotaSpent(Exception):
     """A quota refusal that is not waited for: carries it past :func:`retrying` (which
-    raises any refusal but a rate limit at once)."""
+    waits out every rate limit within its budget), to be raised as itself."""
 
     def __init__(self, limited: RateLimited) -> None:
-        super().__init__(str(limited), status=limited.status, code=limited.code)
+        super().__init__(str(limited))
         self.limited = limited
 
 
