@@ -28,7 +28,7 @@ from dshim.pipeline.notices import outcome_of
 from dshim.testing.fakes.whatsapp import TEST_TOKEN, FakeWhatsApp, User, open_fake_whatsapp
 from tests.fault_matrix import matrix, restarts
 from tests.helpers import Clock
-from tests.test_whatsapp_e2e import Bot, echo_of, running
+from tests.rig_whatsapp import WhatsAppBed, echo_of, whatsapp_bed
 
 DEADLINE = 900.0
 SENDS = ("send",)
@@ -43,7 +43,7 @@ def people(fake: FakeWhatsApp) -> list[User]:
     return [fake.user(f"1650555{i:04d}", f"User {i}") for i in range(20)]
 
 
-def answered(bot: Bot, users: list[User]) -> bool:
+def answered(bot: WhatsAppBed, users: list[User]) -> bool:
     return all(echo_of(u, question(u)) in bot.texts_to(u) for u in users)
 
 
@@ -57,8 +57,7 @@ async def test_a_ten_second_outage_loses_no_answer(
     tmp_path: Path, autojump_clock: trio.abc.Clock, kind: str, ops: tuple[str, ...]
 ) -> None:
     with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with running(tmp_path) as bot, trio.open_nursery() as nursery:
-            fake = bot.fake
+        async with whatsapp_bed(tmp_path) as (bot, fake), trio.open_nursery() as nursery:
             users = people(fake)
             await ask(fake, users[:10], nursery)
             await trio.sleep(0.5)
@@ -82,8 +81,7 @@ async def test_an_outage_longer_than_the_retries_delivers_from_the_outbox_when_b
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     with trio.fail_after(DEADLINE), capture_logs() as logs:
-        async with running(tmp_path) as bot:
-            fake = bot.fake
+        async with whatsapp_bed(tmp_path) as (bot, fake):
             ada = fake.user("16505551234", "Ada Lovelace")
             await fake.send_messages(fake.user_message(ada, "echo:sleep 2 are you there?"))
             await trio.sleep(0.5)
