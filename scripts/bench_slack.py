@@ -9,7 +9,7 @@ each) as fast as it can.  In this process, one after the other:
 - floor          the least a Socket Mode client must do, written plainly: trio-websocket
                  (same 64 KiB receive buffer), ``json.loads`` of every frame, the ack
                  frame sent, a dict lookup mapping of the message fields;
-- dshim reader   dshim's Socket Mode runner (``SocketRunner``: bounded-depth msgspec
+- dshim reader   dshim's Socket Mode runner (``run_socket_mode``: bounded-depth msgspec
                  envelope, ack at once, watchdog, in-order delivery) and the mapping of
                  the envelope to ``InboundMessage``;
 - floor+dedup    the floor plus one SQLite ``INSERT OR IGNORE`` (dedup key + raw frame)
@@ -43,7 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import benchkit as kit  # noqa: E402
 
-from dshim.channels.slack.client import USER_AGENT, WS_OPTIONS, SocketRunner, WebClient  # noqa: E402
+from dshim.channels.slack.client import (  # noqa: E402
+    USER_AGENT,
+    WS_OPTIONS,
+    WebClient,
+    run_socket_mode,
+)
 from dshim.channels.slack.protocol import BotIdentity, EventMapper, Incoming  # noqa: E402
 from dshim.net.http import open_http  # noqa: E402
 
@@ -111,8 +116,9 @@ async def dshim_socket(
             await handle(incoming, mapper)
             meter.tick()
 
-        runner = SocketRunner(web, deliver, on_connected=lambda _: meter.start())
-        return await kit.until_counted(meter, runner.run)
+        return await kit.until_counted(
+            meter, lambda: run_socket_mode(web, deliver, on_connected=lambda _: meter.start())
+        )
 
 
 reader_only, pipeline = kit.reader_and_pipeline(

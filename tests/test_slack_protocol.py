@@ -15,6 +15,7 @@ from dshim.channels.slack.protocol import (
     Handover,
     Ping,
     SocketSession,
+    SocketState,
     SocketTuning,
     classify_error,
     decode_text,
@@ -121,7 +122,7 @@ def test_refresh_disconnects_ask_for_a_handover(reason: str) -> None:
     s.receive(frame({"type": "hello"}), 0.0)
     [handover] = s.receive(frame({"type": "disconnect", "reason": reason}), 1.0)
     assert handover == Handover(reason)
-    assert isinstance(s.close_for_handover(), Close)
+    assert s.state is SocketState.DRAINING and s.next_timer() is not None  # still watched
 
 
 def test_link_disabled_is_fatal_and_too_many_websockets_backs_off() -> None:
@@ -137,7 +138,7 @@ def test_link_disabled_is_fatal_and_too_many_websockets_backs_off() -> None:
     t.receive(frame({"type": "hello"}), 0.0)
     t.receive(frame({"type": "disconnect", "reason": "too_many_websockets"}), 1.0)
     t.connection_lost(WsEnded(4000), 1.5)
-    assert t.backoff_at_least == 30.0
+    assert t.backoff_at_least == 30.0 and t.not_before == 31.5  # 30 s after the end
 
 
 def test_watchdog_pings_and_declares_a_silent_socket_dead() -> None:

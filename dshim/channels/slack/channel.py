@@ -5,7 +5,7 @@ retried with the kit's backoff; ``invalid_auth`` / ``account_inactive`` are fata
 learns the granted scopes (``x-oauth-scopes``) -- the app id comes with the first
 ``hello`` (``connection_info.app_id``) -- opens the
 bot's pipeline, counts as started and then keeps Socket Mode connected
-(:class:`~.client.SocketRunner`).  Each envelope is acknowledged at once and handed, in
+(:func:`~.client.run_socket_mode`).  Each envelope is acknowledged at once and handed, in
 the order read, to the pipeline with the frame exactly as received (the durable inbox
 keeps it and decodes it again after a restart).  A rejected bot token later on, a
 rejected app token or ``link_disabled`` stop the bot without a reconnect loop; other
@@ -53,8 +53,8 @@ from dshim.channels.slack.client import (
     HTTP_TIMEOUT,
     USER_AGENT,
     WS_OPTIONS,
-    SocketRunner,
     WebClient,
+    run_socket_mode,
 )
 from dshim.channels.slack.protocol import (
     USER_ID,
@@ -307,17 +307,16 @@ async def run(
                         mapper.me = dataclasses.replace(mapper.me, app_id=session.app_id)
                         host.capture_identity({"app_id": session.app_id})
 
-                runner = SocketRunner(
-                    web,
-                    deliver,
-                    app_id=me.app_id,
-                    tuning=tuning,
-                    backoff=Backoff(rng=rng),
-                    on_connected=connected,
-                )
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watch_auth)
-                    await runner.run()
+                    await run_socket_mode(
+                        web,
+                        deliver,
+                        app_id=me.app_id,
+                        tuning=tuning,
+                        backoff=Backoff(rng=rng),
+                        on_connected=connected,
+                    )
 
             await host.serve(rt, reader)
 

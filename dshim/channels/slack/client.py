@@ -15,47 +15,48 @@ hosts) and never appear in an error or a log.
 
 Socket Mode
 -----------
-:class:`SocketRunner` keeps one live connection, each driven by a sans-IO
-:class:`~.protocol.SocketSession`: a fresh URL from ``apps.connections.open`` per
-connection; one reader (envelopes acknowledged before they are delivered), one timer
-(hello and liveness watchdogs, own pings).  A :class:`~.protocol.Handover` opens the
-next connection while the current one still delivers; the old one is closed once the
-new one said hello (or after the grace).  Deliveries of all connections are serialized,
-so the pipeline sees one envelope at a time, in the order they were read.  Failed
-connections back off (1-30 s with jitter); ``too_many_websockets`` waits at least 30 s.
+:func:`run_socket_mode` keeps Socket Mode connected on the kit's websocket runner
+(:func:`dshim.net.ws.run_ws_handover`), one sans-IO :class:`~.protocol.SocketSession`
+per connection: a fresh URL from ``apps.connections.open`` per connection; the runner's
+reader acknowledges every envelope as it reads it, its timer runs the session's hello
+and liveness watchdogs and own pings (:class:`~dshim.net.ws_session.Ping`).  A
+``disconnect`` (``refresh_requested`` / ``warning``) is a
+:class:`~dshim.net.ws_session.Handover`: the runner opens the next connection while the
+current one still delivers, and closes the old one once the new one said hello (or after
+``handover_grace_s``).  The acked envelopes of all connections queue for one delivering
+task (at most ``PENDING_MAX``; beyond it the reader waits), so the pipeline sees one
+envelope at a time, in the order they were read, while acks never wait for it.  Failed
+connections back off (1-30 s with jitter, the runner's and ``apps.connections.open``'s
+one :class:`~dshim.backoff.Backoff`); after ``too_many_websockets`` the next connection
+waits at least 30 s.  URLs are logged without their query (the ticket).
 """
 
 from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 import httpx
 import msgspec
 import structlog
 import trio
-from trio_websocket import ConnectionClosed, HandshakeError, WebSocketConnection
 
 from dshim import __version__
 from dshim.channels.kit import Backoff
 from dshim.channels.kit.decode import decode
 from dshim.channels.slack import models as m
 from dshim.channels.slack.protocol import (
-    Handover,
+    REPLACED,
     Incoming,
-    Ping,
-    SocketAction,
     SocketSession,
     SocketTuning,
     classify_error,
 )
-from dshim.errors import AuthError, ChannelError, RateLimited, RemoteProtocolError
+from dshim.errors import AuthError, ChannelError, RateLimited, RemoteProtocolError, single_error
 from dshim.model import Verdict
 from dshim.net.http import counted, download_capped, parse_retry_after, status_error
-from dshim.net.ws import WsOptions, open_client_websocket
-from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
+from dshim.net.ws import Connected, WsOptions, run_ws_handover
 
 log = structlog.get_logger("dshim.slack")
 
@@ -347,282 +348,92 @@ def _content(markdown: str | None, text: str | None, blocks: list[Any] | None) -
 Deliverer = Callable[[Incoming], Awaitable[Verdict | None]]
 
 
-@dataclass(eq=False)
-class _Conn:
-    """One connection's lifecycle, as the runner watches it."""
-
-    session: SocketSession
-    ready: trio.Event = field(default_factory=trio.Event)
-    ended: trio.Event = field(default_factory=trio.Event)
-    handover: trio.Event = field(default_factory=trio.Event)
-    close_requested: trio.Event = field(default_factory=trio.Event)
-    result: WsEnded | None = None
-    connected_at: float | None = None
-    delivering: bool = False
-    rearm: trio.Event = field(default_factory=trio.Event)
-    #: The time the timer task sleeps until (None: no timer).
-    armed: float | None = None
-
-    def reschedule(self) -> None:
-        """Wake the timer task when the session's next timer moved earlier."""
-        timer = self.session.next_timer()
-        if timer is not None and (self.armed is None or timer < self.armed):
-            self.rearm.set()
+async def connection_url(web: WebClient, backoff: Backoff) -> str:
+    """``apps.connections.open`` until it answers; a rejected app token is raised."""
+    while True:
+        try:
+            return await web.connections_open()
+        except AuthError as exc:
+            raise AuthError(
+                f"Slack rejected the app token (apps.connections.open: {exc.code})",
+                code=exc.code,
+            ) from exc
+        except ChannelError as exc:
+            retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
+            delay = backoff.next_delay(retry_after=retry_after)
+            log.warning("ws_url_failed", error=str(exc), retry_in_s=round(delay, 2))
+            await trio.sleep(delay)
 
 
-async def _first(*events: trio.Event) -> None:
-    """Return once any of ``events`` is set."""
-    if any(e.is_set() for e in events):
-        return
-    async with trio.open_nursery() as nursery:
+async def run_socket_mode(
+    web: WebClient,
+    deliver: Deliverer,
+    *,
+    app_id: str | None = None,
+    tuning: SocketTuning | None = None,
+    backoff: Backoff | None = None,
+    clock: Callable[[], float] = trio.current_time,
+    options: WsOptions = WS_OPTIONS,
+    on_connected: Callable[[SocketSession], None] | None = None,
+) -> NoReturn:
+    """Keep Socket Mode connected forever (see the module docstring).
 
-        async def wait(event: trio.Event) -> None:
-            await event.wait()
-            nursery.cancel_scope.cancel()
+    ``app_id`` (else the first ``hello``'s) is the app every later ``hello`` must name;
+    ``on_connected`` gets the session of each connection that said hello.  Raises a
+    rejected app token and ``link_disabled``.
+    """
+    tuning = tuning or SocketTuning()
+    backoff = backoff or Backoff()
+    # The session of the newest connection: it said the last hello, and its end (if it
+    # ended) is what the next connection follows.
+    newest: SocketSession | None = None
+    # Acked envelopes wait here for the one delivering task: the reader acks the next
+    # envelope at once even while the pipeline takes the previous ones (a burst must not
+    # push acks past Slack's 3 s); order is read order, across handovers too.
+    queue, pending = trio.open_memory_channel[Incoming](PENDING_MAX)
 
-        for event in events:
-            nursery.start_soon(wait, event)
+    def new_session() -> SocketSession:
+        nonlocal newest, app_id
+        if app_id is None and newest is not None:
+            app_id = newest.app_id  # hello's connection_info.app_id: who we are
+        newest = SocketSession(app_id=app_id, tuning=tuning)
+        return newest
 
+    async def next_url() -> str:
+        if newest is not None and newest.not_before is not None:  # too_many_websockets
+            wait = newest.not_before - clock()
+            if wait > 0:
+                reason = newest.disconnect_reason
+                log.info("reconnect_delayed", retry_in_s=round(wait, 2), reason=reason)
+                await trio.sleep(wait)
+        return await connection_url(web, backoff)
 
-class SocketRunner:
-    """Keeps Socket Mode connected (see the module docstring)."""
+    def connected(action: Connected) -> None:
+        # Only the newest connection says hello: a handover starts from one that said it.
+        if on_connected is not None and newest is not None:
+            on_connected(newest)
 
-    def __init__(
-        self,
-        web: WebClient,
-        deliver: Deliverer,
-        *,
-        app_id: str | None = None,
-        tuning: SocketTuning | None = None,
-        backoff: Backoff | None = None,
-        clock: Callable[[], float] = trio.current_time,
-        options: WsOptions = WS_OPTIONS,
-        on_connected: Callable[[SocketSession], None] | None = None,
-    ) -> None:
-        self.web = web
-        self.deliver = deliver
-        self.app_id = app_id
-        self.tuning = tuning or SocketTuning()
-        self.backoff = backoff or Backoff()
-        self.clock = clock
-        self.options = options
-        self.on_connected = on_connected
-        self._delivery = trio.Lock()
-        # Acked envelopes wait here for the one delivering task: the reader acks the next
-        # envelope at once even while the pipeline takes the previous ones (a burst must
-        # not push acks past Slack's 3 s); order is read order, across handovers too.
-        self._pending_send, self._pending = trio.open_memory_channel[Any](PENDING_MAX)
-        #: Connections opened so far (for tests and the probe).
-        self.connections = 0
+    async def enqueue(incoming: Incoming) -> None:
+        try:
+            queue.send_nowait(incoming)
+        except trio.WouldBlock:  # a flood: the reader waits (and is not judged dead)
+            await queue.send(incoming)
 
-    async def run(self) -> NoReturn:
-        """Forever: connect, hand over on refresh, reconnect.  Raises fatal errors."""
+    async def deliverer() -> None:
+        async for incoming in pending:
+            await deliver(incoming)
+
+    with single_error():
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._deliverer)
-            current = await self._start(nursery)
-            while True:
-                await _first(current.ended, current.handover)
-                if current.handover.is_set() and not current.ended.is_set():
-                    nxt = await self._start(nursery)
-                    with trio.move_on_after(self.tuning.handover_grace_s):
-                        await _first(nxt.ready, nxt.ended)
-                    log.info("ws_handed_over", ready=nxt.ready.is_set())
-                    current.close_requested.set()
-                    current = nxt
-                    continue
-                await self._after(current)
-                current = await self._start(nursery)
-
-    async def _deliverer(self) -> None:
-        """Hand the acked envelopes to the pipeline, one at a time, in read order."""
-        async for conn, event in self._pending:
-            async with self._delivery:
-                conn.delivering = True
-                try:
-                    await self.deliver(event)
-                finally:
-                    conn.delivering = False
-
-    async def _after(self, conn: _Conn) -> None:
-        """A connection ended: raise for fatal ends, else wait as the backoff says."""
-        ended = conn.result or WsEnded(None)
-        log.info(
-            "ws_disconnected",
-            code=ended.code,
-            by_us=ended.by_us,
-            reason=conn.session.disconnect_reason,
-            connected_s=None if ended.connected_for is None else round(ended.connected_for, 3),
-        )
-        conn.session.connection_lost(ended, self.clock())
-        floor = conn.session.backoff_at_least
-        if floor == 0 and ended.connected_for is not None:
-            if ended.connected_for >= self.options.stable_after_s:
-                self.backoff.reset()
-                return
-        delay = max(floor, self.backoff.next_delay())
-        log.info("reconnect_delayed", retry_in_s=round(delay, 2), failures=self.backoff.failures)
-        await trio.sleep(delay)
-
-    async def _next_url(self) -> str:
-        """``apps.connections.open`` until it answers; AuthError is fatal."""
-        while True:
-            try:
-                return await self.web.connections_open()
-            except AuthError as exc:
-                raise AuthError(
-                    f"Slack rejected the app token (apps.connections.open: {exc.code})",
-                    code=exc.code,
-                ) from exc
-            except ChannelError as exc:
-                retry_after = exc.retry_after if isinstance(exc, RateLimited) else None
-                delay = self.backoff.next_delay(retry_after=retry_after)
-                log.warning("ws_url_failed", error=str(exc), retry_in_s=round(delay, 2))
-                await trio.sleep(delay)
-
-    async def _start(self, nursery: trio.Nursery) -> _Conn:
-        url = await self._next_url()
-        conn = _Conn(SocketSession(app_id=self.app_id, tuning=self.tuning))
-        self.connections += 1
-        nursery.start_soon(self._connection, url, conn)
-        return conn
-
-    # -- one connection ---------------------------------------------------------------
-
-    async def _connection(self, url: str, conn: _Conn) -> None:
-        code: int | None = None
-        by_us = False
-        try:
-            log.info("ws_connecting", url=_loggable(url))
-            async with open_client_websocket(url, self.options) as (ws, _):
-                for action in conn.session.connection_opened(self.clock()):
-                    await self._perform(ws, conn, action, None)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._timers, ws, conn, nursery)
-                    nursery.start_soon(self._closer, ws, conn)
-                    code, by_us = await self._read(ws, conn, nursery)
-                    nursery.cancel_scope.cancel()
-        except (
-            ConnectionClosed,
-            HandshakeError,
-            OSError,
-            trio.BrokenResourceError,
-            trio.TooSlowError,
-        ) as exc:
-            log.warning("ws_connection_failed", error=type(exc).__name__)
-        finally:
-            connected_for = None
-            if conn.connected_at is not None:
-                connected_for = max(0.0, self.clock() - conn.connected_at)
-            conn.result = WsEnded(code, by_us=by_us, connected_for=connected_for)
-            conn.ended.set()
-
-    async def _read(
-        self, ws: WebSocketConnection, conn: _Conn, nursery: trio.Nursery
-    ) -> tuple[int | None, bool]:
-        session = conn.session
-        while True:
-            try:
-                data = await ws.get_message()
-            except ConnectionClosed as exc:
-                return (int(exc.reason.code) if exc.reason else None), False
-            for action in session.receive(data, self.clock()):
-                if await self._perform(ws, conn, action, nursery):
-                    return RECONNECT_CODE, True
-            conn.reschedule()  # frames only move the watchdog later, except the hello
-
-    async def _perform(
-        self,
-        ws: WebSocketConnection,
-        conn: _Conn,
-        action: SocketAction,
-        nursery: trio.Nursery | None,
-    ) -> bool:
-        """Do one action; True when this side closed the connection."""
-        if isinstance(action, Deliver):
-            if action.ack is not None:
-                await self._send(ws, action.ack)  # at once: Slack redelivers after 3 s
-            try:
-                self._pending_send.send_nowait((conn, action.event))
-            except trio.WouldBlock:  # a flood: the reader waits (and is not judged dead)
-                conn.delivering = True
-                try:
-                    await self._pending_send.send((conn, action.event))
-                finally:
-                    conn.delivering = False
-            return False
-        if isinstance(action, Send):
-            await self._send(ws, action)
-            return False
-        if isinstance(action, Close):
-            log.info("ws_closing", code=action.code, reason=action.reason)
-            with trio.move_on_after(self.options.close_wait_s):
-                await ws.aclose(action.code, action.reason)
-            return True
-        if isinstance(action, Connected):
-            if self.app_id is None:  # hello's connection_info.app_id: who we are
-                self.app_id = conn.session.app_id
-            conn.connected_at = self.clock()
-            conn.ready.set()
-            log.info("ws_connected", session=action.session)
-            if self.on_connected is not None:
-                self.on_connected(conn.session)
-            return False
-        if isinstance(action, Handover):
-            log.info("ws_refresh_requested", reason=action.reason)
-            conn.handover.set()
-            return False
-        if isinstance(action, Ping):
-            if nursery is not None:
-                nursery.start_soon(self._ping, ws, conn)
-            return False
-        if isinstance(action, Ignored):
-            log.warning("frame_dropped", reason=action.reason, detail=action.detail)
-            return False
-        raise AssertionError(f"unknown action {action!r}")
-
-    async def _send(self, ws: WebSocketConnection, action: Send) -> None:
-        try:
-            await ws.send_message(action.data)
-        except ConnectionClosed:
-            return  # the reader sees the close
-        if action.logged:
-            log.info("frame_sent", kind=action.kind)
-
-    async def _ping(self, ws: WebSocketConnection, conn: _Conn) -> None:
-        try:
-            await ws.ping()
-        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
-        conn.session.pong(self.clock())
-        conn.reschedule()
-
-    async def _timers(self, ws: WebSocketConnection, conn: _Conn, nursery: trio.Nursery) -> None:
-        session = conn.session
-        while True:
-            conn.armed = timer = session.next_timer()
-            conn.rearm = trio.Event()
-            if timer is None:
-                await conn.rearm.wait()
-                continue
-            with trio.move_on_at(timer):
-                await conn.rearm.wait()
-                continue  # an earlier timer: sleep again
-            if session.next_timer() != timer:
-                continue  # the timer moved later meanwhile (frames, pongs)
-            for action in session.tick(self.clock(), reading=not conn.delivering):
-                if await self._perform(ws, conn, action, nursery):
-                    return  # closed: the reader sees it and ends
-
-    async def _closer(self, ws: WebSocketConnection, conn: _Conn) -> None:
-        """Close this connection when the runner replaced it (handover)."""
-        await conn.close_requested.wait()
-        await self._perform(ws, conn, conn.session.close_for_handover(), None)
-
-
-RECONNECT_CODE = 4000
-
-
-def _loggable(url: str) -> str:
-    """A Socket Mode URL without its query (the ticket)."""
-    parts = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+            nursery.start_soon(deliverer)
+            await run_ws_handover(
+                new_session,
+                next_url,
+                enqueue,
+                backoff=backoff,
+                clock=clock,
+                options=options,
+                on_connected=connected,
+                close_replaced=REPLACED,
+                replaced_grace_s=tuning.handover_grace_s,
+            )

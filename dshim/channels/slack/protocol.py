@@ -4,13 +4,14 @@ Theory of operation
 -------------------
 **Connections.**  Socket Mode (docs.slack.dev/apis/events-api/using-socket-mode) hands
 out a fresh ``wss://`` URL per connection from ``apps.connections.open`` (app token).
-One :class:`SocketSession` drives one websocket::
+One :class:`SocketSession` (a :class:`~dshim.net.ws_session.WsSession`, run by the
+kit's :func:`~dshim.net.ws.run_ws_handover`) drives one websocket::
 
     AWAIT_HELLO --hello--> READY --disconnect(warning|refresh_requested)--> DRAINING
-         |                   |                                    (Handover: the client
+         |                   |                                    (Handover: the runner
          |                   |                                     opens the next socket;
          +--timeout/close----+--close / dead socket--> CLOSED      once it said hello this
-                                                                   one is closed)
+                                                                   one is closed: REPLACED)
 
 What Slack guarantees: at-least-once delivery -- an envelope not acknowledged within 3 s
 is sent again, up to 3 times (roughly at once, +1 min, +5 min), to any open connection
@@ -27,17 +28,19 @@ time without any socket arrive only as such retries, if at all.
   because redeliveries are also how events from a gap without a socket arrive.
   Envelopes whose payload does not decode are acknowledged too (else they come back).
 - ``disconnect`` frames: ``warning`` (this socket closes in ~10 s) and
-  ``refresh_requested`` (routine recycle) ask for a :class:`Handover`: the client opens
+  ``refresh_requested`` (routine recycle) ask for a :class:`Handover`: the runner opens
   the next connection first and closes this one once the new one said hello, so no
   event falls into the gap (Slack may send any payload to any open connection).
-  ``too_many_websockets`` closes this one and backs off; ``link_disabled`` (Socket Mode
-  switched off) is fatal.
+  ``too_many_websockets`` closes this one, and the next connection waits at least
+  ``too_many_backoff_s`` (:attr:`SocketSession.not_before`); ``link_disabled`` (Socket
+  Mode switched off) is fatal.
 - Liveness: trio-websocket answers Slack's pings; the session asks for an own ping every
-  ``ping_interval_s`` (:class:`Ping`) and declares the socket dead when no pong came
+  ``ping_interval_s`` (:class:`~dshim.net.ws_session.Ping`, its pong reported with
+  :meth:`SocketSession.pong`) and declares the socket dead when no pong came
   within ``pong_timeout_s`` or nothing at all (frame or pong) for ``silence_s`` —
   20 s / 60 s, because 5 s watchdogs cause false reconnects while Slack recycles its
-  containers (bolt-js #2496).  While the client is blocked in a delivery the watchdog
-  does not judge (a pong may be waiting unread).
+  containers (bolt-js #2496).  While the runner's reader is blocked in a delivery the
+  watchdog does not judge (a pong may be waiting unread).
 
 **Mapping** (:class:`EventMapper`, pure): ``message`` (``message.im``, ``.channels``,
 ``.groups``, ``.mpim``) and ``app_mention`` events become
@@ -113,7 +116,17 @@ from dshim.model import (
     ReplyReference,
     Skip,
 )
-from dshim.net.ws_session import Close, Connected, Deliver, Ignored, Send, WsEnded
+from dshim.net.ws_session import (
+    Action,
+    Close,
+    Connected,
+    Deliver,
+    Handover,
+    Ignored,
+    Ping,
+    Send,
+    WsEnded,
+)
 
 CHANNEL = "slack"
 #: Our close code for a socket we replace or declare dead (never a fatal one).
@@ -228,18 +241,6 @@ class SocketTuning:
     too_many_backoff_s: float = 30.0
 
 
-@dataclass(frozen=True, slots=True)
-class Ping:
-    """Send a websocket ping; report the pong with :meth:`SocketSession.pong`."""
-
-
-@dataclass(frozen=True, slots=True)
-class Handover:
-    """Open the next connection now; close this one once the next said hello."""
-
-    reason: str
-
-
 @dataclass(slots=True)
 class Incoming:
     """An envelope for the channel: ``events_api`` or ``interactive``, with its raw frame."""
@@ -255,7 +256,9 @@ class SocketState(enum.Enum):
     CLOSED = "closed"
 
 
-SocketAction = Send | Close | Deliver[Incoming] | Connected | Ignored | Ping | Handover
+SocketAction = Action[Incoming]
+#: How the runner closes a connection that handed over (``run_ws_handover(close_replaced=)``).
+REPLACED = Close(RECONNECT_CLOSE_CODE, "replaced")
 
 
 def ack_frame(envelope_id: str) -> Send:
@@ -264,7 +267,9 @@ def ack_frame(envelope_id: str) -> Send:
 
 
 class SocketSession:
-    """One Socket Mode websocket without I/O (see the module docstring)."""
+    """One Socket Mode websocket without I/O (see the module docstring): a
+    :class:`~dshim.net.ws_session.WsSession` that judges liveness by its own pings
+    (:class:`~dshim.net.ws_session.Pinging`)."""
 
     def __init__(self, *, app_id: str | None = None, tuning: SocketTuning | None = None) -> None:
         self.app_id = app_id
@@ -278,6 +283,8 @@ class SocketSession:
         self.disconnect_reason: str | None = None
         self.num_connections: int | None = None
         self.envelopes = 0
+        #: The earliest time of the next connection, when the server asked for a wait.
+        self.not_before: float | None = None
 
     def connection_opened(self, now: float) -> list[SocketAction]:
         self.opened_at = now
@@ -334,10 +341,6 @@ class SocketSession:
     def _close(self, why: str) -> Close:
         self.state = SocketState.CLOSED
         return Close(RECONNECT_CLOSE_CODE, why)
-
-    def close_for_handover(self) -> Close:
-        """The next connection is ready: close this one."""
-        return self._close("replaced")
 
     def receive(self, data: str | bytes, now: float) -> list[SocketAction]:
         raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
@@ -405,6 +408,8 @@ class SocketSession:
     def connection_lost(self, ended: WsEnded, now: float) -> None:
         """The socket ended.  Raises for the ends no reconnect can fix."""
         self.state = SocketState.CLOSED
+        if self.backoff_at_least:
+            self.not_before = now + self.backoff_at_least
         if self.disconnect_reason == "link_disabled":
             raise FatalChannelError(
                 "Slack disabled the Socket Mode link (link_disabled): turn Socket Mode on "
