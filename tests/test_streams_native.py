@@ -115,7 +115,7 @@ async def test_first_text_at_once_then_one_update_per_interval_with_the_newest_t
     calls = Script()
     calls.finish_result = done("abcdef")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             t0 = trio.current_time()
             await stream.update("a")
             await trio.sleep(0.1)
@@ -136,7 +136,7 @@ async def test_a_note_shows_under_the_text_until_more_text(autojump_clock: trio.
     calls = Script()
     calls.finish_result = done("x")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             await stream.update("Looking")
             await trio.sleep(1.5)
             await stream.progress("reading file.py")
@@ -162,7 +162,7 @@ async def test_the_delivery_hook_runs_once_before_the_first_visible_call(
         seen.append(calls.ops())
 
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             stream.watch_delivery(hook)
             await stream.update("hi")
             await trio.sleep(2)
@@ -179,7 +179,7 @@ async def test_a_rate_limit_pauses_updates_for_its_retry_after_and_the_answer_go
     calls.outcomes = [Step.SHOWN, RateLimited("slow down", retry_after=7.0)]
     calls.finish_result = done("one two three")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             t0 = trio.current_time()
             await stream.update("one")
             await trio.sleep(1.5)
@@ -198,7 +198,7 @@ async def test_three_failures_in_a_row_stop_updates_but_the_final_text_still_arr
     calls.outcomes = [Step.SHOWN, failure, failure, failure]
     calls.finish_result = done("final")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             await stream.update("a")
             for i in range(20):
                 await trio.sleep(1.5)
@@ -214,7 +214,7 @@ async def test_a_fallback_step_hands_the_rest_of_the_answer_to_the_fallback_once
     calls = Script()
     calls.outcomes = [Step.FALLBACK]
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             await stream.update("hello")
             await trio.sleep(1)
             await stream.update("hello world")
@@ -242,7 +242,7 @@ async def test_a_native_finish_that_cannot_finish_gives_the_text_to_the_fallback
         hooked.append("hook")
 
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             stream.watch_delivery(hook)
             delivered = await stream.finish("whole answer")
     assert calls.ops() == ["finish"]
@@ -256,14 +256,14 @@ async def test_finish_twice_is_an_error_and_a_failing_finish_raises_as_itself(
     calls = Script()
     calls.finish_result = done("x")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             await stream.finish("x")
             with pytest.raises(RuntimeError, match="twice"):
                 await stream.finish("x")
         calls2 = Script()
         calls2.finish_result = TransportError("gone", request_sent=False)
         with pytest.raises(TransportError, match="gone"):
-            async with open_native_stream(calls2, calls2.bind) as stream2:
+            async with open_native_stream(calls2) as stream2:
                 await stream2.finish("y")
     assert "abandon" not in calls.ops() + calls2.ops()
 
@@ -274,7 +274,7 @@ async def test_leaving_without_finish_abandons_what_is_up_even_when_cancelled(
     calls = Script()
     with trio.fail_after(DEADLINE):
         with trio.move_on_after(5):
-            async with open_native_stream(calls, calls.bind) as stream:
+            async with open_native_stream(calls) as stream:
                 await stream.update("partial")
                 await trio.sleep_forever()
     assert calls.ops() == ["start", "abandon"]
@@ -338,7 +338,7 @@ async def test_a_channel_that_counts_its_own_failures_pauses_the_next_attempt(
     calls.outcomes = [Step.SHOWN, Step.AGAIN, Step.AGAIN, Step.AGAIN]
     calls.finish_result = done("one two")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             t0 = trio.current_time()
             await stream.update("one")
             await trio.sleep(1.5)
@@ -391,7 +391,7 @@ async def test_a_channel_names_the_records_of_its_intermediate_failures(
     calls.finish_result = done("final")
     events = ("card_rate_limited", "card_update_failed", "card_updates_stopped")
     with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
-        async with open_native_stream(calls, calls.bind, events=events) as stream:
+        async with open_native_stream(calls, events=events) as stream:
             await stream.update("a")
             for i in range(20):
                 await trio.sleep(1.5)
@@ -411,7 +411,7 @@ async def test_next_call_at_is_an_interval_after_the_last_call_and_never_inside_
     calls = Script()
     calls.outcomes = [Step.SHOWN, RateLimited("slow down", retry_after=7.0)]
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             assert stream.next_call_at == -math.inf  # nothing went out yet
             t0 = trio.current_time()
             await stream.update("one")
@@ -445,7 +445,7 @@ async def test_a_channel_may_have_its_stream_built_as_a_subclass_with_a_feature_
     calls = Script()
     calls.finish_result = done("all")
     with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls, calls.bind, stream_type=StopButtonStream) as stream:
+        async with open_native_stream(calls, stream_type=StopButtonStream) as stream:
             assert isinstance(stream, StopButtonStream) and calls.stream is stream
             stream.watch_stop("stop hook")
             await stream.update("all")

@@ -53,7 +53,7 @@ import enum
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import structlog
 import trio
@@ -64,6 +64,7 @@ from dshim.model import Delivered
 from dshim.outbound import DeliveryHook, ReplyStream, WatchesDelivery
 
 __all__ = [
+    "BoundCalls",
     "NativeCalls",
     "NativeStream",
     "Step",
@@ -85,7 +86,7 @@ STREAM_EVENTS = ("stream_rate_limited", "stream_update_failed", "stream_updates_
 class Step(enum.Enum):
     """What an intermediate call achieved."""
 
-    #: The text (or a part of it: the channel wakes the engine again) is on the screen.
+    #: The text is on the screen (a channel that showed only a part of it answers AGAIN).
     SHOWN = "shown"
     #: Nothing was shown; try again with the newest text after ``interval_s``.
     AGAIN = "again"
@@ -106,6 +107,11 @@ class NativeCalls(Protocol):
     interval_s: float
     #: Whether a status note is shown under the text (``⏳ note``) while there is no more.
     shows_notes: bool
+
+    def bind(self, stream: NativeStream) -> None:
+        """Receive the stream these calls serve, before anything runs (see
+        :class:`BoundCalls`)."""
+        ...
 
     async def start(self, text: str) -> Step:
         """Put the first text of the answer on the screen."""
@@ -135,6 +141,25 @@ class NativeCalls(Protocol):
     async def background(self) -> None:
         """Work that runs beside the stream until it ends (a status line, timers)."""
         ...
+
+
+S = TypeVar("S", bound="NativeStream")
+
+
+class BoundCalls(Generic[S]):
+    """What every channel's :class:`NativeCalls` shares: the stream it is bound to
+    (``stream``: its text, note, lock and hooks), set by :func:`open_native_stream`
+    before any call."""
+
+    _bound: S | None = None
+
+    def bind(self, stream: S) -> None:
+        self._bound = stream
+
+    @property
+    def stream(self) -> S:
+        assert self._bound is not None, "bound by open_native_stream"
+        return self._bound
 
 
 class NativeStream(WatchesDelivery):
@@ -357,7 +382,6 @@ class NativeStream(WatchesDelivery):
 @asynccontextmanager
 async def open_native_stream(
     calls: NativeCalls,
-    bind: Callable[[NativeStream], None] | None = None,
     *,
     events: tuple[str, str, str] = STREAM_EVENTS,
     stream_type: type[NativeStream] = NativeStream,
@@ -366,17 +390,16 @@ async def open_native_stream(
 
         async with open_native_stream(calls) as stream: ...
 
-    ``bind`` receives the stream before anything runs (the calls use its
+    ``calls.bind`` receives the stream before anything runs (the calls use its
     :meth:`~NativeStream.delivering`, :meth:`~NativeStream.wake` and ``text``).  Leaving
     the block without ``finish`` cancels the background work and abandons what is up;
     a failure raised by ``finish`` passes through as itself (never a group).  ``events``
     names the log records of intermediate failures (:data:`STREAM_EVENTS`); the stream is
     a ``stream_type`` (a subclass that adds a feature of the channel's own, such as
-    ``watch_stop``; ``bind`` receives it as that).
+    ``watch_stop``; ``calls.bind`` receives it as that).
     """
     stream = stream_type(calls, events=events)
-    if bind is not None:
-        bind(stream)
+    calls.bind(stream)
     try:
         with single_error():
             async with trio.open_nursery() as nursery:

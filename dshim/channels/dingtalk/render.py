@@ -79,7 +79,7 @@ from dshim.errors import (
 )
 from dshim.model import AGENT_FAILED_NOTE, Delivered, ReplyTarget
 from dshim.render import BACKOFF_MAX_S, Limits, split_text
-from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
+from dshim.streams.native import BoundCalls, NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.dingtalk")
 
@@ -204,7 +204,7 @@ class DingTalkOutbound:
         if kept is not None and text.strip():
             calls = CardCalls(self, target, route, card=True)
             calls.adopt(kept)
-            async with open_native_stream(calls, calls.bind, events=CARD_EVENTS) as stream:
+            async with open_native_stream(calls, events=CARD_EVENTS) as stream:
                 return await stream.finish(text)
         return await self.deliver_markdown(target, text)
 
@@ -218,7 +218,7 @@ class DingTalkOutbound:
         try:
             # The engine raises a failed send as itself (the turn's, never a group) and
             # abandons a card left without finish before the reaction is taken back.
-            async with open_native_stream(calls, calls.bind, events=CARD_EVENTS) as stream:
+            async with open_native_stream(calls, events=CARD_EVENTS) as stream:
                 yield CardStream(stream, calls)
         finally:
             if reacted:
@@ -415,7 +415,7 @@ class CardStream(WatchesDelivery):
     :class:`dshim.outbound.ReplyStream` with ``watch_delivery``."""
 
     def __init__(self, stream: NativeStream, calls: CardCalls) -> None:
-        self._stream = stream
+        self.stream = stream
         self._calls = calls
 
     @property
@@ -423,17 +423,17 @@ class CardStream(WatchesDelivery):
         return self._calls.track_id
 
     def watch_delivery(self, hook: Hook) -> None:
-        self._stream.watch_delivery(hook)
+        self.stream.watch_delivery(hook)
 
     async def update(self, text: str) -> None:
-        await self._stream.update(text)
+        await self.stream.update(text)
 
     async def progress(self, note: str) -> None:
         """A tool or status note: shown under the text in the card until more text."""
-        await self._stream.progress(note)
+        await self.stream.progress(note)
 
     async def finish(self, text: str) -> list[Delivered]:
-        return await self._stream.finish(text)
+        return await self.stream.finish(text)
 
 
 class MarkdownAtEnd(WatchesDelivery):
@@ -461,7 +461,7 @@ class MarkdownAtEnd(WatchesDelivery):
         return await self._out.deliver_markdown(self._target, text, hook=hook)
 
 
-class CardCalls:
+class CardCalls(BoundCalls[NativeStream]):
     """One answer's AI card (see the module docstring) on the native-stream engine
     (:mod:`dshim.streams.native`): the engine paces the streaming calls
     (``card_interval_s``), merges the texts between them, counts their failures and
@@ -496,15 +496,6 @@ class CardCalls:
         self._deliver_unsure = False
         #: A create of this card went out and its answer was lost (it may exist).
         self._create_lost = False
-        self._engine: NativeStream | None = None
-
-    def bind(self, stream: NativeStream) -> None:
-        self._engine = stream
-
-    @property
-    def _stream(self) -> NativeStream:
-        assert self._engine is not None, "bound by open_native_stream"
-        return self._engine
 
     def adopt(self, card: OpenCard) -> None:
         """Finish a card an earlier attempt at this answer left open."""
@@ -575,7 +566,7 @@ class CardCalls:
                     return self._refused(exc)
                 # The lost attempt made it: the card exists.
             self._created = True
-        await self._stream.delivering()
+        await self.stream.delivering()
         now = out.clock()
         try:
             await out.card_call(
@@ -604,7 +595,7 @@ class CardCalls:
             return self._refused(exc)
         self.track_id = track_id
         self._deliver_unsure = False
-        self._stream.paced()  # the first streaming call waits the interval from here
+        self.stream.paced()  # the first streaming call waits the interval from here
         await out.store.record_outbound(
             self._target.conversation_id,
             OutboundEntry(message_ids=[track_id], text=text, sent_at=now, completed_at=now),
@@ -675,7 +666,7 @@ class CardCalls:
         closed in its failed state, so it does not stay "writing" forever."""
         if self.track_id is None:
             return
-        text = self._stream.text or self._shown or ""
+        text = self.stream.text or self._shown or ""
         with trio.move_on_after(ABANDON_TIMEOUT_S):
             try:
                 await self._stream_card(text, finalize=True, error=True)
@@ -690,7 +681,7 @@ class CardCalls:
         retried until ``give_up_at``, then raised."""
         # The agent's failure note ends the text: the card shows its error state.
         failed = text.rstrip().rsplit("\n\n", 1)[-1].startswith(AGENT_FAILED_NOTE)
-        await trio.sleep_until(self._stream.next_call_at)
+        await trio.sleep_until(self.stream.next_call_at)
         try:
             await self._out.card_call(
                 lambda: self._stream_card(text, finalize=True, error=failed), give_up_at

@@ -95,7 +95,7 @@ from dshim.errors import (
 )
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import Limits, split_text
-from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
+from dshim.streams.native import BoundCalls, NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.qq")
 
@@ -508,7 +508,7 @@ class QQOutbound:
             calls = C2CCalls(self, route, budget)
         else:
             calls = GroupCalls(self, route, budget)
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             yield stream
 
 
@@ -521,7 +521,7 @@ def _route(target: ReplyTarget) -> Route:
 # --- groups ------------------------------------------------------------------------------------
 
 
-class GroupCalls:
+class GroupCalls(BoundCalls[NativeStream]):
     """A group answer on the native-stream engine: no intermediate calls at all (QQ has no
     edit or stream here); "working…" after 10 s and the cut 30 s before the window ends
     are timers (:meth:`background`, under the engine's lock), the answer goes in
@@ -537,15 +537,6 @@ class GroupCalls:
         self._budget = budget
         self._delivered: list[Delivered] = []
         self._done = False
-        self._engine: NativeStream | None = None
-
-    def bind(self, stream: NativeStream) -> None:
-        self._engine = stream
-
-    @property
-    def _stream(self) -> NativeStream:
-        assert self._engine is not None, "bound by open_native_stream"
-        return self._engine
 
     async def start(self, text: str) -> Step:
         return Step.STOP  # the text waits for finish (or the cut)
@@ -557,7 +548,7 @@ class GroupCalls:
         await _guard(self._timers)
 
     async def _timers(self) -> None:
-        out, budget, stream = self._out, self._budget, self._stream
+        out, budget, stream = self._out, self._budget, self.stream
         cut_at = budget.deadline - out.timings.cut_before_end_s
         await trio.sleep_until(min(out.mono() + out.timings.working_after_s, cut_at))
         async with stream.lock:
@@ -595,7 +586,7 @@ class GroupCalls:
                 self._budget,
                 text,
                 quote=not self._delivered,
-                before_first=self._stream.delivering,
+                before_first=self.stream.delivering,
             )
         return list(self._delivered)
 
@@ -634,7 +625,7 @@ class _Message:
         self.unsure: list[tuple[str, int]] = []
 
 
-class C2CCalls:
+class C2CCalls(BoundCalls[NativeStream]):
     """A C2C answer on QQ's native stream (see the module docstring), on the
     native-stream engine: the engine paces and merges, these make the chunk calls.
 
@@ -660,15 +651,6 @@ class C2CCalls:
         self._last_call = -math.inf
         #: Calls whose answer was lost while previewing (finish makes the one repeat).
         self._unknown = 0
-        self._engine: NativeStream | None = None
-
-    def bind(self, stream: NativeStream) -> None:
-        self._engine = stream
-
-    @property
-    def _stream(self) -> NativeStream:
-        assert self._engine is not None, "bound by open_native_stream"
-        return self._engine
 
     # -- intermediate calls ------------------------------------------------------------
 
@@ -677,7 +659,7 @@ class C2CCalls:
 
     async def append(self, text: str) -> Step:
         try:
-            await self._step(self._stream.text, final=False)
+            await self._step(self.stream.text, final=False)
         except (RateLimited, TransportError) as exc:
             if unknown_outcome(exc):
                 # QQ may show this chunk: no more previews, finish repeats it once.
@@ -686,7 +668,7 @@ class C2CCalls:
                 return Step.STOP
             wait = exc.retry_after if isinstance(exc, RateLimited) else self.interval_s
             log.info("stream_update_failed", error=str(exc)[:200])
-            self._stream.pause(wait or self.interval_s)
+            self.stream.pause(wait or self.interval_s)
             return Step.AGAIN  # with the newest text
         except ReplyWindowClosed as exc:
             log.warning("reply_window_expired", error=str(exc))
@@ -751,7 +733,7 @@ class C2CCalls:
             if seq is None:
                 raise ReplyWindowClosed("no passive reply left for this message")
             cur = self._cur = _Message(seq, out.clock(), first=not self._delivered)
-            await self._stream.delivering()
+            await self.stream.delivering()
         body: dict[str, Any] = {
             "input_mode": "replace",
             "input_state": state,
@@ -766,7 +748,7 @@ class C2CCalls:
         elif cur.first and self._route.msg_idx and out.stream_quotes:
             body["message_reference"] = {"message_id": self._route.msg_idx}
         self._last_call = out.mono()
-        self._stream.paced()  # a close and a new start in one step: paced from the last
+        self.stream.paced()  # a close and a new start in one step: paced from the last
         try:
             sent = await out.api.stream(self._route.target, body)
         except MarkdownRejected:

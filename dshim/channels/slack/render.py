@@ -117,7 +117,7 @@ from dshim.render import (
     ProbesReachable,
     open_edit_stream,
 )
-from dshim.streams.native import NativeStream, Step, open_native_stream, retrying
+from dshim.streams.native import BoundCalls, NativeStream, Step, open_native_stream, retrying
 
 log = structlog.get_logger("dshim.slack")
 
@@ -266,7 +266,7 @@ class SlackStream(NativeStream, WatchesStop):
         self.on_stop = stop
 
 
-class SlackStreamCalls:
+class SlackStreamCalls(BoundCalls[SlackStream]):
     """One answer's ``chat.startStream`` / ``appendStream`` / ``stopStream`` calls on the
     native-stream engine (:mod:`dshim.streams.native`): the engine paces, merges and
     finishes once, these stream and fall back; see the module docstring."""
@@ -284,7 +284,6 @@ class SlackStreamCalls:
         self.user = route.user if route else None
         self.team = route.team if route else None
         self.channel_type = route.channel_type if route else None
-        self._stream: SlackStream | None = None
         #: What was appended (the escaping aside): the text the message shows.
         self._shown = ""
         self.ts: str | None = None
@@ -301,12 +300,7 @@ class SlackStreamCalls:
 
     def bind(self, stream: NativeStream) -> None:
         assert isinstance(stream, SlackStream), "opened with stream_type=SlackStream"
-        self._stream = stream
-
-    @property
-    def stream(self) -> SlackStream:
-        assert self._stream is not None, "bound by open_native_stream"
-        return self._stream
+        self._bound = stream
 
     def _went_out(self) -> None:
         """A call on the message goes out now: the next waits ``interval_s``."""
@@ -724,7 +718,7 @@ class SlackOutbound(EditOutbound, FindsDirectTargets, PresentsControlNotices, Pr
                 yield edit_stream
             return
         calls = SlackStreamCalls(self, target)
-        async with open_native_stream(calls, calls.bind, stream_type=SlackStream) as stream:
+        async with open_native_stream(calls, stream_type=SlackStream) as stream:
             yield stream
 
     @asynccontextmanager

@@ -41,7 +41,7 @@ from dshim.channels.webchat.client import Tabs
 from dshim.errors import StoreError
 from dshim.model import Delivered, ReplyTarget
 from dshim.render import split_text
-from dshim.streams.native import NativeStream, Step, open_native_stream
+from dshim.streams.native import BoundCalls, NativeStream, Step, open_native_stream
 
 log = structlog.get_logger("dshim.webchat")
 
@@ -162,7 +162,7 @@ class WebchatOutbound(PresentsInteractions):
             target.conversation_id, protocol.typing_frame(target.conversation_id, self.me.name)
         )
         calls = WebchatCalls(self, target)
-        async with open_native_stream(calls, calls.bind) as stream:
+        async with open_native_stream(calls) as stream:
             yield stream
 
     @asynccontextmanager
@@ -193,7 +193,7 @@ class WebchatOutbound(PresentsInteractions):
             )
 
 
-class WebchatCalls:
+class WebchatCalls(BoundCalls[NativeStream]):
     """One streamed answer's frames, on the native-stream engine
     (:mod:`dshim.streams.native`): the engine paces and merges, these show."""
 
@@ -206,26 +206,19 @@ class WebchatCalls:
         self.id = new_id()
         self._sent_at: float | None = None
         self._shown: str | None = None
-        self.stream: NativeStream | None = None
-
-    def bind(self, stream: NativeStream) -> None:
-        self.stream = stream
 
     async def _before_first(self) -> None:
-        assert self.stream is not None
         await self.stream.delivering()
         if self._sent_at is None:
             self._sent_at = self.outbound.clock()
 
     def _display(self) -> str:
-        assert self.stream is not None
         text = self.stream.text.strip()[:MAX_MESSAGE_LEN]
         note = self.stream.note
         return f"{text}\n\n⏳ {note}" if text and note else text
 
     async def start(self, text: str) -> Step:
         await self._before_first()
-        assert self.stream is not None
         if self.stream.finishing:
             return Step.STOP
         return await self.append(text)

@@ -67,7 +67,7 @@ from dshim.channels.wecom.client import WecomLink
 from dshim.errors import ChannelError, RateLimited, TransportError, outcome_unknown
 from dshim.model import Delivered, Option, ReplyTarget
 from dshim.render import BACKOFF_MAX_S, Limits, split_text
-from dshim.streams.native import NativeStream, Step, open_native_stream
+from dshim.streams.native import BoundCalls, NativeStream, Step, open_native_stream
 
 log = structlog.get_logger("dshim.wecom")
 
@@ -352,7 +352,7 @@ class WecomOutbound(PresentsInteractions):
         if key is not None:
             self._streams[key] = calls
         try:
-            async with open_native_stream(calls, calls.bind) as stream:
+            async with open_native_stream(calls) as stream:
                 yield stream
         finally:
             if key is not None and self._streams.get(key) is calls:
@@ -419,7 +419,7 @@ class _Done:
     completed_at: float
 
 
-class WecomCalls:
+class WecomCalls(BoundCalls[NativeStream]):
     """One streamed answer's frames and pushes, on the native-stream engine
     (:mod:`dshim.streams.native`): the engine merges texts, paces at ``interval_s`` and
     delivers the final text once; these keep WeCom's bubbles (segments), the rotation
@@ -432,7 +432,6 @@ class WecomCalls:
         self.target = target
         self.interval_s = out.tuning.interval_s
         self.route = target.route if isinstance(target.route, p.Route) else None
-        self.stream: NativeStream | None = None
         self._cur: _Segment | None = None
         self._opened = False
         self._segment_opened = trio.Event()
@@ -447,23 +446,15 @@ class WecomCalls:
         self._generation: int | None = None
         self._failures = 0
 
-    def bind(self, stream: NativeStream) -> None:
-        self.stream = stream
-
-    @property
-    def _s(self) -> NativeStream:
-        assert self.stream is not None
-        return self.stream
-
     # -- frames --------------------------------------------------------------------------------
 
     def _rest(self, text: str) -> str:
         return text[self._offset :]
 
     def _display(self) -> str:
-        chunks = split(self._rest(self._s.text))
+        chunks = split(self._rest(self.stream.text))
         body = chunks[0] if chunks else ""
-        note = self._s.note
+        note = self.stream.note
         if body and note:
             with_note = f"{body}\n\n⏳ {note}"
             if p.utf8_len(with_note) <= p.STREAM_MAX_BYTES:
@@ -471,7 +462,7 @@ class WecomCalls:
         return body
 
     def _display_plain(self) -> str:
-        chunks = split(self._rest(self._s.text))
+        chunks = split(self._rest(self.stream.text))
         return chunks[0] if chunks else ""
 
     async def _frame(self, content: str, *, finish: bool, give_up_at: float | None = None) -> None:
@@ -481,7 +472,7 @@ class WecomCalls:
         assert self.route is not None
         has_text = content != p.THINKING_MARK
         if has_text:
-            await self._s.delivering()
+            await self.stream.delivering()
         seg = self._cur
         if seg is None:
             await self.out.room(self.target.conversation_id)
@@ -494,9 +485,9 @@ class WecomCalls:
         else:
             body = p.stream_body(seg.id, content, finish=finish)
         plain = self._display_plain()
-        if content != f"{plain}\n\n⏳ {self._s.note}":
+        if content != f"{plain}\n\n⏳ {self.stream.note}":
             plain = content  # no progress note in it
-        self._s.paced()
+        self.stream.paced()
         seg.sent_text = seg.sent_text or has_text  # shown, maybe, even without an ack
         if self._generation is None:
             # A stream lives on one connection: after a drop the rest goes by push.
@@ -520,7 +511,7 @@ class WecomCalls:
         seg = self._cur
         if seg is None:
             return
-        rest = self._rest(self._s.text)
+        rest = self._rest(self.stream.text)
         lead = len(rest) - len(rest.lstrip())
         if final and rest.lstrip().startswith(final):
             self._offset += lead + len(final)
@@ -551,12 +542,12 @@ class WecomCalls:
 
     async def _step(self, *, opening: bool = False) -> Step:
         """One intermediate frame (or rotation), under the stream's lock."""
-        if self._s.finishing or self._broken:
+        if self.stream.finishing or self._broken:
             return Step.STOP
         try:
             if self._due_rotation():
                 await self._rotate()
-                self._s.redraw()  # the rest goes on in a new bubble
+                self.stream.redraw()  # the rest goes on in a new bubble
                 return Step.AGAIN
             if opening:
                 self._opened = True
@@ -570,7 +561,7 @@ class WecomCalls:
         except p.StreamExpired:
             seg = self._cur
             self._close_segment(seg.plain if seg is not None else "")
-            self._s.redraw()
+            self.stream.redraw()
             return Step.AGAIN
         except (p.ReplyExpired, p.ConnectionLost) as exc:
             self._lost(exc)
@@ -598,17 +589,17 @@ class WecomCalls:
         a new one (the engine wakes to write it)."""
         if self._broken:
             return
-        async with self._s.lock:
+        async with self.stream.lock:
             if not self._opened:
                 await self._step(opening=True)
         interval = self.out.tuning.interval_s
-        while not self._s.finishing and not self._broken and self._failures < PREVIEW_FAILURES:
+        while not self.stream.finishing and not self._broken and self._failures < PREVIEW_FAILURES:
             seg = self._cur
             if seg is None:
                 await self._segment_opened.wait()
                 continue
             await trio.sleep_until(seg.opened_at + self.out.tuning.rotate_s)
-            async with self._s.lock:
+            async with self.stream.lock:
                 if self._cur is seg:
                     await self._step()
             if self._cur is seg:  # the rotation failed: not again at once
@@ -616,10 +607,10 @@ class WecomCalls:
 
     async def attach_card(self, card: dict[str, Any]) -> bool:
         """Attach a template card to this stream's next frame (sent at once)."""
-        if self.route is None or self._broken or self._s.finishing:
+        if self.route is None or self._broken or self.stream.finishing:
             return False
-        async with self._s.lock:
-            if self._broken or self._s.finishing:
+        async with self.stream.lock:
+            if self._broken or self.stream.finishing:
                 return False
             self._card = card
             try:
@@ -640,7 +631,7 @@ class WecomCalls:
         Not delivered after the retries (:class:`TransportError`, ``request_sent``
         False): the bubble this answer left open is remembered, and the outbox's
         delivery finishes it (:meth:`WecomOutbound.send_text`)."""
-        self._s.text = text
+        self.stream.text = text
         try:
             delivered = await self._deliver(text)
         except ChannelError as exc:
@@ -737,7 +728,7 @@ class WecomCalls:
             except p.StreamExpired:
                 seg = self._cur
                 self._close_segment(seg.plain if seg is not None and seg.has_text else "")
-                rest = split(self._rest(self._s.text))
+                rest = split(self._rest(self.stream.text))
                 if not rest:
                     return
                 first = rest[0]
