@@ -52,7 +52,7 @@ import hashlib
 import hmac
 import re
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,8 +233,8 @@ def single_body(
     metadata: m.Metadata | None,
     contacts: list[m.Contact],
     *,
-    messages: list[bytes] = (),  # type: ignore[assignment]
-    statuses: list[bytes] = (),  # type: ignore[assignment]
+    messages: Sequence[bytes] = (),
+    statuses: Sequence[bytes] = (),
 ) -> bytes:
     """A webhook body holding exactly the given messages/statuses (their exact bytes)."""
     value = (

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import structlog
@@ -224,8 +224,8 @@ class WhatsAppStream(WatchesDelivery):
     def __init__(self, inner: EditStream) -> None:
         self._inner = inner
 
-    def watch_delivery(self, hook: Callable[[], object]) -> None:
-        self._inner.watch_delivery(hook)  # type: ignore[arg-type]
+    def watch_delivery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        self._inner.watch_delivery(hook)
 
     async def update(self, text: str) -> None:
         await self._inner.update(text)
