@@ -5,6 +5,10 @@ words: the channel under test, its fake opened by ``rig.open()``, waiting on the
 (for fakes with a ``live`` connection) receiving and dropping it.  Each rig subclasses it
 and says only what is its platform's: the bot table, how a user writes, what the chat
 shows, which calls receive, and its faults.
+
+Also what the channels' e2e tests start bots with: :func:`serving` (``serve_bots`` on a
+config and store, shut down gracefully) and :func:`bot_on_fake` (one bot against a fresh
+fake, on a real store, within a deadline, once the fake says it is ready).
 """
 
 from __future__ import annotations

@@ -6,46 +6,37 @@ go through the same path as the command line; each has a hard deadline.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
-import trio
 
-from dshim.probe import ProbeRow, _probe, format_table
+from dshim.probe import _probe, format_table
 from dshim.testing.fakes.feishu import FakeFeishu, open_fake_feishu
+from tests import probekit
+from tests.probekit import probe_until_closed, probed_fake, row
 
 DEADLINE = 20.0
 
 
 def write_config(path: Path, fake: FakeFeishu) -> Path:
-    config = path / "dshim.toml"
-    config.write_text(
-        "[[bots]]\n"
-        'name = "fs"\n'
-        'channel = "feishu"\n'
-        f'app_id = "{fake.app_id}"\n'
-        'app_secret = "${FEISHU_APP_SECRET}"\n'
-        f'api_base = "{fake.api_base}"\n',
-        encoding="utf-8",
+    table = {"name": "fs", "channel": "feishu", "app_id": fake.app_id}
+    return probekit.write_config(
+        path, {**table, "app_secret": "${FEISHU_APP_SECRET}", "api_base": fake.api_base}
     )
-    return config
 
 
-def row(rows: list[ProbeRow], check: str) -> ProbeRow:
-    [found] = [r for r in rows if r.check == check]
-    return found
+#: The fake of one test, with the app secret (or the one given) in the environment.
+feishu = functools.partial(
+    probed_fake, open_fake_feishu, DEADLINE, "FEISHU_APP_SECRET", lambda fake: fake.app_secret
+)
 
 
 async def test_probe_checks_token_identity_connection_scopes_and_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_feishu() as fake:
-            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
-            await fake.wait_until(
-                lambda: bool(fake.connections) and fake.connections[0].closed_by is not None
-            )
+    async with feishu(monkeypatch) as fake:
+        rows, code = await probe_until_closed(fake, write_config(tmp_path, fake), tmp_path / "data")
     table = format_table(rows)
     assert code == 0, table
     assert row(rows, "fs: identity").detail == f"{fake.bot_name} (id {fake.bot_open_id})"
@@ -62,11 +53,9 @@ async def test_probe_checks_token_identity_connection_scopes_and_store(
 async def test_probe_warns_about_missing_scopes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_feishu() as fake:
-            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
-            fake.missing_scopes = {"im:message", "cardkit:card:write", "im:message.group_msg"}
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    async with feishu(monkeypatch) as fake:
+        fake.missing_scopes = {"im:message", "cardkit:card:write", "im:message.group_msg"}
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
     table = format_table(rows)
     assert code == 0, table  # warnings only
     lookup = row(rows, "fs: message lookup")
@@ -82,14 +71,12 @@ async def test_probe_warns_about_missing_scopes(
 async def test_probe_fails_on_a_bad_secret_and_sends_a_test(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_feishu() as fake:
-            monkeypatch.setenv("FEISHU_APP_SECRET", "not-the-secret")
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
-            assert code == 1 and row(rows, "fs: identity").result == "fail"
-            assert fake.connections == []
-            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", "fs", True)
+    async with feishu(monkeypatch, "not-the-secret") as fake:
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+        assert code == 1 and row(rows, "fs: identity").result == "fail"
+        assert fake.connections == []
+        monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", "fs", True)
     no_dm = row(rows, "fs: send test")
     assert no_dm.result == "warn" and code == 0
 
@@ -100,31 +87,29 @@ async def test_substitute_rows_resolve_each_target_with_its_reason(
     ids = {
         name: f"ou_{name}" + "0" * 20 for name in ("ok", "xapp", "hidden", "bad", "flaky", "empty")
     }
-    with trio.fail_after(DEADLINE):
-        async with open_fake_feishu() as fake:
-            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
-            fake.contacts[ids["ok"]] = {
-                "open_id": ids["ok"],
-                "union_id": "on_ok",
-                "name": "Olga",
-                "email": "olga@example.com",
-                "avatar": {"avatar_72": "", "avatar_240": "https://example.invalid/o240.png"},
-            }
-            fake.contact_errors[ids["xapp"]] = (403, 99992361)
-            fake.contact_errors[ids["hidden"]] = (400, 41050)
-            fake.contact_errors[ids["bad"]] = (400, 41012)
-            fake.contact_errors[ids["flaky"]] = (500, 40003)
-            fake.contact_empty.add(ids["empty"])
-            config = write_config(tmp_path, fake)
-            lines = ", ".join(f'{{name = "{n}", open_id = "{i}"}}' for n, i in ids.items())
-            with config.open("a", encoding="utf-8") as f:
-                f.write(
-                    "[bots.substitute]\nenabled = true\n"
-                    f'targets = [{lines}, {{name = "Mail", email = "OLGA@example.com"}},'
-                    ' {name = "Nobody", email = "nobody@example.com"},'
-                    ' {name = "Tenant", user_id = "u_tenant"}]\n'
-                )
-            rows, code = await _probe(config, tmp_path / "data", None, False)
+    async with feishu(monkeypatch) as fake:
+        fake.contacts[ids["ok"]] = {
+            "open_id": ids["ok"],
+            "union_id": "on_ok",
+            "name": "Olga",
+            "email": "olga@example.com",
+            "avatar": {"avatar_72": "", "avatar_240": "https://example.invalid/o240.png"},
+        }
+        fake.contact_errors[ids["xapp"]] = (403, 99992361)
+        fake.contact_errors[ids["hidden"]] = (400, 41050)
+        fake.contact_errors[ids["bad"]] = (400, 41012)
+        fake.contact_errors[ids["flaky"]] = (500, 40003)
+        fake.contact_empty.add(ids["empty"])
+        config = write_config(tmp_path, fake)
+        lines = ", ".join(f'{{name = "{n}", open_id = "{i}"}}' for n, i in ids.items())
+        with config.open("a", encoding="utf-8") as f:
+            f.write(
+                "[bots.substitute]\nenabled = true\n"
+                f'targets = [{lines}, {{name = "Mail", email = "OLGA@example.com"}},'
+                ' {name = "Nobody", email = "nobody@example.com"},'
+                ' {name = "Tenant", user_id = "u_tenant"}]\n'
+            )
+        rows, code = await _probe(config, tmp_path / "data", None, False)
     table = format_table(rows)
     assert row(rows, "fs: substitute: group messages").result == "warn"
     assert row(rows, "fs: substitute: group messages").detail == (
@@ -160,15 +145,13 @@ async def test_substitute_rows_resolve_each_target_with_its_reason(
 async def test_the_group_messages_row_is_ok_with_all_group_messages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_feishu() as fake:
-            monkeypatch.setenv("FEISHU_APP_SECRET", fake.app_secret)
-            config = write_config(tmp_path, fake)
-            with config.open("a", encoding="utf-8") as f:
-                f.write(
-                    'group_messages = "all"\n[bots.substitute]\nenabled = true\n'
-                    'targets = [{user_id = "u_1"}]\n'
-                )
-            rows, _ = await _probe(config, tmp_path / "data", None, False)
+    async with feishu(monkeypatch) as fake:
+        config = write_config(tmp_path, fake)
+        with config.open("a", encoding="utf-8") as f:
+            f.write(
+                'group_messages = "all"\n[bots.substitute]\nenabled = true\n'
+                'targets = [{user_id = "u_1"}]\n'
+            )
+        rows, _ = await _probe(config, tmp_path / "data", None, False)
     assert row(rows, "fs: substitute: group messages").result == "ok"
     assert fake.calls_to("GET /open-apis/contact/v3/users/{user_id}") == []

@@ -6,47 +6,42 @@ the command line; each test has a hard deadline on the real clock.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 import trio
 
-from dshim.probe import ProbeRow, _probe, format_table
+from dshim.probe import _probe, format_table
 from dshim.store import open_store
 from dshim.testing.fakes.wecom import FakeWecom, open_fake_wecom
+from tests import probekit
+from tests.probekit import probed_fake, row
 
 DEADLINE = 30.0
 
 
 def write_config(path: Path, fake: FakeWecom) -> Path:
-    config = path / "dshim.toml"
-    config.write_text(
-        "[[bots]]\n"
-        'name = "wx"\n'
-        'channel = "wecom"\n'
-        f'bot_id = "{fake.bot_id}"\n'
-        'secret = "${WECOM_BOT_SECRET}"\n'
-        f'ws_url = "{fake.ws_url}"\n'
-        "[bots.welcome]\n"
-        'text = "欢迎"\n',
-        encoding="utf-8",
+    table = {"name": "wx", "channel": "wecom", "bot_id": fake.bot_id}
+    return probekit.write_config(
+        path,
+        {**table, "secret": "${WECOM_BOT_SECRET}", "ws_url": fake.ws_url},
+        '[bots.welcome]\ntext = "欢迎"\n',
     )
-    return config
 
 
-def row(rows: list[ProbeRow], check: str) -> ProbeRow:
-    [found] = [r for r in rows if r.check == check]
-    return found
+#: The fake of one test, with the bot's secret (or the one given) in the environment.
+wecom = functools.partial(
+    probed_fake, open_fake_wecom, DEADLINE, "WECOM_BOT_SECRET", lambda fake: fake.secret
+)
 
 
 async def test_probe_subscribes_pings_and_closes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_wecom() as fake:
-            monkeypatch.setenv("WECOM_BOT_SECRET", fake.secret)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
-            await fake.wait_until(lambda: all(c.closed_by for c in fake.connections))
+    async with wecom(monkeypatch) as fake:
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+        await fake.wait_until(lambda: all(c.closed_by for c in fake.connections))
     table = format_table(rows)
     assert code == 0, table
     assert row(rows, "wx: credentials").result == "ok"
@@ -64,10 +59,8 @@ async def test_probe_reports_a_rejected_secret_without_showing_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     wrong = "not-the-secret-0123456789abcdef"
-    with trio.fail_after(DEADLINE):
-        async with open_fake_wecom() as fake:
-            monkeypatch.setenv("WECOM_BOT_SECRET", wrong)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+    async with wecom(monkeypatch, wrong) as fake:
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
     table = format_table(rows)
     assert code == 1
     identity = row(rows, "wx: identity")
@@ -79,17 +72,15 @@ async def test_probe_reports_a_rejected_secret_without_showing_it(
 async def test_probe_send_test_pushes_to_the_last_direct_user(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_wecom() as fake:
-            monkeypatch.setenv("WECOM_BOT_SECRET", fake.secret)
-            config = write_config(tmp_path, fake)
-            rows, code = await _probe(config, tmp_path / "data", "wx", True)
-            assert code == 0
-            no_dm = row(rows, "wx: send test")
-            assert no_dm.result == "warn" and "no direct conversation yet" in no_dm.detail
-            async with open_store(tmp_path / "data") as store:
-                await store.set_last_direct("wx", fake.user_id, now=0.0)
-            rows, code = await _probe(config, tmp_path / "data", "wx", True)
+    async with wecom(monkeypatch) as fake:
+        config = write_config(tmp_path, fake)
+        rows, code = await _probe(config, tmp_path / "data", "wx", True)
+        assert code == 0
+        no_dm = row(rows, "wx: send test")
+        assert no_dm.result == "warn" and "no direct conversation yet" in no_dm.detail
+        async with open_store(tmp_path / "data") as store:
+            await store.set_last_direct("wx", fake.user_id, now=0.0)
+        rows, code = await _probe(config, tmp_path / "data", "wx", True)
     assert code == 0, format_table(rows)
     assert row(rows, "wx: send test").result == "ok"
     [push] = fake.pushes
@@ -99,17 +90,15 @@ async def test_probe_send_test_pushes_to_the_last_direct_user(
 async def test_probe_warns_when_another_connection_takes_the_bot_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with trio.fail_after(DEADLINE):
-        async with open_fake_wecom() as fake, trio.open_nursery() as nursery:
-            monkeypatch.setenv("WECOM_BOT_SECRET", fake.secret)
-            fake.ack_pings = False  # the probe's ping waits: meanwhile another process connects
+    async with wecom(monkeypatch) as fake, trio.open_nursery() as nursery:
+        fake.ack_pings = False  # the probe's ping waits: meanwhile another process connects
 
-            async def another_process() -> None:
-                await fake.wait_until(lambda: fake.live is not None)
-                await fake.take_over()
+        async def another_process() -> None:
+            await fake.wait_until(lambda: fake.live is not None)
+            await fake.take_over()
 
-            nursery.start_soon(another_process)
-            rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
+        nursery.start_soon(another_process)
+        rows, code = await _probe(write_config(tmp_path, fake), tmp_path / "data", None, False)
     conn = row(rows, "wx: long connection")
     assert conn.result == "warn" and "took the bot over" in conn.detail
     assert code == 0

@@ -16,10 +16,11 @@ from dshim.channels.weixin import creds
 from dshim.channels.weixin.channel import CURSOR
 from dshim.channels.weixin.contexts import ContextBook
 from dshim.channels.weixin.protocol import ContextToken, credential_hash
-from dshim.probe import ProbeRow, _probe, format_table
+from dshim.probe import ProbeRow
 from dshim.store import open_store
 from dshim.store.base import BoundStore
 from dshim.testing.fakes.weixin import TEST_TOKEN, USER, FakeWeixin, open_fake_weixin
+from tests.probekit import probe_rows
 
 DEADLINE = 20
 CONTEXT = "ctx-probe-secret-0123456789"
@@ -41,10 +42,8 @@ def write_config(tmp_path: Path, fake: FakeWeixin, *, token: bool = True) -> Pat
 async def probe(
     tmp_path: Path, fake: FakeWeixin, *, send_test: bool = False, token: bool = True
 ) -> tuple[dict[str, ProbeRow], int]:
-    rows, code = await _probe(write_config(tmp_path, fake, token=token), None, "wx", send_test)
-    table = format_table(rows)
-    assert TEST_TOKEN not in table and CONTEXT not in table
-    return {r.check: r for r in rows}, code
+    config = write_config(tmp_path, fake, token=token)
+    return await probe_rows(config, "wx", secrets=(TEST_TOKEN, CONTEXT), send_test=send_test)
 
 
 async def seed_user(tmp_path: Path, fake: FakeWeixin) -> None:

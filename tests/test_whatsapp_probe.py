@@ -20,7 +20,7 @@ import trio
 
 from dshim.channels.registry import load_config
 from dshim.channels.whatsapp import channel as wa_channel
-from dshim.probe import ProbeRow, _probe, format_table
+from dshim.probe import ProbeRow
 from dshim.serve import serve_bots
 from dshim.store import open_store
 from dshim.testing.fakes.whatsapp import (
@@ -30,6 +30,7 @@ from dshim.testing.fakes.whatsapp import (
     FakeWhatsApp,
     open_fake_whatsapp,
 )
+from tests.probekit import probe_rows
 from tests.rig_whatsapp import ENDPOINT_TOKEN, EndpointHost, mounted, open_endpoint
 
 SECRETS = (TEST_TOKEN, TEST_APP_SECRET, TEST_VERIFY_TOKEN, ENDPOINT_TOKEN)
@@ -59,10 +60,7 @@ def write_config(tmp_path: Path, fake: FakeWhatsApp, listen: str, *, enabled: bo
 
 
 async def probe(path: Path, *, send_test: bool = False) -> tuple[dict[str, ProbeRow], int]:
-    rows, code = await _probe(path, None, "wa", send_test)
-    table = format_table(rows)
-    assert not [s for s in SECRETS if s in table]
-    return {r.check: r for r in rows}, code
+    return await probe_rows(path, "wa", secrets=SECRETS, send_test=send_test)
 
 
 @asynccontextmanager
