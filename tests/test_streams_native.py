@@ -109,6 +109,20 @@ def done(text: str) -> list[Delivered]:
     return [Delivered(message_id="m1", text=text, sent_at=0.0, completed_at=0.0)]
 
 
+async def one_then_one_two(calls: Script, *, wait_s: float, final: str) -> list[tuple[float, str]]:
+    """ "one", 1.5 s later "one two", ``wait_s`` later the final text: each call's time
+    (from the first update) and name."""
+    with trio.fail_after(DEADLINE):
+        async with open_native_stream(calls) as stream:
+            t0 = trio.current_time()
+            await stream.update("one")
+            await trio.sleep(1.5)
+            await stream.update("one two")
+            await trio.sleep(wait_s)
+            await stream.finish(final)
+    return [(round(t - t0, 1), op) for t, op, _ in calls.calls]
+
+
 async def test_first_text_at_once_then_one_update_per_interval_with_the_newest_text(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -178,15 +192,7 @@ async def test_a_rate_limit_pauses_updates_for_its_retry_after_and_the_answer_go
     calls = Script()
     calls.outcomes = [Step.SHOWN, RateLimited("slow down", retry_after=7.0)]
     calls.finish_result = done("one two three")
-    with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls) as stream:
-            t0 = trio.current_time()
-            await stream.update("one")
-            await trio.sleep(1.5)
-            await stream.update("one two")
-            await trio.sleep(10)
-            await stream.finish("one two three")
-    times = [(round(t - t0, 1), op) for t, op, _ in calls.calls]
+    times = await one_then_one_two(calls, wait_s=10, final="one two three")
     assert times == [(0.0, "start"), (1.5, "append"), (8.5, "append"), (11.5, "finish")]
 
 
@@ -337,15 +343,7 @@ async def test_a_channel_that_counts_its_own_failures_pauses_the_next_attempt(
     calls = Paused()
     calls.outcomes = [Step.SHOWN, Step.AGAIN, Step.AGAIN, Step.AGAIN]
     calls.finish_result = done("one two")
-    with trio.fail_after(DEADLINE):
-        async with open_native_stream(calls) as stream:
-            t0 = trio.current_time()
-            await stream.update("one")
-            await trio.sleep(1.5)
-            await stream.update("one two")
-            await trio.sleep(15)
-            await stream.finish("one two")
-    times = [(round(t - t0, 1), op) for t, op, _ in calls.calls]
+    times = await one_then_one_two(calls, wait_s=15, final="one two")
     assert times == [
         (0.0, "start"),
         (1.5, "append"),
