@@ -20,6 +20,7 @@ import importlib.util
 import os
 import pkgutil
 import typing
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -56,7 +57,10 @@ def _discover() -> tuple[RegistryEntry, ...]:
         if not module.ispkg or module.name in _NOT_CHANNELS:
             continue
         name = f"dshim.channels.{module.name}.spec"
-        if importlib.util.find_spec(name) is None:
+        # Looked for as a file: finding the module would import the package, and a
+        # package without a spec (a channel being written) is not a channel yet.
+        folder = getattr(module.module_finder, "path", None)
+        if folder is None or not (Path(folder) / module.name / "spec.py").is_file():
             continue
         entry = getattr(importlib.import_module(name), "SPEC", None)
         if not isinstance(entry, RegistryEntry) or entry.key != module.name:

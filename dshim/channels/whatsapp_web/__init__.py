@@ -1,0 +1,1 @@
+"""WhatsApp personal accounts over WhatsApp Web (multi-device), on neonize/whatsmeow."""
