@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from msgspec import UNSET
 
+from dshim.channels.kit.whatsapp_format import to_whatsapp
 from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.protocol import BotIdentity, Throttled, WindowClosed
 from dshim.errors import AuthError, ChannelError, NotFound, PermissionDenied, TransportError
@@ -540,7 +541,7 @@ def test_a_send_answer_gives_its_wamid_or_a_protocol_error() -> None:
     ],
 )
 def test_markdown_becomes_whatsapp_formatting(markdown: str, whatsapp: str) -> None:
-    assert protocol.to_whatsapp(markdown) == whatsapp
+    assert to_whatsapp(markdown) == whatsapp
 
 
 def test_text_payloads_reply_in_context_without_previews() -> None:

@@ -5,7 +5,7 @@ message is marked read with the typing indicator when the turn starts (``status:
 + ``typing_indicator``; WhatsApp shows it up to 25 s), refreshed every 20 s, and the
 answer is sent once it is complete, as a contextual reply to the user's message
 (``context.message_id``), with ``preview_url: false``.  The agent's Markdown becomes
-WhatsApp formatting (:func:`~dshim.channels.whatsapp.protocol.to_whatsapp`); beyond
+WhatsApp formatting (:func:`~dshim.channels.kit.whatsapp_format.to_whatsapp`); beyond
 4,096 characters it is split at paragraph/line boundaries into as few messages as
 possible, and only the first quotes the user's message.
 
@@ -38,6 +38,7 @@ import structlog
 import trio
 
 from dshim.channels.base import InteractionPrompt, PresentsInteractions, WatchesDelivery
+from dshim.channels.kit.whatsapp_format import to_whatsapp
 from dshim.channels.whatsapp import protocol
 from dshim.channels.whatsapp.client import GraphClient
 from dshim.channels.whatsapp.protocol import WindowClosed
@@ -182,7 +183,7 @@ class WhatsAppOutbound(EditOutbound, PresentsInteractions):
         return self._pacers.get(target.conversation_id, budget=1, per_s=PAIR_INTERVAL_S)
 
     async def send_text(self, target: ReplyTarget, text: str) -> list[Delivered]:
-        return await super().send_text(target, protocol.to_whatsapp(text))
+        return await super().send_text(target, to_whatsapp(text))
 
     @asynccontextmanager  # a ReplyStream of its own over the engine's EditStream
     async def open_stream(self, target: ReplyTarget) -> AsyncIterator[WhatsAppStream]:
@@ -200,7 +201,7 @@ class WhatsAppOutbound(EditOutbound, PresentsInteractions):
         pipeline sends the numbered text instead).  WhatsApp cannot take buttons away afterwards:
         a late press is judged like typed text (no pending request -> a normal message)."""
         labels = [o.label for o in prompt.options]
-        body = protocol.to_whatsapp(prompt.prompt)
+        body = to_whatsapp(prompt.prompt)
         payload = protocol.interactive_payload(
             target.conversation_id,
             body,
@@ -234,9 +235,9 @@ class WhatsAppStream(WatchesDelivery):
         return None
 
     async def finish(self, text: str) -> list[Delivered]:
-        return await self._inner.finish(protocol.to_whatsapp(text))
+        return await self._inner.finish(to_whatsapp(text))
 
 
 def split(text: str) -> list[str]:
     """How WhatsApp answers are split (replay uses it)."""
-    return LIMITS.split(protocol.to_whatsapp(text))
+    return LIMITS.split(to_whatsapp(text))
