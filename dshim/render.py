@@ -201,6 +201,10 @@ class Limits:
     #: 429s are retried as the platform asks until this much waiting for one call has
     #: accumulated: a long flood-control storm delays the final text, it does not drop it.
     rate_limit_budget_s: float = 900.0
+    #: Edits of the answer's messages in all, the final text's included (None: no limit).
+    #: Intermediate edits stop one short of it, so the final text always has its edit
+    #: (WhatsApp Web: 20, so a long answer does not flood the edit history).
+    max_edits: int | None = None
     #: First backoff after a transient failure; doubles up to 30 s (:class:`dshim.backoff.Backoff`,
     #: no jitter: one stream's calls are sequential and tests rely on the exact waits).
     retry_backoff_s: float = 1.0
@@ -379,6 +383,8 @@ class EditStream(WatchesDelivery):
         self._pump_started = False
         self._finished = False
         self._pump_failures = 0
+        #: Intermediate edits made (see ``Limits.max_edits``).
+        self._edits = 0
         self._pump_backoff = self._backoff()
         self._rate_limited_s = 0.0
         #: Sends per message slot whose outcome is unknown (see _unsure_send).
@@ -468,10 +474,12 @@ class EditStream(WatchesDelivery):
         if not display or self._first_text_at is None or self._unsure:
             return None  # (unsure: a message may be up unknown to us; finish repeats it)
         chunks = self.limits.split(display)
+        most = self.limits.max_edits
+        may_edit = most is None or self._edits < most - 1
         for i, chunk in enumerate(chunks):
             if i < len(self._msgs):
                 m = self._msgs[i]
-                if m.text != chunk:
+                if m.text != chunk and may_edit:
                     return i, chunk, m.last_call + self.limits.edit_interval_s
             elif i == 0:
                 return 0, chunk, self._first_text_at + self.limits.first_send_delay_s
@@ -507,6 +515,7 @@ class EditStream(WatchesDelivery):
             if index < len(self._msgs):
                 m = self._msgs[index]
                 m.last_call = trio.current_time()
+                self._edits += 1
                 await self.transport.edit(m.id, chunk)
                 m.text = chunk
             else:

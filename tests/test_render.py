@@ -574,3 +574,20 @@ async def test_a_quick_answer_gets_no_typing_and_one_message(
         assert t.typing_at == []
         assert [kind for _, kind, _, _ in t.calls] == ["send"]
         assert t.final == [("word " * 50).strip()]
+
+
+async def test_max_edits_caps_the_intermediate_edits_and_keeps_one_for_the_final_text(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    limits = Limits(max_len=4096, first_send_delay_s=1.0, edit_interval_s=2.0, max_edits=5)
+    with trio.fail_after(DEADLINE):
+        t = Transport()
+        async with open_edit_stream(t, limits, clock=clock) as stream:
+            text = await stream_text(stream, [f"w{i} " for i in range(120)], 0.5)  # 60 s
+            await stream.finish(text + "done")
+    edits = [c for c in t.calls if c[1] == "edit"]
+    assert len(edits) == 5  # four on the way (every 2 s at first), then the final text
+    assert [c[1] for c in t.calls].count("send") == 1
+    assert edits[-1][3] == (text + "done").strip()
+    assert edits[-1][0] > 59 and all(c[0] < 12 for c in edits[:-1])
+    assert t.final == [(text + "done").strip()]
