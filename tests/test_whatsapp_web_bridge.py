@@ -107,3 +107,34 @@ async def test_the_librarys_errors_are_channel_errors_mapped_or_transport() -> N
             )
         with pytest.raises(TransportError, match="connect: LoggedOut: 401: logged out"):
             await bridge.call("connect", fails)
+
+
+async def test_a_message_handler_waits_until_the_trio_side_took_it_and_close_lets_it_go() -> None:
+    with trio.fail_after(DEADLINE):
+        bridge: ThreadBridge[str] = ThreadBridge()
+        taken = trio.Event()
+        returned: list[bool] = []
+
+        def handler() -> None:
+            returned.append(bridge.hand_over("m1", until=taken))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, handler)
+            events = bridge.events()
+            assert await events.__anext__() == "m1"
+            await trio.sleep(0.05)
+            assert returned == []  # still waiting: the ack would go out too early
+            taken.set()
+        assert returned == [True]
+
+        waiting = trio.Event()  # never set: the bot stops instead
+
+        def stuck() -> None:
+            returned.append(bridge.hand_over("m2", until=waiting))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, stuck)
+            assert await events.__anext__() == "m2"
+            bridge.close()
+        await events.aclose()
+        assert returned == [True, False]

@@ -13,7 +13,6 @@ import pytest
 
 from dshim.channels.whatsapp_web.engine import (
     CLIENT_CALLS,
-    CLIENT_PROPERTIES,
     EVENTS,
     load_neonize,
 )
@@ -29,12 +28,6 @@ def test_every_client_call_exists_with_the_parameters_the_adapter_passes(
     assert callable(method), f"NewClient.{name} is gone"
     accepted = inspect.signature(method).parameters
     assert [p for p in params if p not in accepted] == []
-
-
-def test_the_connection_state_is_read_as_properties() -> None:
-    client = load_neonize("neonize.client").NewClient
-    kinds = {name: type(inspect.getattr_static(client, name, None)) for name in CLIENT_PROPERTIES}
-    assert kinds == {name: property for name in CLIENT_PROPERTIES}
 
 
 def test_every_event_the_adapter_subscribes_to_exists() -> None:

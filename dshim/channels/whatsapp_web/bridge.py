@@ -6,9 +6,13 @@ dshim's pipeline may run there, so a handler only hands the event to trio:
 :meth:`ThreadBridge.hand_over` blocks *that* thread until the event is in a bounded
 memory channel (``trio.from_thread`` with the run's token), so a burst waits in
 whatsmeow instead of growing a queue, and the trio side reads the events in the order
-they were handed over (:meth:`ThreadBridge.events`).  Once the bridge is closed (the bot
-stops), a handler returns at once and says so (False): it never blocks a thread of a
-library that is being disconnected.
+they were handed over (:meth:`ThreadBridge.events`).  An event that must be durable
+before the library acknowledges it to WhatsApp (a message: whatsmeow sends its ack when
+the handler returns) is handed over with ``until=`` a :class:`trio.Event` the trio side
+sets once the pipeline accepted it; the handler thread waits for that too.  Once the
+bridge is closed (the bot stops), a handler returns at once and says so (False), and
+the handlers still waiting are let go: it never blocks a thread of a library that is
+being disconnected.
 
 The other direction: every call into neonize is blocking (cgo), so it runs on a worker
 thread (``trio.to_thread.run_sync``) under one :class:`trio.CapacityLimiter` per bot and
@@ -60,21 +64,35 @@ class ThreadBridge(Generic[E]):
         self._limiter = trio.CapacityLimiter(calls_at_once)
         self.deadline_s = deadline_s
         self.closed = False
+        self._waiting: set[trio.CancelScope] = set()
 
     # -- neonize's threads ----------------------------------------------------------------
 
-    def hand_over(self, event: E) -> bool:
-        """On a foreign thread: wait until ``event`` is in the channel.  False when the
-        bridge is closed (the event is not taken)."""
+    def hand_over(self, event: E, *, until: trio.Event | None = None) -> bool:
+        """On a foreign thread: wait until ``event`` is in the channel (and, with
+        ``until``, until the trio side set it).  False when the bridge is closed first."""
         if self.closed:
             return False
         try:
-            trio.from_thread.run(self._send.send, event, trio_token=self._token)
+            return trio.from_thread.run(self._deliver, event, until, trio_token=self._token)
         except (trio.RunFinishedError, trio.ClosedResourceError, trio.BrokenResourceError):
             return False
         except trio.Cancelled:
             return False
-        return True
+
+    async def _deliver(self, event: E, until: trio.Event | None) -> bool:
+        if until is None:
+            await self._send.send(event)
+            return True
+        with trio.CancelScope() as scope:
+            self._waiting.add(scope)
+            try:
+                await self._send.send(event)
+                await until.wait()
+                return True
+            finally:
+                self._waiting.discard(scope)
+        return False  # closed while it waited
 
     # -- the trio side -------------------------------------------------------------------
 
@@ -89,6 +107,8 @@ class ThreadBridge(Generic[E]):
         already in the channel."""
         self.closed = True
         self._send.close()
+        for scope in list(self._waiting):
+            scope.cancel()
 
     async def call(
         self,
