@@ -250,9 +250,11 @@ def probe(
 class _LoginTerminal:
     """The :class:`~dshim.channels.base.LoginContext` of ``dshim login``: the terminal."""
 
-    def __init__(self, bot: Any, data_dir: Path) -> None:
+    def __init__(self, bot: Any, data_dir: Path, *, phone: str | None = None) -> None:
         self.bot = bot
         self.data_dir = data_dir
+        #: ``--phone``: link with a pair code for this number instead of a QR code.
+        self.phone = phone
 
     def settings_as(self, kind: Any) -> Any:
         from dshim.config import settings_of
@@ -277,8 +279,18 @@ class _LoginTerminal:
 def login(
     ctx: typer.Context,
     bot: Annotated[str, typer.Argument(help="The bot to log in.", metavar="BOT")],
+    phone: Annotated[
+        str | None,
+        typer.Option(
+            "--phone",
+            help="WhatsApp Web: link with a pair code for this number (+49...) instead of "
+            "a QR code.",
+            metavar="NUMBER",
+        ),
+    ] = None,
 ) -> None:
-    """Log a bot in interactively where its platform needs it (WeChat: scan a QR code)."""
+    """Log a bot in interactively where its platform needs it (WeChat, WhatsApp Web: scan
+    a QR code)."""
     g: Globals = ctx.obj
     cfg, label = _load(g)
     from dshim.channels.base import login_hook
@@ -294,6 +306,8 @@ def login(
         hook = login_hook(load_channel(target.channel))
         if hook is None:
             raise ConfigError(f"bot {bot!r}: the {target.channel} channel has no login step")
+        if phone is not None and target.channel != "whatsapp_web":
+            raise ConfigError(f"--phone: the {target.channel} channel links by QR code only")
         data_dir = launch.data_dir(g, cfg)
         prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
     except ConfigError as exc:
@@ -302,7 +316,7 @@ def login(
     import trio
 
     try:
-        code = trio.run(hook, _LoginTerminal(target, data_dir))
+        code = trio.run(hook, _LoginTerminal(target, data_dir, phone=phone))
     except DshimError as exc:
         raise _fail(str(exc), 1) from None
     raise typer.Exit(code)

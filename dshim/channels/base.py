@@ -126,6 +126,7 @@ __all__ = [
     "FixtureError",
     "HasDataDir",
     "HasLoginFn",
+    "HasLoginPhone",
     "Identity",
     "Inbound",
     "InteractionPrompt",
@@ -157,6 +158,7 @@ __all__ = [
     "WebSocketHandler",
     "data_dir_of",
     "login_hook",
+    "login_phone_of",
 ]
 
 S = TypeVar("S", bound=msgspec.Struct)
@@ -608,6 +610,21 @@ class LoginContext(Protocol):
     def say(self, text: str) -> None: ...
 
     async def ask(self, prompt: str) -> str: ...
+
+
+@runtime_checkable
+class HasLoginPhone(Protocol):
+    """A :class:`LoginContext` with the number ``dshim login --phone`` gave (link by pair
+    code instead of a QR code; see :func:`login_phone_of`)."""
+
+    @property
+    def phone(self) -> str | None: ...
+
+
+def login_phone_of(ctx: object) -> str | None:
+    """The ``--phone`` of a login (None: link by QR code)."""
+    value = ctx.phone if isinstance(ctx, HasLoginPhone) else None
+    return value if isinstance(value, str) and value.strip() else None
 
 
 #: ``login(ctx)``: an interactive login (QR scan ...); returns the exit code.

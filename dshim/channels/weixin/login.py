@@ -17,13 +17,13 @@ id and the URL to render; the QR is printed to the terminal (segno) with the URL
 
 from __future__ import annotations
 
-import io
 import urllib.parse
 
 import structlog
 import trio
 
 from dshim.channels.base import LoginContext
+from dshim.channels.kit.qr import render_qr
 from dshim.channels.weixin import creds, protocol
 from dshim.channels.weixin import models as m
 from dshim.channels.weixin.client import CALL_TIMEOUT, USER_AGENT, IlinkClient
@@ -58,16 +58,6 @@ def trusted_base(candidate: str, configured: str) -> str | None:
         return None
     netloc = host if parts.port is None else f"{host}:{parts.port}"
     return f"{scheme}://{netloc}{parts.path.rstrip('/')}"
-
-
-def render_qr(url: str) -> str:
-    """The QR of ``url`` as terminal text (segno is imported here: only a login or a
-    re-login draws one, and serving bots should not carry it)."""
-    import segno
-
-    out = io.StringIO()
-    segno.make(url, error="m").terminal(out=out, compact=True)
-    return out.getvalue()
 
 
 async def run_login(ctx: LoginContext, *, api_base: str, cdn_base: str) -> int:

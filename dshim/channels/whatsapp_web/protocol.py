@@ -25,11 +25,15 @@
   ``quotedMessage`` the same way as an inbound message (text, captions, attachment kinds
   and file names); without ``quotedMessage`` the core recovers it from the message index
   (then ``not-delivered``);
-- **forwarded**: ``contextInfo.isForwarded``.
+- **forwarded**: ``contextInfo.isForwarded``;
+- **route** (what the answer needs to quote the message, recomputed from the stored event
+  after a restart): the sender's JID, the message's time and a small snapshot of it
+  (:func:`quote_snapshot`) for the reply's ``contextInfo.quotedMessage``.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -187,6 +191,55 @@ def _media(msg: m.WaMessage, factory: MediaFactory | None) -> tuple[list[MediaRe
     return images, files
 
 
+#: The quoted text an answer's ``quotedMessage`` carries at most (the phone shows a few
+#: lines of it).
+SNAPSHOT_TEXT_MAX = 1024
+
+
+def quote_snapshot(msg: m.WaMessage) -> dict[str, object]:
+    """What an answer quotes of ``msg`` (a ``waE2E.Message`` in protobuf JSON): its text,
+    or its media kind with caption and file name -- never a media key, URL or thumbnail."""
+    msg = unwrap(msg)
+    text, _ = content_of(msg)
+    text = text[:SNAPSHOT_TEXT_MAX]
+    for field, _, _ in _MEDIA:
+        media: m.Media | None = getattr(msg, field)
+        if media is not None:
+            shown: dict[str, object] = {}
+            if media.caption:
+                shown["caption"] = media.caption[:SNAPSHOT_TEXT_MAX]
+            if media.fileName:
+                shown["fileName"] = media.fileName[:256]
+            if media.mimetype:
+                shown["mimetype"] = media.mimetype[:128]
+            return {field: shown}
+    return {"conversation": text}
+
+
+def strip_mention(text: str, me: BotIdentity) -> str:
+    """``text`` without the ``@<number>`` (or ``@<lid>``) that mentions the bot."""
+    for jid in (me.jid, me.lid):
+        user = user_of(jid)
+        if user:
+            text = re.sub(rf"(?<![\w@])@{re.escape(user)}\b\s?", "", text)
+    return text.strip()
+
+
+def route_of(ev: m.MessageEvent, msg: m.WaMessage) -> dict[str, object]:
+    """The answer's route: who wrote the message (``user@server``), when, its snapshot."""
+    src = ev.Info.MessageSource
+    sender = src.Sender if src.Sender.User else src.Chat
+    try:
+        timestamp = int(float(ev.Info.Timestamp))
+    except ValueError:
+        timestamp = 0
+    return {
+        "participant": f"{sender.User}@{sender.Server}",
+        "timestamp": timestamp,
+        "quoted": quote_snapshot(msg),
+    }
+
+
 def _is_edit(ev: m.MessageEvent, msg: m.WaMessage) -> bool:
     if ev.Info.Edit or ev.IsEdit or msg.editedMessage is not None:
         return True
@@ -242,6 +295,8 @@ def map_event(
     text, ctx = content_of(msg)
     images, files = _media(msg, media)
     mentioned = bool(ctx and any(me.is_me(j) for j in ctx.mentionedJID))
+    if mentioned:
+        text = strip_mention(text, me)
     replied_to_bot = bool(ctx and ctx.stanzaID and me.is_me(ctx.participant))
     group = src.IsGroup or src.Chat.Server == "g.us"
     try:
@@ -265,4 +320,5 @@ def map_event(
         received_at=received,
         forwarded=bool(ctx and ctx.isForwarded),
         mentions=[Mention(ids={"id": user_of(j)}) for j in (ctx.mentionedJID if ctx else [])],
+        route=route_of(ev, msg),
     )
