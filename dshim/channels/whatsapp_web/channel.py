@@ -42,6 +42,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import random
 import re
 import socket
 import time
@@ -336,7 +337,7 @@ async def run(
     host: BotHost,
     *,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-    backoff: Backoff | None = None,
+    rng: random.Random | None = None,
 ) -> None:
     """Run one WhatsApp Web bot: connect, open the pipeline, read until shutdown."""
     settings = host.settings_as(WhatsAppWebSettings)
@@ -345,7 +346,9 @@ async def run(
     if await linked_account(settings, data_dir, name) is None:
         raise AuthError(f"WhatsApp Web bot {name!r} is not linked: run `dshim login {name}`")
     engine = make_engine(settings, data_dir, name)
-    session = Session(engine, bot=name, store=host.store, clock=host.clock, backoff=backoff)
+    session = Session(
+        engine, bot=name, store=host.store, clock=host.clock, backoff=Backoff(rng=rng)
+    )
     with single_error():
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.dispatch)
