@@ -214,3 +214,38 @@ def _poll(ev: Any) -> None:
 def test_what_is_dropped_and_why(raw: bytes, reason: str) -> None:
     out = map_event(raw, bot_id="bot:wa", me=BOT)
     assert isinstance(out, Skip) and out.reason == reason
+
+
+def test_the_mention_of_the_bot_is_taken_out_of_the_text_in_either_form() -> None:
+    def by(user: str, server: str) -> Callable[[Any], None]:
+        def fill(ev: Any) -> None:
+            ev.Message.ClearField("conversation")
+            ext = ev.Message.extendedTextMessage
+            ext.text = f"@{user} what is due today? cc @4915100000042"
+            ext.contextInfo.mentionedJID.extend(
+                [f"{user}@{server}", "4915100000042@s.whatsapp.net"]
+            )
+
+        return fill
+
+    for user, server in (("4915199999999", "s.whatsapp.net"), ("123456789012345", "lid")):
+        msg = mapped(event(by(user, server), group=True))
+        assert msg.addressed and msg.mentioned
+        assert msg.content == "what is due today? cc @4915100000042"
+
+
+def test_the_route_holds_what_the_answer_quotes_and_no_media_key() -> None:
+    def fill(ev: Any) -> None:
+        ev.Message.ClearField("conversation")
+        img = ev.Message.imageMessage
+        img.caption, img.mimetype = "the receipt", "image/jpeg"
+        img.mediaKey, img.directPath = b"\x01" * 32, "/v/t62.7118-24/secret-path"
+        img.URL, img.JPEGThumbnail = "https://mmg.whatsapp.net/v/secret", b"\xff\xd8" * 50
+
+    msg = mapped(event(fill, group=True))
+    assert msg.route == {
+        "participant": f"{ADA}@s.whatsapp.net",
+        "timestamp": 1_796_000_000,
+        "quoted": {"imageMessage": {"caption": "the receipt", "mimetype": "image/jpeg"}},
+    }
+    assert mapped(event(text="x" * 5000)).route["quoted"] == {"conversation": "x" * 1024}
