@@ -95,6 +95,7 @@ CLIENT_CALLS: dict[str, tuple[str, ...]] = {
     "build_reply_message": ("message", "quoted", "link_preview"),
     "edit_message": ("chat", "message_id", "new_message"),
     "send_chat_presence": ("jid", "state", "media"),
+    "send_presence": ("presence",),
     "mark_read": ("chat", "sender", "receipt", "timestamp"),
     "download_any": ("message",),
 }
@@ -388,7 +389,7 @@ class NeonizeEngine(WaEngine):
         ev = self._lib["events"]
         client.event(ev.MessageEv)(self._on_message)
         client.event(ev.PairStatusEv)(self._on_pair)
-        client.event(ev.ConnectedEv)(lambda _c, _e: self.bridge.hand_over(Connected()))
+        client.event(ev.ConnectedEv)(self._on_connected)
         client.event(ev.DisconnectedEv)(lambda _c, _e: self.bridge.hand_over(Disconnected()))
         client.event(ev.LoggedOutEv)(self._on_logged_out)
         client.event(ev.StreamReplacedEv)(lambda _c, _e: self.bridge.hand_over(Replaced()))
@@ -406,6 +407,16 @@ class NeonizeEngine(WaEngine):
         as_dict = self._lib["json_format"].MessageToDict(event, preserving_proto_field_name=True)
         incoming = Incoming(json.dumps(as_dict, separators=(",", ":")).encode())
         self.bridge.hand_over(incoming, until=incoming.taken)
+
+    def _on_connected(self, client: Any, _event: Any) -> None:
+        # whatsmeow: send a presence once after connecting, or contacts see no push name
+        # (and chat presence, "typing...", is not shown).  While the account is
+        # "available" here, WhatsApp holds back the phone's own notifications.
+        try:
+            client.send_presence(presence=self._lib["enum"].Presence.AVAILABLE)
+        except Exception as exc:
+            log.info("presence_failed", error=str(exc)[:200])
+        self.bridge.hand_over(Connected())
 
     def _on_pair(self, _client: Any, event: Any) -> None:
         self.bridge.hand_over(
