@@ -40,7 +40,7 @@ def event(
     src.Sender.User, src.Sender.Server = sender, "s.whatsapp.net"
     ev.Info.ID = "3EB0C0FFEE"
     ev.Info.Pushname = "Ada"
-    ev.Info.Timestamp = 1_796_000_000
+    ev.Info.Timestamp = 1_796_000_000_123
     if text is not None:
         ev.Message.conversation = text
     if fill is not None:
@@ -58,7 +58,7 @@ def test_a_direct_text_is_addressed_with_its_chat_sender_and_time() -> None:
     msg = mapped(event())
     assert (msg.conversation_id, msg.conversation_type) == (f"{ADA}@s.whatsapp.net", "direct")
     assert (msg.sender_id, msg.sender_name, msg.message_id) == (ADA, "Ada", "3EB0C0FFEE")
-    assert (msg.content, msg.addressed, msg.received_at) == ("hello", True, 1_796_000_000.0)
+    assert (msg.content, msg.addressed, msg.received_at) == ("hello", True, 1_796_000_000.123)
 
 
 def _extended(text: str, **ctx: Any) -> Callable[[Any], None]:
@@ -105,6 +105,7 @@ def test_a_quote_carries_id_author_content_and_attachments_of_the_quoted_message
     ref = msg.reply_to
     assert ref is not None
     assert (ref.message_id, ref.author_id, ref.content) == ("3EB0Q1", ADA, "a cat")
+    assert ref.author_name == "Ada"  # she quotes herself: her push name is the author's
     assert [(a.kind, a.name) for a in ref.attachments] == [("image", None)]  # type: ignore[union-attr]
 
     def document(q: Any) -> None:
@@ -249,3 +250,15 @@ def test_the_route_holds_what_the_answer_quotes_and_no_media_key() -> None:
         "quoted": {"imageMessage": {"caption": "the receipt", "mimetype": "image/jpeg"}},
     }
     assert mapped(event(text="x" * 5000)).route["quoted"] == {"conversation": "x" * 1024}
+
+
+def test_the_time_is_read_as_milliseconds_and_an_implausible_one_is_malformed() -> None:
+    def at(value: int) -> Callable[[Any], None]:
+        def fill(ev: Any) -> None:
+            ev.Info.Timestamp = value
+
+        return fill
+
+    assert mapped(event(at(1_796_000_000_500))).route["timestamp"] == 1_796_000_000
+    dropped = map_event(event(at(1_796_000_000_000_000)), bot_id="bot:wa", me=BOT)  # in µs
+    assert isinstance(dropped, Skip) and dropped.reason == "malformed"

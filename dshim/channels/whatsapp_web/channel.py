@@ -112,7 +112,7 @@ STATE_CURSOR = "connection"
 #: Messages mapped but not yet accepted; more wait in whatsmeow (backpressure).
 MESSAGE_QUEUE = 16
 #: Connecting and closing are bounded.
-DISCONNECT_WAIT_S = 10.0
+DISCONNECT_WAIT_S = 5.0
 #: The whole wait for a QR scan or a pair code.
 LOGIN_DEADLINE_S = 300.0
 TEST_MESSAGE = "dshim connection test"
@@ -302,14 +302,17 @@ class Session:
                 await record_inbound(self.store, item, self.clock())
             incoming.taken.set()
 
-    async def close(self) -> None:
-        """End the connection (bounded), then let the engine's handlers go."""
+    async def close(self, *, final_state: str | None = None) -> None:
+        """End the connection (bounded), then let the engine's handlers go; with
+        ``final_state``, the state the probe reads afterwards."""
         self.stopping = True
         with trio.CancelScope(shield=True), trio.move_on_after(DISCONNECT_WAIT_S):
             try:
                 await self.engine.disconnect()
             except ChannelError as exc:
                 log.info("disconnect_failed", error=str(exc)[:200])
+            if final_state is not None and self.account is not None:
+                await self._state(final_state)
         self.engine.close()
         self._in.close()
 
@@ -319,8 +322,10 @@ def mapper(engine: WaEngine, me: BotIdentity) -> Callable[[bytes], InboundMessag
     inside the turn."""
 
     def decode(raw: bytes) -> InboundMessage | Skip:
-        def media(field: str) -> Fetcher:
+        def media(field: str, size: int | None) -> Fetcher:
             async def fetch(limit: int) -> bytes:
+                if size is not None and size > limit:
+                    raise ChannelError(f"the {field} is larger than {limit} bytes")
                 data = await engine.download(raw, field)
                 if len(data) > limit:
                     raise ChannelError(f"the {field} is larger than {limit} bytes")
@@ -353,6 +358,7 @@ async def run(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(session.dispatch)
             nursery.start_soon(session.keep_connected)
+            ended: str | None = None  # an error's own state is written where it is raised
             try:
                 await session.connected.wait()
                 account = await until_ok("account", engine.me)
@@ -372,8 +378,9 @@ async def run(
                 ) as rt:
                     task_status.started()
                     await host.serve(rt, functools.partial(session.read, rt, decode))
+                ended = "stopped"
             finally:
-                await session.close()
+                await session.close(final_state=ended)
                 nursery.cancel_scope.cancel()
 
 
@@ -440,13 +447,15 @@ async def _link(ctx: LoginContext, engine: WaEngine, digits: str | None) -> int:
                 if codes == 1:
                     code = await engine.pair_phone(digits)
                     ctx.say(
-                        f"{name}: on the phone open WhatsApp > Settings > Linked devices > "
-                        f"Link a device > Link with phone number instead, and enter {code}"
+                        f"{name}: on the phone open Linked devices (iPhone: WhatsApp > Settings;"
+                        " Android: the ⋮ menu) > Link a device > Link with phone number "
+                        f"instead, and enter {code}"
                     )
                 continue
             ctx.say(render_qr(event.code))
             ctx.say(
-                f"{name}: scan with WhatsApp > Settings > Linked devices > Link a device"
+                f"{name}: scan it with the phone: Linked devices (iPhone: WhatsApp > "
+                "Settings; Android: the ⋮ menu) > Link a device"
                 + (" (a new code: the last one expired)" if codes > 1 else "")
             )
         elif isinstance(event, Paired):
@@ -586,10 +595,20 @@ async def probe(rows: ProbeRows) -> None:
             return "warn", "never connected: start dshim serve"
         age = max(0.0, time.time() - state.since)
         detail = f"{state.state} for {age:.0f} s (dshim serve on {state.host}, pid {state.pid})"
-        if state.state == "connected" and _serving(state):
-            return "ok", detail
-        if state.state in ("logged_out", "replaced", "refused"):
+        if state.state == "logged_out":
             return "fail", f"{detail}: {login_hint(name)}"
+        if state.state == "replaced":
+            return "fail", (
+                f"{detail}: another client used this session; stop the other dshim serve "
+                "(one data directory, one serve), then start this one again"
+            )
+        if state.state == "refused":
+            return "fail", f"{detail}: WhatsApp refused the client (see the serve's log)"
+        serving = _serving(state)
+        if state.state == "connected" and serving:
+            return "ok", detail
+        if state.state == "reconnecting" and serving:
+            return "warn", f"{detail}: the connection dropped, dshim serve reconnects"
         return "warn", f"{detail}; dshim serve is not running"
 
     async def send_test(conversation_id: str) -> str:

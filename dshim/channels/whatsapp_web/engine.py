@@ -37,6 +37,7 @@ import logging
 import os
 import subprocess
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,7 @@ EVENTS = (
     "ConnectFailureEv",
     "KeepAliveTimeoutEv",
     "TemporaryBanEv",
+    "ClientOutdatedEv",
 )
 
 
@@ -359,6 +361,7 @@ class NeonizeEngine(WaEngine):
         self._client: Any = None
         self._lib: dict[str, ModuleType] = {}
         self._connect_limiter = trio.CapacityLimiter(1)
+        self._quotes: OrderedDict[str, Quote] = OrderedDict()
 
     # -- loading ---------------------------------------------------------------------------
 
@@ -395,6 +398,9 @@ class NeonizeEngine(WaEngine):
         client.event(ev.StreamReplacedEv)(lambda _c, _e: self.bridge.hand_over(Replaced()))
         client.event(ev.ConnectFailureEv)(self._on_failure)
         client.event(ev.TemporaryBanEv)(self._on_ban)
+        client.event(ev.ClientOutdatedEv)(
+            lambda _c, _e: self.bridge.hand_over(ConnectFailed(reason="CLIENT_OUTDATED"))
+        )
         client.event(ev.KeepAliveTimeoutEv)(
             lambda _c, e: self.bridge.hand_over(KeepAliveLost(int(e.ErrorCount)))
         )
@@ -512,19 +518,28 @@ class NeonizeEngine(WaEngine):
             to=self._jid(chat),
             message=message,
             link_preview=False,
+            errors={Exception: send_error},
         )
         if not sent.ID:
             raise ChannelError("send_message: WhatsApp returned no message id")
-        return str(sent.ID)
+        message_id = str(sent.ID)
+        if quote is not None:  # an edit keeps the reply's quote (see edit)
+            self._quotes[message_id] = quote
+            while len(self._quotes) > QUOTES_KEPT:
+                self._quotes.popitem(last=False)
+        return message_id
 
     async def edit(self, chat: str, message_id: str, text: str) -> None:
         client = await self._load()
+        # The new content has the shape of the first send: a reply stays a reply (with
+        # its contextInfo) on every edit.
         await self.bridge.call(
             "edit_message",
             client.edit_message,
             chat=self._jid(chat),
             message_id=message_id,
-            new_message=self._lib["wa"].Message(conversation=text),
+            new_message=self._text_message(text, self._quotes.get(message_id)),
+            errors={Exception: send_error},
         )
 
     async def presence(self, chat: str, *, composing: bool) -> None:
@@ -586,9 +601,26 @@ class NeonizeEngine(WaEngine):
         if self._client is None:
             return
         client = self._client
-        await self.bridge.call("disconnect", client.disconnect, deadline_s=10.0)
+        await self.bridge.call("disconnect", client.disconnect, deadline_s=2.5)
         # ``connect`` blocks in whatsmeow until its context is cancelled.
-        await self.bridge.call("stop", client.stop, deadline_s=10.0)
+        await self.bridge.call("stop", client.stop, deadline_s=2.5)
+
+
+#: Quotes of sent replies kept for their edits (an answer's messages, for a while).
+QUOTES_KEPT = 1024
+#: whatsmeow errors raised before anything went out (not connected, no session with a
+#: device, no device list): the send certainly created nothing and may be retried.
+_NOT_SENT = ("not connected", "not logged in", "failed to get device list", "no signal session",
+             "failed to encrypt", "usync", "failed to get user info")
+
+
+def send_error(exc: BaseException) -> ChannelError:
+    """A send's or an edit's library error: certainly not sent (retried with backoff) when
+    whatsmeow failed before the message left, else of unknown outcome."""
+    text = str(exc)[:300]
+    if any(marker in text.lower() for marker in _NOT_SENT):
+        return TransportError(f"send_message: {text}", request_sent=False)
+    return TransportError(f"send_message: {text}")
 
 
 _WRAPPERS = (

@@ -6,7 +6,7 @@ of neonize's ``Neonize_pb2.Message`` (the replay fixtures hold exactly that): ``
 own ``waE2E.Message``: ``conversation``, ``extendedTextMessage``, ``imageMessage`` ...).
 Only the fields dshim reads are declared; proto JSON leaves out every field at its
 default (``IsGroup`` false, an empty string), so every field has one here too, and 64-bit
-integers arrive as strings (``Timestamp``, ``fileLength``).
+integers arrive as strings (``Timestamp``, Unix milliseconds; ``fileLength``).
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@
   and a prompt already queued keeps the text it was accepted with (the inbox entry is
   durable by then; replacing it would make what the agent answers depend on timing);
 - **conversation** = the chat JID (``user@server``), direct or group by ``IsGroup``;
-  sender = ``Sender``'s user part, name = ``Pushname``;
+  sender = ``Sender``'s user part, name = ``Pushname``; the time ``Timestamp``, which
+  neonize writes as Unix milliseconds (an implausible one is ``malformed``);
 - **text** from ``conversation``, ``extendedTextMessage.text`` or the caption of an
   image, video or document (also inside ``ephemeralMessage`` / ``viewOnceMessage*`` /
   ``documentWithCaptionMessage``); images (and stickers) as images, documents, audio,
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import msgspec
 
 from dshim.channels.kit.decode import decode
+from dshim.channels.kit.ids import plausible_time
 from dshim.channels.whatsapp_web import models as m
 from dshim.model import Attachment, Fetcher, InboundMessage, MediaRef, Mention, ReplyReference, Skip
 
@@ -50,8 +52,9 @@ DROPPED_SERVERS = frozenset({"broadcast", "newsletter"})
 #: ``protocolMessage.type`` of an edit (``waE2E.ProtocolMessage.Type``).
 MESSAGE_EDIT = ("MESSAGE_EDIT", 14)
 
-#: Hands the channel's download for one media field of this event (``imageMessage`` ...).
-MediaFactory = Callable[[str], Fetcher | None]
+#: Hands the channel's download for one media field of this event (``imageMessage`` ...)
+#: and the size the message declares (``fileLength``; None: not given).
+MediaFactory = Callable[[str, int | None], Fetcher | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,12 +183,13 @@ def _media(msg: m.WaMessage, factory: MediaFactory | None) -> tuple[list[MediaRe
         media: m.Media | None = getattr(msg, field)
         if media is None:
             continue
+        size = _size(media.fileLength)
         ref = MediaRef(
             kind="image" if image else kind,
             name=media.fileName or media.title or None,
             mime=media.mimetype or None,
-            size=_size(media.fileLength),
-            fetch=factory(field) if factory is not None else None,
+            size=size,
+            fetch=factory(field, size) if factory is not None else None,
         )
         (images if image else files).append(ref)
     return images, files
@@ -225,17 +229,23 @@ def strip_mention(text: str, me: BotIdentity) -> str:
     return text.strip()
 
 
-def route_of(ev: m.MessageEvent, msg: m.WaMessage) -> dict[str, object]:
-    """The answer's route: who wrote the message (``user@server``), when, its snapshot."""
+def seconds_of(timestamp: str | int) -> float | None:
+    """``Info.Timestamp`` (neonize writes whatsmeow's time as Unix *milliseconds*) as
+    epoch seconds; None when it is no integer."""
+    try:
+        return int(timestamp) / 1000.0
+    except (TypeError, ValueError):
+        return None
+
+
+def route_of(ev: m.MessageEvent, msg: m.WaMessage, at: float) -> dict[str, object]:
+    """The answer's route: who wrote the message (``user@server``), when (epoch seconds,
+    as the read receipt wants it), its snapshot."""
     src = ev.Info.MessageSource
     sender = src.Sender if src.Sender.User else src.Chat
-    try:
-        timestamp = int(float(ev.Info.Timestamp))
-    except ValueError:
-        timestamp = 0
     return {
         "participant": f"{sender.User}@{sender.Server}",
-        "timestamp": timestamp,
+        "timestamp": int(at),
         "quoted": quote_snapshot(msg),
     }
 
@@ -246,13 +256,17 @@ def _is_edit(ev: m.MessageEvent, msg: m.WaMessage) -> bool:
     return msg.protocolMessage is not None and msg.protocolMessage.type in MESSAGE_EDIT
 
 
-def _reply(ctx: m.ContextInfo, me: BotIdentity) -> ReplyReference | None:
+def _reply(
+    ctx: m.ContextInfo, me: BotIdentity, sender: m.JID, pushname: str
+) -> ReplyReference | None:
     if not ctx.stanzaID:
         return None
     author = me.id if me.is_me(ctx.participant) else user_of(ctx.participant) or None
     ref = ReplyReference(message_id=ctx.stanzaID, author_id=author)
     if me.is_me(ctx.participant) and me.name:
         ref.author_name = me.name
+    elif author is not None and author == sender.User and pushname:
+        ref.author_name = pushname  # they quote themselves: their name is known
     quoted = ctx.quotedMessage
     if quoted is None:
         ref.recover = True
@@ -292,6 +306,9 @@ def map_event(
         return Skip(reason="ignored", detail="protocol or reaction", message_id=mid)
     if msg.encReactionMessage is not None or msg.pollUpdateMessage is not None:
         return Skip(reason="ignored", detail="reaction or poll update", message_id=mid)
+    received = seconds_of(info.Timestamp)
+    if received is None or not plausible_time(received):
+        return Skip(reason="malformed", detail="Timestamp: not Unix milliseconds", message_id=mid)
     text, ctx = content_of(msg)
     images, files = _media(msg, media)
     mentioned = bool(ctx and any(me.is_me(j) for j in ctx.mentionedJID))
@@ -299,10 +316,6 @@ def map_event(
         text = strip_mention(text, me)
     replied_to_bot = bool(ctx and ctx.stanzaID and me.is_me(ctx.participant))
     group = src.IsGroup or src.Chat.Server == "g.us"
-    try:
-        received = float(info.Timestamp)
-    except ValueError:
-        received = 0.0
     return InboundMessage(
         channel=CHANNEL_KEY,
         bot_id=bot_id,
@@ -316,9 +329,9 @@ def map_event(
         content=text,
         images=images,
         files=files,
-        reply_to=_reply(ctx, me) if ctx is not None else None,
+        reply_to=_reply(ctx, me, src.Sender, info.Pushname) if ctx is not None else None,
         received_at=received,
         forwarded=bool(ctx and ctx.isForwarded),
         mentions=[Mention(ids={"id": user_of(j)}) for j in (ctx.mentionedJID if ctx else [])],
-        route=route_of(ev, msg),
+        route=route_of(ev, msg, received),
     )
