@@ -202,8 +202,9 @@ class Limits:
     #: accumulated: a long flood-control storm delays the final text, it does not drop it.
     rate_limit_budget_s: float = 900.0
     #: Edits of the answer's messages in all, the final text's included (None: no limit).
-    #: Intermediate edits stop one short of it, so the final text always has its edit
-    #: (WhatsApp Web: 20, so a long answer does not flood the edit history).
+    #: Intermediate calls stop while one final edit per message shown still fits, so the
+    #: final text always lands within it (WhatsApp Web: 20, so a long answer does not
+    #: flood the edit history).
     max_edits: int | None = None
     #: First backoff after a transient failure; doubles up to 30 s (:class:`dshim.backoff.Backoff`,
     #: no jitter: one stream's calls are sequential and tests rely on the exact waits).
@@ -475,11 +476,14 @@ class EditStream(WatchesDelivery):
             return None  # (unsure: a message may be up unknown to us; finish repeats it)
         chunks = self.limits.split(display)
         most = self.limits.max_edits
-        may_edit = most is None or self._edits < most - 1
+        if most is not None and self._edits + len(self._msgs) >= most:
+            # One final edit is kept for every message shown, so the final text lands
+            # within the cap: nothing more is shown (sent or edited) before finish().
+            return None
         for i, chunk in enumerate(chunks):
             if i < len(self._msgs):
                 m = self._msgs[i]
-                if m.text != chunk and may_edit:
+                if m.text != chunk:
                     return i, chunk, m.last_call + self.limits.edit_interval_s
             elif i == 0:
                 return 0, chunk, self._first_text_at + self.limits.first_send_delay_s

@@ -23,6 +23,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
         ("bench_whatsapp.py", ["--posts", "100", "--repeat", "1"], "pipeline: handler"),
         ("bench_dingtalk.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
         ("bench_wecom.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
+        ("bench_whatsapp_web.py", ["--messages", "100", "--repeat", "1"], "pipeline steps 1-6"),
     ],
 )
 def test_bench_script_runs_and_prints_its_figures(

@@ -92,6 +92,7 @@ FEATURES: dict[str, set[str]] = {
         "ReceivesEvents",
         "WatchesDelivery",
     },
+    "whatsapp_web": {"Login", "ProbesReachable", "ReceivesEvents", "WatchesDelivery"},
 }
 
 #: Where each feature lives: the object it is looked for on, and its protocol.

@@ -46,7 +46,8 @@ import random
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,6 @@ import msgspec
 import structlog
 import trio
 
-from dshim.backoff import Backoff
 from dshim.channels.base import (
     BotHost,
     ChannelSettings,
@@ -72,6 +72,7 @@ from dshim.channels.base import (
     data_dir_of,
     login_phone_of,
 )
+from dshim.channels.kit import Backoff
 from dshim.channels.kit.index import inbound_entry
 from dshim.channels.kit.qr import render_qr
 from dshim.channels.kit.retry import until_ok
@@ -230,11 +231,12 @@ class Session:
 
     async def dispatch(self) -> None:
         """Every engine event: messages to the reader, the rest handled (or raised)."""
-        async for event in self.engine.events():
-            if isinstance(event, Incoming):
-                await self._in.send(event)
-            else:
-                await self._lifecycle(event)
+        async with closing_events(self.engine) as events:
+            async for event in events:
+                if isinstance(event, Incoming):
+                    await self._in.send(event)
+                else:
+                    await self._lifecycle(event)
 
     async def _lifecycle(self, event: EngineEvent) -> None:
         if isinstance(event, Connected):
@@ -315,6 +317,20 @@ class Session:
                 await self._state(final_state)
         self.engine.close()
         self._in.close()
+
+
+@asynccontextmanager
+async def closing_events(engine: WaEngine) -> AsyncIterator[AsyncIterator[EngineEvent]]:
+    """The engine's events, the iterator closed on the way out (also when an event
+    raised: the bot's end)."""
+    events = engine.events()
+    try:
+        yield events
+    finally:
+        aclose = getattr(events, "aclose", None)
+        if aclose is not None:
+            with trio.CancelScope(shield=True):
+                await aclose()
 
 
 def mapper(engine: WaEngine, me: BotIdentity) -> Callable[[bytes], InboundMessage | Skip]:
@@ -438,9 +454,16 @@ async def login(ctx: LoginContext) -> int:
 
 
 async def _link(ctx: LoginContext, engine: WaEngine, digits: str | None) -> int:
+    async with closing_events(engine) as events:
+        return await _link_events(ctx, engine, events, digits)
+
+
+async def _link_events(
+    ctx: LoginContext, engine: WaEngine, events: AsyncIterator[EngineEvent], digits: str | None
+) -> int:
     name = ctx.bot.name
     codes = 0
-    async for event in engine.events():
+    async for event in events:
         if isinstance(event, QrCode):
             codes += 1
             if digits is not None:

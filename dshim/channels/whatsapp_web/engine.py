@@ -610,8 +610,15 @@ class NeonizeEngine(WaEngine):
 QUOTES_KEPT = 1024
 #: whatsmeow errors raised before anything went out (not connected, no session with a
 #: device, no device list): the send certainly created nothing and may be retried.
-_NOT_SENT = ("not connected", "not logged in", "failed to get device list", "no signal session",
-             "failed to encrypt", "usync", "failed to get user info")
+_NOT_SENT = (
+    "not connected",
+    "not logged in",
+    "failed to get device list",
+    "no signal session",
+    "failed to encrypt",
+    "usync",
+    "failed to get user info",
+)
 
 
 def send_error(exc: BaseException) -> ChannelError:
