@@ -576,7 +576,7 @@ class NeonizeEngine(WaEngine):
         client = await self._load()
         wa = self._lib["wa"]
         event = json.loads(raw)
-        message = _unwrapped(event.get("Message") or {})
+        message = unwrapped(event.get("Message") or {})
         media = message.get(field)
         if not isinstance(media, dict):
             raise ChannelError(f"the message has no {field}")
@@ -639,7 +639,7 @@ _WRAPPERS = (
 )
 
 
-def _unwrapped(message: dict[str, Any]) -> dict[str, Any]:
+def unwrapped(message: dict[str, Any]) -> dict[str, Any]:
     """The ``waE2E.Message`` inside the ephemeral / view-once wrappers (protobuf JSON)."""
     for _ in range(4):
         for wrapper in _WRAPPERS:

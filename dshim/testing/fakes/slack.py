@@ -72,6 +72,7 @@ from dshim.testing.fakes.http import (
     json_response,
     serve_http,
 )
+from dshim.testing.fakes.ws import write_frames
 
 __all__ = ["ApiCall", "FakeSlack", "open_fake_slack"]
 
@@ -678,26 +679,9 @@ class FakeSlack(FakePlatform[ApiCall]):
     async def _writer(
         self, conn: SocketConn, recv: trio.MemoryReceiveChannel[tuple[str, Any]]
     ) -> None:
-        ws = conn.ws
-        try:
-            async for kind, value in recv:
-                if kind == "frame":
-                    await ws.send_message(json.dumps(value, separators=(",", ":")))
-                elif kind == "text":
-                    await ws.send_message(value)
-                elif kind == "close":
-                    conn.closed_by, conn.closed_at = "server", trio.current_time()
-                    self.changed()
-                    with trio.move_on_after(2):
-                        await ws.aclose(*value)
-                    return
-                elif kind == "drop":
-                    conn.closed_by, conn.closed_at = "drop", trio.current_time()
-                    self.changed()
-                    await ws._stream.aclose()
-                    return
-        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
+        await write_frames(
+            conn, recv, self.changed, dumps=lambda v: json.dumps(v, separators=(",", ":"))
+        )
 
     async def _pinger(self, conn: SocketConn, interval: float) -> None:
         while conn.open:

@@ -56,6 +56,7 @@ from dshim.channels.wecom.media import encrypt
 from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection, Request, Response, serve_http
+from dshim.testing.fakes.ws import write_frames
 
 __all__ = ["Answer", "FakeWecom", "Frame", "open_fake_wecom"]
 
@@ -400,24 +401,7 @@ class FakeWecom(FakePlatform[Frame]):
     async def _writer(
         self, conn: Connection, recv: trio.MemoryReceiveChannel[tuple[str, Any]]
     ) -> None:
-        ws = conn.ws
-        try:
-            async for kind, value in recv:
-                if kind == "frame":
-                    await ws.send_message(json.dumps(value, ensure_ascii=False))
-                elif kind == "close":
-                    conn.closed_by, conn.closed_at = "server", trio.current_time()
-                    self.changed()
-                    with trio.move_on_after(2):
-                        await ws.aclose(*value)
-                    return
-                elif kind == "drop":
-                    conn.closed_by, conn.closed_at = "drop", trio.current_time()
-                    self.changed()
-                    await ws._stream.aclose()
-                    return
-        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
+        await write_frames(conn, recv, self.changed)
 
     def _ack(
         self, conn: Connection, req_id: str, errcode: int, errmsg: str, body: Any = None

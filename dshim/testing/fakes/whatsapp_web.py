@@ -80,10 +80,11 @@ from typing import Any
 import trio
 from trio_websocket import ConnectionClosed, WebSocketConnection, WebSocketRequest, serve_websocket
 
-from dshim.channels.whatsapp_web.engine import Account
+from dshim.channels.whatsapp_web.engine import Account, unwrapped
 from dshim.testing.fakes import cli
 from dshim.testing.fakes.base import FakePlatform, Fault, IdleBench, open_servers
 from dshim.testing.fakes.http import DropConnection
+from dshim.testing.fakes.ws import write_frames
 
 __all__ = [
     "ADA",
@@ -126,12 +127,6 @@ OPS = frozenset(
         "logout",
         "disconnect",
     }
-)
-_WRAPPERS = (
-    "ephemeralMessage",
-    "viewOnceMessage",
-    "viewOnceMessageV2",
-    "documentWithCaptionMessage",
 )
 _PAIR_ALPHABET = "ABCDEFGHJKLMNPQRSTVWXYZ0123456789"
 
@@ -252,18 +247,6 @@ def flood_event(i: int) -> dict[str, Any]:
         message_id=f"3EB0{i:016X}",
         timestamp=int(time.time() * 1000),
     )
-
-
-def _unwrapped(message: dict[str, Any]) -> dict[str, Any]:
-    for _ in range(4):
-        for wrapper in _WRAPPERS:
-            inner = message.get(wrapper)
-            if isinstance(inner, dict) and isinstance(inner.get("message"), dict):
-                message = inner["message"]
-                break
-        else:
-            return message
-    return message
 
 
 # --- records ----------------------------------------------------------------------------
@@ -613,26 +596,11 @@ class FakeWhatsAppWeb(FakePlatform[Call]):
     async def _writer(
         self, conn: Connection, recv: trio.MemoryReceiveChannel[tuple[str, Any]]
     ) -> None:
-        ws = conn.ws
-        try:
-            async for kind, value in recv:
-                if kind in ("frame", "message"):
-                    await ws.send_message(json.dumps(value, ensure_ascii=False))
-                    if kind == "message":
-                        conn.room.release()
-                elif kind == "close":
-                    conn.closed_by, conn.closed_at = "server", trio.current_time()
-                    self.changed()
-                    with trio.move_on_after(2):
-                        await ws.aclose(*value)
-                    return
-                elif kind == "drop":
-                    conn.closed_by, conn.closed_at = "drop", trio.current_time()
-                    self.changed()
-                    await ws._stream.aclose()
-                    return
-        except (ConnectionClosed, trio.BrokenResourceError, trio.ClosedResourceError):
-            return
+        def sent(kind: str) -> None:
+            if kind == "message":
+                conn.room.release()
+
+        await write_frames(conn, recv, self.changed, on_sent=sent)
 
     async def _on_frame(self, conn: Connection, data: str | bytes) -> None:
         try:
@@ -775,7 +743,7 @@ class FakeWhatsAppWeb(FakePlatform[Call]):
         raw, name = args.get("raw"), str(args.get("field", ""))
         if not isinstance(raw, dict):
             raise _Error("refused", "no event")
-        message = _unwrapped(raw.get("Message") or {})
+        message = unwrapped(raw.get("Message") or {})
         if not isinstance(message.get(name), dict):
             raise _Error("refused", f"the message has no {name[:40]}")
         data = self._media.get(str((raw.get("Info") or {}).get("ID", "")))
