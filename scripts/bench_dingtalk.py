@@ -126,21 +126,19 @@ reader_only, pipeline = kit.reader_and_pipeline(
 
 
 def main(args: argparse.Namespace) -> None:
-    with kit.open_fake("dshim.testing.fakes.dingtalk", args.messages) as env:
-        runs = kit.run_four(
-            env,
-            args.messages,
-            args.repeat,
-            unit="message",
-            names=(
-                "floor (ticket + websocket + 2x json.loads + ack + dict)",
-                "dshim Stream reader + mapping",
-            ),
-            floor=floor,
-            reader=reader_only,
-            pipeline=pipeline,
-        )
-    kit.print_four_runs(runs, unit="message")
+    kit.fake_bench(
+        "dshim.testing.fakes.dingtalk",
+        args.messages,
+        args.repeat,
+        unit="message",
+        names=(
+            "floor (ticket + websocket + 2x json.loads + ack + dict)",
+            "dshim Stream reader + mapping",
+        ),
+        floor=floor,
+        reader=reader_only,
+        pipeline=pipeline,
+    )
 
 
 if __name__ == "__main__":

@@ -128,21 +128,17 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    with kit.open_fake("dshim.testing.fakes.wecom", args.messages) as env:
-        runs = kit.run_four(
-            env,
-            args.messages,
-            args.repeat,
-            unit="callback",
-            names=(
-                "floor (trio-websocket + json.loads + dict mapping)",
-                "dshim link reader + mapping",
-            ),
-            floor=floor,
-            reader=reader_only,
-            pipeline=pipeline,
-        )
-    kit.print_four_runs(runs, unit="callback", notes=[decode_costs(env)])
+    kit.fake_bench(
+        "dshim.testing.fakes.wecom",
+        args.messages,
+        args.repeat,
+        unit="callback",
+        names=("floor (trio-websocket + json.loads + dict mapping)", "dshim link reader + mapping"),
+        floor=floor,
+        reader=reader_only,
+        pipeline=pipeline,
+        notes=lambda env: [decode_costs(env)],
+    )
 
 
 if __name__ == "__main__":

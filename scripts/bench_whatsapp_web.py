@@ -128,21 +128,20 @@ def decode_costs(env: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> None:
-    with kit.open_fake("dshim.testing.fakes.whatsapp_web", args.messages) as env:
-        runs = kit.run_four(
-            env,
-            args.messages,
-            args.repeat,
-            unit="message",
-            names=(
-                "floor (trio-websocket + json.loads + dict mapping + ack)",
-                "dshim wire engine + mapping",
-            ),
-            floor=floor,
-            reader=reader_only,
-            pipeline=pipeline,
-        )
-    kit.print_four_runs(runs, unit="message", notes=[decode_costs(env)])
+    kit.fake_bench(
+        "dshim.testing.fakes.whatsapp_web",
+        args.messages,
+        args.repeat,
+        unit="message",
+        names=(
+            "floor (trio-websocket + json.loads + dict mapping + ack)",
+            "dshim wire engine + mapping",
+        ),
+        floor=floor,
+        reader=reader_only,
+        pipeline=pipeline,
+        notes=lambda env: [decode_costs(env)],
+    )
 
 
 if __name__ == "__main__":

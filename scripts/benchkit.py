@@ -245,6 +245,30 @@ GATEWAY_RUNS = (
 )
 
 
+def fake_bench(
+    fake: str,
+    n: int,
+    repeat: int,
+    *,
+    unit: str,
+    names: tuple[str, str],
+    floor: Measured,
+    reader: Measured,
+    pipeline: Measured,
+    notes: Callable[[dict[str, Any]], list[str]] | None = None,
+    versions: str = "",
+) -> list[Run]:
+    """The four runs over ``n`` events against the fake ``fake`` (a module, flooding ``n``
+    after every connection) ``repeat`` times, printed with ``notes(env)`` (decode costs)
+    above the table; the runs."""
+    with open_fake(fake, n) as env:
+        runs = run_four(
+            env, n, repeat, unit=unit, names=names, floor=floor, reader=reader, pipeline=pipeline
+        )
+    print_four_runs(runs, unit=unit, versions=versions, notes=notes(env) if notes else [])
+    return runs
+
+
 def gateway_bench(
     fake: str,
     args: argparse.Namespace,
@@ -258,21 +282,18 @@ def gateway_bench(
     printed with the decode costs; the runs."""
     import httpx
 
-    with open_fake(fake, args.dispatches) as env:
-        runs = run_four(
-            env,
-            args.dispatches,
-            args.repeat,
-            unit="dispatch",
-            names=GATEWAY_RUNS,
-            floor=floor,
-            reader=reader,
-            pipeline=pipeline,
-        )
-    print_four_runs(
-        runs, unit="dispatch", versions=f"httpx {httpx.__version__}", notes=[decode_costs(env)]
+    return fake_bench(
+        fake,
+        args.dispatches,
+        args.repeat,
+        unit="dispatch",
+        names=GATEWAY_RUNS,
+        floor=floor,
+        reader=reader,
+        pipeline=pipeline,
+        notes=lambda env: [decode_costs(env)],
+        versions=f"httpx {httpx.__version__}",
     )
-    return runs
 
 
 def argument_parser(doc: str, count: str) -> argparse.ArgumentParser:
