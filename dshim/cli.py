@@ -1,4 +1,4 @@
-"""The ``dshim`` command line: serve, init, probe, login, replay.  Thin: everything lives in the
+"""The ``dshim`` command line: serve, init, probe, login, replay, migrate.  Thin: everything lives in the
 package.
 
 Which configuration: ``--config PATH`` (or ``DSHIM_CONFIG``) when given — it must exist —
@@ -364,3 +364,36 @@ def replay(
         only_conversation=only_conversation,
     )
     raise typer.Exit(code)
+
+
+@app.command(cls=_Command)
+def migrate(ctx: typer.Context) -> None:
+    """Bring the store's schema up to date (SQLite in the data directory, or the PostgreSQL
+    database of [store] url / DSHIM_STORE_URL, under its advisory lock); prints the schema
+    version before and after."""
+    g: Globals = ctx.obj
+    cfg, label = _load(g)
+    from dshim.config import data_dir_origin, prepare_data_dir
+    from dshim.errors import ConfigError, DshimError
+
+    data_dir = launch.data_dir(g, cfg)
+    try:
+        prepare_data_dir(data_dir, origin=data_dir_origin(cfg, g.data_dir, label))
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    setup_logging(g, cfg.secrets())
+    import trio
+
+    from dshim.store import open_store_from_config, read_schema_version, store_target
+
+    async def run() -> tuple[int, int]:
+        before = await read_schema_version(cfg, data_dir)
+        async with open_store_from_config(cfg, data_dir) as store:
+            return before, await store.schema_version()
+
+    try:
+        before, after = trio.run(run)
+    except DshimError as exc:
+        raise _fail(str(exc), 1) from None
+    note = " (already up to date)" if before == after else ""
+    typer.echo(f"store {store_target(cfg, data_dir)}: schema version {before} -> {after}{note}")

@@ -1,6 +1,7 @@
 """dshim.toml: msgspec structs, environment substitution, errors that name the key path.
 
     [dshim]        data_dir, backlog_max_age_s
+    [store]        url (PostgreSQL; also DSHIM_STORE_URL), password ("${ENV}"), lease_s
     [harness]      kind = "echo" | "openai" (base_url, api_key, model, system_prompt,
                    max_context_messages, vision) | "acp" (command, env, cwd, mode) |
                    "dsh" (base_url, token, workspace, agent_preset); interaction_timeout_s
@@ -27,6 +28,7 @@ import re
 import tomllib
 import types
 import typing
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +127,107 @@ class DshimSection(_Base):
             raise ValueError(f"capture_max_mb: expected more than 0, got {self.capture_max_mb}")
         if not self.capture_keep_mb > 0:
             raise ValueError(f"capture_keep_mb: expected more than 0, got {self.capture_keep_mb}")
+
+
+class StoreSection(_Base):
+    """Where dshim keeps its state: SQLite in the data directory, or a shared PostgreSQL."""
+
+    #: A PostgreSQL URL (``postgresql://user@host:5432/dshim``): the store lives in that
+    #: database, which several instances can share; unset: SQLite in the data directory.
+    #: ``DSHIM_STORE_URL`` wins.  A password only from the environment: the whole URL as
+    #: ``"${DSHIM_STORE_URL}"``, or ``password``; never logged.
+    url: str | None = None
+    #: The database password when the URL has none (write ``"${ENV}"``).
+    password: Secret | None = None
+    #: How long an instance holds a bot of a shared store without renewing (seconds, 3-300).
+    lease_s: float = 15.0
+
+    def __post_init__(self) -> None:
+        if not STORE_LEASE_MIN_S <= self.lease_s <= STORE_LEASE_MAX_S:
+            raise ValueError(
+                f"lease_s: expected {STORE_LEASE_MIN_S:g} to {STORE_LEASE_MAX_S:g} seconds, "
+                f"got {self.lease_s:g}"
+            )
+        if self.url is None:
+            if self.password is not None:
+                raise ValueError("password: only with url (the SQLite store has none)")
+            return
+        url, password = split_store_password(self.url)
+        if password is not None:
+            if self.password is not None:
+                raise ValueError("url: has a password, and password is set as well: keep one")
+            self.password = Secret(password)
+        self.url = url
+
+
+#: The bounds of ``[store] lease_s``.
+STORE_LEASE_MIN_S = 3.0
+STORE_LEASE_MAX_S = 300.0
+#: The environment variable that names the store's URL (wins over ``[store] url``).
+STORE_URL_ENV = "DSHIM_STORE_URL"
+
+
+def split_store_password(url: str) -> tuple[str, str | None]:
+    """``(url without its password, the password)`` of a PostgreSQL URL; ValueError when it
+    is not one.  The password may be in the user part or a ``password=`` parameter."""
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+    except ValueError:
+        raise ValueError("url: expected postgresql://user@host:port/database") from None
+    if parts.scheme not in ("postgresql", "postgres") or not parts.netloc and not parts.query:
+        raise ValueError(
+            "url: expected postgresql://user@host:port/database"
+            + (f", got a {parts.scheme}: URL" if parts.scheme else "")
+        )
+    password: str | None = None
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        if colon:
+            password = urllib.parse.unquote(secret)
+            netloc = f"{user}@{hosts}" if user else hosts
+    # The other parameters stay exactly as written (libpq decodes %XX, never "+").
+    kept: list[str] = []
+    for item in parts.query.split("&") if parts.query else []:
+        name, _, value = item.partition("=")
+        if urllib.parse.unquote(name) != "password":
+            kept.append(item)
+            continue
+        given = urllib.parse.unquote(value)
+        if password is not None and given != password:
+            raise ValueError("url: two different passwords")
+        password = given
+    rebuilt = urllib.parse.urlunsplit(
+        (parts.scheme, netloc, parts.path, "&".join(kept), parts.fragment)
+    )
+    return rebuilt, password or None
+
+
+def _has_password(url: str) -> bool:
+    try:
+        return split_store_password(url)[1] is not None
+    except ValueError:
+        return False
+
+
+def _check_store_literals(raw: dict[str, Any], label: str) -> None:
+    """A store password is never written in the file (only ``"${ENV}"``)."""
+    store = raw.get("store")
+    if not isinstance(store, dict):
+        return
+    url, password = store.get("url"), store.get("password")
+    if isinstance(url, str) and not ENV_REF.match(url) and _has_password(url):
+        raise ConfigError(
+            f"{label}: store.url: a password is never written in the file: take the whole URL "
+            f'from the environment (url = "${{{STORE_URL_ENV}}}", or set {STORE_URL_ENV}), '
+            f'or write the URL without it and password = "${{ENV}}"'
+        )
+    if isinstance(password, str) and not ENV_REF.match(password):
+        raise ConfigError(
+            f'{label}: store.password: write "${{ENV}}" (the environment variable that holds '
+            "it), never the password itself"
+        )
 
 
 class HttpSection(_Base):
@@ -414,6 +517,7 @@ COMMON_BOT_KEYS = frozenset(BotConfig.__struct_fields__) - {"settings"}
 class Config(_Base):
     dshim: DshimSection = msgspec.field(default_factory=DshimSection)
     http: HttpSection = msgspec.field(default_factory=HttpSection)
+    store: StoreSection = msgspec.field(default_factory=StoreSection)
     harness: HarnessConfig = msgspec.field(default_factory=HarnessConfig)
     bots: list[BotConfig] = msgspec.field(default_factory=list)
 
@@ -482,7 +586,8 @@ def load_config(
         raise ConfigError(f"{label}: not valid UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{label}: invalid TOML: {exc}") from None
-    return parse_config(raw, label=label, env=os.environ if env is None else env, channels=channels)
+    env = os.environ if env is None else env
+    return apply_store_env(parse_config(raw, label=label, env=env, channels=channels), env)
 
 
 def parse_config(
@@ -500,6 +605,7 @@ def parse_config(
     registry imports the channel module for that).  ``channel_settings=False`` skips the channel's keys
     (replay fixtures and tests of the pipeline alone): ``settings`` stays None.
     """
+    _check_store_literals(raw, label)
     substituted = _substitute(raw, env, label, ())
     rests: list[dict[str, Any]] = []
     if isinstance(substituted, dict) and isinstance(substituted.get("bots"), list):
@@ -935,12 +1041,39 @@ def default_config(
     """What ``dshim serve`` runs without a config file: the echo harness, one ``webchat``
     bot named ``web`` and the HTTP endpoint on 127.0.0.1:8910 (data in the default data
     directory)."""
-    return parse_config(
+    env = os.environ if env is None else env
+    config = parse_config(
         {"bots": [{"name": DEFAULT_BOT_NAME, "channel": "webchat"}]},
         label=DEFAULT_CONFIG_LABEL,
-        env=os.environ if env is None else env,
+        env=env,
         channels=channels,
     )
+    return apply_store_env(config, env)
+
+
+def apply_store_env(config: Config, env: typing.Mapping[str, str]) -> Config:
+    """``config`` with ``[store] url`` replaced by ``DSHIM_STORE_URL`` when that is set
+    (:func:`load_config` and :func:`default_config` apply it).  Its password, if it has one,
+    is moved out into ``[store] password`` (a :class:`Secret`)."""
+    url = env.get(STORE_URL_ENV)
+    if not url:
+        return config
+    current = config.store
+    try:
+        config.store = StoreSection(
+            url=url,
+            password=None if _has_password(url) else current.password,
+            lease_s=current.lease_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"{STORE_URL_ENV}: {str(exc).removeprefix('url: ')}") from None
+    return config
+
+
+def store_section(config: Config | None) -> StoreSection:
+    """The ``[store]`` section (``DSHIM_STORE_URL`` already applied by the parser); the
+    default (SQLite) without a configuration."""
+    return config.store if config is not None else StoreSection()
 
 
 def default_data_dir(env: typing.Mapping[str, str] | None = None) -> Path:

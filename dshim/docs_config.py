@@ -41,6 +41,7 @@ ENVIRONMENT = (
     ("DSHIM_CONFIG", "the config file, like `--config PATH` (default: `./dshim.toml`)"),
     ("DSHIM_DATA_DIR", "the data directory, like `--data-dir PATH`; wins over `[dshim] data_dir`"),
     ("DSHIM_HTTP_LISTEN", "`serve --listen HOST:PORT`: overrides `[http] listen`"),
+    ("DSHIM_STORE_URL", "the PostgreSQL store's URL; wins over `[store] url`"),
     (
         "XDG_STATE_HOME",
         "the default data directory is `$XDG_STATE_HOME/dshim` (else `~/.local/state/dshim`)",
@@ -51,6 +52,7 @@ ENVIRONMENT = (
 SECTIONS: tuple[tuple[str, type[msgspec.Struct]], ...] = (
     ("dshim", cfg.DshimSection),
     ("http", cfg.HttpSection),
+    ("store", cfg.StoreSection),
     ("harness", cfg.HarnessConfig),
 )
 

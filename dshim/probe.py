@@ -363,11 +363,11 @@ async def _probe(
     if not writable:
         return rows, 1
 
-    from dshim.store import open_store
+    from dshim.store import open_store_from_config
 
     t0 = time.perf_counter()
     try:
-        async with open_store(data_dir) as store:
+        async with open_store_from_config(config, data_dir) as store:
             version = await store.schema_version()
             rows.append(
                 ProbeRow(

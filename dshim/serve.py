@@ -73,7 +73,7 @@ from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
 from dshim.net.http import counting_requests
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
-from dshim.store import open_store
+from dshim.store import open_store_from_config
 from dshim.store.base import BoundStore, Store
 from dshim.store.lock import hold_data_dir_lock
 
@@ -144,6 +144,9 @@ class ServeHost(HasDataDir):
     @property
     def data_dir(self) -> Path | None:
         """The data directory (the store's), where channels keep saved logins."""
+        data_dir = getattr(self._store, "data_dir", None)  # the PostgreSQL store's
+        if isinstance(data_dir, Path):
+            return data_dir
         path = getattr(self._store, "path", None)
         return Path(path).parent if isinstance(path, str) else None
 
@@ -613,7 +616,7 @@ async def _serve_main(
         single_error(),
     ):
         async with (
-            open_store(data_dir) as store,
+            open_store_from_config(config, data_dir) as store,
             open_capture(config, clock=wall_clock, data_dir=data_dir) as capture,
             trio.open_nursery() as root,
         ):

@@ -5,16 +5,24 @@ test is cancelled and fails with :class:`HardDeadlineExceeded` instead of hangin
 The deadline is on trio's clock: real seconds on the real clock, virtual seconds on the
 autojump clock (where a hang jumps straight to the deadline, so it fails at once).
 ``@pytest.mark.deadline(seconds)`` sets another limit for one test.
+
+``pg_cluster``: a throwaway PostgreSQL cluster for the session (:mod:`tests.pgkit`),
+started when a test first asks for it; without PostgreSQL the test fails, saying what to
+install (never skipped).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
+
+if TYPE_CHECKING:
+    from tests.pgkit import PgCluster
 
 pytest_plugins = ("pytester",)
 
@@ -62,3 +70,18 @@ def _with_deadline(
         raise HardDeadlineExceeded(f"the test ran past its {limit:g} s deadline")
 
     return run_with_deadline
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """The session's throwaway PostgreSQL cluster (stopped and removed at its end)."""
+    from tests.pgkit import PostgresMissing, start_cluster
+
+    try:
+        cluster = start_cluster()
+    except PostgresMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

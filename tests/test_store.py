@@ -1,10 +1,12 @@
-"""Tests of the SQLite store.
+"""Tests of the store, shared by both backends: SQLite and PostgreSQL.
 
-Every test runs against a real SQLite file in ``tmp_path`` (no ``:memory:``), through the
-public async API, so WAL mode, the worker-thread limiter and the schema migrations are all
-exercised.  Times are passed explicitly (``now=``), so no test sleeps or reads a clock.
+The tests of the store's public API run once per backend (the ``backend`` fixture): against
+a real SQLite file in ``tmp_path`` (no ``:memory:``), and against a schema of its own in the
+session's throwaway PostgreSQL cluster (:mod:`tests.pgkit`).  The tests of what only SQLite
+has (WAL, checkpoints, the write lock, its file, migrations from its old schema versions)
+take the file directly; the PostgreSQL counterparts are in ``tests/test_postgres_store.py``.  Times are passed explicitly (``now=``), so no test sleeps or reads a clock.
 Where the observable behaviour is "the file stays bounded" (caps, pruning), the test counts
-rows in the file with a second, plain sqlite3 connection.
+rows with a second, plain connection (sqlite3 or psycopg).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ import trio
 
 import dshim.store.sqlite as sqlite_store
 from dshim.errors import StoreError
-from dshim.store import DB_FILENAME, open_store
-from dshim.store.base import Binding, InboxEntry, OutboundEntry
+from dshim.store import DB_FILENAME, Store, open_store
+from dshim.store.base import Binding, InboxEntry, OutboundEntry, PromptRow, TurnRecord
 from dshim.store.lock import hold_data_dir_lock
 from dshim.store.sqlite import (
     OUTBOUND_CAP,
@@ -32,10 +34,10 @@ from dshim.store.sqlite import (
     OUTBOUND_TEXT_MAX,
     SCHEMA_VERSION,
     Migration,
-    SqliteStore,
     open_sqlite_store,
 )
 from tests.helpers import schema_at
+from tests.pgkit import BACKENDS, StoreBackend
 
 DAY = 24 * 3600.0
 T0 = 1_700_000_000.0
@@ -46,9 +48,15 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "store.sqlite3"
 
 
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> StoreBackend:
+    cluster = request.getfixturevalue("pg_cluster") if request.param == "postgres" else None
+    return StoreBackend(request.param, tmp_path, cluster)
+
+
 @pytest.fixture
-async def store(db_path: Path) -> AsyncIterator[SqliteStore]:
-    async with open_sqlite_store(db_path) as s:
+async def store(backend: StoreBackend) -> AsyncIterator[Store]:
+    async with backend.open() as s:
         yield s
 
 
@@ -71,7 +79,7 @@ def entry(i: int, *, sent_at: float, completed_at: float | None = None) -> Outbo
 # -- dedup and inbox ---------------------------------------------------------------------------
 
 
-async def test_accept_dedups_until_the_key_expires(store: SqliteStore) -> None:
+async def test_accept_dedups_until_the_key_expires(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
     assert not await store.accept("bot", "c1", "m1", now=T0 + 59, ttl_s=60, raw=None)
     assert await store.seen("bot", "c1", "m1", now=T0 + 59.9)
@@ -83,14 +91,14 @@ async def test_accept_dedups_until_the_key_expires(store: SqliteStore) -> None:
     assert not await store.accept("bot", "c1", "m1", now=T0 + 119, ttl_s=60, raw=None)
 
 
-async def test_dedup_key_is_bot_conversation_and_message(store: SqliteStore) -> None:
+async def test_dedup_key_is_bot_conversation_and_message(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
     assert await store.accept("bot", "c2", "m1", now=T0, ttl_s=60, raw=None)
     assert await store.accept("other", "c1", "m1", now=T0, ttl_s=60, raw=None)
     assert not await store.seen("bot", "c1", "m2", now=T0)
 
 
-async def test_concurrent_accepts_of_one_key_let_exactly_one_through(store: SqliteStore) -> None:
+async def test_concurrent_accepts_of_one_key_let_exactly_one_through(store: Store) -> None:
     results: list[bool] = []
 
     async def one() -> None:
@@ -103,7 +111,7 @@ async def test_concurrent_accepts_of_one_key_let_exactly_one_through(store: Sqli
     assert len(await store.inbox_pending("bot")) == 1
 
 
-async def test_accept_writes_inbox_entry_and_duplicate_writes_nothing(store: SqliteStore) -> None:
+async def test_accept_writes_inbox_entry_and_duplicate_writes_nothing(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"first")
     assert not await store.accept("bot", "c1", "m1", now=T0 + 1, ttl_s=60, raw=b"second")
     assert await store.inbox_pending("bot") == [
@@ -118,13 +126,13 @@ async def test_accept_writes_inbox_entry_and_duplicate_writes_nothing(store: Sql
     assert await store.inbox_pending("bot") == []
 
 
-async def test_accept_without_raw_remembers_key_only(store: SqliteStore) -> None:
+async def test_accept_without_raw_remembers_key_only(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=None)
     assert await store.inbox_pending("bot") == []
     assert await store.seen("bot", "c1", "m1", now=T0)
 
 
-async def test_reaccepting_an_expired_key_restarts_its_inbox_entry(store: SqliteStore) -> None:
+async def test_reaccepting_an_expired_key_restarts_its_inbox_entry(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=10, raw=b"old")
     await store.inbox_set_state("bot", "c1", "m1", "running")
     assert await store.accept("bot", "c1", "m1", now=T0 + 20, ttl_s=10, raw=b"new")
@@ -136,25 +144,22 @@ async def test_reaccepting_an_expired_key_restarts_its_inbox_entry(store: Sqlite
 
 
 async def test_accept_is_atomic_when_the_inbox_write_fails(
-    store: SqliteStore, db_path: Path
+    store: Store, backend: StoreBackend
 ) -> None:
     # Fault injection from a second connection: every inbox insert aborts.
-    query(
-        db_path,
-        "CREATE TRIGGER fail_inbox BEFORE INSERT ON inbox BEGIN SELECT RAISE(ABORT, 'disk full'); END",
-    )
+    backend.fail_inserts("inbox", "disk full")
     with pytest.raises(StoreError, match="disk full") as info:
         await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
-    assert isinstance(info.value.__cause__, sqlite3.Error)
+    assert isinstance(info.value.__cause__, backend.error_type)
     # The dedup key was rolled back with the inbox row: the redelivery is not lost.
     assert not await store.seen("bot", "c1", "m1", now=T0)
 
-    query(db_path, "DROP TRIGGER fail_inbox")
+    backend.stop_failing("inbox")
     assert await store.accept("bot", "c1", "m1", now=T0 + 1, ttl_s=60, raw=b"x")
     assert [e.message_id for e in await store.inbox_pending("bot")] == ["m1"]
 
 
-async def test_inbox_lifecycle(store: SqliteStore) -> None:
+async def test_inbox_lifecycle(store: Store) -> None:
     # Accepted out of time order: pending lists by accepted_at, oldest first.
     for message_id, at in [("m3", T0 + 30), ("m1", T0 + 10), ("m2", T0 + 20)]:
         assert await store.accept(
@@ -183,16 +188,16 @@ async def test_inbox_lifecycle(store: SqliteStore) -> None:
     assert len(await store.inbox_pending("bot")) == 2
 
 
-async def test_turns_count_their_attempts_and_delivered_is_durable(db_path: Path) -> None:
-    async with open_sqlite_store(db_path) as store:
+async def test_turns_count_their_attempts_and_delivered_is_durable(backend: StoreBackend) -> None:
+    async with backend.open() as store:
         assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=3600, raw=b"x")
         assert [e.attempts for e in await store.inbox_pending("bot")] == [0]
         await store.begin_turn("bot", "c1", "", [("c1", "m1")])
         await store.begin_turn("bot", "c1", "", [("c1", "m1")])
         await store.inbox_set_state("bot", "c1", "m1", "delivered")
         # Written at once: another connection (a process after a crash) sees it.
-        assert query(db_path, "SELECT state, attempts FROM inbox_state") == [("delivered", 2)]
-    async with open_sqlite_store(db_path) as store:
+        assert backend.query("SELECT state, attempts FROM inbox_state") == [("delivered", 2)]
+    async with backend.open() as store:
         [e] = await store.inbox_pending("bot")
     assert (e.state, e.attempts) == ("delivered", 2)
 
@@ -231,7 +236,7 @@ async def test_a_version_5_inbox_keeps_its_states_and_attempts(db_path: Path) ->
     assert after == {"m1": ("running", 1), "m2": ("running", 3), "m3": ("delivered", 1)}
 
 
-async def test_a_re_accepted_expired_key_starts_queued_again(store: SqliteStore) -> None:
+async def test_a_re_accepted_expired_key_starts_queued_again(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"old")
     await store.begin_turn("bot", "c1", "", [("c1", "m1")])
     await store.inbox_set_state("bot", "c1", "m1", "delivered")
@@ -247,36 +252,36 @@ async def test_a_re_accepted_expired_key_starts_queued_again(store: SqliteStore)
     assert (e.state, e.attempts) == ("queued", 0)
 
 
-async def test_inbox_rejects_unknown_state(store: SqliteStore) -> None:
+async def test_inbox_rejects_unknown_state(store: Store) -> None:
     assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=60, raw=b"x")
     with pytest.raises(ValueError):
         await store.inbox_set_state("bot", "c1", "m1", "exploded")
     assert [e.state for e in await store.inbox_pending("bot")] == ["queued"]
 
 
-async def test_prune_drops_expired_dedup_keys_only(store: SqliteStore, db_path: Path) -> None:
+async def test_prune_drops_expired_dedup_keys_only(store: Store, backend: StoreBackend) -> None:
     assert await store.accept("bot", "c", "short", now=T0, ttl_s=10, raw=None)
     assert await store.accept("bot", "c", "long", now=T0, ttl_s=1000, raw=None)
     await store.prune(now=T0 + 10)
-    assert query(db_path, "SELECT message_id FROM dedup") == [("long",)]
+    assert backend.query("SELECT message_id FROM dedup") == [("long",)]
     assert await store.seen("bot", "c", "long", now=T0 + 10)
 
 
 async def test_prune_sweeps_more_than_one_batch(
-    store: SqliteStore, db_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: Store, backend: StoreBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_store, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(backend.module, "PRUNE_BATCH", 3)
     for i in range(10):
         assert await store.accept("bot", "c", f"m{i}", now=T0, ttl_s=10, raw=None)
     assert await store.accept("bot", "c", "live", now=T0, ttl_s=1000, raw=None)
     await store.prune(now=T0 + 10)  # batches of 3: it goes on until none is left
-    assert query(db_path, "SELECT message_id FROM dedup") == [("live",)]
+    assert backend.query("SELECT message_id FROM dedup") == [("live",)]
 
 
 # -- bindings, cursors, last direct ------------------------------------------------------------
 
 
-async def test_bindings_set_get_clear(store: SqliteStore) -> None:
+async def test_bindings_set_get_clear(store: Store) -> None:
     assert await store.get_binding("bot", "c1", "") is None
 
     await store.set_binding("bot", "c1", "", "s1", title="first", now=T0)
@@ -311,7 +316,7 @@ async def test_bindings_set_get_clear(store: SqliteStore) -> None:
     assert other_binding is not None and other_binding.session_id == "s4"
 
 
-async def test_cursors(store: SqliteStore) -> None:
+async def test_cursors(store: Store) -> None:
     assert await store.get_cursor("bot", "offset") is None
     await store.set_cursor("bot", "offset", "41")
     await store.set_cursor("bot", "offset", "42")
@@ -322,7 +327,7 @@ async def test_cursors(store: SqliteStore) -> None:
     assert await store.get_cursor("other", "offset") == "7"
 
 
-async def test_last_direct(store: SqliteStore) -> None:
+async def test_last_direct(store: Store) -> None:
     assert await store.get_last_direct("bot") is None
     await store.set_last_direct("bot", "dm1", now=T0)
     await store.set_last_direct("bot", "dm2", now=T0 + 1)
@@ -335,7 +340,7 @@ async def test_last_direct(store: SqliteStore) -> None:
 
 
 async def test_outbound_keeps_newest_200_per_conversation(
-    store: SqliteStore, db_path: Path
+    store: Store, backend: StoreBackend
 ) -> None:
     await store.add_outbound("bot", "elsewhere", entry(-1, sent_at=T0 - 1), now=T0)
     for i in range(205):
@@ -351,7 +356,7 @@ async def test_outbound_keeps_newest_200_per_conversation(
     # cut); other conversations are untouched.
     for i in range(205, 500):
         await store.add_outbound("bot", "c1", entry(i, sent_at=T0 + i), now=T0 + i)
-    [(kept,)] = query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c1'")
+    [(kept,)] = backend.query("SELECT count(*) FROM outbound WHERE conversation_id = 'c1'")
     assert OUTBOUND_CAP <= kept <= OUTBOUND_CAP + OUTBOUND_CUT_SLACK
     listed = await store.list_outbound("bot", "c1", now=T0 + 500)
     assert [e.sent_at for e in listed] == [T0 + i for i in range(499, 299, -1)]
@@ -360,7 +365,7 @@ async def test_outbound_keeps_newest_200_per_conversation(
     ]
 
 
-async def test_outbound_newest_is_by_sent_at(store: SqliteStore) -> None:
+async def test_outbound_newest_is_by_sent_at(store: Store) -> None:
     # A long answer completes (and is indexed) after a later, shorter one.
     await store.add_outbound("bot", "c1", entry(2, sent_at=T0 + 2), now=T0 + 2)
     await store.add_outbound("bot", "c1", entry(1, sent_at=T0 + 1, completed_at=T0 + 9), now=T0 + 9)
@@ -368,7 +373,7 @@ async def test_outbound_newest_is_by_sent_at(store: SqliteStore) -> None:
     assert [e.message_ids[0] for e in listed] == ["m2", "m1"]
 
 
-async def test_outbound_entries_expire_after_30_days(store: SqliteStore, db_path: Path) -> None:
+async def test_outbound_entries_expire_after_30_days(store: Store, backend: StoreBackend) -> None:
     await store.add_outbound("bot", "c1", entry(1, sent_at=T0), now=T0)
     await store.add_outbound("bot", "c1", entry(2, sent_at=T0 + 2 * DAY), now=T0 + 2 * DAY)
     await store.add_outbound("bot", "c2", entry(3, sent_at=T0), now=T0)
@@ -382,17 +387,17 @@ async def test_outbound_entries_expire_after_30_days(store: SqliteStore, db_path
 
     # An insert drops its own conversation's expired entries ...
     await store.add_outbound("bot", "c1", entry(4, sent_at=day30 + 1), now=day30 + 1)
-    assert query(db_path, "SELECT text FROM outbound WHERE conversation_id = 'c1' ORDER BY id") == [
+    assert backend.query("SELECT text FROM outbound WHERE conversation_id = 'c1' ORDER BY id") == [
         ("answer 2",),
         ("answer 4",),
     ]
     # ... and prune() sweeps every conversation.
     await store.prune(now=day30 + 1)
-    assert query(db_path, "SELECT count(*) FROM outbound WHERE conversation_id = 'c2'") == [(0,)]
+    assert backend.query("SELECT count(*) FROM outbound WHERE conversation_id = 'c2'") == [(0,)]
     assert len(await store.list_outbound("bot", "c1", now=day30 + 1)) == 2
 
 
-async def test_outbound_text_is_cut_to_8000_code_points(store: SqliteStore) -> None:
+async def test_outbound_text_is_cut_to_8000_code_points(store: Store) -> None:
     emoji = "\U0001f600"  # outside the BMP: one code point, two UTF-16 units, four UTF-8 bytes
     texts = {
         "c-emoji": emoji * (OUTBOUND_TEXT_MAX + 1),
@@ -415,7 +420,7 @@ async def test_outbound_text_is_cut_to_8000_code_points(store: SqliteStore) -> N
 # -- transcript --------------------------------------------------------------------------------
 
 
-async def test_transcript_pages_newest_first(store: SqliteStore) -> None:
+async def test_transcript_pages_newest_first(store: Store) -> None:
     ids: list[int] = []
     for i in range(350):
         role = "user" if i % 2 == 0 else "assistant"
@@ -467,12 +472,12 @@ async def test_fresh_store_is_wal_at_current_schema(db_path: Path) -> None:
     assert query(db_path, "PRAGMA user_version") == [(SCHEMA_VERSION,)]
 
 
-async def test_reopen_does_not_rerun_migrations(db_path: Path) -> None:
+async def test_reopen_does_not_rerun_migrations(backend: StoreBackend) -> None:
     for _ in range(3):
-        async with open_sqlite_store(db_path) as store:
-            assert await store.schema_version() == SCHEMA_VERSION
+        async with backend.open() as store:
+            assert await store.schema_version() == backend.module.SCHEMA_VERSION
             await store.append_transcript("bot", "s", "user", "hi", at=T0, completed=True)
-    async with open_sqlite_store(db_path) as store:
+    async with backend.open() as store:
         assert len(await store.transcript_page("s", before_id=None, limit=10)) == 3
 
 
@@ -552,25 +557,25 @@ async def test_unopenable_path_is_a_store_error(tmp_path: Path) -> None:
             pass
 
 
-async def test_closed_store_raises_store_error(db_path: Path) -> None:
-    async with open_sqlite_store(db_path) as store:
+async def test_closed_store_raises_store_error(backend: StoreBackend) -> None:
+    async with backend.open() as store:
         pass
     await store.aclose()  # idempotent
     with pytest.raises(StoreError, match="closed"):
         await store.get_cursor("bot", "offset")
 
 
-async def test_store_closes_when_the_block_is_cancelled(db_path: Path) -> None:
+async def test_store_closes_when_the_block_is_cancelled(backend: StoreBackend) -> None:
     with trio.CancelScope() as scope:
-        async with open_sqlite_store(db_path) as store:
+        async with backend.open() as store:
             scope.cancel()
             await trio.sleep_forever()
     with pytest.raises(StoreError, match="closed"):
         await store.seen("bot", "c", "m", now=T0)
 
 
-async def test_state_survives_a_restart(db_path: Path) -> None:
-    async with open_sqlite_store(db_path) as store:
+async def test_state_survives_a_restart(backend: StoreBackend) -> None:
+    async with backend.open() as store:
         assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=3600, raw=b"payload")
         assert await store.accept("bot", "c1", "m2", now=T0, ttl_s=3600, raw=None)
         await store.inbox_set_state("bot", "c1", "m1", "running")
@@ -581,7 +586,7 @@ async def test_state_survives_a_restart(db_path: Path) -> None:
             await store.add_outbound("bot", "c1", entry(i, sent_at=T0 + i), now=T0 + i)
         row_id = await store.append_transcript("bot", "s1", "user", "hello", at=T0, completed=True)
 
-    async with open_sqlite_store(db_path) as store:
+    async with backend.open() as store:
         # Redeliveries after the restart are still recognised as duplicates.
         assert not await store.accept("bot", "c1", "m1", now=T0 + 60, ttl_s=3600, raw=b"again")
         assert not await store.accept("bot", "c1", "m2", now=T0 + 60, ttl_s=3600, raw=None)
@@ -623,8 +628,8 @@ async def test_open_store_creates_private_data_dir(tmp_path: Path) -> None:
         assert await store.get_cursor("bot", "offset") == "1"
 
 
-async def test_a_cancelled_caller_waits_for_its_write_to_finish(db_path: Path) -> None:
-    async with open_sqlite_store(db_path) as store:
+async def test_a_cancelled_caller_waits_for_its_write_to_finish(backend: StoreBackend) -> None:
+    async with backend.open() as store:
         with trio.CancelScope() as scope:
             scope.cancel()  # cancelled before the call: nothing is written
             await store.set_cursor("bot", "a", "1")
@@ -650,7 +655,7 @@ async def test_a_cancelled_caller_waits_for_its_write_to_finish(db_path: Path) -
 
 
 async def test_index_keeps_inbound_entries_with_author_attachments_and_state(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     from dshim.model import Attachment
 
@@ -677,7 +682,7 @@ async def test_index_keeps_inbound_entries_with_author_attachments_and_state(
 
 
 async def test_update_finds_an_entry_by_any_of_its_ids_and_changes_only_what_is_given(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     await store.add_outbound("bot", "chat", entry(1, sent_at=T0), now=T0)
     await store.add_outbound("bot", "chat", entry(2, sent_at=T0 + 1), now=T0)
@@ -715,7 +720,7 @@ async def test_a_version_3_index_gains_the_inbound_columns(db_path: Path) -> Non
 
 
 async def test_accept_many_takes_a_batch_in_one_go_and_a_repeat_inside_it_is_a_duplicate(
-    store: SqliteStore,
+    store: Store,
 ) -> None:
     await store.accept("bot", "c1", "old", now=T0, ttl_s=60, raw=b"x")
     fresh = await store.accept_many(
@@ -731,12 +736,12 @@ async def test_accept_many_takes_a_batch_in_one_go_and_a_repeat_inside_it_is_a_d
 
 
 async def test_concurrent_writes_commit_together_and_one_failure_spoils_only_itself(
-    db_path: Path,
+    backend: StoreBackend,
 ) -> None:
     """Many turns writing at once share commits (group commit on the worker thread); a call
     that fails inside the group rolls back its own writes only, and every write that
     returned is in the file."""
-    async with open_sqlite_store(db_path) as store:
+    async with backend.open() as store:
 
         async def accept(i: int) -> None:
             assert await store.accept("bot", f"c{i}", f"m{i}", now=T0, ttl_s=60, raw=b"r")
@@ -750,8 +755,8 @@ async def test_concurrent_writes_commit_together_and_one_failure_spoils_only_its
                 nursery.start_soon(accept, i)
                 if i == 100:
                     nursery.start_soon(broken)
-    assert query(db_path, "SELECT COUNT(*) FROM inbox") == [(200,)]
-    assert query(db_path, "SELECT COUNT(*) FROM dedup") == [(200,)]
+    assert backend.query("SELECT COUNT(*) FROM inbox") == [(200,)]
+    assert backend.query("SELECT COUNT(*) FROM dedup") == [(200,)]
 
 
 async def test_another_process_holding_the_write_lock_never_stalls_the_trio_thread(
@@ -887,3 +892,96 @@ async def test_the_data_dir_lock_does_not_keep_the_store_from_opening(tmp_path: 
         async with open_store(tmp_path) as s:
             await s.set_cursor("bot", "probe", "1")
             assert await s.schema_version() == SCHEMA_VERSION
+
+
+# -- turns, resumes and anchors (the composite writes) -----------------------------------------
+
+
+async def test_a_turn_begins_is_marked_delivered_and_is_recorded(
+    store: Store, backend: StoreBackend
+) -> None:
+    await store.set_binding("bot", "c1", "", "s1", title=None, now=T0)
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=600, raw=b"r1")
+    assert await store.accept("bot", "c1", "m2", now=T0, ttl_s=600, raw=b"r2")
+    keys = [("c1", "m1"), ("c1", "m2")]
+    binding = await store.begin_turn("bot", "c1", "", keys, last_direct=("c1", T0))
+    assert binding is not None and binding.session_id == "s1"
+    assert await store.get_last_direct("bot") == "c1"
+    assert [(e.state, e.attempts) for e in await store.inbox_pending("bot")] == [
+        ("running", 1),
+        ("running", 1),
+    ]
+    await store.mark_delivered("bot", keys, prompt=PromptRow(session_id="s1", text="hi", at=T0))
+    assert {e.state for e in await store.inbox_pending("bot")} == {"delivered"}
+    turn = TurnRecord(
+        session_id="s1",
+        user_text=None,
+        user_at=T0,
+        answer_text="hello",
+        answer_at=T0 + 1,
+        completed=False,
+        delivered=[entry(1, sent_at=T0 + 1)],
+        inbox_done=keys,
+    )
+    await store.record_turn("bot", "c1", turn, now=T0 + 1)
+    assert await store.inbox_pending("bot") == []
+    assert backend.query("SELECT count(*) FROM inbox_state") == [(0,)]
+    rows = await store.transcript_page("s1", before_id=None, limit=10)
+    assert [(r.role, r.text, r.completed) for r in rows] == [
+        ("assistant", "hello", False),
+        ("user", "hi", True),
+    ]
+    assert await store.list_outbound("bot", "c1", now=T0 + 1) == [entry(1, sent_at=T0 + 1)]
+    # No binding, no keys: begin_turn only reads.
+    assert await store.begin_turn("bot", "c9", "", []) is None
+
+
+async def test_a_resume_counts_an_attempt_and_says_how_many_came_before(store: Store) -> None:
+    assert await store.accept("bot", "c1", "m1", now=T0, ttl_s=600, raw=b"r")
+    assert await store.inbox_resumed("bot", "c1", "m1") == 0
+    assert await store.inbox_resumed("bot", "c1", "m1") == 1
+    await store.begin_turn("bot", "c1", "", [("c1", "m1")])
+    assert await store.inbox_resumed("bot", "c1", "m1") == 3
+    [e] = await store.inbox_pending("bot")
+    assert (e.state, e.attempts) == ("running", 4)
+    # Setting it queued again keeps the count; an entry that is not there counts nothing.
+    await store.inbox_set_state("bot", "c1", "m1", "queued")
+    [e] = await store.inbox_pending("bot")
+    assert (e.state, e.attempts) == ("queued", 4)
+    assert await store.inbox_resumed("bot", "c1", "gone") == 0
+    assert await store.inbox_pending("bot") == [e]
+
+
+async def test_anchors_keep_the_newest_per_conversation_and_thread(
+    store: Store, backend: StoreBackend
+) -> None:
+    for i in range(5):
+        await store.put_anchor("bot", "c1", "t", f"turn{i}", f"a{i}", now=T0 + i, keep=3)
+    await store.put_anchor("bot", "c1", "other", "turn0", "x", now=T0, keep=3)
+    assert [await store.get_anchor("bot", "c1", "t", f"turn{i}") for i in range(5)] == [
+        None,
+        None,
+        "a2",
+        "a3",
+        "a4",
+    ]
+    # Replacing one makes it the newest; the thread next door is untouched.
+    await store.put_anchor("bot", "c1", "t", "turn2", "a2b", now=T0 + 10, keep=3)
+    await store.put_anchor("bot", "c1", "t", "turn5", "a5", now=T0 + 11, keep=3)
+    assert await store.get_anchor("bot", "c1", "t", "turn2") == "a2b"
+    assert await store.get_anchor("bot", "c1", "t", "turn3") is None
+    assert await store.get_anchor("bot", "c1", "other", "turn0") == "x"
+    assert await store.get_anchor("other", "c1", "t", "turn5") is None
+    assert backend.query("SELECT count(*) FROM anchors WHERE thread_id = 't'") == [(3,)]
+
+
+async def test_the_message_log_stays_bounded_in_the_table(
+    store: Store, backend: StoreBackend
+) -> None:
+    from dshim.store.base import LoggedMessage
+    from dshim.store.sqlite import MESSAGE_LOG_CAP
+
+    for i in range(MESSAGE_LOG_CAP + 20):
+        message = LoggedMessage(message_id=f"m{i}", author_id="u", text="t", at=T0 + i)
+        assert await store.log_message("bot", "c1", message, now=T0)
+    assert backend.query("SELECT count(*) FROM messages") == [(MESSAGE_LOG_CAP,)]

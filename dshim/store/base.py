@@ -8,7 +8,7 @@ call from the trio thread (implementations do blocking work in a worker thread).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -356,6 +356,65 @@ class Store(Protocol):
     async def schema_version(self) -> int: ...
 
     async def aclose(self) -> None: ...
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """One bot's lease in a shared store: the instance that runs it (``owner``), the
+    lease's generation (``epoch``: +1 at every change of hands) and when it runs out
+    (``expires_at``: the database's clock, epoch seconds)."""
+
+    bot: str
+    owner: str
+    epoch: int
+    expires_at: float
+
+
+class Instance(msgspec.Struct, frozen=True, kw_only=True):
+    """A ``dshim serve`` instance of a shared store, as its last heartbeat left it."""
+
+    name: str
+    started_at: float
+    seen_at: float
+
+
+@runtime_checkable
+class SharesBots(Protocol):
+    """A store several ``dshim serve`` instances share (PostgreSQL): every bot runs in the
+    one instance that holds its lease.  Times are the database's clock (one clock for all
+    instances); only the epoch decides who may write (fencing), never a time.
+
+    - :meth:`take_lease`: a free or expired lease is taken (``epoch`` + 1); one the
+      caller holds already is renewed (same epoch); one another instance holds unexpired
+      gives None.
+    - :meth:`renew_lease`: the lease runs ``lease_s`` more from now, if ``owner`` and
+      ``epoch`` still hold it; None when it was lost (taken over after it expired).
+    - :meth:`release_lease`: the lease expires now, if it is still the caller's.
+    - :meth:`fenced`: the store as the bot of ``lease`` sees it.  Every durable write of
+      that bot -- dedup accept and inbox, confirm/state changes, cursors, outbound index
+      and message log, outbox, transcripts, bindings, anchors -- is checked against the
+      lease in the same transaction and raises :class:`~dshim.errors.FencedError` once
+      the epoch moved or the owner changed; reads are unchanged.  So an instance that was
+      paused past its lease (GC, SIGSTOP, a partition) cannot confirm, send from the
+      inbox or commit a cursor when it wakes.
+    """
+
+    async def heartbeat(self, instance: str, *, started_at: float) -> None: ...
+
+    async def instances(self, *, within_s: float) -> list[Instance]:
+        """The instances whose heartbeat is at most ``within_s`` old."""
+        ...
+
+    async def take_lease(self, bot: str, owner: str, *, lease_s: float) -> Lease | None: ...
+
+    async def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None: ...
+
+    async def release_lease(self, lease: Lease) -> None: ...
+
+    async def leases(self) -> list[Lease]:
+        """Every bot's lease, held or expired."""
+        ...
+
+    def fenced(self, lease: Lease) -> Store: ...
 
 
 class BoundStore:

@@ -1,0 +1,1415 @@
+"""The shared PostgreSQL store: the :class:`~dshim.store.base.Store` on a PostgreSQL database.
+
+The same tables, semantics and bounds as the SQLite store (:mod:`dshim.store.sqlite`, whose
+docstring describes every table), so that several ``dshim serve`` instances can share one
+store.  What differs:
+
+- Types: times are ``double precision``, raw events ``bytea``, flags ``boolean``; the ids of
+  an outbound index entry are a ``text[]`` (looked up with ``= ANY``), attachments JSON text.
+  Row order where SQLite used the rowid (the inbox, the anchors) is a ``bigserial`` column;
+  a replaced row takes a new one, as SQLite's ``INSERT OR REPLACE`` gives a new rowid.
+- PostgreSQL's ``text`` cannot hold U+0000: free text (message and answer texts, author
+  names, titles) has it replaced by U+FFFD; ids are stored as given.
+- Dedup is global: the dedup key is the primary key, and an accept is one statement (an
+  upsert that only replaces an *expired* key), so two connections -- two instances -- can
+  never both accept one message id: the second waits for the first's commit and then finds
+  the key unexpired.
+- Schema versions: :data:`MIGRATIONS` (own, starting at 1), the version in the one-row table
+  ``dshim_schema``.  Migrating takes the transaction-scoped advisory lock
+  :data:`ADVISORY_LOCK_KEY` (``pg_advisory_xact_lock``) for each step, so instances starting
+  together migrate once and never race; a step is one transaction (DDL is transactional).
+
+Theory of operation: a small :class:`psycopg_pool.ConnectionPool` (at most
+:data:`POOL_MAX` autocommit connections) of synchronous psycopg 3 connections.  Every call
+runs in a worker thread (``trio.to_thread.run_sync`` under a :class:`trio.CapacityLimiter`
+the pool's size), takes a connection, runs its statements (one statement on its own, several
+in an explicit transaction) and gives the connection back.  The calls of every event -- the
+accept, a turn's begin, delivery mark and record -- are one statement each (data-modifying
+``WITH`` clauses): one round trip, atomic without ``BEGIN``/``COMMIT``.  A started call runs to
+completion (a cancelled caller waits for it: ``to_thread`` without abandoning), so a
+transaction is never torn by cancellation; a caller cancelled before its call started writes
+nothing.  ``inline=True`` runs each call on the trio thread instead (virtual clocks).
+
+The URL's password (in the URL, or ``password``) is never logged and never part of an error
+message: messages name the store by :func:`safe_target` and psycopg's errors pass through
+:func:`redact` first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar, TypeVarTuple
+
+import msgspec
+import psycopg
+import psycopg_pool
+import structlog
+import trio
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from dshim.errors import StoreError
+from dshim.model import Attachment
+from dshim.store.base import (
+    INDEX_STATES,
+    Binding,
+    InboxEntry,
+    LoggedMessage,
+    OutboundEntry,
+    OutboxEntry,
+    PromptRow,
+    TranscriptRow,
+    TurnRecord,
+)
+from dshim.store.sqlite import (
+    INBOX_STATES,
+    MESSAGE_LOG_CAP,
+    MESSAGE_TEXT_MAX,
+    OUTBOUND_CAP,
+    OUTBOUND_CUT_SLACK,
+    OUTBOUND_MAX_AGE_S,
+    OUTBOUND_TEXT_MAX,
+)
+
+__all__ = [
+    "ADVISORY_LOCK_KEY",
+    "MIGRATIONS",
+    "POOL_MAX",
+    "SCHEMA_VERSION",
+    "Migration",
+    "PostgresStore",
+    "open_postgres_store",
+    "read_postgres_schema_version",
+    "redact",
+    "safe_target",
+]
+
+log = structlog.get_logger("dshim.store")
+
+_T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
+
+#: Connections the pool keeps open at least, and at most (calls run at most this many at once).
+POOL_MIN = 1
+POOL_MAX = 4
+#: How long opening waits for the server, and a call for a free connection, in seconds.
+CONNECT_TIMEOUT_S = 10
+POOL_TIMEOUT_S = 30.0
+#: Rows one pruning transaction deletes at most (per table).
+PRUNE_BATCH = 2000
+#: The advisory lock migrations hold (``pg_advisory_xact_lock``): b"dshm" as an integer.
+ADVISORY_LOCK_KEY = 0x6473686D
+
+
+class Migration(NamedTuple):
+    """One schema step: the statements that take the schema from version N-1 to N.
+
+    The version of a migration is its 1-based position in :data:`MIGRATIONS`.  Never edit
+    or reorder a released migration; append a new one.
+    """
+
+    summary: str
+    statements: tuple[str, ...]
+
+
+_KEY = "bot text NOT NULL, conversation_id text NOT NULL, message_id text NOT NULL"
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        "initial tables (the SQLite store's schema 7)",
+        (
+            "CREATE TABLE dshim_schema (version integer NOT NULL)",
+            "INSERT INTO dshim_schema (version) VALUES (0)",
+            f"""CREATE TABLE dedup (
+                {_KEY},
+                expires_at double precision NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            )""",
+            "CREATE INDEX dedup_expires ON dedup (expires_at)",
+            f"""CREATE TABLE inbox (
+                seq bigserial NOT NULL,
+                {_KEY},
+                raw bytea NOT NULL,
+                accepted_at double precision NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            )""",
+            f"""CREATE TABLE inbox_state (
+                {_KEY},
+                state text NOT NULL,
+                attempts integer NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            )""",
+            f"""CREATE TABLE outbox (
+                {_KEY},
+                text text NOT NULL,
+                created_at double precision NOT NULL,
+                PRIMARY KEY (bot, conversation_id, message_id)
+            )""",
+            """CREATE TABLE bindings (
+                bot text NOT NULL,
+                conversation_id text NOT NULL,
+                thread_id text NOT NULL,
+                session_id text NOT NULL,
+                title text,
+                created_at double precision NOT NULL,
+                updated_at double precision NOT NULL,
+                PRIMARY KEY (bot, conversation_id, thread_id)
+            )""",
+            """CREATE TABLE cursors (
+                bot text NOT NULL,
+                name text NOT NULL,
+                value text NOT NULL,
+                PRIMARY KEY (bot, name)
+            )""",
+            """CREATE TABLE outbound (
+                id bigserial PRIMARY KEY,
+                bot text NOT NULL,
+                conversation_id text NOT NULL,
+                message_ids text[] NOT NULL,
+                text text NOT NULL,
+                sent_at double precision NOT NULL,
+                completed_at double precision NOT NULL,
+                inbound boolean NOT NULL DEFAULT false,
+                author_id text,
+                author_name text,
+                attachments text NOT NULL DEFAULT '[]',
+                state text NOT NULL DEFAULT 'ok'
+            )""",
+            "CREATE INDEX outbound_recent ON outbound (bot, conversation_id, sent_at, id)",
+            "CREATE INDEX outbound_completed ON outbound (completed_at)",
+            """CREATE TABLE anchors (
+                seq bigserial NOT NULL,
+                bot text NOT NULL,
+                conversation_id text NOT NULL,
+                thread_id text NOT NULL,
+                turn_id text NOT NULL,
+                anchor_id text NOT NULL,
+                updated_at double precision NOT NULL,
+                PRIMARY KEY (bot, conversation_id, thread_id, turn_id)
+            )""",
+            "CREATE INDEX anchors_recent ON anchors (bot, conversation_id, thread_id, updated_at)",
+            """CREATE TABLE transcript (
+                id bigserial PRIMARY KEY,
+                bot text NOT NULL,
+                session_id text NOT NULL,
+                role text NOT NULL,
+                text text NOT NULL,
+                at double precision NOT NULL,
+                completed boolean NOT NULL
+            )""",
+            "CREATE INDEX transcript_session ON transcript (session_id, id)",
+            """CREATE TABLE last_direct (
+                bot text PRIMARY KEY,
+                conversation_id text NOT NULL,
+                updated_at double precision NOT NULL
+            )""",
+            """CREATE TABLE messages (
+                seq bigserial PRIMARY KEY,
+                bot text NOT NULL,
+                conversation_id text NOT NULL,
+                message_id text NOT NULL,
+                author_id text NOT NULL,
+                author_name text,
+                author_bot boolean NOT NULL,
+                text text NOT NULL,
+                reply_to text,
+                attachments text NOT NULL,
+                client_id text,
+                at double precision NOT NULL
+            )""",
+            "CREATE UNIQUE INDEX messages_id ON messages (bot, conversation_id, message_id)",
+            "CREATE INDEX messages_recent ON messages (bot, conversation_id, at, seq)",
+        ),
+    ),
+)
+
+#: The schema version this code writes and understands.
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# -- the password stays out of messages ----------------------------------------------------
+
+_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@\s]*):[^@\s]*@", re.IGNORECASE)
+_KV_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+
+
+def safe_target(url: str) -> str:
+    """The store's name for messages and logs: ``postgresql://user@host:port/db``, never
+    the password (nor any other parameter)."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return "postgresql://(an invalid URL)"
+    user = str(params.get("user") or "")
+    host = str(params.get("host") or "")
+    port = str(params.get("port") or "")
+    dbname = str(params.get("dbname") or "")
+    userinfo = f"{user}@" if user else ""
+    if host.startswith("/"):  # a unix socket directory
+        host = f"[{host}]"
+    return f"postgresql://{userinfo}{host}{f':{port}' if port else ''}/{dbname}"
+
+
+def redact(text: str, password: str | None = None) -> str:
+    """``text`` without a URL's or conninfo's password (and without ``password`` itself)."""
+    if password:
+        text = text.replace(password, "***")
+    text = _URL_PASSWORD.sub(r"\1:***@", text)
+    return _KV_PASSWORD.sub(r"\1***", text)
+
+
+def _password_of(conninfo: str) -> str | None:
+    try:
+        value = conninfo_to_dict(conninfo).get("password")
+    except psycopg.Error:
+        return None
+    return str(value) if value else None
+
+
+def _free(text: str) -> str:
+    """Free text as PostgreSQL's ``text`` can hold it (no U+0000)."""
+    return text.replace("\x00", "\ufffd") if "\x00" in text else text
+
+
+def _free_opt(text: str | None) -> str | None:
+    return None if text is None else _free(text)
+
+
+# -- schema --------------------------------------------------------------------------------
+
+
+def _read_version(conn: psycopg.Connection[Any], where: str) -> int:
+    """The schema version (0: an empty database); refuses a newer one."""
+    row = conn.execute("SELECT to_regclass('dshim_schema')").fetchone()
+    if row is None or row[0] is None:
+        return 0
+    found = conn.execute("SELECT version FROM dshim_schema").fetchone()
+    version = 0 if found is None else int(found[0])
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{where} has schema version {version}, newer than this dshim supports "
+            f"({SCHEMA_VERSION}); upgrade dshim or use another database"
+        )
+    return version
+
+
+def _migrate(conn: psycopg.Connection[Any], where: str) -> tuple[int, int]:
+    """Bring the schema to :data:`SCHEMA_VERSION`, one transaction per step, each under the
+    advisory lock (another instance may have migrated meanwhile: each step rereads the
+    version under the lock).  Returns (version before, version after); logged like the
+    SQLite store's migrations."""
+    start: int | None = None
+    applied: list[str] = []
+    while True:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (ADVISORY_LOCK_KEY,))
+            version = _read_version(conn, where)
+            if start is None:
+                start = version
+            if version >= SCHEMA_VERSION:
+                break
+            for statement in MIGRATIONS[version].statements:
+                conn.execute(statement)
+            conn.execute("UPDATE dshim_schema SET version = %s", (version + 1,))
+        applied.append(f"{version + 1}: {MIGRATIONS[version].summary}")
+    if start == 0 and applied:
+        log.info("store_created", url=where, schema=version)
+    elif applied:
+        log.info("store_migrated", url=where, from_schema=start, schema=version, steps=applied)
+    return start, version
+
+
+def _connect(conninfo: str, where: str, password: str | None) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot open store {where}: {redact(str(exc), password)}") from None
+
+
+def _conninfo(url: str, password: str | None) -> str:
+    try:
+        extra: dict[str, Any] = {"connect_timeout": CONNECT_TIMEOUT_S}
+        if "application_name" not in conninfo_to_dict(url):
+            extra["application_name"] = "dshim"
+        if password:
+            extra["password"] = password
+        return make_conninfo(url, **extra)
+    except psycopg.Error as exc:
+        raise StoreError(
+            f"store URL {safe_target(url)}: not a PostgreSQL URL: {redact(str(exc), password)}"
+        ) from None
+
+
+def _open_and_migrate(conninfo: str, where: str, password: str | None) -> tuple[int, int]:
+    conn = _connect(conninfo, where, password)
+    try:
+        return _migrate(conn, where)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot migrate store {where}: {redact(str(exc), password)}") from None
+    finally:
+        conn.close()
+
+
+def _version_only(conninfo: str, where: str, password: str | None) -> int:
+    conn = _connect(conninfo, where, password)
+    try:
+        return _read_version(conn, where)
+    except psycopg.Error as exc:
+        raise StoreError(f"store {where}: {redact(str(exc), password)}") from None
+    finally:
+        conn.close()
+
+
+async def read_postgres_schema_version(url: str, *, password: str | None = None) -> int:
+    """The schema version of the database at ``url`` (0: empty), without migrating."""
+    conninfo = _conninfo(url, password)
+    secret = password or _password_of(conninfo)
+    return await trio.to_thread.run_sync(_version_only, conninfo, safe_target(url), secret)
+
+
+@asynccontextmanager
+async def open_postgres_store(
+    url: str,
+    *,
+    password: str | None = None,
+    inline: bool = False,
+    data_dir: Path | None = None,
+) -> AsyncIterator[PostgresStore]:
+    """Open the store in the PostgreSQL database at ``url``, migrating it (under the
+    advisory lock) first.
+
+    ``password``: when the URL has none (from ``[store] password``).  ``inline=True`` runs
+    each call on the trio thread (deterministic runs on a virtual clock).  ``data_dir``:
+    where the channels' files are (the SQLite store's is its file's directory).  Raises
+    :class:`~dshim.errors.StoreError` if the server cannot be reached, the URL is invalid
+    or the schema is newer; the pool is closed when the block exits, even on cancellation.
+    """
+    conninfo = _conninfo(url, password)
+    secret = password or _password_of(conninfo)
+    where = safe_target(url)
+    if inline:
+        _open_and_migrate(conninfo, where, secret)
+    else:
+        await trio.to_thread.run_sync(_open_and_migrate, conninfo, where, secret)
+    pool: psycopg_pool.ConnectionPool[Any] = psycopg_pool.ConnectionPool(
+        conninfo,
+        min_size=POOL_MIN,
+        max_size=POOL_MAX,
+        kwargs={"autocommit": True},
+        open=False,
+        name="dshim-store",
+        timeout=POOL_TIMEOUT_S,
+    )
+
+    def open_pool() -> None:
+        try:
+            pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        except psycopg.Error as exc:
+            pool.close()
+            raise StoreError(f"cannot open store {where}: {redact(str(exc), secret)}") from None
+
+    if inline:
+        open_pool()
+    else:
+        await trio.to_thread.run_sync(open_pool)
+    store = PostgresStore(pool, where, secret, inline=inline, data_dir=data_dir)
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+_ACCEPT = """
+    WITH k AS (
+        INSERT INTO dedup (bot, conversation_id, message_id, expires_at)
+        VALUES (%(bot)s, %(conv)s, %(mid)s, %(expires)s)
+        ON CONFLICT (bot, conversation_id, message_id)
+        DO UPDATE SET expires_at = excluded.expires_at WHERE dedup.expires_at <= %(now)s
+        RETURNING 1
+    ), i AS (
+        INSERT INTO inbox (bot, conversation_id, message_id, raw, accepted_at)
+        SELECT %(bot)s, %(conv)s, %(mid)s, %(raw)s::bytea, %(now)s
+        WHERE %(raw)s::bytea IS NOT NULL AND EXISTS (SELECT 1 FROM k)
+        ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET
+            raw = excluded.raw, accepted_at = excluded.accepted_at, seq = excluded.seq
+    ), s AS (
+        DELETE FROM inbox_state
+        WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s
+          AND %(raw)s::bytea IS NOT NULL AND EXISTS (SELECT 1 FROM k)
+    )
+    SELECT count(*) FROM k
+"""
+_INBOX_RUNNING = """
+    INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
+    SELECT bot, conversation_id, message_id, 'running', 1 FROM inbox
+    WHERE bot = %s AND conversation_id = %s AND message_id = %s
+    ON CONFLICT (bot, conversation_id, message_id)
+    DO UPDATE SET state = 'running', attempts = inbox_state.attempts + 1
+"""
+_SET_BINDING = """
+    INSERT INTO bindings
+        (bot, conversation_id, thread_id, session_id, title, created_at, updated_at)
+    VALUES (%s, %s, %s, %s, %s, %s, %s)
+    ON CONFLICT (bot, conversation_id, thread_id) DO UPDATE SET
+        created_at = CASE WHEN bindings.session_id = excluded.session_id
+                          THEN bindings.created_at ELSE excluded.created_at END,
+        session_id = excluded.session_id,
+        title = excluded.title,
+        updated_at = excluded.updated_at
+"""
+_OUTBOUND_COLUMNS = (
+    "message_ids, text, sent_at, completed_at, inbound, author_id, author_name, attachments, state"
+)
+_OUTBOUND_CUT = """
+    DELETE FROM outbound WHERE id IN (
+        SELECT id FROM outbound WHERE bot = %s AND conversation_id = %s
+        ORDER BY sent_at DESC, id DESC OFFSET %s
+    )
+"""
+# A finished turn: transcript rows, index entries (and this conversation's expired ones),
+# inbox completions; every part may be empty (see PostgresStore._write_turn).
+_WRITE_TURN = f"""
+    WITH t AS (
+        INSERT INTO transcript (bot, session_id, role, text, at, completed)
+        SELECT %(bot)s, %(sid)s, r.role, r.text, r.at, r.completed
+        FROM unnest(%(roles)s::text[], %(texts)s::text[], %(ats)s::float8[], %(dones)s::bool[])
+            WITH ORDINALITY AS r(role, text, at, completed, n)
+        ORDER BY r.n
+    ), o AS (
+        INSERT INTO outbound (bot, conversation_id, {_OUTBOUND_COLUMNS})
+        SELECT %(bot)s, %(conv)s,
+            ARRAY(SELECT jsonb_array_elements_text(e.ids::jsonb)), e.text, e.sent_at,
+            e.completed_at, e.inbound, e.author_id, e.author_name, e.attachments, e.state
+        FROM unnest(%(o_ids)s::text[], %(o_text)s::text[], %(o_sent)s::float8[],
+                    %(o_done)s::float8[], %(o_in)s::bool[], %(o_aid)s::text[],
+                    %(o_aname)s::text[], %(o_att)s::text[], %(o_state)s::text[])
+            WITH ORDINALITY AS e(ids, text, sent_at, completed_at, inbound, author_id,
+                                 author_name, attachments, state, n)
+        ORDER BY e.n
+    ), aged AS (
+        DELETE FROM outbound
+        WHERE cardinality(%(o_ids)s::text[]) > 0 AND bot = %(bot)s AND conversation_id = %(conv)s
+          AND sent_at < %(cutoff)s AND completed_at < %(cutoff)s
+    ), done_state AS (
+        DELETE FROM inbox_state
+        WHERE bot = %(bot)s AND (conversation_id, message_id) IN (
+            SELECT * FROM unnest(%(d_conv)s::text[], %(d_mid)s::text[]))
+    )
+    DELETE FROM inbox
+    WHERE bot = %(bot)s AND (conversation_id, message_id) IN (
+        SELECT * FROM unnest(%(d_conv)s::text[], %(d_mid)s::text[]))
+"""
+# A turn starts: its inbox entries running (an attempt counted), the last direct conversation
+# remembered (when given), the binding read.  The keys are distinct (else: one per key).
+_BEGIN_TURN = """
+    WITH r AS (
+        INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
+        SELECT i.bot, i.conversation_id, i.message_id, 'running', 1 FROM inbox AS i
+        WHERE i.bot = %(bot)s AND (i.conversation_id, i.message_id) IN (
+            SELECT * FROM unnest(%(k_conv)s::text[], %(k_mid)s::text[]))
+        ON CONFLICT (bot, conversation_id, message_id)
+        DO UPDATE SET state = 'running', attempts = inbox_state.attempts + 1
+    ), d AS (
+        INSERT INTO last_direct (bot, conversation_id, updated_at)
+        SELECT %(bot)s, %(ld_conv)s::text, %(ld_at)s::float8 WHERE %(ld_conv)s::text IS NOT NULL
+        ON CONFLICT (bot) DO UPDATE SET conversation_id = excluded.conversation_id,
+            updated_at = excluded.updated_at
+    )
+    SELECT session_id, title, created_at, updated_at FROM bindings
+    WHERE bot = %(bot)s AND conversation_id = %(conv)s AND thread_id = %(thread)s
+"""
+# Right before a turn's first send: its inbox entries delivered, its prompt row (when
+# given) in the transcript.
+_MARK_DELIVERED = """
+    WITH d AS (
+        INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
+        SELECT i.bot, i.conversation_id, i.message_id, 'delivered', 0 FROM inbox AS i
+        WHERE i.bot = %(bot)s AND (i.conversation_id, i.message_id) IN (
+            SELECT * FROM unnest(%(k_conv)s::text[], %(k_mid)s::text[]))
+        ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state
+    )
+    INSERT INTO transcript (bot, session_id, role, text, at, completed)
+    SELECT %(bot)s, %(sid)s::text, 'user', %(text)s::text, %(at)s::float8, true
+    WHERE %(sid)s::text IS NOT NULL
+"""
+_MESSAGE_COLUMNS = (
+    "message_id, author_id, author_name, author_bot, text, reply_to, attachments, client_id, at"
+)
+
+_json_encoder = msgspec.json.Encoder()
+_attachments_decoder = msgspec.json.Decoder(list[Attachment])
+
+_Conn = psycopg.Connection[Any]
+
+
+class PostgresStore:
+    """The :class:`~dshim.store.base.Store` on a PostgreSQL database.  Use
+    :func:`open_postgres_store`.
+
+    All methods are safe to call concurrently from trio tasks (each call takes a pooled
+    connection in a worker thread).  After :meth:`aclose` every call raises StoreError.
+    """
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool[Any],
+        where: str,
+        password: str | None,
+        *,
+        inline: bool = False,
+        data_dir: Path | None = None,
+    ) -> None:
+        self._pool: psycopg_pool.ConnectionPool[Any] | None = pool
+        self._where = where
+        self._password = password
+        self._inline = inline
+        self._limiter = trio.CapacityLimiter(POOL_MAX)
+        self._data_dir = data_dir
+        #: Outbound entries per (bot, conversation), estimated from above (see _insert_outbound).
+        self._outbound_counts: dict[tuple[str, str], int] = {}
+
+    @property
+    def url(self) -> str:
+        """The database, without its password."""
+        return self._where
+
+    @property
+    def data_dir(self) -> Path | None:
+        """The data directory of the channels' files (given when opened)."""
+        return self._data_dir
+
+    async def _call(self, fn: Callable[[_Conn, *_Ts], _T], *args: *_Ts) -> _T:
+        if self._inline or self._pool is None:
+            await trio.lowlevel.checkpoint()
+            return self._guarded(fn, *args)
+        return await trio.to_thread.run_sync(self._guarded, fn, *args, limiter=self._limiter)
+
+    def _guarded(self, fn: Callable[[_Conn, *_Ts], _T], *args: *_Ts) -> _T:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"store {self._where} is closed")
+        try:
+            with pool.connection() as conn:
+                return fn(conn, *args)
+        except psycopg.Error as exc:
+            raise StoreError(f"store {self._where}: {redact(str(exc), self._password)}") from exc
+
+    # -- dedup and the durable inbox --------------------------------------------------------
+
+    async def accept(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        ttl_s: float,
+        raw: bytes | None,
+    ) -> bool:
+        """See :meth:`dshim.store.sqlite.SqliteStore.accept`; one statement, so global."""
+        return await self._call(_accept, bot, conversation_id, message_id, now, ttl_s, raw)
+
+    async def accept_many(
+        self,
+        bot: str,
+        entries: Sequence[tuple[str, str, bytes | None]],
+        *,
+        now: float,
+        ttl_s: float,
+    ) -> list[bool]:
+        """:meth:`accept` for several keys in one transaction, in order."""
+        return await self._call(_accept_many, bot, tuple(entries), now, ttl_s)
+
+    async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
+        return await self._call(_seen, bot, conversation_id, message_id, now)
+
+    async def inbox_set_state(
+        self, bot: str, conversation_id: str, message_id: str, state: str
+    ) -> None:
+        if state not in INBOX_STATES:
+            raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
+        await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
+
+    async def outbox_put(
+        self, bot: str, conversation_id: str, message_id: str, text: str, *, now: float
+    ) -> None:
+        await self._call(_outbox_put, bot, conversation_id, message_id, text, now)
+
+    async def outbox_pending(self, bot: str) -> list[OutboxEntry]:
+        return await self._call(_outbox_pending, bot)
+
+    async def outbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        await self._call(_outbox_done, bot, conversation_id, message_id)
+
+    async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
+        return await self._call(_inbox_resumed, bot, conversation_id, message_id)
+
+    async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
+        await self._call(_inbox_done, bot, conversation_id, message_id)
+
+    async def inbox_pending(self, bot: str) -> list[InboxEntry]:
+        return await self._call(_inbox_pending, bot)
+
+    # -- turns -------------------------------------------------------------------------------
+
+    async def begin_turn(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        inbox_keys: list[tuple[str, str]],
+        *,
+        last_direct: tuple[str, float] | None = None,
+    ) -> Binding | None:
+        return await self._call(
+            _begin_turn, bot, conversation_id, thread_id, list(inbox_keys), last_direct
+        )
+
+    async def mark_delivered(
+        self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
+    ) -> None:
+        await self._call(_mark_delivered, bot, list(inbox_keys), prompt)
+
+    async def record_turn(
+        self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
+    ) -> None:
+        await self._call(self._record_turn, bot, conversation_id, turn, now)
+
+    # -- bindings ----------------------------------------------------------------------------
+
+    async def get_binding(self, bot: str, conversation_id: str, thread_id: str) -> Binding | None:
+        return await self._call(_get_binding, bot, conversation_id, thread_id)
+
+    async def set_binding(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        session_id: str,
+        *,
+        title: str | None,
+        now: float,
+    ) -> None:
+        await self._call(_set_binding, bot, conversation_id, thread_id, session_id, title, now)
+
+    async def clear_binding(self, bot: str, conversation_id: str, thread_id: str) -> bool:
+        return await self._call(_clear_binding, bot, conversation_id, thread_id)
+
+    # -- transport cursors -------------------------------------------------------------------
+
+    async def get_cursor(self, bot: str, name: str) -> str | None:
+        return await self._call(_get_cursor, bot, name)
+
+    async def set_cursor(self, bot: str, name: str, value: str) -> None:
+        await self._call(_set_cursor, bot, name, value)
+
+    # -- outbound index ----------------------------------------------------------------------
+
+    async def add_outbound(
+        self, bot: str, conversation_id: str, entry: OutboundEntry, *, now: float
+    ) -> None:
+        await self._call(self._add_outbound, bot, conversation_id, entry, now)
+
+    async def list_outbound(
+        self, bot: str, conversation_id: str, *, now: float
+    ) -> list[OutboundEntry]:
+        return await self._call(_list_outbound, bot, conversation_id, now)
+
+    async def update_outbound(
+        self,
+        bot: str,
+        conversation_id: str,
+        message_id: str,
+        *,
+        now: float,
+        text: str | None = None,
+        completed_at: float | None = None,
+        add_ids: Sequence[str] = (),
+        state: str | None = None,
+    ) -> bool:
+        if state is not None and state not in INDEX_STATES:
+            raise ValueError(f"index entry state must be one of {INDEX_STATES}, got {state!r}")
+        return await self._call(
+            _update_outbound,
+            bot,
+            conversation_id,
+            message_id,
+            now,
+            text,
+            completed_at,
+            tuple(add_ids),
+            state,
+        )
+
+    # -- reply anchors -----------------------------------------------------------------------
+
+    async def put_anchor(
+        self,
+        bot: str,
+        conversation_id: str,
+        thread_id: str,
+        turn_id: str,
+        anchor_id: str,
+        *,
+        now: float,
+        keep: int,
+    ) -> None:
+        await self._call(
+            _put_anchor, bot, conversation_id, thread_id, turn_id, anchor_id, now, keep
+        )
+
+    async def get_anchor(
+        self, bot: str, conversation_id: str, thread_id: str, turn_id: str
+    ) -> str | None:
+        return await self._call(_get_anchor, bot, conversation_id, thread_id, turn_id)
+
+    # -- message log -------------------------------------------------------------------------
+
+    async def log_message(
+        self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float
+    ) -> bool:
+        return await self._call(_log_message, bot, conversation_id, message)
+
+    async def message_log(
+        self, bot: str, conversation_id: str, *, limit: int
+    ) -> list[LoggedMessage]:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, not {limit}")
+        return await self._call(_message_log, bot, conversation_id, limit)
+
+    async def logged_message(
+        self, bot: str, conversation_id: str, message_id: str
+    ) -> LoggedMessage | None:
+        return await self._call(_logged_message, bot, conversation_id, message_id)
+
+    # -- transcript --------------------------------------------------------------------------
+
+    async def append_transcript(
+        self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
+    ) -> int:
+        return await self._call(_append_transcript, bot, session_id, role, text, at, completed)
+
+    async def transcript_page(
+        self, session_id: str, *, before_id: int | None, limit: int
+    ) -> list[TranscriptRow]:
+        if limit < 1:
+            raise ValueError(f"limit must be positive, not {limit}")
+        return await self._call(_transcript_page, session_id, before_id, limit)
+
+    # -- misc --------------------------------------------------------------------------------
+
+    async def set_last_direct(self, bot: str, conversation_id: str, *, now: float) -> None:
+        await self._call(_set_last_direct, bot, conversation_id, now)
+
+    async def get_last_direct(self, bot: str) -> str | None:
+        return await self._call(_get_last_direct, bot)
+
+    async def prune(self, *, now: float) -> None:
+        """Drop expired dedup keys and outbound entries completed more than 30 days ago, in
+        transactions of at most :data:`PRUNE_BATCH` rows per table."""
+        while await self._call(_prune, now, PRUNE_BATCH) >= PRUNE_BATCH:
+            pass
+
+    async def schema_version(self) -> int:
+        return await self._call(_schema_version)
+
+    async def aclose(self) -> None:
+        """Close the pool.  Idempotent; shielded from cancellation."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if self._inline:
+            pool.close()
+            return
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(pool.close)
+
+    # -- bodies that use the store's estimate of the index's size -----------------------------
+
+    def _add_outbound(
+        self, conn: _Conn, bot: str, conversation_id: str, entry: OutboundEntry, now: float
+    ) -> None:
+        self._write_turn(conn, bot, conversation_id, None, [entry], [], now)
+
+    def _record_turn(
+        self, conn: _Conn, bot: str, conversation_id: str, turn: TurnRecord, now: float
+    ) -> None:
+        rows: list[tuple[str, str, float, bool]] = []
+        if turn.session_id is not None:
+            if turn.user_text is not None:
+                rows.append(("user", turn.user_text, turn.user_at, True))
+            if turn.answer_text is not None:
+                rows.append(("assistant", turn.answer_text, turn.answer_at, turn.completed))
+        transcript = (turn.session_id, rows) if rows and turn.session_id is not None else None
+        self._write_turn(
+            conn, bot, conversation_id, transcript, turn.delivered, turn.inbox_done, now
+        )
+
+    def _write_turn(
+        self,
+        conn: _Conn,
+        bot: str,
+        conversation_id: str,
+        transcript: tuple[str, list[tuple[str, str, float, bool]]] | None,
+        entries: Sequence[OutboundEntry],
+        inbox_done: Sequence[tuple[str, str]],
+        now: float,
+    ) -> None:
+        """Transcript rows, index entries (each conversation's own expired entries go) and
+        inbox completions in one statement: one round trip, atomic on its own.
+
+        The cap's cut (entries past the newest :data:`OUTBOUND_CAP`) must see the new
+        entries, which a sibling of the insert in the same statement cannot: it follows as
+        a second statement of the same transaction, and, as in the SQLite store, only once
+        the conversation may hold :data:`OUTBOUND_CUT_SLACK` more (this store's estimate,
+        from above; unknown after a restart: cut at once).  An entry that is already past
+        the age limit when it is added is never listed and goes with the next prune.
+        """
+        key = (bot, conversation_id)
+        counts = self._outbound_counts
+        n = counts.get(key)
+        cut = bool(entries) and (n is None or n + len(entries) > OUTBOUND_CAP + OUTBOUND_CUT_SLACK)
+        roles: list[str] = []
+        texts: list[str] = []
+        ats: list[float] = []
+        dones: list[bool] = []
+        session_id = None
+        if transcript is not None:
+            session_id = transcript[0]
+            for role, text, at, completed in transcript[1]:
+                roles.append(role)
+                texts.append(_free(text))
+                ats.append(at)
+                dones.append(completed)
+        params: dict[str, Any] = {
+            "bot": bot,
+            "conv": conversation_id,
+            "sid": session_id,
+            "roles": roles,
+            "texts": texts,
+            "ats": ats,
+            "dones": dones,
+            "o_ids": [_json_encoder.encode(e.message_ids).decode() for e in entries],
+            "o_text": [_free(e.text[:OUTBOUND_TEXT_MAX]) for e in entries],
+            "o_sent": [e.sent_at for e in entries],
+            "o_done": [e.completed_at for e in entries],
+            "o_in": [e.inbound for e in entries],
+            "o_aid": [e.author_id for e in entries],
+            "o_aname": [_free_opt(e.author_name) for e in entries],
+            "o_att": [_json_encoder.encode(e.attachments).decode() for e in entries],
+            "o_state": [e.state for e in entries],
+            "cutoff": now - OUTBOUND_MAX_AGE_S,
+            "d_conv": [c for c, _ in inbox_done],
+            "d_mid": [m for _, m in inbox_done],
+        }
+        if cut:
+            with conn.transaction():
+                conn.execute(_WRITE_TURN, params)
+                conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
+            n = OUTBOUND_CAP
+        else:
+            conn.execute(_WRITE_TURN, params)
+            if n is not None:
+                n += len(entries)
+        if n is not None:
+            if len(counts) >= 10_000:
+                counts.clear()
+            counts[key] = n
+
+
+# -- bodies (run in a worker thread with a pooled connection) -------------------------------
+
+
+def _accept_one(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    now: float,
+    ttl_s: float,
+    raw: bytes | None,
+) -> bool:
+    params = {
+        "bot": bot,
+        "conv": conversation_id,
+        "mid": message_id,
+        "expires": now + ttl_s,
+        "now": now,
+        "raw": raw,
+    }
+    row = conn.execute(_ACCEPT, params).fetchone()
+    return row is not None and int(row[0]) == 1
+
+
+def _accept(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    now: float,
+    ttl_s: float,
+    raw: bytes | None,
+) -> bool:
+    return _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw)
+
+
+def _accept_many(
+    conn: _Conn,
+    bot: str,
+    entries: tuple[tuple[str, str, bytes | None], ...],
+    now: float,
+    ttl_s: float,
+) -> list[bool]:
+    with conn.transaction():
+        return [
+            _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw)
+            for conversation_id, message_id, raw in entries
+        ]
+
+
+def _seen(conn: _Conn, bot: str, conversation_id: str, message_id: str, now: float) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM dedup WHERE bot = %s AND conversation_id = %s AND message_id = %s"
+        " AND expires_at > %s",
+        (bot, conversation_id, message_id, now),
+    ).fetchone()
+    return row is not None
+
+
+def _inbox_set_state(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str, state: str
+) -> None:
+    key = (bot, conversation_id, message_id)
+    if state == "queued":  # no state row needed; the attempts counted so far are kept
+        conn.execute(
+            "UPDATE inbox_state SET state = 'queued'"
+            " WHERE bot = %s AND conversation_id = %s AND message_id = %s",
+            key,
+        )
+        return
+    conn.execute(
+        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+        " SELECT bot, conversation_id, message_id, %s::text, 0 FROM inbox"
+        " WHERE bot = %s AND conversation_id = %s AND message_id = %s"
+        " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state",
+        (state, *key),
+    )
+
+
+def _outbox_put(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str, text: str, now: float
+) -> None:
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO outbox (bot, conversation_id, message_id, text, created_at)"
+            " VALUES (%s, %s, %s, %s, %s)"
+            " ON CONFLICT (bot, conversation_id, message_id)"
+            " DO UPDATE SET text = excluded.text, created_at = excluded.created_at",
+            (bot, conversation_id, message_id, _free(text), now),
+        )
+        _inbox_set_state(conn, bot, conversation_id, message_id, "undelivered")
+
+
+def _outbox_pending(conn: _Conn, bot: str) -> list[OutboxEntry]:
+    rows = conn.execute(
+        "SELECT o.conversation_id, o.message_id, o.text, o.created_at, i.raw"
+        " FROM outbox AS o LEFT JOIN inbox AS i ON i.bot = o.bot"
+        " AND i.conversation_id = o.conversation_id AND i.message_id = o.message_id"
+        " WHERE o.bot = %s ORDER BY o.created_at",
+        (bot,),
+    ).fetchall()
+    return [
+        OutboxEntry(
+            conversation_id=c,
+            message_id=m,
+            text=t,
+            created_at=a,
+            raw=None if r is None else bytes(r),
+        )
+        for c, m, t, a, r in rows
+    ]
+
+
+def _outbox_done(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> None:
+    with conn.transaction():
+        conn.execute(
+            "DELETE FROM outbox WHERE bot = %s AND conversation_id = %s AND message_id = %s",
+            (bot, conversation_id, message_id),
+        )
+        _inbox_done(conn, bot, conversation_id, message_id)
+
+
+def _inbox_resumed(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> int:
+    row = conn.execute(
+        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+        " SELECT bot, conversation_id, message_id, 'queued', 1 FROM inbox"
+        " WHERE bot = %s AND conversation_id = %s AND message_id = %s"
+        " ON CONFLICT (bot, conversation_id, message_id)"
+        " DO UPDATE SET attempts = inbox_state.attempts + 1"
+        " RETURNING attempts",
+        (bot, conversation_id, message_id),
+    ).fetchone()
+    return 0 if row is None else int(row[0]) - 1
+
+
+def _inbox_done(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> None:
+    # One statement: the inbox row and its state row go together.
+    conn.execute(
+        "WITH s AS (DELETE FROM inbox_state"
+        " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s)"
+        " DELETE FROM inbox WHERE bot = %(bot)s AND conversation_id = %(conv)s"
+        " AND message_id = %(mid)s",
+        {"bot": bot, "conv": conversation_id, "mid": message_id},
+    )
+
+
+def _inbox_pending(conn: _Conn, bot: str) -> list[InboxEntry]:
+    rows = conn.execute(
+        "SELECT i.conversation_id, i.message_id, i.raw, coalesce(s.state, 'queued'),"
+        " i.accepted_at, coalesce(s.attempts, 0)"
+        " FROM inbox AS i LEFT JOIN inbox_state AS s"
+        " ON s.bot = i.bot AND s.conversation_id = i.conversation_id"
+        " AND s.message_id = i.message_id"
+        " WHERE i.bot = %s ORDER BY i.accepted_at, i.seq",
+        (bot,),
+    ).fetchall()
+    return [
+        InboxEntry(
+            conversation_id=c, message_id=m, raw=bytes(r), state=s, accepted_at=a, attempts=n
+        )
+        for c, m, r, s, a, n in rows
+    ]
+
+
+def _get_binding(conn: _Conn, bot: str, conversation_id: str, thread_id: str) -> Binding | None:
+    row = conn.execute(
+        "SELECT session_id, title, created_at, updated_at FROM bindings"
+        " WHERE bot = %s AND conversation_id = %s AND thread_id = %s",
+        (bot, conversation_id, thread_id),
+    ).fetchone()
+    if row is None:
+        return None
+    return Binding(session_id=row[0], title=row[1], created_at=row[2], updated_at=row[3])
+
+
+def _set_binding(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    session_id: str,
+    title: str | None,
+    now: float,
+) -> None:
+    conn.execute(
+        _SET_BINDING,
+        (bot, conversation_id, thread_id, session_id, _free_opt(title), now, now),
+    )
+
+
+def _clear_binding(conn: _Conn, bot: str, conversation_id: str, thread_id: str) -> bool:
+    cur = conn.execute(
+        "DELETE FROM bindings WHERE bot = %s AND conversation_id = %s AND thread_id = %s",
+        (bot, conversation_id, thread_id),
+    )
+    return cur.rowcount > 0
+
+
+def _get_cursor(conn: _Conn, bot: str, name: str) -> str | None:
+    row = conn.execute(
+        "SELECT value FROM cursors WHERE bot = %s AND name = %s", (bot, name)
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _set_cursor(conn: _Conn, bot: str, name: str, value: str) -> None:
+    conn.execute(
+        "INSERT INTO cursors (bot, name, value) VALUES (%s, %s, %s)"
+        " ON CONFLICT (bot, name) DO UPDATE SET value = excluded.value",
+        (bot, name, value),
+    )
+
+
+def _list_outbound(conn: _Conn, bot: str, conversation_id: str, now: float) -> list[OutboundEntry]:
+    rows = conn.execute(
+        f"SELECT {_OUTBOUND_COLUMNS} FROM outbound"
+        " WHERE bot = %s AND conversation_id = %s AND completed_at >= %s"
+        " ORDER BY sent_at DESC, id DESC LIMIT %s",
+        (bot, conversation_id, now - OUTBOUND_MAX_AGE_S, OUTBOUND_CAP),
+    ).fetchall()
+    return [_entry(row) for row in rows]
+
+
+def _entry(row: tuple[Any, ...]) -> OutboundEntry:
+    ids, text, sent_at, completed_at, inbound, author_id, author_name, attachments, state = row
+    return OutboundEntry(
+        message_ids=list(ids),
+        text=text,
+        sent_at=sent_at,
+        completed_at=completed_at,
+        inbound=bool(inbound),
+        author_id=author_id,
+        author_name=author_name,
+        attachments=_attachments_decoder.decode(attachments),
+        state=state,
+    )
+
+
+def _update_outbound(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    now: float,
+    text: str | None,
+    completed_at: float | None,
+    add_ids: Sequence[str],
+    state: str | None,
+) -> bool:
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT id, message_ids FROM outbound"
+            " WHERE bot = %s AND conversation_id = %s AND completed_at >= %s"
+            " AND %s = ANY(message_ids)"
+            " ORDER BY sent_at DESC, id DESC LIMIT 1 FOR UPDATE",
+            (bot, conversation_id, now - OUTBOUND_MAX_AGE_S, message_id),
+        ).fetchone()
+        if row is None:
+            return False
+        rowid, found = row
+        ids: list[str] = list(found)
+        ids.extend(i for i in dict.fromkeys(add_ids) if i not in ids)
+        conn.execute(
+            "UPDATE outbound SET message_ids = %s, text = COALESCE(%s, text),"
+            " completed_at = COALESCE(%s, completed_at), state = COALESCE(%s, state)"
+            " WHERE id = %s",
+            (
+                ids,
+                None if text is None else _free(text[:OUTBOUND_TEXT_MAX]),
+                completed_at,
+                state,
+                rowid,
+            ),
+        )
+    return True
+
+
+def _put_anchor(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    turn_id: str,
+    anchor_id: str,
+    now: float,
+    keep: int,
+) -> None:
+    with conn.transaction():
+        conn.execute(
+            "INSERT INTO anchors (bot, conversation_id, thread_id, turn_id, anchor_id, updated_at)"
+            " VALUES (%s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (bot, conversation_id, thread_id, turn_id) DO UPDATE SET"
+            " anchor_id = excluded.anchor_id, updated_at = excluded.updated_at,"
+            " seq = excluded.seq",
+            (bot, conversation_id, thread_id, turn_id, anchor_id, now),
+        )
+        conn.execute(
+            "DELETE FROM anchors WHERE bot = %s AND conversation_id = %s AND thread_id = %s"
+            " AND turn_id IN (SELECT turn_id FROM anchors WHERE bot = %s"
+            " AND conversation_id = %s AND thread_id = %s"
+            " ORDER BY updated_at DESC, seq DESC OFFSET %s)",
+            (bot, conversation_id, thread_id, bot, conversation_id, thread_id, keep),
+        )
+
+
+def _get_anchor(
+    conn: _Conn, bot: str, conversation_id: str, thread_id: str, turn_id: str
+) -> str | None:
+    row = conn.execute(
+        "SELECT anchor_id FROM anchors WHERE bot = %s AND conversation_id = %s"
+        " AND thread_id = %s AND turn_id = %s",
+        (bot, conversation_id, thread_id, turn_id),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _log_message(conn: _Conn, bot: str, conversation_id: str, message: LoggedMessage) -> bool:
+    with conn.transaction():
+        cur = conn.execute(
+            f"INSERT INTO messages (bot, conversation_id, {_MESSAGE_COLUMNS})"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+            " ON CONFLICT (bot, conversation_id, message_id) DO NOTHING",
+            (
+                bot,
+                conversation_id,
+                message.message_id,
+                message.author_id,
+                _free_opt(message.author_name),
+                message.author_bot,
+                _free(message.text[:MESSAGE_TEXT_MAX]),
+                message.reply_to,
+                _json_encoder.encode(message.attachments).decode(),
+                message.client_id,
+                message.at,
+            ),
+        )
+        if cur.rowcount != 1:
+            return False
+        conn.execute(
+            "DELETE FROM messages WHERE seq IN ("
+            " SELECT seq FROM messages WHERE bot = %s AND conversation_id = %s"
+            " ORDER BY at DESC, seq DESC OFFSET %s)",
+            (bot, conversation_id, MESSAGE_LOG_CAP),
+        )
+    return True
+
+
+def _logged(row: tuple[Any, ...]) -> LoggedMessage:
+    mid, author_id, author_name, author_bot, text, reply_to, attachments, client_id, at = row
+    return LoggedMessage(
+        message_id=mid,
+        author_id=author_id,
+        author_name=author_name,
+        author_bot=bool(author_bot),
+        text=text,
+        reply_to=reply_to,
+        attachments=_attachments_decoder.decode(attachments),
+        client_id=client_id,
+        at=at,
+    )
+
+
+def _message_log(conn: _Conn, bot: str, conversation_id: str, limit: int) -> list[LoggedMessage]:
+    rows = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE bot = %s AND conversation_id = %s"
+        " ORDER BY at DESC, seq DESC LIMIT %s",
+        (bot, conversation_id, limit),
+    ).fetchall()
+    return [_logged(row) for row in reversed(rows)]
+
+
+def _logged_message(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str
+) -> LoggedMessage | None:
+    row = conn.execute(
+        f"SELECT {_MESSAGE_COLUMNS} FROM messages"
+        " WHERE bot = %s AND conversation_id = %s AND message_id = %s",
+        (bot, conversation_id, message_id),
+    ).fetchone()
+    return None if row is None else _logged(row)
+
+
+def _append_transcript(
+    conn: _Conn, bot: str, session_id: str, role: str, text: str, at: float, completed: bool
+) -> int:
+    row = conn.execute(
+        "INSERT INTO transcript (bot, session_id, role, text, at, completed)"
+        " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+        (bot, session_id, role, _free(text), at, completed),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _transcript_page(
+    conn: _Conn, session_id: str, before_id: int | None, limit: int
+) -> list[TranscriptRow]:
+    if before_id is None:
+        rows = conn.execute(
+            "SELECT id, role, text, at, completed FROM transcript"
+            " WHERE session_id = %s ORDER BY id DESC LIMIT %s",
+            (session_id, limit),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            "SELECT id, role, text, at, completed FROM transcript"
+            " WHERE session_id = %s AND id < %s ORDER BY id DESC LIMIT %s",
+            (session_id, before_id, limit),
+        ).fetchall()
+    return [
+        TranscriptRow(id=int(i), session_id=session_id, role=r, text=t, at=a, completed=bool(c))
+        for i, r, t, a, c in rows
+    ]
+
+
+def _set_last_direct(conn: _Conn, bot: str, conversation_id: str, now: float) -> None:
+    conn.execute(
+        "INSERT INTO last_direct (bot, conversation_id, updated_at) VALUES (%s, %s, %s)"
+        " ON CONFLICT (bot) DO UPDATE SET conversation_id = excluded.conversation_id,"
+        " updated_at = excluded.updated_at",
+        (bot, conversation_id, now),
+    )
+
+
+def _get_last_direct(conn: _Conn, bot: str) -> str | None:
+    row = conn.execute("SELECT conversation_id FROM last_direct WHERE bot = %s", (bot,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def _prune(conn: _Conn, now: float, limit: int) -> int:
+    with conn.transaction():
+        keys = conn.execute(
+            "DELETE FROM dedup WHERE (bot, conversation_id, message_id) IN ("
+            " SELECT bot, conversation_id, message_id FROM dedup WHERE expires_at <= %s"
+            " LIMIT %s)",
+            (now, limit),
+        ).rowcount
+        entries = conn.execute(
+            "DELETE FROM outbound WHERE id IN ("
+            " SELECT id FROM outbound WHERE completed_at < %s LIMIT %s)",
+            (now - OUTBOUND_MAX_AGE_S, limit),
+        ).rowcount
+    return max(keys, entries)
+
+
+def _begin_turn(
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    thread_id: str,
+    inbox_keys: list[tuple[str, str]],
+    last_direct: tuple[str, float] | None,
+) -> Binding | None:
+    if len(set(inbox_keys)) != len(inbox_keys):  # a key twice counts twice: one at a time
+        with conn.transaction():
+            for conv, mid in inbox_keys:
+                conn.execute(_INBOX_RUNNING, (bot, conv, mid))
+            return _begin_turn(conn, bot, conversation_id, thread_id, [], last_direct)
+    row = conn.execute(
+        _BEGIN_TURN,
+        {
+            "bot": bot,
+            "conv": conversation_id,
+            "thread": thread_id,
+            "k_conv": [c for c, _ in inbox_keys],
+            "k_mid": [m for _, m in inbox_keys],
+            "ld_conv": None if last_direct is None else last_direct[0],
+            "ld_at": None if last_direct is None else last_direct[1],
+        },
+    ).fetchone()
+    if row is None:
+        return None
+    return Binding(session_id=row[0], title=row[1], created_at=row[2], updated_at=row[3])
+
+
+def _mark_delivered(
+    conn: _Conn, bot: str, inbox_keys: list[tuple[str, str]], prompt: PromptRow | None
+) -> None:
+    conn.execute(
+        _MARK_DELIVERED,
+        {
+            "bot": bot,
+            "k_conv": [c for c, _ in inbox_keys],
+            "k_mid": [m for _, m in inbox_keys],
+            "sid": None if prompt is None else prompt.session_id,
+            "text": None if prompt is None else _free(prompt.text),
+            "at": None if prompt is None else prompt.at,
+        },
+    )
+
+
+def _schema_version(conn: _Conn) -> int:
+    row = conn.execute("SELECT version FROM dshim_schema").fetchone()
+    return 0 if row is None else int(row[0])
