@@ -10,7 +10,9 @@ module in brackets (under ``dshim.channels`` for a channel, else under ``dshim``
     DshimError
     ├── ConfigError                 bad dshim.toml / environment; names the key path (exit 2)
     ├── StoreError                  the store cannot be opened, migrated or written: exit 1 at
-    │                               start; in a turn the answer is still delivered
+    │   │                           start; in a turn the answer is still delivered
+    │   └── FencedError             a write of a bot whose lease moved to another instance:
+    │                               refused; that bot stops at once
     ├── FixtureError                [channels.base] replay: a fixture it cannot use (that fixture
     │                               fails with one line, the others run)
     ├── ChannelError                anything a platform did to us (``status``, ``code`` when it
@@ -113,6 +115,11 @@ class ConfigError(DshimError):
 
 class StoreError(DshimError):
     """The store cannot be opened, migrated or written."""
+
+
+class FencedError(StoreError):
+    """A write of a bot whose lease moved on (another instance runs the bot now): refused,
+    and the writer must stop that bot at once."""
 
 
 class ChannelError(DshimError):
