@@ -174,13 +174,23 @@ def serve(
             metavar="DIR",
         ),
     ] = None,
+    instance: Annotated[
+        str | None,
+        typer.Option(
+            "--instance",
+            envvar="DSHIM_INSTANCE",
+            help="This instance's name in a shared PostgreSQL store ([store] url; default: "
+            "the host name and pid).",
+            metavar="NAME",
+        ),
+    ] = None,
 ) -> None:
     """Run every enabled bot (or the ones named with --bot) until SIGINT/SIGTERM.
 
     Without a config file: the built-in web chat on http://127.0.0.1:8910/.
     """
     try:
-        code = launch.serve(ctx.obj, bot or [], listen, capture)
+        code = launch.serve(ctx.obj, bot or [], listen, capture, instance)
     except launch.Exit as exc:
         raise typer.Exit(exc.code) from None
     raise typer.Exit(code)

@@ -122,6 +122,7 @@ def serve(
     bots: Sequence[str],
     listen: str | None,
     capture: str | None = None,
+    instance: str | None = None,
 ) -> int:
     """``dshim serve``: run every enabled bot (or the named ones) until SIGINT/SIGTERM;
     the exit code (0 after a signal, whenever it came).  Raises :class:`Exit` for a
@@ -155,7 +156,7 @@ def serve(
     if early():
         return 0  # stopped before anything started
     try:
-        return run_serve(cfg, where, announce=announce, signalled=early)
+        return run_serve(cfg, where, announce=announce, signalled=early, instance=instance)
     except ConfigError as exc:
         raise fail(str(exc), 2) from None
     except StoreError as exc:
@@ -191,7 +192,7 @@ def only_bots(cfg: Any, names: Sequence[str], label: str) -> Any:
 # --- the direct route ---------------------------------------------------------------------
 
 _GLOBAL_OPTIONS = ("--config", "--data-dir", "--log-level", "--log-format")
-_SERVE_OPTIONS = ("--bot", "--listen", "--capture")
+_SERVE_OPTIONS = ("--bot", "--listen", "--capture", "--instance")
 
 
 def _options(args: list[str], known: tuple[str, ...]) -> list[tuple[str, str]] | None:
@@ -220,8 +221,9 @@ def _env(name: str) -> str | None:
 
 def parse_serve(
     argv: Sequence[str],
-) -> tuple[Globals, list[str], str | None, str | None] | None:
-    """``(globals, --bot names, --listen, --capture)`` when *argv* (without the program name) is a
+) -> tuple[Globals, list[str], str | None, str | None, str | None] | None:
+    """``(globals, --bot names, --listen, --capture, --instance)`` when *argv* (without the
+    program name) is a
     plain serve command that typer would accept with the same meaning; None otherwise,
     and typer then handles it (help, errors, other commands)."""
     args = list(argv)
@@ -242,4 +244,5 @@ def parse_serve(
     g = Globals(Path(config) if config else None, Path(data) if data else None, level, fmt)
     bots = [value for name, value in after if name == "--bot"]
     listen = dict(after).get("--listen") or _env("DSHIM_HTTP_LISTEN")
-    return g, bots, listen, dict(after).get("--capture")
+    instance = dict(after).get("--instance") or _env("DSHIM_INSTANCE")
+    return g, bots, listen, dict(after).get("--capture"), instance

@@ -30,8 +30,10 @@ every bot ended on its own), with no traceback.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import signal
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -67,6 +69,7 @@ from dshim.harness.base import Harness
 from dshim.http.app import GRACEFUL_S, Endpoint
 from dshim.http.ops import add_operator_routes
 from dshim.http.status import BotStatuses
+from dshim.leases import LeaseKeeper
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
 from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
@@ -74,7 +77,7 @@ from dshim.net.http import counting_requests
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store_from_config
-from dshim.store.base import BoundStore, Store
+from dshim.store.base import BoundStore, SharesBots, Store
 from dshim.store.lock import hold_data_dir_lock
 
 log = structlog.get_logger("dshim.serve")
@@ -416,12 +419,16 @@ async def serve_bots(
     metrics: ProcessMetrics | None = None,
     statuses: BotStatuses | None = None,
     capture: Capture | None = None,
+    instance: str | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """Supervise every enabled bot until all have ended.  Returns bot -> why it ended.
 
     ``channels`` maps bot names to their channel (default: loaded by the bot's key).
     Every enabled bot is registered as ``starting`` in ``statuses`` before any starts.
+    With a store several instances share (:class:`~dshim.store.base.SharesBots`), a bot
+    runs only while this instance (``instance``, default: host name and pid) holds its
+    lease (:mod:`dshim.leases`).
     """
     results: dict[str, str] = {}
     enabled = [bot for bot in config.bots if bot.enabled]
@@ -429,12 +436,12 @@ async def serve_bots(
         for bot in enabled:
             statuses.starting(bot.name, bot.channel)
 
-    async def one(bot: BotConfig, channel: Channel) -> None:
-        host = ServeHost(
+    def host_for(bot: BotConfig, bot_store: Store, bot_shutdown: trio.Event) -> ServeHost:
+        return ServeHost(
             config=config,
             bot=bot,
-            store=store,
-            shutdown=shutdown,
+            store=bot_store,
+            shutdown=bot_shutdown,
             clock=clock,
             observer=observer,
             harness=harness,
@@ -443,18 +450,101 @@ async def serve_bots(
             statuses=statuses,
             capture=capture,
         )
-        results[bot.name] = await supervise_bot(channel, host)
+
+    async def one(bot: BotConfig, channel: Channel) -> None:
+        results[bot.name] = await supervise_bot(channel, host_for(bot, store, shutdown))
+
+    def channel_of(bot: BotConfig) -> Channel:
+        if channels is not None and bot.name in channels:
+            return channels[bot.name]
+        return load_channel(bot.channel)
+
+    if isinstance(store, SharesBots):
+        keeper = LeaseKeeper(
+            store,
+            instance or default_instance(),
+            [b.name for b in enabled],
+            lease_s=config.store.lease_s,
+            started_at=clock(),
+        )
+
+        async def leased(bot: BotConfig, channel: Channel) -> None:
+            results[bot.name] = await run_leased(bot, channel, keeper, store, shutdown, host_for)
+
+        async def stop_keeper() -> None:
+            await shutdown.wait()
+            keeper.stop()
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(keeper.run)
+            nursery.start_soon(stop_keeper)
+            log.info("instance_started", instance=keeper.instance, lease_s=keeper.lease_s)
+            async with trio.open_nursery() as bots:
+                for bot in enabled:
+                    bots.start_soon(leased, bot, channel_of(bot))
+                task_status.started()
+            await keeper.release_all()
+            nursery.cancel_scope.cancel()
+        return results
 
     async with trio.open_nursery() as nursery:
         for bot in enabled:
-            channel = (
-                channels[bot.name]
-                if channels is not None and bot.name in channels
-                else load_channel(bot.channel)
-            )
-            nursery.start_soon(one, bot, channel)
+            nursery.start_soon(one, bot, channel_of(bot))
         task_status.started()
     return results
+
+
+def default_instance() -> str:
+    """An instance's name when none is given: the host's name and the process id."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+async def run_leased(
+    bot: BotConfig,
+    channel: Channel,
+    keeper: LeaseKeeper,
+    store: SharesBots,
+    shutdown: trio.Event,
+    host_for: Callable[[BotConfig, Store, trio.Event], ServeHost],
+) -> str:
+    """One bot of a shared store: run it whenever this instance holds its lease, until
+    shutdown.  A lost lease cuts the run at once; a handover stops it gracefully and
+    gives the lease up; a bot that stopped for good keeps its lease, parked."""
+    ended = "shutdown"
+    with structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel):
+        while True:
+            held = await keeper.granted(bot.name)
+            if held is None:
+                return ended
+            run_shutdown = trio.Event()
+            async with trio.open_nursery() as follow:
+                follow.start_soon(_set_on_first, run_shutdown, (shutdown, held.handover))
+                with held.scope:
+                    log.info("bot_leased", epoch=held.lease.epoch, instance=keeper.instance)
+                    fenced = store.fenced(held.lease)
+                    ended = await supervise_bot(channel, host_for(bot, fenced, run_shutdown))
+                follow.cancel_scope.cancel()
+            if held.scope.cancelled_caught:
+                log.error("bot_cut_lease_lost", epoch=held.lease.epoch)
+                ended = "lease lost"
+                continue
+            if ended in ("fatal", "bug"):
+                keeper.park(bot.name)
+                return ended
+            await keeper.release(bot.name)
+
+
+async def _set_on_first(target: trio.Event, events: Sequence[trio.Event]) -> None:
+    """Set ``target`` as soon as one of ``events`` is set."""
+    async with trio.open_nursery() as nursery:
+
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
+    target.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -519,6 +609,7 @@ async def serve_process(
     harness: Harness | None = None,
     announce: Callable[[str], None] | None = None,
     capture: Capture | None = None,
+    instance: str | None = None,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
 ) -> dict[str, str]:
     """The HTTP endpoint (when ``[http]`` is enabled) and every enabled bot, until every
@@ -568,6 +659,7 @@ async def serve_process(
                     metrics=metrics,
                     statuses=statuses,
                     capture=capture,
+                    instance=instance,
                 )
                 stop_http.set()  # every bot ended: the endpoint stops too, gracefully
                 with trio.move_on_after(GRACEFUL_S + 1):
@@ -599,6 +691,7 @@ async def _serve_main(
     data_dir: Path,
     announce: Callable[[str], None] | None,
     signalled: Callable[[], bool],
+    instance: str | None = None,
 ) -> int:
     enabled = [b for b in config.bots if b.enabled]
     if not enabled:
@@ -649,6 +742,7 @@ async def _serve_main(
                 channels=channels,
                 announce=announce,
                 capture=capture,
+                instance=instance,
             )
             root.cancel_scope.cancel()
     log.info("serve_stopped", results=results)
@@ -661,6 +755,7 @@ def run_serve(
     *,
     announce: Callable[[str], None] | None = None,
     signalled: Callable[[], bool] = lambda: False,
+    instance: str | None = None,
 ) -> int:
     """Run ``dshim serve`` to completion; returns the exit code.
 
@@ -671,4 +766,6 @@ def run_serve(
     :class:`~dshim.errors.StoreError` before it starts anything.
     """
     with hold_data_dir_lock(data_dir):
-        return trio.run(functools.partial(_serve_main, config, data_dir, announce, signalled))
+        return trio.run(
+            functools.partial(_serve_main, config, data_dir, announce, signalled, instance)
+        )

@@ -277,6 +277,7 @@ SERVE_FORMS = [
     ["--config", "a.toml", "--config", "b.toml", "serve", "--listen=h:1", "--listen", "h:2"],
     ["serve", "--capture", "cap", "--bot", "one"],
     ["serve", "--capture=cap1", "--capture", "cap2"],
+    ["serve", "--instance", "east-1", "--bot", "one"],
 ]
 NOT_DIRECT = [
     [],
@@ -308,9 +309,15 @@ def _typer_reading(
     seen: list[tuple[object, ...]] = []
 
     def record(
-        g: launch.Globals, bots: list[str], listen: str | None, capture: str | None = None
+        g: launch.Globals,
+        bots: list[str],
+        listen: str | None,
+        capture: str | None = None,
+        instance: str | None = None,
     ) -> int:
-        seen.append((g.config, g.data_dir, g.log_level, g.log_format, list(bots), listen, capture))
+        seen.append(
+            (g.config, g.data_dir, g.log_level, g.log_format, list(bots), listen, capture, instance)
+        )
         return 0
 
     monkeypatch.setattr(launch, "serve", record)
@@ -319,21 +326,24 @@ def _typer_reading(
     return seen[0]
 
 
-@pytest.mark.parametrize("env", [{}, {"DSHIM_CONFIG": "env.toml", "DSHIM_HTTP_LISTEN": "e:9"}])
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"DSHIM_CONFIG": "env.toml", "DSHIM_HTTP_LISTEN": "e:9", "DSHIM_INSTANCE": "env-i"}],
+)
 @pytest.mark.parametrize("argv", SERVE_FORMS)
 def test_the_direct_serve_route_reads_options_as_typer_does(
     argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from dshim.launch import parse_serve
 
-    for name in ("DSHIM_CONFIG", "DSHIM_DATA_DIR", "DSHIM_HTTP_LISTEN"):
+    for name in ("DSHIM_CONFIG", "DSHIM_DATA_DIR", "DSHIM_HTTP_LISTEN", "DSHIM_INSTANCE"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     parsed = parse_serve(argv)
     assert parsed is not None
-    g, bots, listen, capture = parsed
-    direct = (g.config, g.data_dir, g.log_level, g.log_format, bots, listen, capture)
+    g, bots, listen, capture, instance = parsed
+    direct = (g.config, g.data_dir, g.log_level, g.log_format, bots, listen, capture, instance)
     assert direct == _typer_reading(argv, env, monkeypatch)
 
 

@@ -38,6 +38,8 @@ FLOORS: list[tuple[int, str]] = [
     (0, r"dshim\.channels\.spec|dshim\.channels\.\w+\.spec"),
     # Configuration and the store.
     (1, r"dshim\.config|dshim\.store(\..+)?"),
+    # The leases of a shared store (what serve runs its bots under).
+    (2, r"dshim\.leases"),
     # The contracts and engines everything above is written against, and what needs only
     # them: logging set-up (it redacts the tokens the channel specs name, so it reads the
     # registry), the normalized form of raw events, replay's output lines.
