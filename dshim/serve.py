@@ -469,7 +469,9 @@ async def serve_bots(
         )
 
         async def leased(bot: BotConfig, channel: Channel) -> None:
-            results[bot.name] = await run_leased(bot, channel, keeper, store, shutdown, host_for)
+            results[bot.name] = await run_leased(
+                bot, channel, keeper, store, shutdown, host_for, statuses
+            )
 
         async def stop_keeper() -> None:
             await shutdown.wait()
@@ -506,6 +508,7 @@ async def run_leased(
     store: SharesBots,
     shutdown: trio.Event,
     host_for: Callable[[BotConfig, Store, trio.Event], ServeHost],
+    statuses: BotStatuses | None = None,
 ) -> str:
     """One bot of a shared store: run it whenever this instance holds its lease, until
     shutdown.  A lost lease cuts the run at once; a handover stops it gracefully and
@@ -513,6 +516,8 @@ async def run_leased(
     ended = "shutdown"
     with structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel):
         while True:
+            if statuses is not None and bot.name not in keeper.held:
+                statuses.elsewhere(bot.name, "another instance holds its lease and runs it")
             held = await keeper.granted(bot.name)
             if held is None:
                 return ended

@@ -8,9 +8,12 @@ enabled bot through the states, in this order or back:
   pipeline open);
 - ``backoff``: the bot failed or its reader ended; it restarts at the time in ``detail``;
 - ``stopped``: it ended for good — a fatal error or a bug (the reason in ``detail``), or
-  the shutdown.
+  the shutdown;
+- ``elsewhere``: with a store several instances share, another instance holds the bot's
+  lease and runs it (this one takes it over when that one stops renewing).
 
-The process is ready when the store is open and every enabled bot is ``up``.  Details are
+The process is ready when the store is open and every enabled bot is ``up`` (or
+``elsewhere``: it is up in the instance that holds it).  Details are
 redacted before they are kept (an error message never carries a secret out).
 """
 
@@ -26,7 +29,7 @@ from dshim.log import redact
 
 __all__ = ["BotState", "BotStatus", "BotStatuses", "iso_time"]
 
-BotState = Literal["starting", "up", "backoff", "stopped"]
+BotState = Literal["starting", "up", "backoff", "stopped", "elsewhere"]
 #: Details are cut to this many characters.
 DETAIL_MAX = 300
 
@@ -89,6 +92,9 @@ class BotStatuses:
     def stopped(self, name: str, reason: str) -> None:
         self._set(name, "stopped", reason)
 
+    def elsewhere(self, name: str, detail: str) -> None:
+        self._set(name, "elsewhere", detail)
+
     def get(self, name: str) -> BotStatus | None:
         return self._bots.get(name)
 
@@ -101,7 +107,7 @@ class BotStatuses:
 
     @property
     def ready(self) -> bool:
-        return self.store_open and all(s.state == "up" for s in self._bots.values())
+        return self.store_open and all(s.state in ("up", "elsewhere") for s in self._bots.values())
 
     def readyz(self) -> tuple[int, bytes]:
         """``/readyz``: 200 when ready, else 503; the body lists every bot."""
