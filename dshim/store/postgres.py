@@ -33,15 +33,67 @@ nothing.  ``inline=True`` runs each call on the trio thread instead (virtual clo
 The URL's password (in the URL, or ``password``) is never logged and never part of an error
 message: messages name the store by :func:`safe_target` and psycopg's errors pass through
 :func:`redact` first.
+
+Sharing the bots (:class:`~dshim.store.base.SharesBots`, schema 2)
+-------------------------------------------------------------------
+Tables ``leases`` (``bot`` primary key, ``owner``, ``epoch`` bigint, ``expires_at``) and
+``instances`` (``name`` primary key, ``started_at``, ``seen_at``).  Every time a lease or a
+heartbeat gets is the database's clock (:data:`DB_NOW`, ``clock_timestamp()``), never the
+caller's; ``started_at`` is stored as the caller gives it.
+
+- ``take_lease`` is one upsert: a new row (epoch 1), or the row updated only where its owner
+  is the caller or it has expired.  The caller's own *unexpired* lease keeps its epoch (a
+  renewal); an expired one -- the caller's own included -- or a released one is taken with
+  ``epoch + 1``, so the writes of any earlier run of the bot are fenced.  Concurrent takers
+  conflict on the primary key: the second waits for the first's commit, then finds the row
+  held and unexpired (None).  Exactly one wins.
+- ``renew_lease`` updates ``expires_at`` where bot, owner and epoch still match, also when
+  the lease already ran out and nobody took it since (the choice made: safe, because the
+  epoch did not move, so no other instance ran the bot -- and a fenced write never looks at
+  the time either).  None when the epoch moved or the owner changed.
+- ``release_lease`` sets ``expires_at`` to now where bot, owner and epoch still match.
+
+Fencing: :meth:`PostgresStore.fenced` is a view of the same store (same pool, limiter and
+estimates) whose writes carry the lease's (owner, epoch); a write of another bot through it
+raises ValueError.  The check is the SQL function ``dshim_fence(bot, owner, epoch)``
+(schema 2): it locks the bot's lease row ``FOR SHARE`` where owner and epoch still match
+and returns true, else raises SQLSTATE :data:`FENCE_SQLSTATE`, which the store turns into
+:class:`~dshim.errors.FencedError` naming the bot (never the URL).  A failed fence fails
+its statement or transaction, so nothing of the write is kept; the error is a raise, not a
+row count, so "fenced" never mixes with a write that legitimately changes nothing (a
+duplicate accept, a missing entry).  The function is VOLATILE: its query takes a fresh
+snapshot, so it sees a takeover that committed after the write's statement began; the
+``FOR SHARE`` lock (held to the commit) makes a takeover's update of the lease row -- and a
+renewal, a release -- wait for the writes in flight, and a write wait for a takeover in
+flight (then refused if it committed).  A write is thus either before the takeover or
+refused.  Which writes, and how:
+
+- In the write's own statement (``SELECT dshim_fence(...)`` as the statement's one-row
+  main query, the writes as data-modifying ``WITH`` clauses: still one round trip):
+  ``accept`` (``accept_many``: every statement of its transaction), ``inbox_set_state``,
+  ``inbox_resumed``, ``inbox_done``, ``begin_turn`` (with a key twice: the transaction's
+  last statement), ``mark_delivered``, ``record_turn`` and ``add_outbound`` (and the cap's
+  cut in the same transaction), ``set_binding``, ``clear_binding``, ``set_cursor``,
+  ``append_transcript``, ``set_last_direct``.
+- As the first statement of the write's transaction (one round trip more; rarer writes
+  that already were several statements): ``outbox_put``, ``outbox_done``,
+  ``update_outbound``, ``put_anchor``, ``log_message``.
+- Once a view's write was fenced, every later write of that view raises FencedError at
+  once (the epoch never comes back), without a round trip.
+- Not fenced: ``prune`` (expiry and age limits, the same for every instance), every read,
+  ``schema_version``; ``aclose`` of a view closes nothing (the pool is the store's).
+- The unfenced store (what ``serve`` without leases, ``probe`` and ``migrate`` use) writes
+  ``true`` in the function's place: the same statements, no lease lookups.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar, TypeVarTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, TypeVarTuple
 
 import msgspec
 import psycopg
@@ -50,16 +102,20 @@ import structlog
 import trio
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from dshim.errors import StoreError
+from dshim.errors import FencedError, StoreError
 from dshim.model import Attachment
 from dshim.store.base import (
     INDEX_STATES,
     Binding,
     InboxEntry,
+    Instance,
+    Lease,
     LoggedMessage,
     OutboundEntry,
     OutboxEntry,
     PromptRow,
+    SharesBots,
+    Store,
     TranscriptRow,
     TurnRecord,
 )
@@ -75,6 +131,8 @@ from dshim.store.sqlite import (
 
 __all__ = [
     "ADVISORY_LOCK_KEY",
+    "DB_NOW",
+    "FENCE_SQLSTATE",
     "MIGRATIONS",
     "POOL_MAX",
     "SCHEMA_VERSION",
@@ -223,6 +281,38 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX messages_recent ON messages (bot, conversation_id, at, seq)",
         ),
     ),
+    Migration(
+        "leases, instances and the fence (several instances share the bots)",
+        (
+            """CREATE TABLE leases (
+                bot text PRIMARY KEY,
+                owner text NOT NULL,
+                epoch bigint NOT NULL,
+                expires_at double precision NOT NULL
+            )""",
+            """CREATE TABLE instances (
+                name text PRIMARY KEY,
+                started_at double precision NOT NULL,
+                seen_at double precision NOT NULL
+            )""",
+            # True, holding the lease row FOR SHARE until the transaction ends, while
+            # (owner, epoch) still hold the bot's lease; else raises FENCE_SQLSTATE.
+            # VOLATILE: its query takes a fresh snapshot, so it sees a takeover that
+            # committed after the calling statement started.
+            """CREATE FUNCTION dshim_fence(p_bot text, p_owner text, p_epoch bigint)
+            RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                PERFORM 1 FROM leases
+                WHERE bot = p_bot AND owner = p_owner AND epoch = p_epoch FOR SHARE;
+                IF NOT FOUND THEN
+                    RAISE EXCEPTION 'bot %: the lease of % (epoch %) moved on',
+                        p_bot, p_owner, p_epoch USING ERRCODE = 'DF001';
+                END IF;
+                RETURN true;
+            END
+            $$""",
+        ),
+    ),
 )
 
 #: The schema version this code writes and understands.
@@ -275,6 +365,55 @@ def _free(text: str) -> str:
 
 def _free_opt(text: str | None) -> str | None:
     return None if text is None else _free(text)
+
+
+# -- fencing -------------------------------------------------------------------------------
+
+#: The SQLSTATE ``dshim_fence`` raises when the lease moved on (class "DF": no standard one).
+FENCE_SQLSTATE = "DF001"
+#: The database's clock, in epoch seconds (the clock of every lease and heartbeat).
+DB_NOW = "extract(epoch from clock_timestamp())::float8"
+_FENCE_CALL = "dshim_fence(%(bot)s, %(f_owner)s, %(f_epoch)s::bigint)"
+
+
+class _Fence(NamedTuple):
+    """The lease a fenced write must still match (the bot is the write's own)."""
+
+    owner: str
+    epoch: int
+
+
+def _with_fence(sql: str) -> tuple[str, str]:
+    """A statement with a ``{fence}`` slot as (unfenced, fenced): ``true``, or the call of
+    ``dshim_fence`` (named parameters ``bot``, ``f_owner``, ``f_epoch``), placed where it
+    is evaluated exactly once whatever the statement's rows, so one statement checks the
+    lease and writes -- or raises and writes nothing."""
+    return sql.replace("{fence}", "true"), sql.replace("{fence}", _FENCE_CALL)
+
+
+def _run(
+    conn: psycopg.Connection[Any],
+    pair: tuple[str, str],
+    params: dict[str, Any],
+    fence: _Fence | None,
+) -> tuple[Any, ...]:
+    """Run a statement of :func:`_with_fence` (fenced when ``fence`` is given); its row."""
+    if fence is None:
+        sql = pair[0]
+    else:
+        sql = pair[1]
+        params = {**params, "f_owner": fence.owner, "f_epoch": fence.epoch}
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None  # the statements always give one row
+    return tuple(row)
+
+
+def _check_fence(conn: psycopg.Connection[Any], bot: str, fence: _Fence | None) -> None:
+    """The fence as a statement of its own (in a transaction the caller holds)."""
+    if fence is not None:
+        conn.execute(
+            "SELECT dshim_fence(%s, %s, %s::bigint)", (bot, fence.owner, fence.epoch)
+        ).fetchone()
 
 
 # -- schema --------------------------------------------------------------------------------
@@ -439,8 +578,9 @@ _ACCEPT = """
         WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s
           AND %(raw)s::bytea IS NOT NULL AND EXISTS (SELECT 1 FROM k)
     )
-    SELECT count(*) FROM k
+    SELECT {fence}, (SELECT count(*) FROM k)
 """
+_ACCEPT, _ACCEPT_F = _with_fence(_ACCEPT)
 _INBOX_RUNNING = """
     INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)
     SELECT bot, conversation_id, message_id, 'running', 1 FROM inbox
@@ -448,17 +588,20 @@ _INBOX_RUNNING = """
     ON CONFLICT (bot, conversation_id, message_id)
     DO UPDATE SET state = 'running', attempts = inbox_state.attempts + 1
 """
-_SET_BINDING = """
-    INSERT INTO bindings
-        (bot, conversation_id, thread_id, session_id, title, created_at, updated_at)
-    VALUES (%s, %s, %s, %s, %s, %s, %s)
-    ON CONFLICT (bot, conversation_id, thread_id) DO UPDATE SET
-        created_at = CASE WHEN bindings.session_id = excluded.session_id
-                          THEN bindings.created_at ELSE excluded.created_at END,
-        session_id = excluded.session_id,
-        title = excluded.title,
-        updated_at = excluded.updated_at
-"""
+_SET_BINDING = _with_fence("""
+    WITH w AS (
+        INSERT INTO bindings
+            (bot, conversation_id, thread_id, session_id, title, created_at, updated_at)
+        VALUES (%(bot)s, %(conv)s, %(thread)s, %(sid)s, %(title)s, %(now)s, %(now)s)
+        ON CONFLICT (bot, conversation_id, thread_id) DO UPDATE SET
+            created_at = CASE WHEN bindings.session_id = excluded.session_id
+                              THEN bindings.created_at ELSE excluded.created_at END,
+            session_id = excluded.session_id,
+            title = excluded.title,
+            updated_at = excluded.updated_at
+    )
+    SELECT {fence}
+""")
 _OUTBOUND_COLUMNS = (
     "message_ids, text, sent_at, completed_at, inbound, author_id, author_name, attachments, state"
 )
@@ -496,11 +639,14 @@ _WRITE_TURN = f"""
         DELETE FROM inbox_state
         WHERE bot = %(bot)s AND (conversation_id, message_id) IN (
             SELECT * FROM unnest(%(d_conv)s::text[], %(d_mid)s::text[]))
+    ), done AS (
+        DELETE FROM inbox
+        WHERE bot = %(bot)s AND (conversation_id, message_id) IN (
+            SELECT * FROM unnest(%(d_conv)s::text[], %(d_mid)s::text[]))
     )
-    DELETE FROM inbox
-    WHERE bot = %(bot)s AND (conversation_id, message_id) IN (
-        SELECT * FROM unnest(%(d_conv)s::text[], %(d_mid)s::text[]))
+    SELECT {{fence}}
 """
+_WRITE_TURN, _WRITE_TURN_F = _with_fence(_WRITE_TURN)
 # A turn starts: its inbox entries running (an attempt counted), the last direct conversation
 # remembered (when given), the binding read.  The keys are distinct (else: one per key).
 _BEGIN_TURN = """
@@ -517,9 +663,11 @@ _BEGIN_TURN = """
         ON CONFLICT (bot) DO UPDATE SET conversation_id = excluded.conversation_id,
             updated_at = excluded.updated_at
     )
-    SELECT session_id, title, created_at, updated_at FROM bindings
-    WHERE bot = %(bot)s AND conversation_id = %(conv)s AND thread_id = %(thread)s
+    SELECT f.ok, b.session_id, b.title, b.created_at, b.updated_at
+    FROM (SELECT {fence} AS ok) AS f LEFT JOIN bindings AS b
+    ON b.bot = %(bot)s AND b.conversation_id = %(conv)s AND b.thread_id = %(thread)s
 """
+_BEGIN_TURN, _BEGIN_TURN_F = _with_fence(_BEGIN_TURN)
 # Right before a turn's first send: its inbox entries delivered, its prompt row (when
 # given) in the transcript.
 _MARK_DELIVERED = """
@@ -529,11 +677,14 @@ _MARK_DELIVERED = """
         WHERE i.bot = %(bot)s AND (i.conversation_id, i.message_id) IN (
             SELECT * FROM unnest(%(k_conv)s::text[], %(k_mid)s::text[]))
         ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state
+    ), p AS (
+        INSERT INTO transcript (bot, session_id, role, text, at, completed)
+        SELECT %(bot)s, %(sid)s::text, 'user', %(text)s::text, %(at)s::float8, true
+        WHERE %(sid)s::text IS NOT NULL
     )
-    INSERT INTO transcript (bot, session_id, role, text, at, completed)
-    SELECT %(bot)s, %(sid)s::text, 'user', %(text)s::text, %(at)s::float8, true
-    WHERE %(sid)s::text IS NOT NULL
+    SELECT {fence}
 """
+_MARK_DELIVERED, _MARK_DELIVERED_F = _with_fence(_MARK_DELIVERED)
 _MESSAGE_COLUMNS = (
     "message_id, author_id, author_name, author_bot, text, reply_to, attachments, client_id, at"
 )
@@ -562,6 +713,13 @@ class PostgresStore:
         data_dir: Path | None = None,
     ) -> None:
         self._pool: psycopg_pool.ConnectionPool[Any] | None = pool
+        #: The store whose pool this one uses (itself, unless it is a fenced view).
+        self._root = self
+        #: The lease a fenced view writes under (None: the store itself, unfenced).
+        self._lease: Lease | None = None
+        #: A write of this view was fenced: the epoch never comes back, so every later
+        #: write is refused at once, without a round trip.
+        self._lost = False
         self._where = where
         self._password = password
         self._inline = inline
@@ -581,20 +739,46 @@ class PostgresStore:
         return self._data_dir
 
     async def _call(self, fn: Callable[[_Conn, *_Ts], _T], *args: *_Ts) -> _T:
-        if self._inline or self._pool is None:
+        if self._inline or self._root._pool is None:
             await trio.lowlevel.checkpoint()
             return self._guarded(fn, *args)
         return await trio.to_thread.run_sync(self._guarded, fn, *args, limiter=self._limiter)
 
     def _guarded(self, fn: Callable[[_Conn, *_Ts], _T], *args: *_Ts) -> _T:
-        pool = self._pool
+        pool = self._root._pool
         if pool is None:
             raise StoreError(f"store {self._where} is closed")
         try:
             with pool.connection() as conn:
                 return fn(conn, *args)
         except psycopg.Error as exc:
+            if exc.sqlstate == FENCE_SQLSTATE:
+                self._lost = True
+                raise FencedError(self._fenced_message()) from None
             raise StoreError(f"store {self._where}: {redact(str(exc), self._password)}") from exc
+
+    def _fence(self, bot: str) -> _Fence | None:
+        """The fence of a write of ``bot``: None for the store itself; a fenced view's
+        lease, refusing any other bot's write (ValueError)."""
+        lease = self._lease
+        if lease is None:
+            return None
+        if bot != lease.bot:
+            raise ValueError(
+                f"this view of the store writes for bot {lease.bot!r} only, not {bot!r}"
+            )
+        if self._lost:
+            raise FencedError(self._fenced_message())
+        return _Fence(lease.owner, lease.epoch)
+
+    def _fenced_message(self) -> str:
+        lease = self._lease
+        if lease is None:  # cannot happen: only a view's writes call the fence
+            return "a write was refused: its bot's lease moved on"
+        return (
+            f"bot {lease.bot!r}: its lease (instance {lease.owner!r}, epoch {lease.epoch}) "
+            "moved on; the write is refused and the bot must stop here"
+        )
 
     # -- dedup and the durable inbox --------------------------------------------------------
 
@@ -609,7 +793,8 @@ class PostgresStore:
         raw: bytes | None,
     ) -> bool:
         """See :meth:`dshim.store.sqlite.SqliteStore.accept`; one statement, so global."""
-        return await self._call(_accept, bot, conversation_id, message_id, now, ttl_s, raw)
+        fence = self._fence(bot)
+        return await self._call(_accept, bot, conversation_id, message_id, now, ttl_s, raw, fence)
 
     async def accept_many(
         self,
@@ -620,7 +805,8 @@ class PostgresStore:
         ttl_s: float,
     ) -> list[bool]:
         """:meth:`accept` for several keys in one transaction, in order."""
-        return await self._call(_accept_many, bot, tuple(entries), now, ttl_s)
+        fence = self._fence(bot)
+        return await self._call(_accept_many, bot, tuple(entries), now, ttl_s, fence)
 
     async def seen(self, bot: str, conversation_id: str, message_id: str, *, now: float) -> bool:
         return await self._call(_seen, bot, conversation_id, message_id, now)
@@ -630,24 +816,27 @@ class PostgresStore:
     ) -> None:
         if state not in INBOX_STATES:
             raise ValueError(f"inbox state must be one of {sorted(INBOX_STATES)}, not {state!r}")
-        await self._call(_inbox_set_state, bot, conversation_id, message_id, state)
+        fence = self._fence(bot)
+        await self._call(_inbox_set_state, bot, conversation_id, message_id, state, fence)
 
     async def outbox_put(
         self, bot: str, conversation_id: str, message_id: str, text: str, *, now: float
     ) -> None:
-        await self._call(_outbox_put, bot, conversation_id, message_id, text, now)
+        fence = self._fence(bot)
+        await self._call(_outbox_put, bot, conversation_id, message_id, text, now, fence)
 
     async def outbox_pending(self, bot: str) -> list[OutboxEntry]:
         return await self._call(_outbox_pending, bot)
 
     async def outbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
-        await self._call(_outbox_done, bot, conversation_id, message_id)
+        await self._call(_outbox_done, bot, conversation_id, message_id, self._fence(bot))
 
     async def inbox_resumed(self, bot: str, conversation_id: str, message_id: str) -> int:
-        return await self._call(_inbox_resumed, bot, conversation_id, message_id)
+        fence = self._fence(bot)
+        return await self._call(_inbox_resumed, bot, conversation_id, message_id, fence)
 
     async def inbox_done(self, bot: str, conversation_id: str, message_id: str) -> None:
-        await self._call(_inbox_done, bot, conversation_id, message_id)
+        await self._call(_inbox_done, bot, conversation_id, message_id, self._fence(bot))
 
     async def inbox_pending(self, bot: str) -> list[InboxEntry]:
         return await self._call(_inbox_pending, bot)
@@ -663,19 +852,21 @@ class PostgresStore:
         *,
         last_direct: tuple[str, float] | None = None,
     ) -> Binding | None:
+        fence = self._fence(bot)
         return await self._call(
-            _begin_turn, bot, conversation_id, thread_id, list(inbox_keys), last_direct
+            _begin_turn, bot, conversation_id, thread_id, list(inbox_keys), last_direct, fence
         )
 
     async def mark_delivered(
         self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
     ) -> None:
-        await self._call(_mark_delivered, bot, list(inbox_keys), prompt)
+        await self._call(_mark_delivered, bot, list(inbox_keys), prompt, self._fence(bot))
 
     async def record_turn(
         self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
     ) -> None:
-        await self._call(self._record_turn, bot, conversation_id, turn, now)
+        fence = self._fence(bot)
+        await self._call(self._record_turn, bot, conversation_id, turn, now, fence)
 
     # -- bindings ----------------------------------------------------------------------------
 
@@ -692,10 +883,14 @@ class PostgresStore:
         title: str | None,
         now: float,
     ) -> None:
-        await self._call(_set_binding, bot, conversation_id, thread_id, session_id, title, now)
+        fence = self._fence(bot)
+        await self._call(
+            _set_binding, bot, conversation_id, thread_id, session_id, title, now, fence
+        )
 
     async def clear_binding(self, bot: str, conversation_id: str, thread_id: str) -> bool:
-        return await self._call(_clear_binding, bot, conversation_id, thread_id)
+        fence = self._fence(bot)
+        return await self._call(_clear_binding, bot, conversation_id, thread_id, fence)
 
     # -- transport cursors -------------------------------------------------------------------
 
@@ -703,14 +898,15 @@ class PostgresStore:
         return await self._call(_get_cursor, bot, name)
 
     async def set_cursor(self, bot: str, name: str, value: str) -> None:
-        await self._call(_set_cursor, bot, name, value)
+        await self._call(_set_cursor, bot, name, value, self._fence(bot))
 
     # -- outbound index ----------------------------------------------------------------------
 
     async def add_outbound(
         self, bot: str, conversation_id: str, entry: OutboundEntry, *, now: float
     ) -> None:
-        await self._call(self._add_outbound, bot, conversation_id, entry, now)
+        fence = self._fence(bot)
+        await self._call(self._add_outbound, bot, conversation_id, entry, now, fence)
 
     async def list_outbound(
         self, bot: str, conversation_id: str, *, now: float
@@ -741,6 +937,7 @@ class PostgresStore:
             completed_at,
             tuple(add_ids),
             state,
+            self._fence(bot),
         )
 
     # -- reply anchors -----------------------------------------------------------------------
@@ -756,8 +953,9 @@ class PostgresStore:
         now: float,
         keep: int,
     ) -> None:
+        fence = self._fence(bot)
         await self._call(
-            _put_anchor, bot, conversation_id, thread_id, turn_id, anchor_id, now, keep
+            _put_anchor, bot, conversation_id, thread_id, turn_id, anchor_id, now, keep, fence
         )
 
     async def get_anchor(
@@ -770,7 +968,8 @@ class PostgresStore:
     async def log_message(
         self, bot: str, conversation_id: str, message: LoggedMessage, *, now: float
     ) -> bool:
-        return await self._call(_log_message, bot, conversation_id, message)
+        fence = self._fence(bot)
+        return await self._call(_log_message, bot, conversation_id, message, fence)
 
     async def message_log(
         self, bot: str, conversation_id: str, *, limit: int
@@ -789,7 +988,10 @@ class PostgresStore:
     async def append_transcript(
         self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
     ) -> int:
-        return await self._call(_append_transcript, bot, session_id, role, text, at, completed)
+        fence = self._fence(bot)
+        return await self._call(
+            _append_transcript, bot, session_id, role, text, at, completed, fence
+        )
 
     async def transcript_page(
         self, session_id: str, *, before_id: int | None, limit: int
@@ -801,7 +1003,7 @@ class PostgresStore:
     # -- misc --------------------------------------------------------------------------------
 
     async def set_last_direct(self, bot: str, conversation_id: str, *, now: float) -> None:
-        await self._call(_set_last_direct, bot, conversation_id, now)
+        await self._call(_set_last_direct, bot, conversation_id, now, self._fence(bot))
 
     async def get_last_direct(self, bot: str) -> str | None:
         return await self._call(_get_last_direct, bot)
@@ -815,8 +1017,54 @@ class PostgresStore:
     async def schema_version(self) -> int:
         return await self._call(_schema_version)
 
+    # -- sharing the bots: leases, heartbeats, the fenced view (SharesBots) -----------------
+
+    async def heartbeat(self, instance: str, *, started_at: float) -> None:
+        """Record that ``instance`` (started at ``started_at``) is alive, now by the
+        database's clock."""
+        await self._call(_heartbeat, instance, started_at)
+
+    async def instances(self, *, within_s: float) -> list[Instance]:
+        """The instances whose heartbeat is at most ``within_s`` old, by name."""
+        return await self._call(_instances, within_s)
+
+    async def take_lease(self, bot: str, owner: str, *, lease_s: float) -> Lease | None:
+        """Take a free or expired lease (``epoch`` + 1, even when it was the caller's own
+        and ran out), renew one ``owner`` holds unexpired (same epoch), or None while
+        another instance holds it unexpired.  One statement: of concurrent takers of a
+        free or expired lease exactly one wins.  A takeover waits for the fenced writes
+        of the old holder in flight (they hold the lease row ``FOR SHARE``)."""
+        return await self._call(_take_lease, bot, owner, lease_s)
+
+    async def renew_lease(self, lease: Lease, *, lease_s: float) -> Lease | None:
+        """The lease runs ``lease_s`` more from now (the database's clock) if its owner and
+        epoch still hold it -- also when it already ran out and nobody took it since: the
+        epoch did not move, so no other instance ran the bot meanwhile.  None when lost."""
+        return await self._call(_renew_lease, lease, lease_s)
+
+    async def release_lease(self, lease: Lease) -> None:
+        """The lease expires now, if its owner and epoch still hold it (else nothing)."""
+        await self._call(_release_lease, lease)
+
+    async def leases(self) -> list[Lease]:
+        """Every bot's lease, held or expired, by bot."""
+        return await self._call(_leases)
+
+    def fenced(self, lease: Lease) -> PostgresStore:
+        """The store as the bot of ``lease`` writes it: the same pool; every write of that
+        bot checks ``lease`` in its own transaction and raises FencedError once the owner
+        or epoch no longer hold it; another bot's write raises ValueError; reads, pruning
+        and the schema version are the store's.  Closing the view closes nothing."""
+        view = copy.copy(self._root)
+        view._lease = lease
+        view._lost = False
+        return view
+
     async def aclose(self) -> None:
-        """Close the pool.  Idempotent; shielded from cancellation."""
+        """Close the pool.  Idempotent; shielded from cancellation.  A fenced view's
+        does nothing (the pool is its store's)."""
+        if self._root is not self:
+            return
         pool, self._pool = self._pool, None
         if pool is None:
             return
@@ -829,12 +1077,24 @@ class PostgresStore:
     # -- bodies that use the store's estimate of the index's size -----------------------------
 
     def _add_outbound(
-        self, conn: _Conn, bot: str, conversation_id: str, entry: OutboundEntry, now: float
+        self,
+        conn: _Conn,
+        bot: str,
+        conversation_id: str,
+        entry: OutboundEntry,
+        now: float,
+        fence: _Fence | None,
     ) -> None:
-        self._write_turn(conn, bot, conversation_id, None, [entry], [], now)
+        self._write_turn(conn, bot, conversation_id, None, [entry], [], now, fence)
 
     def _record_turn(
-        self, conn: _Conn, bot: str, conversation_id: str, turn: TurnRecord, now: float
+        self,
+        conn: _Conn,
+        bot: str,
+        conversation_id: str,
+        turn: TurnRecord,
+        now: float,
+        fence: _Fence | None,
     ) -> None:
         rows: list[tuple[str, str, float, bool]] = []
         if turn.session_id is not None:
@@ -844,7 +1104,7 @@ class PostgresStore:
                 rows.append(("assistant", turn.answer_text, turn.answer_at, turn.completed))
         transcript = (turn.session_id, rows) if rows and turn.session_id is not None else None
         self._write_turn(
-            conn, bot, conversation_id, transcript, turn.delivered, turn.inbox_done, now
+            conn, bot, conversation_id, transcript, turn.delivered, turn.inbox_done, now, fence
         )
 
     def _write_turn(
@@ -856,6 +1116,7 @@ class PostgresStore:
         entries: Sequence[OutboundEntry],
         inbox_done: Sequence[tuple[str, str]],
         now: float,
+        fence: _Fence | None,
     ) -> None:
         """Transcript rows, index entries (each conversation's own expired entries go) and
         inbox completions in one statement: one round trip, atomic on its own.
@@ -906,11 +1167,11 @@ class PostgresStore:
         }
         if cut:
             with conn.transaction():
-                conn.execute(_WRITE_TURN, params)
+                _run(conn, (_WRITE_TURN, _WRITE_TURN_F), params, fence)
                 conn.execute(_OUTBOUND_CUT, (bot, conversation_id, OUTBOUND_CAP))
             n = OUTBOUND_CAP
         else:
-            conn.execute(_WRITE_TURN, params)
+            _run(conn, (_WRITE_TURN, _WRITE_TURN_F), params, fence)
             if n is not None:
                 n += len(entries)
         if n is not None:
@@ -930,6 +1191,7 @@ def _accept_one(
     now: float,
     ttl_s: float,
     raw: bytes | None,
+    fence: _Fence | None,
 ) -> bool:
     params = {
         "bot": bot,
@@ -939,8 +1201,7 @@ def _accept_one(
         "now": now,
         "raw": raw,
     }
-    row = conn.execute(_ACCEPT, params).fetchone()
-    return row is not None and int(row[0]) == 1
+    return int(_run(conn, (_ACCEPT, _ACCEPT_F), params, fence)[1]) == 1
 
 
 def _accept(
@@ -951,8 +1212,9 @@ def _accept(
     now: float,
     ttl_s: float,
     raw: bytes | None,
+    fence: _Fence | None,
 ) -> bool:
-    return _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw)
+    return _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw, fence)
 
 
 def _accept_many(
@@ -961,10 +1223,11 @@ def _accept_many(
     entries: tuple[tuple[str, str, bytes | None], ...],
     now: float,
     ttl_s: float,
+    fence: _Fence | None,
 ) -> list[bool]:
     with conn.transaction():
         return [
-            _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw)
+            _accept_one(conn, bot, conversation_id, message_id, now, ttl_s, raw, fence)
             for conversation_id, message_id, raw in entries
         ]
 
@@ -978,30 +1241,44 @@ def _seen(conn: _Conn, bot: str, conversation_id: str, message_id: str, now: flo
     return row is not None
 
 
+_INBOX_QUEUED = _with_fence(
+    "WITH w AS (UPDATE inbox_state SET state = 'queued'"
+    " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s)"
+    " SELECT {fence}"
+)
+_INBOX_STATE = _with_fence(
+    "WITH w AS (INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+    " SELECT bot, conversation_id, message_id, %(state)s::text, 0 FROM inbox"
+    " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s"
+    " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state)"
+    " SELECT {fence}"
+)
+
+
 def _inbox_set_state(
-    conn: _Conn, bot: str, conversation_id: str, message_id: str, state: str
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    state: str,
+    fence: _Fence | None,
 ) -> None:
-    key = (bot, conversation_id, message_id)
-    if state == "queued":  # no state row needed; the attempts counted so far are kept
-        conn.execute(
-            "UPDATE inbox_state SET state = 'queued'"
-            " WHERE bot = %s AND conversation_id = %s AND message_id = %s",
-            key,
-        )
-        return
-    conn.execute(
-        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
-        " SELECT bot, conversation_id, message_id, %s::text, 0 FROM inbox"
-        " WHERE bot = %s AND conversation_id = %s AND message_id = %s"
-        " ON CONFLICT (bot, conversation_id, message_id) DO UPDATE SET state = excluded.state",
-        (state, *key),
-    )
+    params = {"bot": bot, "conv": conversation_id, "mid": message_id, "state": state}
+    # "queued" needs no state row; the attempts counted so far are kept.
+    _run(conn, _INBOX_QUEUED if state == "queued" else _INBOX_STATE, params, fence)
 
 
 def _outbox_put(
-    conn: _Conn, bot: str, conversation_id: str, message_id: str, text: str, now: float
+    conn: _Conn,
+    bot: str,
+    conversation_id: str,
+    message_id: str,
+    text: str,
+    now: float,
+    fence: _Fence | None,
 ) -> None:
     with conn.transaction():
+        _check_fence(conn, bot, fence)
         conn.execute(
             "INSERT INTO outbox (bot, conversation_id, message_id, text, created_at)"
             " VALUES (%s, %s, %s, %s, %s)"
@@ -1009,7 +1286,7 @@ def _outbox_put(
             " DO UPDATE SET text = excluded.text, created_at = excluded.created_at",
             (bot, conversation_id, message_id, _free(text), now),
         )
-        _inbox_set_state(conn, bot, conversation_id, message_id, "undelivered")
+        _inbox_set_state(conn, bot, conversation_id, message_id, "undelivered", None)
 
 
 def _outbox_pending(conn: _Conn, bot: str) -> list[OutboxEntry]:
@@ -1032,37 +1309,49 @@ def _outbox_pending(conn: _Conn, bot: str) -> list[OutboxEntry]:
     ]
 
 
-def _outbox_done(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> None:
+def _outbox_done(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str, fence: _Fence | None
+) -> None:
     with conn.transaction():
+        _check_fence(conn, bot, fence)
         conn.execute(
             "DELETE FROM outbox WHERE bot = %s AND conversation_id = %s AND message_id = %s",
             (bot, conversation_id, message_id),
         )
-        _inbox_done(conn, bot, conversation_id, message_id)
+        _inbox_done(conn, bot, conversation_id, message_id, None)
 
 
-def _inbox_resumed(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> int:
-    row = conn.execute(
-        "INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
-        " SELECT bot, conversation_id, message_id, 'queued', 1 FROM inbox"
-        " WHERE bot = %s AND conversation_id = %s AND message_id = %s"
-        " ON CONFLICT (bot, conversation_id, message_id)"
-        " DO UPDATE SET attempts = inbox_state.attempts + 1"
-        " RETURNING attempts",
-        (bot, conversation_id, message_id),
-    ).fetchone()
-    return 0 if row is None else int(row[0]) - 1
+_INBOX_RESUMED = _with_fence(
+    "WITH w AS (INSERT INTO inbox_state (bot, conversation_id, message_id, state, attempts)"
+    " SELECT bot, conversation_id, message_id, 'queued', 1 FROM inbox"
+    " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s"
+    " ON CONFLICT (bot, conversation_id, message_id)"
+    " DO UPDATE SET attempts = inbox_state.attempts + 1"
+    " RETURNING attempts)"
+    " SELECT {fence}, (SELECT attempts FROM w)"
+)
+# One statement: the inbox row and its state row go together.
+_INBOX_DONE = _with_fence(
+    "WITH s AS (DELETE FROM inbox_state"
+    " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s),"
+    " i AS (DELETE FROM inbox WHERE bot = %(bot)s AND conversation_id = %(conv)s"
+    " AND message_id = %(mid)s)"
+    " SELECT {fence}"
+)
 
 
-def _inbox_done(conn: _Conn, bot: str, conversation_id: str, message_id: str) -> None:
-    # One statement: the inbox row and its state row go together.
-    conn.execute(
-        "WITH s AS (DELETE FROM inbox_state"
-        " WHERE bot = %(bot)s AND conversation_id = %(conv)s AND message_id = %(mid)s)"
-        " DELETE FROM inbox WHERE bot = %(bot)s AND conversation_id = %(conv)s"
-        " AND message_id = %(mid)s",
-        {"bot": bot, "conv": conversation_id, "mid": message_id},
-    )
+def _inbox_resumed(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str, fence: _Fence | None
+) -> int:
+    params = {"bot": bot, "conv": conversation_id, "mid": message_id}
+    attempts = _run(conn, _INBOX_RESUMED, params, fence)[1]
+    return 0 if attempts is None else int(attempts) - 1
+
+
+def _inbox_done(
+    conn: _Conn, bot: str, conversation_id: str, message_id: str, fence: _Fence | None
+) -> None:
+    _run(conn, _INBOX_DONE, {"bot": bot, "conv": conversation_id, "mid": message_id}, fence)
 
 
 def _inbox_pending(conn: _Conn, bot: str) -> list[InboxEntry]:
@@ -1102,19 +1391,31 @@ def _set_binding(
     session_id: str,
     title: str | None,
     now: float,
+    fence: _Fence | None,
 ) -> None:
-    conn.execute(
-        _SET_BINDING,
-        (bot, conversation_id, thread_id, session_id, _free_opt(title), now, now),
-    )
+    params = {
+        "bot": bot,
+        "conv": conversation_id,
+        "thread": thread_id,
+        "sid": session_id,
+        "title": _free_opt(title),
+        "now": now,
+    }
+    _run(conn, _SET_BINDING, params, fence)
 
 
-def _clear_binding(conn: _Conn, bot: str, conversation_id: str, thread_id: str) -> bool:
-    cur = conn.execute(
-        "DELETE FROM bindings WHERE bot = %s AND conversation_id = %s AND thread_id = %s",
-        (bot, conversation_id, thread_id),
-    )
-    return cur.rowcount > 0
+_CLEAR_BINDING = _with_fence(
+    "WITH w AS (DELETE FROM bindings WHERE bot = %(bot)s AND conversation_id = %(conv)s"
+    " AND thread_id = %(thread)s RETURNING 1)"
+    " SELECT {fence}, (SELECT count(*) FROM w)"
+)
+
+
+def _clear_binding(
+    conn: _Conn, bot: str, conversation_id: str, thread_id: str, fence: _Fence | None
+) -> bool:
+    params = {"bot": bot, "conv": conversation_id, "thread": thread_id}
+    return int(_run(conn, _CLEAR_BINDING, params, fence)[1]) > 0
 
 
 def _get_cursor(conn: _Conn, bot: str, name: str) -> str | None:
@@ -1124,12 +1425,15 @@ def _get_cursor(conn: _Conn, bot: str, name: str) -> str | None:
     return None if row is None else str(row[0])
 
 
-def _set_cursor(conn: _Conn, bot: str, name: str, value: str) -> None:
-    conn.execute(
-        "INSERT INTO cursors (bot, name, value) VALUES (%s, %s, %s)"
-        " ON CONFLICT (bot, name) DO UPDATE SET value = excluded.value",
-        (bot, name, value),
-    )
+_SET_CURSOR = _with_fence(
+    "WITH w AS (INSERT INTO cursors (bot, name, value) VALUES (%(bot)s, %(name)s, %(value)s)"
+    " ON CONFLICT (bot, name) DO UPDATE SET value = excluded.value)"
+    " SELECT {fence}"
+)
+
+
+def _set_cursor(conn: _Conn, bot: str, name: str, value: str, fence: _Fence | None) -> None:
+    _run(conn, _SET_CURSOR, {"bot": bot, "name": name, "value": value}, fence)
 
 
 def _list_outbound(conn: _Conn, bot: str, conversation_id: str, now: float) -> list[OutboundEntry]:
@@ -1167,8 +1471,10 @@ def _update_outbound(
     completed_at: float | None,
     add_ids: Sequence[str],
     state: str | None,
+    fence: _Fence | None,
 ) -> bool:
     with conn.transaction():
+        _check_fence(conn, bot, fence)
         row = conn.execute(
             "SELECT id, message_ids FROM outbound"
             " WHERE bot = %s AND conversation_id = %s AND completed_at >= %s"
@@ -1205,8 +1511,10 @@ def _put_anchor(
     anchor_id: str,
     now: float,
     keep: int,
+    fence: _Fence | None,
 ) -> None:
     with conn.transaction():
+        _check_fence(conn, bot, fence)
         conn.execute(
             "INSERT INTO anchors (bot, conversation_id, thread_id, turn_id, anchor_id, updated_at)"
             " VALUES (%s, %s, %s, %s, %s, %s)"
@@ -1235,8 +1543,11 @@ def _get_anchor(
     return None if row is None else str(row[0])
 
 
-def _log_message(conn: _Conn, bot: str, conversation_id: str, message: LoggedMessage) -> bool:
+def _log_message(
+    conn: _Conn, bot: str, conversation_id: str, message: LoggedMessage, fence: _Fence | None
+) -> bool:
     with conn.transaction():
+        _check_fence(conn, bot, fence)
         cur = conn.execute(
             f"INSERT INTO messages (bot, conversation_id, {_MESSAGE_COLUMNS})"
             " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
@@ -1301,16 +1612,32 @@ def _logged_message(
     return None if row is None else _logged(row)
 
 
+_APPEND_TRANSCRIPT = _with_fence(
+    "WITH w AS (INSERT INTO transcript (bot, session_id, role, text, at, completed)"
+    " VALUES (%(bot)s, %(sid)s, %(role)s, %(text)s, %(at)s, %(done)s) RETURNING id)"
+    " SELECT {fence}, (SELECT id FROM w)"
+)
+
+
 def _append_transcript(
-    conn: _Conn, bot: str, session_id: str, role: str, text: str, at: float, completed: bool
+    conn: _Conn,
+    bot: str,
+    session_id: str,
+    role: str,
+    text: str,
+    at: float,
+    completed: bool,
+    fence: _Fence | None,
 ) -> int:
-    row = conn.execute(
-        "INSERT INTO transcript (bot, session_id, role, text, at, completed)"
-        " VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-        (bot, session_id, role, _free(text), at, completed),
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
+    params = {
+        "bot": bot,
+        "sid": session_id,
+        "role": role,
+        "text": _free(text),
+        "at": at,
+        "done": completed,
+    }
+    return int(_run(conn, _APPEND_TRANSCRIPT, params, fence)[1])
 
 
 def _transcript_page(
@@ -1334,13 +1661,19 @@ def _transcript_page(
     ]
 
 
-def _set_last_direct(conn: _Conn, bot: str, conversation_id: str, now: float) -> None:
-    conn.execute(
-        "INSERT INTO last_direct (bot, conversation_id, updated_at) VALUES (%s, %s, %s)"
-        " ON CONFLICT (bot) DO UPDATE SET conversation_id = excluded.conversation_id,"
-        " updated_at = excluded.updated_at",
-        (bot, conversation_id, now),
-    )
+_SET_LAST_DIRECT = _with_fence(
+    "WITH w AS (INSERT INTO last_direct (bot, conversation_id, updated_at)"
+    " VALUES (%(bot)s, %(conv)s, %(now)s)"
+    " ON CONFLICT (bot) DO UPDATE SET conversation_id = excluded.conversation_id,"
+    " updated_at = excluded.updated_at)"
+    " SELECT {fence}"
+)
+
+
+def _set_last_direct(
+    conn: _Conn, bot: str, conversation_id: str, now: float, fence: _Fence | None
+) -> None:
+    _run(conn, _SET_LAST_DIRECT, {"bot": bot, "conv": conversation_id, "now": now}, fence)
 
 
 def _get_last_direct(conn: _Conn, bot: str) -> str | None:
@@ -1371,14 +1704,16 @@ def _begin_turn(
     thread_id: str,
     inbox_keys: list[tuple[str, str]],
     last_direct: tuple[str, float] | None,
+    fence: _Fence | None,
 ) -> Binding | None:
     if len(set(inbox_keys)) != len(inbox_keys):  # a key twice counts twice: one at a time
-        with conn.transaction():
+        with conn.transaction():  # the last statement's fence covers the whole transaction
             for conv, mid in inbox_keys:
                 conn.execute(_INBOX_RUNNING, (bot, conv, mid))
-            return _begin_turn(conn, bot, conversation_id, thread_id, [], last_direct)
-    row = conn.execute(
-        _BEGIN_TURN,
+            return _begin_turn(conn, bot, conversation_id, thread_id, [], last_direct, fence)
+    row = _run(
+        conn,
+        (_BEGIN_TURN, _BEGIN_TURN_F),
         {
             "bot": bot,
             "conv": conversation_id,
@@ -1388,17 +1723,23 @@ def _begin_turn(
             "ld_conv": None if last_direct is None else last_direct[0],
             "ld_at": None if last_direct is None else last_direct[1],
         },
-    ).fetchone()
-    if row is None:
+        fence,
+    )
+    if row[1] is None:  # no binding (session_id is never NULL in one)
         return None
-    return Binding(session_id=row[0], title=row[1], created_at=row[2], updated_at=row[3])
+    return Binding(session_id=row[1], title=row[2], created_at=row[3], updated_at=row[4])
 
 
 def _mark_delivered(
-    conn: _Conn, bot: str, inbox_keys: list[tuple[str, str]], prompt: PromptRow | None
+    conn: _Conn,
+    bot: str,
+    inbox_keys: list[tuple[str, str]],
+    prompt: PromptRow | None,
+    fence: _Fence | None,
 ) -> None:
-    conn.execute(
-        _MARK_DELIVERED,
+    _run(
+        conn,
+        (_MARK_DELIVERED, _MARK_DELIVERED_F),
         {
             "bot": bot,
             "k_conv": [c for c, _ in inbox_keys],
@@ -1407,9 +1748,82 @@ def _mark_delivered(
             "text": None if prompt is None else _free(prompt.text),
             "at": None if prompt is None else prompt.at,
         },
+        fence,
     )
+
+
+_LEASE_COLUMNS = "bot, owner, epoch, expires_at"
+_TAKE_LEASE = f"""
+    INSERT INTO leases AS l (bot, owner, epoch, expires_at)
+    VALUES (%(bot)s, %(owner)s, 1, {DB_NOW} + %(lease_s)s)
+    ON CONFLICT (bot) DO UPDATE SET
+        epoch = CASE WHEN l.owner = excluded.owner AND l.expires_at > {DB_NOW}
+                     THEN l.epoch ELSE l.epoch + 1 END,
+        owner = excluded.owner,
+        expires_at = {DB_NOW} + %(lease_s)s
+    WHERE l.owner = excluded.owner OR l.expires_at <= {DB_NOW}
+    RETURNING {_LEASE_COLUMNS}
+"""
+_RENEW_LEASE = f"""
+    UPDATE leases SET expires_at = {DB_NOW} + %(lease_s)s
+    WHERE bot = %(bot)s AND owner = %(owner)s AND epoch = %(epoch)s
+    RETURNING {_LEASE_COLUMNS}
+"""
+_RELEASE_LEASE = f"""
+    UPDATE leases SET expires_at = least(expires_at, {DB_NOW})
+    WHERE bot = %(bot)s AND owner = %(owner)s AND epoch = %(epoch)s
+"""
+
+
+def _lease_of(row: tuple[Any, ...] | None) -> Lease | None:
+    if row is None:
+        return None
+    return Lease(bot=row[0], owner=row[1], epoch=int(row[2]), expires_at=float(row[3]))
+
+
+def _take_lease(conn: _Conn, bot: str, owner: str, lease_s: float) -> Lease | None:
+    params = {"bot": bot, "owner": owner, "lease_s": lease_s}
+    return _lease_of(conn.execute(_TAKE_LEASE, params).fetchone())
+
+
+def _renew_lease(conn: _Conn, lease: Lease, lease_s: float) -> Lease | None:
+    params = {"bot": lease.bot, "owner": lease.owner, "epoch": lease.epoch, "lease_s": lease_s}
+    return _lease_of(conn.execute(_RENEW_LEASE, params).fetchone())
+
+
+def _release_lease(conn: _Conn, lease: Lease) -> None:
+    conn.execute(_RELEASE_LEASE, {"bot": lease.bot, "owner": lease.owner, "epoch": lease.epoch})
+
+
+def _leases(conn: _Conn) -> list[Lease]:
+    rows = conn.execute(f"SELECT {_LEASE_COLUMNS} FROM leases ORDER BY bot").fetchall()
+    return [lease for lease in map(_lease_of, rows) if lease is not None]
+
+
+def _heartbeat(conn: _Conn, instance: str, started_at: float) -> None:
+    conn.execute(
+        f"INSERT INTO instances (name, started_at, seen_at) VALUES (%s, %s, {DB_NOW})"
+        " ON CONFLICT (name) DO UPDATE SET started_at = excluded.started_at,"
+        " seen_at = excluded.seen_at",
+        (instance, started_at),
+    )
+
+
+def _instances(conn: _Conn, within_s: float) -> list[Instance]:
+    rows = conn.execute(
+        f"SELECT name, started_at, seen_at FROM instances WHERE seen_at >= {DB_NOW} - %s"
+        " ORDER BY name",
+        (within_s,),
+    ).fetchall()
+    return [Instance(name=n, started_at=float(a), seen_at=float(b)) for n, a, b in rows]
 
 
 def _schema_version(conn: _Conn) -> int:
     row = conn.execute("SELECT version FROM dshim_schema").fetchone()
     return 0 if row is None else int(row[0])
+
+
+if TYPE_CHECKING:  # the store and its fenced view implement both protocols
+
+    def _implements(store: PostgresStore, lease: Lease) -> tuple[Store, SharesBots, Store]:
+        return store, store, store.fenced(lease)
