@@ -377,6 +377,60 @@ def replay(
 
 
 @app.command(cls=_Command)
+def status(
+    ctx: typer.Context,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store",
+            help="The PostgreSQL store's URL (default: [store] url / DSHIM_STORE_URL).",
+            metavar="URL",
+        ),
+    ] = None,
+) -> None:
+    """Show the instances of a shared PostgreSQL store, the bots each holds and every
+    bot's lease (owner, epoch, how long it still runs)."""
+    g: Globals = ctx.obj
+    cfg, _label = _load(g)
+    from dshim.config import override_store_url
+    from dshim.errors import ConfigError, DshimError
+
+    try:
+        if store is not None:
+            cfg = override_store_url(cfg, store)
+    except ConfigError as exc:
+        raise _fail(str(exc), 2) from None
+    setup_logging(g, cfg.secrets())
+    import trio
+
+    from dshim.sharing import sharing_report, sharing_table
+    from dshim.store import open_store_from_config, store_target
+    from dshim.store.base import SharesBots
+
+    data_dir = launch.data_dir(g, cfg)
+
+    async def run() -> str | None:
+        async with open_store_from_config(cfg, data_dir) as opened:
+            if not isinstance(opened, SharesBots):
+                return None
+            report = await sharing_report(opened, within_s=cfg.store.lease_s)
+            return sharing_table(report)
+
+    try:
+        table = trio.run(run)
+    except DshimError as exc:
+        raise _fail(str(exc), 1) from None
+    if table is None:
+        typer.echo(
+            f"store {store_target(cfg, data_dir)}: SQLite, one instance (a shared store needs "
+            "[store] url)"
+        )
+        return
+    typer.echo(f"store {store_target(cfg, data_dir)}")
+    typer.echo(table)
+
+
+@app.command(cls=_Command)
 def migrate(ctx: typer.Context) -> None:
     """Bring the store's schema up to date (SQLite in the data directory, or the PostgreSQL
     database of [store] url / DSHIM_STORE_URL, under its advisory lock); prints the schema

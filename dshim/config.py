@@ -1070,6 +1070,15 @@ def apply_store_env(config: Config, env: typing.Mapping[str, str]) -> Config:
     return config
 
 
+def override_store_url(config: Config, url: str) -> Config:
+    """``config`` with ``[store] url`` replaced (``dshim status --store URL``): as
+    ``DSHIM_STORE_URL``, its password moved into ``[store] password``."""
+    try:
+        return apply_store_env(config, {STORE_URL_ENV: url})
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace(STORE_URL_ENV, "--store", 1)) from None
+
+
 def store_section(config: Config | None) -> StoreSection:
     """The ``[store]`` section (``DSHIM_STORE_URL`` already applied by the parser); the
     default (SQLite) without a configuration."""

@@ -13,7 +13,8 @@ in exactly one instance: the one holding its lease.  Each instance runs one
    did not see is answered again by whoever holds the bot next, from the durable inbox);
    a renewal that does not come back in time has the same end: every held bot runs under
    a cancel scope whose deadline is the lease's local expiry (measured from *before* the
-   last successful renewal was sent, less one tick), pushed forward by each renewal, so
+   last successful renewal was sent, less a margin of up to 1 s), pushed forward by each
+   renewal, so
    a keeper that cannot reach the database -- or a process that was paused -- stops its
    bots before another instance may take them;
 3. hands bots over when it holds more than its share: those bots stop gracefully (their
@@ -29,24 +30,29 @@ renewed, without running: moving it would only fail again elsewhere.
 Fencing is the store's: a bot runs with ``store.fenced(lease)``, whose every durable
 write fails once the lease's epoch moved, so even a bot that is still running when its
 lease passed on (a paused process that wakes up) can neither confirm, send from the inbox
-nor commit a cursor.  Times of the leases are the database's clock; the keeper's own
+nor commit a cursor; and the first refused write cuts the bot at once
+(:func:`cut_on_fence`), before a caller that would carry on after a store error (an
+answer is delivered even when its delivery mark could not be written) sends anything.  Times of the leases are the database's clock; the keeper's own
 deadlines are trio's monotonic clock, never compared with the database's.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import structlog
 import trio
 
-from dshim.errors import DshimError
-from dshim.store.base import Lease, SharesBots
+from dshim.errors import DshimError, FencedError
+from dshim.store.base import Lease, SharesBots, Store
 
-__all__ = ["Held", "LeaseKeeper"]
+__all__ = ["Held", "LeaseKeeper", "cut_on_fence"]
 
 log = structlog.get_logger("dshim.leases")
 
@@ -137,8 +143,10 @@ class LeaseKeeper:
             held.scope.deadline = self._deadline(sent_at)
 
     def _deadline(self, sent_at: float) -> float:
-        """The local moment the bot must be stopped by if no renewal comes."""
-        return sent_at + self.lease_s - self.tick_s
+        """The local moment the bot must be stopped by if no renewal comes: just before
+        the lease can run out in the database (it was renewed no earlier than
+        ``sent_at``), less a margin for the cut itself."""
+        return sent_at + self.lease_s - min(1.0, self.tick_s / 2)
 
     def _balance(self) -> None:
         running = [b for b, h in self.held.items() if not h.parked and not h.handover.is_set()]
@@ -186,6 +194,13 @@ class LeaseKeeper:
         for event in self._granted.values():
             event.set()
 
+    def forget(self, bot: str, held: Held) -> None:
+        """``bot``'s run was cut (its lease lost, or its local expiry passed before a
+        renewal came back): the lease is no longer used here (it runs out unless this
+        keeper takes it again, with a new epoch)."""
+        if self.held.get(bot) is held:
+            del self.held[bot]
+
     def park(self, bot: str) -> None:
         """``bot`` stopped for good: keep its lease, do not run it again."""
         held = self.held.get(bot)
@@ -211,3 +226,34 @@ class LeaseKeeper:
         self.stop()
         for bot in list(self.held):
             await self.release(bot)
+
+
+class _CutOnFence:
+    """A store whose calls cut the bot on the first :class:`FencedError` (see
+    :func:`cut_on_fence`)."""
+
+    def __init__(self, inner: Store, cut: Callable[[], None]) -> None:
+        self._inner = inner
+        self._cut = cut
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._inner, name)
+        if not inspect.iscoroutinefunction(value):
+            return value
+
+        @functools.wraps(value)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await value(*args, **kwargs)
+            except FencedError:
+                log.error("bot_fenced", method=name)
+                self._cut()
+                raise
+
+        return call
+
+
+def cut_on_fence(view: Store, cut: Callable[[], None]) -> Store:
+    """``view`` (a fenced store) whose first refused write calls ``cut`` (the bot's run
+    is cancelled) before the error goes on to the caller."""
+    return cast(Store, _CutOnFence(view, cut))

@@ -51,6 +51,8 @@ from dshim.channels.base import (
     ChannelStore,
     HasDataDir,
     HttpHandler,
+    HttpRequest,
+    HttpResponse,
     Inbound,
     RawDecoder,
     WebSocketHandler,
@@ -69,7 +71,7 @@ from dshim.harness.base import Harness
 from dshim.http.app import GRACEFUL_S, Endpoint
 from dshim.http.ops import add_operator_routes
 from dshim.http.status import BotStatuses
-from dshim.leases import LeaseKeeper
+from dshim.leases import LeaseKeeper, cut_on_fence
 from dshim.log import redact, register_secret
 from dshim.metrics import NO_METRICS, BotMetrics, ProcessMetrics
 from dshim.model import Delivered, InboundMessage, PromptPart, ReplyTarget, Skip
@@ -496,6 +498,25 @@ async def serve_bots(
     return results
 
 
+def add_status_route(
+    endpoint: Endpoint, store: SharesBots, instance: str, *, lease_s: float
+) -> None:
+    """``GET /status`` (behind the endpoint's token like every route): the shared store's
+    live instances, the bots each holds and every lease (:mod:`dshim.sharing`)."""
+    from dshim.sharing import sharing_report
+
+    async def status(request: HttpRequest) -> HttpResponse:
+        try:
+            report = await sharing_report(store, within_s=lease_s)
+        except DshimError as exc:
+            body = msgspec.json.encode({"instance": instance, "error": str(exc)[:300]})
+            return HttpResponse(503, body, "application/json", (("cache-control", "no-store"),))
+        body = msgspec.json.encode({"instance": instance, **report})
+        return HttpResponse(200, body, "application/json", (("cache-control", "no-store"),))
+
+    endpoint.route("GET", "/status", status)
+
+
 def default_instance() -> str:
     """An instance's name when none is given: the host's name and the process id."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -526,11 +547,12 @@ async def run_leased(
                 follow.start_soon(_set_on_first, run_shutdown, (shutdown, held.handover))
                 with held.scope:
                     log.info("bot_leased", epoch=held.lease.epoch, instance=keeper.instance)
-                    fenced = store.fenced(held.lease)
+                    fenced = cut_on_fence(store.fenced(held.lease), held.scope.cancel)
                     ended = await supervise_bot(channel, host_for(bot, fenced, run_shutdown))
                 follow.cancel_scope.cancel()
             if held.scope.cancelled_caught:
                 log.error("bot_cut_lease_lost", epoch=held.lease.epoch)
+                keeper.forget(bot.name, held)
                 ended = "lease lost"
                 continue
             if ended in ("fatal", "bug"):
@@ -628,6 +650,10 @@ async def serve_process(
     statuses.store_open = True  # the caller opened it; it stays open while this runs
     metrics = ProcessMetrics(statuses.up_flags)
     endpoint = make_endpoint(config, statuses, metrics) if config.http.enabled else None
+    if isinstance(store, SharesBots):
+        instance = instance or default_instance()
+        if endpoint is not None:
+            add_status_route(endpoint, store, instance, lease_s=config.store.lease_s)
     stop_http = trio.Event()
     endpoint_done = trio.Event()
     try:

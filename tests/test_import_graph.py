@@ -39,7 +39,7 @@ FLOORS: list[tuple[int, str]] = [
     # Configuration and the store.
     (1, r"dshim\.config|dshim\.store(\..+)?"),
     # The leases of a shared store (what serve runs its bots under).
-    (2, r"dshim\.leases"),
+    (2, r"dshim\.(leases|sharing)"),
     # The contracts and engines everything above is written against, and what needs only
     # them: logging set-up (it redacts the tokens the channel specs name, so it reads the
     # registry), the normalized form of raw events, replay's output lines.

@@ -38,7 +38,15 @@ import trio
 from dshim import prompt as prompt_mod
 from dshim import reply as reply_mod
 from dshim.config import DEFAULT_MAX_FILE_BYTES, BotConfig
-from dshim.errors import ChannelError, DshimError, HarnessError, NotFound, StoreError, TooLarge
+from dshim.errors import (
+    ChannelError,
+    DshimError,
+    FencedError,
+    HarnessError,
+    NotFound,
+    StoreError,
+    TooLarge,
+)
 from dshim.harness.base import Harness, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
@@ -335,6 +343,8 @@ class _Delivery:
             )
         try:
             await self._store.mark_delivered(self._bot, turn.item.inbox_keys, prompt=prompt)
+        except FencedError:
+            raise  # another instance runs the bot now: this one must not deliver
         except StoreError as exc:  # deliver anyway: a rare duplicate beats a lost answer
             log.warning("delivery_mark_failed", error=str(exc))
         else:
