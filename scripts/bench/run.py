@@ -108,6 +108,9 @@ class Candidate:
     #: Other processes whose CPU the candidate's events cost (``dshim+pg``: the
     #: PostgreSQL server's backends): called for their utime+stime in seconds.
     extra_cpu: Callable[[], float] | None = None
+    #: More environment for each run, made fresh per run (``dshim+pg``: a new schema, so
+    #: a repetition's updates are not the previous one's duplicates).
+    env_per_run: Callable[[], dict[str, str]] | None = None
 
     def speaks(self, platform: str) -> bool:
         return self.platform in ("any", platform)
@@ -335,7 +338,8 @@ def start_candidate(
 ) -> subprocess.Popen[str]:
     """A candidate against its fake(s): dshim with one bot per fake, a peer with the
     first fake's settings in its environment."""
-    env = {**os.environ, **cand.env, **peer_env(*bots[0])}
+    fresh = cand.env_per_run() if cand.env_per_run is not None else {}
+    env = {**os.environ, **cand.env, **fresh, **peer_env(*bots[0])}
     env.pop("DSHIM_HTTP_LISTEN", None)
     argv = [a.replace("{config}", str(dshim_config(workdir, bots))) for a in cand.argv]
     if cand.capture:
@@ -567,7 +571,7 @@ def scenario_b1_pg(reps: int, n: int) -> None:
         pg = dataclasses.replace(
             sqlite,
             name="dshim+pg",
-            env={"DSHIM_STORE_URL": cluster.fresh_url("bench")},
+            env_per_run=lambda: {"DSHIM_STORE_URL": cluster.fresh_url("bench")},
             version=f"{sqlite.version} on PostgreSQL (server CPU counted)",
             extra_cpu=lambda: tree_cpu_s(postmaster),
         )
