@@ -30,6 +30,9 @@ Scenarios:
 * **B1 PostgreSQL**: B1 saturated over 200 chats for ``dshim`` on its SQLite store and
   ``dshim+pg`` on a PostgreSQL store (a throwaway cluster on 127.0.0.1) side by side:
   events/s and CPU ms per event, the server's CPU (postmaster and backends) counted.
+* **instances**: the same burst over 12 Telegram bots served by 1, 2 and 3 dshim
+  instances sharing one PostgreSQL store by lease: aggregate events/s and CPU per event
+  (dshim's processes and the server).
 * **B1 paced**: 50 / 200 / 500 updates/s over 200 chats; p50/p99 latency from an update's
   availability to its reply, with ``floor`` always in the same run (the p99 gap to it).
 * **B2 head-of-line**: a 2 s agent; 20 chats send one message each and one of them 3 more;
@@ -586,6 +589,126 @@ def scenario_b1_pg(reps: int, n: int) -> None:
         cluster.stop()
 
 
+def instances_once(
+    cluster: Any, postmaster: int, instances: int, bots: int, n: int
+) -> dict[str, float]:
+    """``n`` updates over ``bots`` Telegram bots (a fake process each, 200 chats in all)
+    served by ``instances`` dshim processes sharing one fresh PostgreSQL schema (the
+    default 15 s leases: shorter ones risk cutting a bot on a saturated machine); each
+    fake releases 25 s after its first poll, when the bots are balanced.  Aggregate
+    events/s from the first release to the last reply; CPU of every dshim process and of
+    the server."""
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        per_bot = n // bots
+        fakes = [
+            start_fake(
+                [
+                    "--updates",
+                    str(per_bot),
+                    "--chats",
+                    str(max(1, 200 // bots)),
+                    "--hold",
+                    "25",
+                    "--timeout",
+                    "180",
+                ]
+            )
+            for _ in range(bots)
+        ]
+        config = dshim_config(workdir, [("telegram", info) for _, info in fakes])
+        text = config.read_text(encoding="utf-8").replace(f'data_dir = "{workdir / "data"}"', "")
+        config.write_text(text + "\n[store]\nlease_s = 15\n", encoding="utf-8")
+        env = {**os.environ, "DSHIM_STORE_URL": cluster.fresh_url("inst")}
+        env.pop("DSHIM_HTTP_LISTEN", None)
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "dshim",
+                    "--config",
+                    str(config),
+                    "--data-dir",
+                    str(workdir / f"data-{i}"),
+                    "serve",
+                    "--instance",
+                    f"i{i}",
+                ],
+                env=env,
+                cwd=workdir,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            for i in range(instances)
+        ]
+        try:
+            limit = time.monotonic() + 240
+            released, ends, replies = [], [], 0
+            for fake, _ in fakes:
+                assert fake.stdout is not None
+                read_line(fake.stdout, limit)  # first poll
+            for fake, _ in fakes:
+                assert fake.stdout is not None
+                released.append(read_line(fake.stdout, limit)["released"])
+            cpu0 = sum(cpu_s(p.pid) for p in procs) + tree_cpu_s(postmaster)
+            for (fake, _), start in zip(fakes, released, strict=True):
+                assert fake.stdout is not None
+                done = read_line(fake.stdout, limit)["done"]
+                replies += done["replies"]
+                ends.append(start + done["elapsed_s"])
+            cpu1 = sum(cpu_s(p.pid) for p in procs) + tree_cpu_s(postmaster)
+        finally:
+            for proc in procs:
+                stop(proc)
+            for fake, _ in fakes:
+                stop(fake)
+        span = max(ends) - min(released)
+        return {
+            "eps": replies / span if span > 0 else float("nan"),
+            "cpu_ms": (cpu1 - cpu0) * 1000 / max(1, replies),
+            "replies": replies,
+        }
+
+
+def scenario_instances(reps: int, n: int) -> None:
+    """Aggregate events/s with 1, 2 and 3 dshim instances sharing 12 Telegram bots on one
+    PostgreSQL store (a throwaway cluster on 127.0.0.1, the same cores)."""
+    sys.path.insert(0, str(ROOT))
+    from tests.pgkit import start_cluster
+
+    cluster = start_cluster()
+    try:
+        postmaster = int((cluster.data / "postmaster.pid").read_text().split()[0])
+        figures: dict[int, list[dict[str, float]]] = {1: [], 2: [], 3: []}
+        for rep in range(reps):
+            for k in figures:  # interleaved
+                r = instances_once(cluster, postmaster, k, 12, n)
+                figures[k].append(r)
+                print(
+                    f"  instances rep {rep + 1} x{k}: {r['replies']:.0f}/{n} at "
+                    f"{r['eps']:.0f} events/s",
+                    flush=True,
+                )
+        rows = [
+            [
+                str(k),
+                fmt([r["eps"] for r in v]),
+                fmt([r["cpu_ms"] for r in v], 2),
+                f"{min(r['replies'] for r in v):.0f}/{n - n % 12}",
+            ]
+            for k, v in figures.items()
+        ]
+        table(
+            f"Instances on one PostgreSQL store: {n} updates over 12 Telegram bots (200 chats)",
+            ["instances", "aggregate events/s", "CPU ms/event (dshim + server)", "answered"],
+            rows,
+        )
+    finally:
+        cluster.stop()
+
+
 def scenario_paced(cands: list[Candidate], reps: int, rates: list[int], seconds: float) -> None:
     """Paced B1; the harness floor (``floor``) always runs too, interleaved, so "p99
     within 2 ms of the floor measured in the same run" reads off the last column."""
@@ -859,6 +982,7 @@ def main(argv: list[str] | None = None) -> None:
         "B1-1chat": lambda: scenario_b1(cands, reps, n, one_chat=True),
         "B1-capture": lambda: scenario_b1_capture(reps, n),
         "B1-pg": lambda: scenario_b1_pg(reps, n),
+        "instances": lambda: scenario_instances(reps, n),
         "paced": lambda: scenario_paced(cands, reps, [50, 200, 500], 5.0 if args.quick else 10.0),
         "B2": lambda: scenario_b2(cands, reps),
         "B3": lambda: scenario_burst(
