@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -160,3 +160,32 @@ def schema_at(conn: sqlite3.Connection, version: int) -> None:
         for statement in migration.statements:
             conn.execute(statement)
     conn.execute(f"PRAGMA user_version = {version}")
+
+
+async def while_locked_elsewhere(
+    call: Callable[[], Awaitable[object]], release: Callable[[], object], *, after_s: float = 0.5
+) -> tuple[float, int]:
+    """Await ``call()`` while another connection holds a lock that ``release()`` lets go
+    ``after_s`` later; returns how long the call waited and how often a 10 ms ticker ran
+    on the trio thread meanwhile (a store that waits on its worker thread lets it run)."""
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.01)
+            ticks += 1
+
+    async def release_later() -> None:
+        await trio.sleep(after_s)
+        release()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ticking)
+            nursery.start_soon(release_later)
+            started = trio.current_time()
+            await call()
+            waited = trio.current_time() - started
+            nursery.cancel_scope.cancel()
+    return waited, ticks

@@ -28,6 +28,7 @@ from dshim.store.postgres import (
     redact,
     safe_target,
 )
+from tests.helpers import while_locked_elsewhere
 from tests.pgkit import PgCluster
 
 T0 = 1_790_000_000.0
@@ -210,26 +211,9 @@ async def test_a_lock_held_elsewhere_never_stalls_the_trio_thread(
         other = pg_cluster.connect(url)
         other.execute("BEGIN")
         other.execute("SELECT * FROM inbox FOR UPDATE")
-        ticks = 0
-
-        async def ticking() -> None:
-            nonlocal ticks
-            while True:
-                await trio.sleep(0.01)
-                ticks += 1
-
-        async def release_later() -> None:
-            await trio.sleep(0.5)
-            other.execute("COMMIT")
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ticking)
-                nursery.start_soon(release_later)
-                started = trio.current_time()
-                await store.inbox_done("bot", "c1", "m1")
-                waited = trio.current_time() - started
-                nursery.cancel_scope.cancel()
+        waited, ticks = await while_locked_elsewhere(
+            lambda: store.inbox_done("bot", "c1", "m1"), lambda: other.execute("COMMIT")
+        )
         other.close()
         assert waited >= 0.4
         assert ticks >= 20

@@ -36,7 +36,7 @@ from dshim.store.sqlite import (
     Migration,
     open_sqlite_store,
 )
-from tests.helpers import schema_at
+from tests.helpers import schema_at, while_locked_elsewhere
 from tests.pgkit import BACKENDS, StoreBackend
 
 DAY = 24 * 3600.0
@@ -769,26 +769,11 @@ async def test_another_process_holding_the_write_lock_never_stalls_the_trio_thre
         assert await store.accept("bot", "c1", "before", now=T0, ttl_s=60, raw=b"r")
         other = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
         other.execute("BEGIN IMMEDIATE")  # the write lock, held by someone else
-        ticks = 0
 
-        async def ticking() -> None:
-            nonlocal ticks
-            while True:
-                await trio.sleep(0.01)
-                ticks += 1
+        async def during() -> None:
+            assert await store.accept("bot", "c1", "during", now=T0, ttl_s=60, raw=b"r")
 
-        async def release_later() -> None:
-            await trio.sleep(0.5)
-            other.execute("COMMIT")
-
-        with trio.fail_after(10):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(ticking)
-                nursery.start_soon(release_later)
-                started = trio.current_time()
-                assert await store.accept("bot", "c1", "during", now=T0, ttl_s=60, raw=b"r")
-                waited = trio.current_time() - started
-                nursery.cancel_scope.cancel()
+        waited, ticks = await while_locked_elsewhere(during, lambda: other.execute("COMMIT"))
         other.close()
         assert waited >= 0.4  # it did wait for the lock ...
         assert ticks >= 20  # ... and the trio thread ran everything else meanwhile
