@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dshim.channels.base import OutboundEntry
+from dshim.channels.base import ChannelStore, OutboundEntry
 from dshim.model import Attachment, InboundMessage, ReplyReference
 
-__all__ = ["inbound_entry", "reference_from"]
+__all__ = ["inbound_entry", "record_inbound", "reference_from"]
 
 
 def inbound_entry(
@@ -45,6 +45,17 @@ def inbound_entry(
         author_name=msg.sender_name,
         attachments=attachments,
     )
+
+
+async def record_inbound(store: ChannelStore, item: InboundMessage | object, *, now: float) -> None:
+    """An accepted user message enters the index once (a redelivery adds nothing), so a
+    later quote of it that carries only its id is recovered; anything else is ignored."""
+    if not isinstance(item, InboundMessage):
+        return
+    if await store.indexed(item.conversation_id, item.message_id, now=now):
+        return
+    entry = inbound_entry(item, at=item.received_at or now)
+    await store.record_outbound(item.conversation_id, entry, now=now)
 
 
 def reference_from(

@@ -56,7 +56,7 @@ from dshim.channels.base import (
     ReplaySource,
     Secret,
 )
-from dshim.channels.kit.index import inbound_entry, reference_from
+from dshim.channels.kit.index import record_inbound, reference_from
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.whatsapp import models as m
 from dshim.channels.whatsapp import protocol
@@ -170,13 +170,7 @@ class Indexer:
 
     async def record(self, item: InboundMessage | Skip) -> None:
         """An accepted user message enters the index (once, also when redelivered)."""
-        if not isinstance(item, InboundMessage):
-            return
-        now = self.clock()
-        if await self.store.indexed(item.conversation_id, item.message_id, now=now):
-            return
-        entry = inbound_entry(item, at=item.received_at or now)
-        await self.store.record_outbound(item.conversation_id, entry, now=now)
+        await record_inbound(self.store, item, now=self.clock())
 
     async def status(self, status: m.Status | None) -> None:
         """A status of one of our sends: ``failed`` is logged, counted, and marks it."""

@@ -73,7 +73,7 @@ from dshim.channels.base import (
     login_phone_of,
 )
 from dshim.channels.kit import Backoff
-from dshim.channels.kit.index import inbound_entry
+from dshim.channels.kit.index import record_inbound
 from dshim.channels.kit.qr import render_qr
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.whatsapp_web import protocol
@@ -170,20 +170,6 @@ async def linked_account(
     if data_dir is None:
         return None
     return await trio.to_thread.run_sync(saved_account, session_path(data_dir, bot))
-
-
-# --- the message index --------------------------------------------------------------------
-
-
-async def record_inbound(store: ChannelStore, item: InboundMessage | Skip, now: float) -> None:
-    """An accepted user message enters the index (once, also when redelivered), so a
-    later quote of it without ``quotedMessage`` is recovered."""
-    if not isinstance(item, InboundMessage):
-        return
-    if await store.indexed(item.conversation_id, item.message_id, now=now):
-        return
-    entry = inbound_entry(item, at=item.received_at or now)
-    await store.record_outbound(item.conversation_id, entry, now=now)
 
 
 # --- the running account ------------------------------------------------------------------
@@ -301,7 +287,7 @@ class Session:
             if not verdict.confirm:
                 continue  # not taken (stopping): never acknowledged, delivered again
             if self.store is not None:
-                await record_inbound(self.store, item, self.clock())
+                await record_inbound(self.store, item, now=self.clock())
             incoming.taken.set()
 
     async def close(self, *, final_state: str | None = None) -> None:
@@ -530,7 +516,7 @@ class ReplayAdapter(ReceivesEvents):
 
     async def received(self, item: InboundMessage | Skip, raw: bytes) -> None:
         if self._store is not None:
-            await record_inbound(self._store, item, self._clock())
+            await record_inbound(self._store, item, now=self._clock())
 
     #: The chunks an answer is delivered in (the renderer's own split).
     split = staticmethod(split)
