@@ -238,9 +238,19 @@ async def test_a_paused_instance_wakes_up_fenced_and_sends_nothing(
             await poll(lambda: len(holders(pg_cluster, url)) == BOTS)  # p holds all six
             await cluster.start("q")
             await poll(lambda: "q" in holders(pg_cluster, url).values())
+            await poll(lambda: list(holders(pg_cluster, url).values()).count("p") == BOTS // 2)
             p_bots = [b for b, owner in holders(pg_cluster, url).items() if owner == "p"]
+            # An answer streaming in p when it is paused: woken without the cut, p would
+            # go on editing it.
+            busy = fakes[int(p_bots[0][2:])]
+            busy.user_message(busy.private_chat(USER), USER, "echo:slow 30 a long story")
+            await poll(lambda: len(busy.bot_messages(USER["id"])) == 1)
             stopped.process.send_signal(signal.SIGSTOP)
             await poll(lambda: set(holders(pg_cluster, url).values()) == {"q"})
+            # q takes the bot over and puts the interruption notice under the message.
+            await poll(
+                lambda: any(m.text == INTERRUPTED_TEXT for m in busy.bot_messages(USER["id"]))
+            )
             texts = [f"while p sleeps {k}" for k in range(12)]
             send(fakes, texts)
             await poll(lambda: all(any(t.endswith(x) for t in answered(fakes)) for x in texts))
