@@ -46,6 +46,7 @@ TABLES = {
     "messages",
     "outbound",
     "outbox",
+    "relay",
     "transcript",
 }
 

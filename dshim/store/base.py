@@ -7,8 +7,8 @@ call from the trio thread (implementations do blocking work in a worker thread).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import msgspec
 
@@ -375,6 +375,70 @@ class Instance(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     started_at: float
     seen_at: float
+
+
+class Relayed(NamedTuple):
+    """A webhook body in a shared store's relay, in arrival order (``seq``)."""
+
+    seq: int
+    body: bytes
+
+
+@runtime_checkable
+class RelaysWebhooks(Protocol):
+    """A shared store's relay (PostgreSQL): the webhook bodies an instance received for a
+    bot that another instance runs (or that no instance runs right now), verified by the
+    receiving instance, kept until the bot's runner took them.
+
+    - :meth:`relay_put`: keep ``body`` for ``bot`` and wake the instances that wait on it
+      (``LISTEN``/``NOTIFY``, sent when the insert commits);
+    - :meth:`relay_pending`: the bot's bodies in arrival order, at most ``limit``;
+    - :meth:`relay_done`: the runner accepted the body: it goes (a fenced write);
+    - :meth:`relay_wait`: until a body for ``bot`` is put (by any instance); woken only
+      while :meth:`listen_relays` runs in this process, so a runner waits under a
+      timeout and reads again (it polls).
+    - :meth:`listen_relays`: receive the store's wake-ups, until cancelled.
+    Bodies nobody took are dropped by ``prune`` after :data:`RELAY_MAX_AGE_S`.
+    """
+
+    async def relay_put(self, bot: str, body: bytes, *, now: float) -> int: ...
+
+    async def relay_pending(self, bot: str, *, limit: int) -> list[Relayed]: ...
+
+    async def relay_done(self, bot: str, seq: int) -> None: ...
+
+    async def relay_wait(self, bot: str) -> None: ...
+
+    async def listen_relays(self) -> None: ...
+
+
+#: Relayed webhook bodies that no runner took in this long are pruned: Meta gives up
+#: redelivering a notification after about as long.
+RELAY_MAX_AGE_S = 7 * 86400.0
+
+
+class BotRelay:
+    """A :class:`RelaysWebhooks` store's relay bound to one bot (what a channel and the
+    endpoint see: :class:`dshim.channels.base.Relay`)."""
+
+    __slots__ = ("_store", "_bot", "_clock")
+
+    def __init__(self, store: RelaysWebhooks, bot: str, clock: Callable[[], float]) -> None:
+        self._store = store
+        self._bot = bot
+        self._clock = clock
+
+    async def put(self, body: bytes) -> None:
+        await self._store.relay_put(self._bot, body, now=self._clock())
+
+    async def pending(self, limit: int) -> list[Relayed]:
+        return await self._store.relay_pending(self._bot, limit=limit)
+
+    async def done(self, seq: int) -> None:
+        await self._store.relay_done(self._bot, seq)
+
+    async def wait(self) -> None:
+        await self._store.relay_wait(self._bot)
 
 
 @runtime_checkable

@@ -84,6 +84,19 @@ refused.  Which writes, and how:
   ``schema_version``; ``aclose`` of a view closes nothing (the pool is the store's).
 - The unfenced store (what ``serve`` without leases, ``probe`` and ``migrate`` use) writes
   ``true`` in the function's place: the same statements, no lease lookups.
+
+The webhook relay (:class:`~dshim.store.base.RelaysWebhooks`, schema 3)
+-------------------------------------------------------------------------
+Table ``relay`` (``seq`` bigserial, ``bot``, ``body`` bytea, ``received_at``).  An instance
+that receives a webhook for a bot it does not run verifies it and ``relay_put``s the body:
+one statement inserts it and calls ``pg_notify`` on :data:`RELAY_CHANNEL` with the bot's
+name, delivered when it commits.  ``listen_relays`` holds one connection of its own
+(outside the pool) that ``LISTEN``s, and wakes the bot's ``relay_wait``; after a
+(re)connection it wakes every waiter once, as notifications may have been missed.  The
+runner reads ``relay_pending`` from the first row each time (rows go once taken), so a
+row whose insert committed after a higher ``seq`` was read is not skipped.
+``relay_done`` deletes a row, fenced in its statement (not the put: its instance holds no
+lease); ``prune`` drops rows older than :data:`~dshim.store.base.RELAY_MAX_AGE_S`.
 """
 
 from __future__ import annotations
@@ -106,6 +119,7 @@ from dshim.errors import FencedError, StoreError
 from dshim.model import Attachment
 from dshim.store.base import (
     INDEX_STATES,
+    RELAY_MAX_AGE_S,
     Binding,
     InboxEntry,
     Instance,
@@ -114,6 +128,8 @@ from dshim.store.base import (
     OutboundEntry,
     OutboxEntry,
     PromptRow,
+    Relayed,
+    RelaysWebhooks,
     SharesBots,
     Store,
     TranscriptRow,
@@ -157,6 +173,12 @@ CONNECT_TIMEOUT_S = 10
 POOL_TIMEOUT_S = 30.0
 #: Rows one pruning transaction deletes at most (per table).
 PRUNE_BATCH = 2000
+#: The ``LISTEN``/``NOTIFY`` channel of the relay (the payload: the bot's name).
+RELAY_CHANNEL = "dshim_relay"
+#: How long the relay listener waits for notifications per thread call (it checks for
+#: cancellation between calls), and before reconnecting after its connection failed.
+LISTEN_POLL_S = 1.0
+LISTEN_RETRY_S = 2.0
 #: The advisory lock migrations hold (``pg_advisory_xact_lock``): b"dshm" as an integer.
 ADVISORY_LOCK_KEY = 0x6473686D
 
@@ -311,6 +333,19 @@ MIGRATIONS: tuple[Migration, ...] = (
                 RETURN true;
             END
             $$""",
+        ),
+    ),
+    Migration(
+        "the webhook relay (a webhook received by an instance that does not run its bot)",
+        (
+            """CREATE TABLE relay (
+                seq bigserial PRIMARY KEY,
+                bot text NOT NULL,
+                body bytea NOT NULL,
+                received_at double precision NOT NULL
+            )""",
+            "CREATE INDEX relay_bot ON relay (bot, seq)",
+            "CREATE INDEX relay_received ON relay (received_at)",
         ),
     ),
 )
@@ -727,6 +762,11 @@ class PostgresStore:
         self._data_dir = data_dir
         #: Outbound entries per (bot, conversation), estimated from above (see _insert_outbound).
         self._outbound_counts: dict[tuple[str, str], int] = {}
+        #: The relay's waiters (bot -> the event a notification sets) and the bots notified
+        #: since their last ``relay_pending`` (a wake-up between a read and a wait is kept).
+        #: Shared by the fenced views (copies share these objects).
+        self._relay_events: dict[str, trio.Event] = {}
+        self._relay_woken: set[str] = set()
 
     @property
     def url(self) -> str:
@@ -1009,7 +1049,8 @@ class PostgresStore:
         return await self._call(_get_last_direct, bot)
 
     async def prune(self, *, now: float) -> None:
-        """Drop expired dedup keys and outbound entries completed more than 30 days ago, in
+        """Drop expired dedup keys, outbound entries completed more than 30 days ago and
+        relayed bodies nobody took in :data:`~dshim.store.base.RELAY_MAX_AGE_S`, in
         transactions of at most :data:`PRUNE_BATCH` rows per table."""
         while await self._call(_prune, now, PRUNE_BATCH) >= PRUNE_BATCH:
             pass
@@ -1049,6 +1090,78 @@ class PostgresStore:
     async def leases(self) -> list[Lease]:
         """Every bot's lease, held or expired, by bot."""
         return await self._call(_leases)
+
+    # -- the webhook relay (RelaysWebhooks) --------------------------------------------------
+
+    async def relay_put(self, bot: str, body: bytes, *, now: float) -> int:
+        """Keep a verified webhook body for ``bot``; its runner is notified at the commit
+        (one statement).  Not fenced: the receiving instance does not run the bot."""
+        return await self._call(_relay_put, bot, body, now)
+
+    async def relay_pending(self, bot: str, *, limit: int) -> list[Relayed]:
+        """The bot's relayed bodies, oldest first.  Always from the first: a body whose
+        insert committed late (a lower ``seq`` than one already read) is never skipped."""
+        self._relay_woken.discard(bot)
+        return await self._call(_relay_pending, bot, limit)
+
+    async def relay_done(self, bot: str, seq: int) -> None:
+        """The runner accepted the body (its messages are in the inbox): it goes.  Fenced."""
+        await self._call(_relay_done, bot, seq, self._fence(bot))
+
+    async def relay_wait(self, bot: str) -> None:
+        """Until a body for ``bot`` was put since the last :meth:`relay_pending` of it (by
+        any instance, seen through :meth:`listen_relays`); callers bound it with a timeout."""
+        root = self._root
+        if bot in root._relay_woken:
+            await trio.lowlevel.checkpoint()
+            return
+        event = root._relay_events.get(bot)
+        if event is None:
+            event = root._relay_events[bot] = trio.Event()
+        await event.wait()
+
+    def _wake(self, bots: Sequence[str] | None) -> None:
+        """Notified: wake the waiters of ``bots`` (None: of every bot; after the listener
+        (re)connected, notifications may have been missed meanwhile)."""
+        root = self._root
+        names = list(root._relay_events) if bots is None else bots
+        for bot in names:
+            root._relay_woken.add(bot)
+            event = root._relay_events.pop(bot, None)
+            if event is not None:
+                event.set()
+
+    async def listen_relays(self) -> None:
+        """Receive the relay's notifications on a connection of its own and wake the
+        waiters, until cancelled; a lost connection is opened again (the waiters poll
+        meanwhile)."""
+        root = self._root
+        while True:
+            pool = root._pool
+            if pool is None:
+                return
+            conninfo = pool.conninfo
+            assert isinstance(conninfo, str)  # open_postgres_store gives a string
+            try:
+                conn = await trio.to_thread.run_sync(
+                    _connect, conninfo, root._where, root._password
+                )
+            except StoreError as exc:
+                log.warning("relay_listener_failed", error=str(exc)[:300])
+                await trio.sleep(LISTEN_RETRY_S)
+                continue
+            try:
+                await trio.to_thread.run_sync(_listen, conn)
+                log.debug("relay_listening", channel=RELAY_CHANNEL)
+                self._wake(None)
+                while True:
+                    self._wake(await trio.to_thread.run_sync(_notified, conn, LISTEN_POLL_S))
+            except psycopg.Error as exc:
+                log.warning("relay_listener_failed", error=redact(str(exc), root._password)[:300])
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(conn.close)
+            await trio.sleep(LISTEN_RETRY_S)
 
     def fenced(self, lease: Lease) -> PostgresStore:
         """The store as the bot of ``lease`` writes it: the same pool; every write of that
@@ -1694,7 +1807,12 @@ def _prune(conn: _Conn, now: float, limit: int) -> int:
             " SELECT id FROM outbound WHERE completed_at < %s LIMIT %s)",
             (now - OUTBOUND_MAX_AGE_S, limit),
         ).rowcount
-    return max(keys, entries)
+        relayed = conn.execute(
+            "DELETE FROM relay WHERE seq IN ("
+            " SELECT seq FROM relay WHERE received_at < %s LIMIT %s)",
+            (now - RELAY_MAX_AGE_S, limit),
+        ).rowcount
+    return max(keys, entries, relayed)
 
 
 def _begin_turn(
@@ -1818,6 +1936,47 @@ def _instances(conn: _Conn, within_s: float) -> list[Instance]:
     return [Instance(name=n, started_at=float(a), seen_at=float(b)) for n, a, b in rows]
 
 
+def _relay_put(conn: _Conn, bot: str, body: bytes, now: float) -> int:
+    row = conn.execute(
+        "WITH r AS (INSERT INTO relay (bot, body, received_at) VALUES (%(bot)s, %(body)s,"
+        " %(now)s) RETURNING seq) SELECT r.seq, pg_notify(%(channel)s, %(bot)s) FROM r",
+        {"bot": bot, "body": body, "now": now, "channel": RELAY_CHANNEL},
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _relay_pending(conn: _Conn, bot: str, limit: int) -> list[Relayed]:
+    rows = conn.execute(
+        "SELECT seq, body FROM relay WHERE bot = %s ORDER BY seq LIMIT %s", (bot, limit)
+    ).fetchall()
+    return [Relayed(int(seq), bytes(body)) for seq, body in rows]
+
+
+_RELAY_DONE = _with_fence(
+    "WITH d AS (DELETE FROM relay WHERE bot = %(bot)s AND seq = %(seq)s) SELECT {fence}"
+)
+
+
+def _relay_done(conn: _Conn, bot: str, seq: int, fence: _Fence | None) -> None:
+    _run(conn, _RELAY_DONE, {"bot": bot, "seq": seq}, fence)
+
+
+def _listen(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(f"LISTEN {RELAY_CHANNEL}")
+
+
+def _notified(conn: psycopg.Connection[Any], timeout: float) -> list[str]:
+    """The bots notified within ``timeout`` (at least one notification ends the wait)."""
+    bots: list[str] = []
+    for notify in conn.notifies(timeout=timeout, stop_after=1):
+        bots.append(notify.payload)
+    # What arrived with it (a burst), without waiting.
+    for notify in conn.notifies(timeout=0.0):
+        bots.append(notify.payload)
+    return bots
+
+
 def _schema_version(conn: _Conn) -> int:
     row = conn.execute("SELECT version FROM dshim_schema").fetchone()
     return 0 if row is None else int(row[0])
@@ -1825,5 +1984,7 @@ def _schema_version(conn: _Conn) -> int:
 
 if TYPE_CHECKING:  # the store and its fenced view implement both protocols
 
-    def _implements(store: PostgresStore, lease: Lease) -> tuple[Store, SharesBots, Store]:
-        return store, store, store.fenced(lease)
+    def _implements(
+        store: PostgresStore, lease: Lease
+    ) -> tuple[Store, SharesBots, RelaysWebhooks, Store]:
+        return store, store, store, store.fenced(lease)
