@@ -30,6 +30,7 @@ every bot ended on its own), with no traceback.
 from __future__ import annotations
 
 import functools
+import html
 import os
 import random
 import signal
@@ -38,7 +39,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import msgspec
 import structlog
@@ -56,6 +57,7 @@ from dshim.channels.base import (
     Inbound,
     RawDecoder,
     WebSocketHandler,
+    relay_hook,
 )
 from dshim.channels.registry import load_channel
 from dshim.config import BotConfig, Config, SubstituteTarget, settings_of
@@ -79,7 +81,7 @@ from dshim.net.http import counting_requests
 from dshim.outbound import Outbound
 from dshim.pipeline.runtime import BotRuntime, Clock, Observer, open_bot_runtime, wall_clock
 from dshim.store import open_store_from_config
-from dshim.store.base import BoundStore, SharesBots, Store
+from dshim.store.base import BotRelay, BoundStore, RelaysWebhooks, SharesBots, Store
 from dshim.store.lock import hold_data_dir_lock
 
 log = structlog.get_logger("dshim.serve")
@@ -145,6 +147,13 @@ class ServeHost(HasDataDir):
     @property
     def clock(self) -> Callable[[], float]:
         return self._clock
+
+    @property
+    def relay(self) -> BotRelay | None:
+        """The bot's webhook relay when the store is shared (a webhook another instance
+        received comes this way), else None."""
+        store = self._store
+        return BotRelay(store, self._bot.name, self._clock) if _relays(store) else None
 
     @property
     def data_dir(self) -> Path | None:
@@ -470,9 +479,13 @@ async def serve_bots(
             started_at=clock(),
         )
 
+        def elsewhere(bot: BotConfig, channel: Channel) -> None:
+            if endpoint is not None:
+                mount_elsewhere(endpoint, bot, channel, store, clock)
+
         async def leased(bot: BotConfig, channel: Channel) -> None:
             results[bot.name] = await run_leased(
-                bot, channel, keeper, store, shutdown, host_for, statuses
+                bot, channel, keeper, store, shutdown, host_for, statuses, elsewhere=elsewhere
             )
 
         async def stop_keeper() -> None:
@@ -482,10 +495,14 @@ async def serve_bots(
         async with trio.open_nursery() as nursery:
             await nursery.start(keeper.run)
             nursery.start_soon(stop_keeper)
+            if isinstance(store, RelaysWebhooks):
+                nursery.start_soon(store.listen_relays)
             log.info("instance_started", instance=keeper.instance, lease_s=keeper.lease_s)
             async with trio.open_nursery() as bots:
                 for bot in enabled:
-                    bots.start_soon(leased, bot, channel_of(bot))
+                    channel = channel_of(bot)
+                    elsewhere(bot, channel)  # served before the endpoint's first request
+                    bots.start_soon(leased, bot, channel)
                 task_status.started()
             await keeper.release_all()
             nursery.cancel_scope.cancel()
@@ -530,13 +547,19 @@ async def run_leased(
     shutdown: trio.Event,
     host_for: Callable[[BotConfig, Store, trio.Event], ServeHost],
     statuses: BotStatuses | None = None,
+    *,
+    elsewhere: Callable[[BotConfig, Channel], None] | None = None,
 ) -> str:
     """One bot of a shared store: run it whenever this instance holds its lease, until
     shutdown.  A lost lease cuts the run at once; a handover stops it gracefully and
-    gives the lease up; a bot that stopped for good keeps its lease, parked."""
+    gives the lease up; a bot that stopped for good keeps its lease, parked.
+    ``elsewhere(bot, channel)`` is called whenever the bot does not run here (at the
+    start and after each run): what the endpoint serves for it meanwhile."""
     ended = "shutdown"
     with structlog.contextvars.bound_contextvars(bot=bot.name, channel=bot.channel):
         while True:
+            if elsewhere is not None:
+                elsewhere(bot, channel)
             if statuses is not None and bot.name not in keeper.held:
                 statuses.elsewhere(bot.name, "another instance holds its lease and runs it")
             held = await keeper.granted(bot.name)
@@ -559,6 +582,54 @@ async def run_leased(
                 keeper.park(bot.name)
                 return ended
             await keeper.release(bot.name)
+
+
+def mount_elsewhere(
+    endpoint: Endpoint, bot: BotConfig, channel: Channel, store: SharesBots, clock: Clock
+) -> None:
+    """What this instance's endpoint serves for ``bot`` while another instance runs it:
+    the channel's relay handler at its webhook route (a webhook may reach any instance
+    behind a load balancer: verified here, run by the lease holder), the web chat's page
+    naming the instance that runs it; nothing for the other channels."""
+    endpoint.unmount(bot.name)
+    hook = relay_hook(channel)
+    if hook is not None and _relays(store):
+        endpoint.mount(bot.name, "", hook(bot, BotRelay(store, bot.name, clock)), public=True)
+    elif bot.channel == ROOT_CHANNEL:
+        endpoint.mount(bot.name, "", elsewhere_page(bot.name, store))
+
+
+def _relays(store: object) -> TypeGuard[RelaysWebhooks]:
+    return isinstance(store, RelaysWebhooks)
+
+
+def elsewhere_page(bot: str, store: SharesBots) -> HttpHandler:
+    """The web chat's page on an instance that does not run it: 503 and the name of the
+    instance that does (its chat and history live there)."""
+
+    async def page(request: HttpRequest) -> HttpResponse:
+        try:
+            owner = next((lease.owner for lease in await store.leases() if lease.bot == bot), None)
+        except DshimError:
+            owner = None
+        where = (
+            f"on the dshim instance <b>{html.escape(owner)}</b>"
+            if owner
+            else "on another dshim instance (none holds it right now: try again shortly)"
+        )
+        body = (
+            "<!doctype html><meta charset=utf-8><title>dshim: this chat runs elsewhere</title>"
+            f"<h1>This chat runs elsewhere</h1><p>The web chat <b>{html.escape(bot)}</b> runs "
+            f"{where}. Open that instance's address; see docs/multi-instance.md (web chat)."
+        ).encode()
+        return HttpResponse(
+            503,
+            body,
+            "text/html; charset=utf-8",
+            (("cache-control", "no-store"), ("retry-after", "5")),
+        )
+
+    return page
 
 
 async def _set_on_first(target: trio.Event, events: Sequence[trio.Event]) -> None:

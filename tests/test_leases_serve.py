@@ -10,7 +10,7 @@ anything (its leases simply stop being renewed), as a SIGKILL leaves them.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +21,7 @@ import trio
 from dshim.channels.registry import parse_config
 from dshim.config import Config
 from dshim.harness.echo import EchoHarness
+from dshim.http.app import Endpoint
 from dshim.serve import serve_bots
 from dshim.sharing import sharing_report
 from dshim.store import open_store_from_config
@@ -58,9 +59,13 @@ class Instance:
 
 @asynccontextmanager
 async def instances(
-    config: Config, tmp_path: Path, names: list[str]
+    config: Config,
+    tmp_path: Path,
+    names: list[str],
+    endpoints: Mapping[str, Endpoint] | None = None,
 ) -> AsyncIterator[tuple[list[Instance], trio.Nursery]]:
-    """The named instances, running; leaving the block stops them gracefully."""
+    """The named instances, running (``endpoints``: each one's HTTP endpoint, by name);
+    leaving the block stops them gracefully."""
     async with AsyncExitStack() as stack, trio.open_nursery() as nursery:
         running: list[Instance] = []
 
@@ -78,6 +83,7 @@ async def instances(
                             shutdown=inst.shutdown,
                             harness=EchoHarness(),
                             instance=name,
+                            endpoint=(endpoints or {}).get(name),
                         )
                 finally:
                     inst.done.set()

@@ -79,7 +79,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_check
 import msgspec
 import trio
 
-from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget
+from dshim.config import BotConfig, ChannelSettings, Secret, SubstituteTarget, settings_of
 from dshim.errors import DshimError
 from dshim.http.types import (
     HttpHandler,
@@ -102,7 +102,7 @@ from dshim.outbound import (
     WatchesDelivery,
     WatchesStop,
 )
-from dshim.store.base import LoggedMessage, OutboundEntry
+from dshim.store.base import LoggedMessage, OutboundEntry, Relayed
 
 if TYPE_CHECKING:
     import httpx
@@ -126,6 +126,8 @@ __all__ = [
     "FixtureError",
     "HasDataDir",
     "HasLoginFn",
+    "HasRelay",
+    "HasRelayFn",
     "HasLoginPhone",
     "Identity",
     "Inbound",
@@ -133,6 +135,9 @@ __all__ = [
     "LoggedMessage",
     "LoginContext",
     "LoginFn",
+    "Relay",
+    "RelayFn",
+    "Relayed",
     "LogsIn",
     "Outbound",
     "OutboundEntry",
@@ -158,6 +163,9 @@ __all__ = [
     "WebSocketHandler",
     "data_dir_of",
     "login_hook",
+    "relay_hook",
+    "relay_of",
+    "settings_of",
     "login_phone_of",
 ]
 
@@ -380,6 +388,62 @@ class HasDataDir(Protocol):
 
     @property
     def data_dir(self) -> Path | None: ...
+
+
+class Relay(Protocol):
+    """A bot's webhook relay in a store several instances share (PostgreSQL): the bodies
+    an instance that does not run the bot received and verified, for the one that does.
+
+    The endpoint of an instance that does not run the bot ``put``s (the channel's
+    :data:`RelayFn` handler); the bot's runner reads ``pending`` in arrival order, takes
+    each body as if it had arrived at its own webhook and, once its messages are accepted,
+    marks it ``done`` (a fenced write); ``wait`` returns when another body was put (woken
+    by the store's notifications; bound it with a timeout and read again).
+    """
+
+    async def put(self, body: bytes) -> None: ...
+
+    async def pending(self, limit: int) -> list[Relayed]: ...
+
+    async def done(self, seq: int) -> None: ...
+
+    async def wait(self) -> None: ...
+
+
+@runtime_checkable
+class HasRelay(Protocol):
+    """A :class:`BotHost` whose store relays webhooks between instances (see
+    :func:`relay_of`)."""
+
+    @property
+    def relay(self) -> Relay | None: ...
+
+
+def relay_of(host: object) -> Relay | None:
+    """The bot's webhook relay (optional feature :class:`HasRelay`), or None: the store is
+    not shared, webhooks arrive where the bot runs."""
+    return host.relay if isinstance(host, HasRelay) else None
+
+
+#: ``relay_fn(bot, relay)``: the handler an instance that does not run ``bot`` mounts at
+#: the bot's webhook route (``/hooks/<bot>``, public): it verifies a request as the
+#: channel's own handler does and ``put``s what the runner must take (a channel whose
+#: events arrive by webhook names one, see ``ChannelSpec.relay_fn``).
+RelayFn = Callable[[BotConfig, Relay], HttpHandler]
+
+
+@runtime_checkable
+class HasRelayFn(Protocol):
+    """A :class:`Channel` that may relay its webhooks (:class:`ChannelSpec` does)."""
+
+    @property
+    def relay_fn(self) -> RelayFn | None: ...
+
+
+def relay_hook(channel: object) -> RelayFn | None:
+    """The channel's relay handler factory (``ChannelSpec.relay_fn``), or None."""
+    hook: object = channel.relay_fn if isinstance(channel, HasRelayFn) else None
+    return hook if callable(hook) else None
 
 
 # --- replay -------------------------------------------------------------------------------------
@@ -663,7 +727,7 @@ def data_dir_of(host: object) -> Path | None:
 
 
 @dataclass(frozen=True, slots=True)
-class ChannelSpec(HasLoginFn):
+class ChannelSpec(HasLoginFn, HasRelayFn):
     """A :class:`Channel` made of a channel module's functions.
 
     ``run(host, *, task_status)``, ``replay_adapter(source)`` and ``probe(rows)`` are the
@@ -678,6 +742,8 @@ class ChannelSpec(HasLoginFn):
     probe_fn: Callable[[ProbeRows], Awaitable[None]]
     #: Optional interactive login (``dshim login BOT``), see :func:`login_hook`.
     login_fn: LoginFn | None = None
+    #: Optional webhook relay handler (instances sharing the bots), see :func:`relay_hook`.
+    relay_fn: RelayFn | None = None
 
     async def run(
         self, host: BotHost, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -275,6 +275,11 @@ class Endpoint:
         """Serve websockets at ``/hooks/<bot>/<path>`` (and the root, for the root bot)."""
         self._mounts(bot).websocket[_norm(path)] = handler
 
+    def unmount(self, bot: str) -> None:
+        """Nothing more at ``/hooks/<bot>/…`` (the bot stopped in this process: another
+        instance runs it)."""
+        self._bots.pop(bot, None)
+
     def _mounts(self, bot: str) -> _Mounts:
         mounts = self._bots.get(bot)
         if mounts is None:

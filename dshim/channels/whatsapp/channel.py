@@ -39,6 +39,7 @@ import trio
 from msgspec import UNSET
 
 from dshim.channels.base import (
+    BotConfig,
     BotHost,
     ChannelSettings,
     ChannelSpec,
@@ -46,6 +47,7 @@ from dshim.channels.base import (
     Check,
     ExpandsEvents,
     FixtureError,
+    HttpHandler,
     HttpRequest,
     HttpResponse,
     Identity,
@@ -53,8 +55,11 @@ from dshim.channels.base import (
     ProbeResult,
     ProbeRows,
     ReceivesEvents,
+    Relay,
     ReplaySource,
     Secret,
+    relay_of,
+    settings_of,
 )
 from dshim.channels.kit.index import record_inbound, reference_from
 from dshim.channels.kit.retry import until_ok
@@ -64,7 +69,14 @@ from dshim.channels.whatsapp.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_
 from dshim.channels.whatsapp.protocol import BodyError, BotIdentity, Decoded, Part
 from dshim.channels.whatsapp.render import WhatsAppOutbound, split
 from dshim.channels.whatsapp.util import close_jobs
-from dshim.errors import AuthError, ChannelError, TransportError, single_error
+from dshim.errors import (
+    AuthError,
+    ChannelError,
+    FencedError,
+    StoreError,
+    TransportError,
+    single_error,
+)
 from dshim.model import InboundMessage, Loader, ReplyReference, Skip
 from dshim.net.http import count_request, map_httpx_errors, open_http
 
@@ -72,6 +84,10 @@ log = structlog.get_logger("dshim.whatsapp")
 
 #: Webhook jobs waiting for the reader (more requests wait: backpressure, Meta retries).
 JOB_QUEUE = 32
+#: Relayed bodies read per store call, and how long the runner waits for a relay
+#: notification before it reads again (notifications are a wake-up, the table the truth).
+RELAY_BATCH = 16
+RELAY_POLL_S = 5.0
 TEST_MESSAGE = "dshim connection test"
 WINDOW_S = 24 * 3600.0
 _PHONE_ID = re.compile(r"^\d{5,20}$")
@@ -234,6 +250,7 @@ class Webhook:
         store: ChannelStore,
         clock: Callable[[], float],
         bot: str,
+        relay: Relay | None = None,
     ) -> None:
         self.me = me
         self.bot = bot
@@ -245,6 +262,7 @@ class Webhook:
         self._fetcher = client.fetcher
         self._jobs_in, self._jobs_out = trio.open_memory_channel[Job](JOB_QUEUE)
         self.closed = False
+        self._relay = relay
 
     def decode(self, raw: bytes) -> Decoded:
         return protocol.decode_event(raw, self.me, loader=self._loader, fetcher=self._fetcher)
@@ -258,46 +276,35 @@ class Webhook:
     async def handle(self, request: HttpRequest) -> HttpResponse:
         """``GET``: the verification handshake; ``POST``: a signed notification."""
         with structlog.contextvars.bound_contextvars(bot=self.bot, channel="whatsapp"):
-            if request.method in ("GET", "HEAD"):
-                challenge = protocol.challenge_answer(request.query, self._verify)
-                if challenge is None:
-                    log.info("verification_refused")
-                    return _text(403, "forbidden")
-                log.info("verification_answered")
-                return _text(200, challenge)
             if request.method != "POST":
-                return HttpResponse(
-                    405, b"", "text/plain; charset=utf-8", headers=(("allow", "GET, POST"),)
-                )
-            return await self._notification(request)
+                return verification(request, self._verify)
+            refused = unsigned(request, self._secret)
+            return refused if refused is not None else await self._notification(request)
 
     async def _notification(self, request: HttpRequest) -> HttpResponse:
-        header = request.header(protocol.SIGNATURE_HEADER)
-        if not protocol.signature_ok(self._secret, request.body, header):
-            log.warning(
-                "webhook_refused", reason="missing signature" if not header else "bad signature"
-            )
-            return _text(401, "bad signature")
-        try:
-            parts = protocol.split_body(request.body)
-        except BodyError as exc:
-            # Signed by Meta but unreadable: a retry would carry the same bytes, so it is
-            # the pipeline's malformed drop (logged, counted), answered 200.
-            # Its bytes go along so a capture keeps the dropped body, as it keeps every event.
-            parts = [Part("malformed", request.body, detail=str(exc)[:300])]
+        parts = parts_of(request.body)
         if not parts:
             return _text(200, "ok")
         if self.closed:
-            return _text(503, "restarting")
+            return await self._stopping(request.body)
         job = Job(parts)
         try:
             await self._jobs_in.send(job)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
-            return _text(503, "restarting")
+            return await self._stopping(request.body)
         await job.done.wait()
         if not job.accepted:
-            return _text(503, "restarting")  # Meta delivers it again after the restart
+            return await self._stopping(request.body)
         return _text(200, "ok")
+
+    async def _stopping(self, body: bytes) -> HttpResponse:
+        """The bot stops (a restart, a handover, a lost lease): with a shared store the
+        body goes to the relay for whichever instance runs the bot next; else 503 and
+        Meta delivers it again after the restart (the pipeline's dedup drops what was
+        already accepted)."""
+        if self._relay is None:
+            return _text(503, "restarting")
+        return await relayed(self._relay, body)
 
     # -- the reader (the bot's task) ------------------------------------------------------
 
@@ -307,6 +314,8 @@ class Webhook:
             with single_error():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._watch_fatal)
+                    if self._relay is not None:
+                        nursery.start_soon(self._drain, self._relay)
                     async for job in self._jobs_out:
                         try:
                             job.accepted = await self._take(rt, job)
@@ -320,6 +329,36 @@ class Webhook:
         error = self.outbound.fatal_error or AuthError("WhatsApp rejected the access token")
         log.error("token_rejected", code=190, detail="the access token expired or was revoked")
         raise error
+
+    async def _drain(self, relay: Relay) -> None:
+        """Take the bodies other instances received for this bot (the relay), oldest
+        first, each as one job of the one reader; a body goes from the relay once its
+        messages are accepted (a fenced write: a lost lease cannot take it)."""
+        while True:
+            try:
+                batch = await relay.pending(RELAY_BATCH)
+            except StoreError as exc:
+                if isinstance(exc, FencedError):
+                    raise
+                log.warning("relay_unavailable", error=str(exc)[:300])
+                await trio.sleep(RELAY_POLL_S)
+                continue
+            for item in batch:
+                parts = parts_of(item.body)
+                if parts:
+                    job = Job(parts)
+                    try:
+                        await self._jobs_in.send(job)
+                    except (trio.ClosedResourceError, trio.BrokenResourceError):
+                        return
+                    await job.done.wait()
+                    if not job.accepted:
+                        return  # stopping: the body stays for the next runner
+                    log.info("relayed_webhook_taken", seq=item.seq, parts=len(parts))
+                await relay.done(item.seq)
+            if len(batch) < RELAY_BATCH:
+                with trio.move_on_after(RELAY_POLL_S):
+                    await relay.wait()
 
     async def _take(self, rt: Inbound, job: Job) -> bool:
         for part in job.parts:
@@ -346,6 +385,76 @@ class Webhook:
         """No more jobs: queued ones are answered 503 (Meta delivers them again)."""
         self.closed = True
         close_jobs(self._jobs_in, self._jobs_out, lambda job: job.done.set())
+
+
+# --- the webhook's checks, shared with the relay -----------------------------------------
+
+
+def verification(request: HttpRequest, verify_token: str) -> HttpResponse:
+    """A request that is not a POST: the verification handshake (``GET``/``HEAD``)."""
+    if request.method in ("GET", "HEAD"):
+        challenge = protocol.challenge_answer(request.query, verify_token)
+        if challenge is None:
+            log.info("verification_refused")
+            return _text(403, "forbidden")
+        log.info("verification_answered")
+        return _text(200, challenge)
+    return HttpResponse(405, b"", "text/plain; charset=utf-8", headers=(("allow", "GET, POST"),))
+
+
+def unsigned(request: HttpRequest, secret: bytes) -> HttpResponse | None:
+    """The 401 for a POST whose signature is missing or wrong (checked on its raw bytes),
+    None when Meta signed it."""
+    header = request.header(protocol.SIGNATURE_HEADER)
+    if protocol.signature_ok(secret, request.body, header):
+        return None
+    log.warning("webhook_refused", reason="missing signature" if not header else "bad signature")
+    return _text(401, "bad signature")
+
+
+def parts_of(body: bytes) -> list[Part]:
+    """A signed body's messages and statuses, in order; an unreadable one is one
+    malformed part (a retry would carry the same bytes: the pipeline's malformed drop,
+    answered 200), its bytes kept so a capture keeps the dropped body."""
+    try:
+        return protocol.split_body(body)
+    except BodyError as exc:
+        return [Part("malformed", body, detail=str(exc)[:300])]
+
+
+async def relayed(relay: Relay, body: bytes) -> HttpResponse:
+    """Keep a signed body in the relay for the instance that runs the bot: 200 once it is
+    stored (Meta does not send it again), 503 when the store cannot take it (it does)."""
+    try:
+        await relay.put(body)
+    except StoreError as exc:
+        log.warning("relay_failed", error=str(exc)[:300])
+        return _text(503, "store unavailable")
+    log.info("webhook_relayed", bytes=len(body))
+    return _text(200, "ok")
+
+
+def relay_handler(bot: BotConfig, relay: Relay) -> HttpHandler:
+    """``/hooks/<bot>`` on an instance that does not run ``bot`` (a shared store): the
+    same verification and signature check as the bot's own webhook; a signed body with
+    messages or statuses goes to the relay, and the instance holding the bot's lease
+    takes it (woken by the store's notification)."""
+    settings = settings_of(bot, WhatsAppSettings)
+    secret = settings.app_secret.get().encode()
+    verify = settings.verify_token.get()
+
+    async def handle(request: HttpRequest) -> HttpResponse:
+        with structlog.contextvars.bound_contextvars(bot=bot.name, channel="whatsapp"):
+            if request.method != "POST":
+                return verification(request, verify)
+            refused = unsigned(request, secret)
+            if refused is not None:
+                return refused
+            if not parts_of(request.body):
+                return _text(200, "ok")  # nothing to run (a self-test, an empty change)
+            return await relayed(relay, request.body)
+
+    return handle
 
 
 async def run(
@@ -380,6 +489,7 @@ async def run(
             store=host.store,
             clock=host.clock,
             bot=host.bot.name,
+            relay=relay_of(host),
         )
         try:
             async with host.open_runtime(
@@ -590,6 +700,8 @@ async def probe(rows: ProbeRows) -> None:
 
 
 #: key, settings, run, replay adapter, probe (see ChannelSpec).
-CHANNEL = ChannelSpec("whatsapp", WhatsAppSettings, run, ReplayAdapter, probe)
+CHANNEL = ChannelSpec(
+    "whatsapp", WhatsAppSettings, run, ReplayAdapter, probe, relay_fn=relay_handler
+)
 
 __all__ = ["CHANNEL", "WhatsAppSettings"]
