@@ -39,7 +39,7 @@ Quoted content needs no such rule: it travels JSON-encoded inside the reply bloc
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from dshim.config import SOURCE_FIELDS, PromptConfig
 from dshim.model import (
@@ -241,6 +241,23 @@ def assemble(
     parts.extend(images)
     parts.extend(saved)
     return parts
+
+
+def agent_command(text: str, names: Collection[str]) -> str | None:
+    """``text`` as an agent command (``/name [args]``, trimmed) when its first word names
+    one of the agent's commands (``names``, lower case), else None."""
+    stripped = text.strip()
+    if not stripped.startswith("/"):
+        return None
+    name = stripped[1:].split(None, 1)[0].lower() if len(stripped) > 1 else ""
+    return stripped if name and name in names else None
+
+
+def command_parts(command: str) -> list[PromptPart]:
+    """The prompt of an agent command: the command as the only text block, as agents read
+    a command only from the prompt's first content block (codex-acp reads nothing else);
+    dshim's source and reply blocks would make it plain text to the model."""
+    return [TextPart(neutralize_tags(_normalize_newlines(command).strip()))]
 
 
 def session_title(text: str) -> str | None:

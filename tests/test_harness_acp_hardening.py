@@ -141,8 +141,46 @@ async def test_configured_mode_is_applied_to_new_and_resumed_sessions(tmp_path: 
     ]
     assert [s["params"]["configId"] for s in sets] == ["mode", "mode"]
     assert all(s["params"]["value"] == "ask" for s in sets)
-    assert "mode ask ([harness] mode = 'Ask')" in status
+    assert "mode ask, as the agent reports it ([harness] mode = 'Ask')" in status
     assert h.mode == "Ask"
+
+
+async def test_status_before_any_session_does_not_claim_the_configured_mode(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with rig_with(tmp_path, cfg={"mode": "Ask"}) as (rig, h):
+            before = await h.check()  # the agent runs, no session was opened yet
+            await ask(rig, "hello")
+            after = await h.check()
+    assert "mode not reported yet (no session opened; [harness] mode = 'Ask'" in before
+    assert "mode ask, as the agent reports it" in after
+
+
+async def test_a_chosen_model_is_applied_again_when_the_session_is_reopened(
+    tmp_path: Path,
+) -> None:
+    """The agent forgets the model when an idle session is closed (as codex-acp does): the
+    resumed session is switched back to the chat's choice before the next prompt."""
+    with trio.fail_after(DEADLINE_S):
+        async with rig_with(tmp_path, lanes={"idle_exit_s": 0.3}) as (rig, _):
+            await ask(rig, "hello")
+            await ask(rig, "/model fake-large")
+            chosen = await ask(rig, "first")
+            await wait_until(lambda: open_sessions(tmp_path) == [])
+            again = await ask(rig, "after the idle close")
+    assert chosen == "[fake-large] echo: first"
+    assert again == "[fake-large] echo: after the idle close"
+    journal = [json.loads(line) for line in (tmp_path / "journal.jsonl").read_text().splitlines()]
+    methods = [m.get("method") for m in journal]
+    resumed = methods.index("session/resume")
+    sets = [
+        i
+        for i, m in enumerate(journal)
+        if m.get("method") == "session/set_config_option" and m["params"].get("configId") == "model"
+    ]
+    assert len(sets) == 2 and sets[1] > resumed
+    assert methods.index("session/prompt", resumed) > sets[1]
 
 
 async def test_unknown_mode_is_logged_and_the_turn_still_runs(tmp_path: Path) -> None:
@@ -260,7 +298,7 @@ async def test_agent_commands_are_listed_and_reachable_with_agent(tmp_path: Path
     assert ours.startswith("Harness (acp): reachable")
     assert theirs == "agent status: fine"
     assert usage.startswith("Usage: /agent <command>")
-    assert passed == "echo: /compact now"
+    assert passed == "compacted: now"  # the command as the prompt's first block
 
 
 def test_child_pid_helper_sees_this_process() -> None:

@@ -21,7 +21,9 @@ from dshim.model import (
     TextPart,
 )
 from dshim.prompt import (
+    agent_command,
     assemble,
+    command_parts,
     files_block,
     inline_file_text,
     prompt_text,
@@ -422,3 +424,20 @@ def test_property_session_title(text: str) -> None:
         assert 0 < len(title) <= 60
         assert "\n" not in title and title == title.strip()
         assert not set(title) & REMOVED_CHARS
+
+
+def test_an_agent_command_is_its_first_word_among_the_agents_commands() -> None:
+    names = {"status", "compact"}
+    assert agent_command("  /compact keep the plan \n", names) == "/compact keep the plan"
+    assert agent_command("/STATUS", names) == "/STATUS"
+    assert agent_command("/compactor", names) is None
+    assert agent_command("please /compact", names) is None
+    assert agent_command("/", names) is None
+    assert agent_command("/status", set()) is None
+
+
+def test_an_agent_command_is_the_prompts_only_block_and_cannot_carry_dshim_tags() -> None:
+    parts = command_parts("/compact <dsh_im_source>x</dsh_im_source>\r\n")
+    assert len(parts) == 1 and isinstance(parts[0], TextPart)
+    assert parts[0].text.startswith("/compact ")
+    assert "<dsh_im_source>" not in parts[0].text

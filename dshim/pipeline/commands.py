@@ -177,6 +177,7 @@ async def _agent(ctx: CommandContext) -> None:
             msg=ctx.msg,
             text=agent_prompt(ctx.command.args),
             inbox_keys=_inbox_keys(ctx.msg),
+            agent_command=True,
         )
     )
 

@@ -50,6 +50,8 @@ class LaneItem(msgspec.Struct, kw_only=True):
     title_text: str | None = None
     #: Inbox keys to finish with this item (a batch covers several messages).
     inbox_keys: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    #: The text is an agent command (``/agent <command>``): sent as the prompt's only block.
+    agent_command: bool = False
 
 
 class Lane:

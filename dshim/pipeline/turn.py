@@ -47,7 +47,7 @@ from dshim.errors import (
     StoreError,
     TooLarge,
 )
-from dshim.harness.base import Harness, TurnContext
+from dshim.harness.base import Harness, HasAgentCommands, TurnContext
 from dshim.metrics import NO_METRICS, BotMetrics
 from dshim.model import (
     AGENT_FAILED_NOTE,
@@ -449,12 +449,26 @@ async def _prepare(deps: TurnDeps, turn: _Turn) -> list[PromptPart]:
         else:
             async with deps.capture.resolving(msg, deps.store, turn.session_id):
                 quoted = await reply_mod.resolve(msg.reply_to, ctx)
+    command = _agent_command(deps.harness, turn)
+    if command is not None:
+        return prompt_mod.command_parts(command)
     images, files, notes = await fetch_media(
         msg, deps.files, max_file_bytes=deps.bot.max_file_bytes
     )
     return prompt_mod.assemble(
         msg, quoted, deps.bot.prompt, images=images, files=files, notes=notes
     )
+
+
+def _agent_command(harness: Harness, turn: _Turn) -> str | None:
+    """The turn's text when it is an agent command: ``/agent <command>``, or a typed
+    ``/<name>`` that the agent lists among its commands (and dshim has none of)."""
+    text = turn.msg.content
+    if turn.item.agent_command:
+        return text.strip()
+    if not isinstance(harness, HasAgentCommands):
+        return None
+    return prompt_mod.agent_command(text, {c.name.lower() for c in harness.agent_commands})
 
 
 async def _ensure_session(deps: TurnDeps, turn: _Turn) -> bool:

@@ -31,7 +31,9 @@ notes, the ``<dsh_im_files>`` block -- is not a command):
 ``/recall``           ``recall: <earlier prompts of this session, joined by " | ">`` (kept
                       across ``session/close`` + ``session/resume``)
 ``/mode``             ``mode: <the session's current mode>``
-``/status``           ``agent status: fine`` (an agent command dshim's /status shadows)
+``/status``           ``agent status: fine`` (an agent command dshim's /status shadows);
+                      like ``/compact`` (``compacted``), an advertised command: it counts
+                      only as the prompt's first block, as real agents read commands
 ``/garbage``          one chunk, then a line that is not JSON
 ``/unknown-id``       one chunk, then a response to a request id the client never sent
 anything else         a thought ``thinking about: ...`` then ``echo: <text>`` in chunks,
@@ -63,6 +65,8 @@ from typing import Any
 
 import trio
 
+#: The commands the agent advertises (``available_commands_update``): name -> description.
+ADVERTISED = {"status": "Show the agent's own status", "compact": "Compact the conversation"}
 DEFAULT_MODEL = "fake-small"
 MODELS = [("fake-small", "Fake Small"), ("fake-large", "Fake Large")]
 
@@ -270,10 +274,10 @@ class FakeAgent:
             {
                 "sessionUpdate": "available_commands_update",
                 "availableCommands": [
-                    {"name": "status", "description": "Show the agent's own status"},
+                    {"name": "status", "description": ADVERTISED["status"]},
                     {
                         "name": "compact",
-                        "description": "Compact the conversation",
+                        "description": ADVERTISED["compact"],
                         "input": {"hint": "instructions"},
                     },
                 ],
@@ -396,6 +400,12 @@ class FakeAgent:
         current = users[0].strip() if users else ""
         words = current.split()
         command = words[0] if words and words[0].startswith("/") else ""
+        if command[1:] in ADVERTISED:
+            # Like codex-acp and claude-agent-acp: an advertised command counts only as
+            # the prompt's first content block; after dshim's blocks it is plain text.
+            first = blocks[0].get("text", "") if blocks and blocks[0].get("type") == "text" else ""
+            if first.strip().split()[:1] != [command]:
+                command = ""
         model = self.sessions[sid]["model"]
         prefix = f"[{model}] " if model != DEFAULT_MODEL else ""
         history: list[str] = self.sessions[sid]["history"]
@@ -408,6 +418,9 @@ class FakeAgent:
             return "end_turn"
         if command == "/status":
             await self.chunk(sid, "agent status: fine")
+            return "end_turn"
+        if command == "/compact":
+            await self.chunk(sid, f"compacted: {' '.join(words[1:]) or '-'}")
             return "end_turn"
         if command == "/child":
             child = subprocess.Popen(["sleep", "600"])  # noqa: ASYNC220 - a test fixture
