@@ -438,6 +438,11 @@ class AcpHarness:
         )
         self._not_before = 0.0
         self._aliases: dict[str, str] = {}
+        #: The model a chat chose (``/model``), by dshim's session id: applied again to the
+        #: session whenever it is reopened (agents such as codex-acp forget it on close).
+        self._models: dict[str, str] = {}
+        #: The mode the agent reported for the last session dshim opened (``/status``).
+        self._reported_mode: str | None = None
         self._spare: str | None = None
         self._closed = False
         self._nursery: trio.Nursery | None = None
@@ -573,6 +578,14 @@ class AcpHarness:
 
     async def _apply_mode(self, agent: _Agent, sid: str, state: _SessionState) -> None:
         """Switch a new or reopened session to ``[harness] mode`` (when it differs)."""
+        try:
+            await self._switch_mode(agent, sid, state)
+        finally:
+            option = protocol.category_option(state.config_options, "mode")
+            if option is not None and isinstance(option.get("currentValue"), str):
+                self._reported_mode = option["currentValue"]
+
+    async def _switch_mode(self, agent: _Agent, sid: str, state: _SessionState) -> None:
         if not self.mode:
             return
         option = protocol.category_option(state.config_options, "mode")
@@ -617,10 +630,16 @@ class AcpHarness:
                 option = protocol.category_option(state.config_options, "mode")
                 if option is not None and isinstance(option.get("currentValue"), str):
                     current = option["currentValue"]
-        if current is None and not self.mode:
-            return None
+        current = current or self._reported_mode
+        if current is None:
+            if not self.mode:
+                return None
+            return (
+                f"mode not reported yet (no session opened; [harness] mode = {self.mode!r} "
+                "is applied to each session)"
+            )
         if self.mode:
-            return f"mode {current or self.mode} ([harness] mode = {self.mode!r})"
+            return f"mode {current}, as the agent reports it ([harness] mode = {self.mode!r})"
         return f"mode {current} (the agent's default; set [harness] mode to change it)"
 
     async def close_session(self, session_id: str, *, reason: str) -> bool:
@@ -651,6 +670,7 @@ class AcpHarness:
             agent.sessions.pop(sid, None)
             if reason == "new":
                 self._aliases.pop(session_id, None)
+                self._models.pop(session_id, None)
         log.info("agent_session_closed", reason=reason)
         return True
 
@@ -675,12 +695,14 @@ class AcpHarness:
                     agent.sessions[sid] = state
                     log.info("agent_session_reopened", method=method)
                     await self._apply_mode(agent, sid, state)
+                    await self._apply_model(agent, session_id, sid, state)
                     return sid
                 except AgentRpcError as exc:
                     log.warning("agent_session_not_reopened", method=method, error=str(exc))
             new = await self._new_session(agent)
             self._aliases[session_id] = new
             log.warning("agent_session_replaced", reason="not resumable", method=method)
+            await self._apply_model(agent, session_id, new, agent.sessions[new])
             return new
 
     async def create_session(self, *, title: str | None) -> str:
@@ -817,22 +839,44 @@ class AcpHarness:
 
     async def select_model(self, session_id: str, model: str) -> str:
         agent, sid, state = await self._state(session_id)
+        chosen = await self._set_model(agent, sid, state, model)
+        self._models[session_id] = chosen
+        return chosen
+
+    async def _set_model(self, agent: _Agent, sid: str, state: _SessionState, model: str) -> str:
+        """Switch the session to ``model`` (config option or legacy ``session/set_model``)."""
         option = protocol.model_option(state.config_options)
         if option is not None:
             chosen = protocol.choose(model, protocol.select_values(option))
-            await self._set_option(agent, sid, state, option, chosen)
+            if option.get("currentValue") != chosen:
+                await self._set_option(agent, sid, state, option, chosen)
             return chosen
         legacy = state.legacy_models
         if legacy is not None and legacy.available_models:
             chosen = protocol.choose(model, [(m.model_id, m.name) for m in legacy.available_models])
-            await agent.conn.request(
-                "session/set_model",
-                {"sessionId": sid, "modelId": chosen},
-                timeout_s=self.request_timeout_s,
-            )
-            state.legacy_models = msgspec.structs.replace(legacy, current_model_id=chosen)
+            if legacy.current_model_id != chosen:
+                await agent.conn.request(
+                    "session/set_model",
+                    {"sessionId": sid, "modelId": chosen},
+                    timeout_s=self.request_timeout_s,
+                )
+                state.legacy_models = msgspec.structs.replace(legacy, current_model_id=chosen)
             return chosen
         raise HarnessError(NO_MODEL_SELECTION, code="models-unsupported")
+
+    async def _apply_model(
+        self, agent: _Agent, session_id: str, sid: str, state: _SessionState
+    ) -> None:
+        """A reopened (or replaced) session gets the model its chat chose again."""
+        model = self._models.get(session_id)
+        if model is None:
+            return
+        try:
+            await self._set_model(agent, sid, state, model)
+        except HarnessError as exc:
+            log.warning("agent_model_not_reapplied", model=model, error=str(exc)[:300])
+            return
+        log.info("agent_model_reapplied", model=model)
 
     async def steer(self, session_id: str, text: str) -> bool:
         agent = await self._ensure_agent()
@@ -954,7 +998,19 @@ class AcpHarness:
                 result="fail",
                 detail=f"[harness] mode = {self.mode!r} is not offered; available: {available}",
             )
-        return ProbeItem(name="mode", result="ok", detail=f"{chosen} (available: {available})")
+        if current != chosen:
+            return ProbeItem(
+                name="mode",
+                result="fail",
+                detail=f"[harness] mode = {self.mode!r} was applied, but the agent reports "
+                f"{current!r}; available: {available}",
+            )
+        return ProbeItem(
+            name="mode",
+            result="ok",
+            detail=f"{current}, as the agent reports it after dshim applied [harness] mode "
+            f"(available: {available})",
+        )
 
     async def aclose(self) -> None:
         self._closed = True
