@@ -314,6 +314,15 @@ async def test_agent_can_withdraw_its_request(tmp_path: Path) -> None:
 # -- failures -----------------------------------------------------------------------------------
 
 
+async def test_an_agent_killed_by_a_signal_is_said_so(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with acp_rig(tmp_path) as (rig, _):
+            killed = await ask(rig, "/crash kill")
+            assert await ask(rig, "after") == "echo: after"
+    assert "the agent process was killed by signal 9 (SIGKILL)" in killed
+    assert "exit status" not in killed
+
+
 async def test_agent_crash_gives_one_error_and_the_next_message_works(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         async with acp_rig(tmp_path) as (rig, h):

@@ -183,6 +183,21 @@ async def test_a_chosen_model_is_applied_again_when_the_session_is_reopened(
     assert methods.index("session/prompt", resumed) > sets[1]
 
 
+async def test_the_idle_close_record_names_its_conversation(tmp_path: Path) -> None:
+    with (
+        trio.fail_after(DEADLINE_S),
+        structlog.testing.capture_logs(
+            processors=[structlog.contextvars.merge_contextvars]
+        ) as logs,
+    ):
+        async with rig_with(tmp_path, lanes={"idle_exit_s": 0.3}) as (rig, _):
+            await ask(rig, "hello")
+            await wait_until(lambda: open_sessions(tmp_path) == [])
+    [closed] = [e for e in logs if e["event"] == "agent_session_closed"]
+    assert closed["reason"] == "idle"
+    assert closed["conversation"] == msg("x").conversation_id
+
+
 async def test_unknown_mode_is_logged_and_the_turn_still_runs(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE_S), structlog.testing.capture_logs() as logs:
         async with rig_with(tmp_path, cfg={"mode": "yolo"}) as (rig, _):
@@ -323,3 +338,9 @@ def test_login_text_names_the_agents_own_login_command() -> None:
     assert "run `claude /login` on the host" in text
     assert "run `codex login` on the host" in login_text(methods, ["npx", "codex-acp"])
     assert "log the agent in on the host" in login_text(methods, ["my-agent"])
+    # Started through node: the package folder in the script's path names the agent.
+    node = ["node", "/usr/lib/node_modules/@agentclientprotocol/codex-acp/dist/index.js"]
+    assert "run `codex login` on the host" in login_text(methods, node)
+    claude = ["/usr/bin/node", "/opt/claude-agent-acp/dist/index.js", "--cwd", "/home/codex"]
+    assert "run `claude /login` on the host" in login_text(methods, claude)
+    assert "log the agent in" in login_text(methods, ["node", "/srv/agents/mine/index.js"])

@@ -251,6 +251,24 @@ async def test_context_is_rebuilt_from_the_transcript_after_a_restart(tmp_path: 
     ]
 
 
+async def test_after_a_failed_turn_the_next_request_has_no_two_user_messages_in_a_row(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with open_fake_openai() as fake, oai_rig(tmp_path, fake) as (rig, _):
+            await ask(rig, "first question")
+            fake.fail_next(503, times=3)
+            failed = await ask(rig, "second question")
+            answer = await ask(rig, "third question")
+    assert failed.startswith("⚠️ The agent failed")
+    assert answer == "echo: third question"
+    messages = fake.chat_requests[-1].body["messages"]
+    roles = [m["role"] for m in messages]
+    assert roles == ["user", "assistant", "user"]
+    assert "second question" in messages[2]["content"]
+    assert messages[2]["content"].endswith("third question")
+
+
 async def test_context_keeps_the_newest_max_context_messages(tmp_path: Path) -> None:
     with trio.fail_after(DEADLINE_S):
         async with (

@@ -427,8 +427,17 @@ class OpenAIHarness:
                 rows = rows[: self.max_context_messages - 1]
             for row in reversed(rows):
                 if row.role in ("user", "assistant") and row.text.strip():
-                    messages.append({"role": row.role, "content": row.text})
-        messages.append({"role": "user", "content": self._user_content(current, parts)})
+                    _add_turn(messages, row.role, row.text)
+        content = self._user_content(current, parts)
+        if messages and messages[-1]["role"] == "user" and isinstance(content, str):
+            # The previous turn failed before any answer: one user message, not two in a
+            # row (several APIs refuse that); a retry of the same text is not repeated.
+            earlier = messages.pop()["content"]
+            content = content if earlier == content else f"{earlier}\n\n{content}"
+        elif messages and messages[-1]["role"] == "user":
+            earlier = messages.pop()["content"]
+            content = [{"type": "text", "text": earlier}, *content]
+        messages.append({"role": "user", "content": content})
         return messages
 
     def _user_content(self, text: str, parts: Sequence[PromptPart]) -> str | list[dict[str, Any]]:
@@ -725,6 +734,16 @@ class OpenAIHarness:
     async def aclose(self) -> None:
         if self._own_client:
             await self._client.aclose()
+
+
+def _add_turn(messages: list[dict[str, Any]], role: str, text: str) -> None:
+    """Append a transcript row, folding it into the previous message of the same role (an
+    unanswered prompt followed by the next one): roles alternate, as APIs expect."""
+    if messages and messages[-1]["role"] == role and role != "system":
+        earlier = messages[-1]["content"]
+        messages[-1]["content"] = text if earlier == text else f"{earlier}\n\n{text}"
+        return
+    messages.append({"role": role, "content": text})
 
 
 __all__ = ["OpenAIHarness", "SseDecoder", "SseItem", "parse_retry_after"]

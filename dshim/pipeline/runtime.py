@@ -441,15 +441,17 @@ class BotRuntime:
             log.warning("session_close_skipped", error=short(exc))
             return
         if binding is not None:
-            await self._close_session(binding.session_id, "idle")
+            await self._close_session(binding.session_id, "idle", key[0])
 
-    async def _close_session(self, session_id: str, reason: str) -> None:
+    async def _close_session(self, session_id: str, reason: str, conversation: str) -> None:
         if not isinstance(self.harness, ClosesSessions):
             return
-        try:
-            await self.harness.close_session(session_id, reason=reason)
-        except HarnessError as exc:
-            log.warning("session_close_failed", reason=reason, error=short(exc))
+        # The harness's records (``agent_session_closed``) name the conversation.
+        with structlog.contextvars.bound_contextvars(conversation=conversation):
+            try:
+                await self.harness.close_session(session_id, reason=reason)
+            except HarnessError as exc:
+                log.warning("session_close_failed", reason=reason, error=short(exc))
 
     # -- step 7 and lane items ---------------------------------------------------------
 
@@ -474,7 +476,7 @@ class BotRuntime:
                 )
                 await self.notifier.send_now(ReplyTarget.for_message(item.msg), text)
                 if old is not None:  # after the reply: closing may take the agent a while
-                    await self._close_session(old.session_id, "new")
+                    await self._close_session(old.session_id, "new", item.msg.conversation_id)
             else:
                 await run_turn(self.turn_deps, item, lane)  # finishes the inbox entries itself
                 return

@@ -31,6 +31,7 @@ them and :mod:`~dshim.harness.acp.harness` holds the state machine of sessions a
 from __future__ import annotations
 
 import base64
+import itertools
 import os
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -258,16 +259,29 @@ def auth_methods(value: Any) -> tuple[AuthMethod, ...]:
 LOGIN_COMMANDS = (("claude", "claude /login"), ("codex", "codex login"), ("gemini", "gemini"))
 
 
+def login_command(argv: Sequence[str]) -> str | None:
+    """The agent's own login command, known by the program's name — or, for an agent
+    started through its interpreter (``node …/claude-agent-acp/dist/index.js``), by the
+    package folder in its script's path."""
+    words = list(itertools.takewhile(lambda a: not a.startswith("-"), argv))  # no options
+    names = [os.path.basename(a).lower() for a in words]
+    for word, cmd in LOGIN_COMMANDS:
+        if any(word in name for name in names):
+            return cmd
+    folders = [p.lower() for a in words[1:] for p in a.split("/")[:-1] if "acp" in p.lower()]
+    for word, cmd in LOGIN_COMMANDS:
+        if any(word in folder for folder in folders):
+            return cmd
+    return None
+
+
 def login_text(methods: Sequence[AuthMethod], argv: Sequence[str]) -> str:
     """What to tell the user when the agent needs logging in (-32000 with ``authMethods``)."""
     ways = "; ".join(
         f"{m.name}" + (f" — {' '.join(m.description.split())[:200]}" if m.description else "")
         for m in methods
     )
-    command = next(
-        (cmd for word, cmd in LOGIN_COMMANDS if any(word in os.path.basename(a) for a in argv)),
-        None,
-    )
+    command = login_command(argv)
     how = (
         f"run `{command}` on the host as the user dshim runs as"
         if command

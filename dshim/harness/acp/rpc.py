@@ -236,6 +236,8 @@ class Connection:
         code = self.proc.returncode
         if code is None:
             return "the agent process stopped answering"
+        if code < 0:
+            return f"the agent process was killed by signal {-code}{_signal_name(-code)}"
         return f"the agent process exited unexpectedly (exit status {code})"
 
     async def close(self) -> None:
@@ -423,3 +425,11 @@ class Connection:
             call.resolve(result=env.result)
         else:
             call.resolve(error=RpcError(code=-32603, message="empty error"))
+
+
+def _signal_name(number: int) -> str:
+    """`` (SIGKILL)`` for 9; empty for a number this system does not name."""
+    try:
+        return f" ({signal.Signals(number).name})"
+    except ValueError:
+        return ""

@@ -25,7 +25,8 @@ notes, the ``<dsh_im_files>`` block -- is not a command):
 ``/clientreq``        sends ``fs/read_text_file`` to the client, reports the answer
 ``/error CODE``       answers the prompt with JSON-RPC error CODE
 ``/refuse``           ``stopReason: refusal``;  ``/maxtokens``: ``max_tokens``
-``/crash``            one chunk, then the process exits with status 3
+``/crash [kill]``     one chunk, then the process exits with status 3 (``kill``: SIGKILLs
+                      itself)
 ``/child [crash]``    starts a child process (``sleep``) in the agent's process group and
                       reports ``child <pid>``; then hangs (or exits with status 3)
 ``/recall``           ``recall: <earlier prompts of this session, joined by " | ">`` (kept
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -629,6 +631,8 @@ class FakeAgent:
             return "max_tokens"
         if command == "/crash":
             await self.chunk(sid, "about to crash ")
+            if "kill" in words[1:]:
+                os.kill(os.getpid(), signal.SIGKILL)
             os._exit(3)
         if command == "/garbage":
             await self.chunk(sid, "before garbage ")
