@@ -240,6 +240,66 @@ async def test_agent_children_do_not_outlive_a_crash(tmp_path: Path) -> None:
     assert after == "echo: still there?"
 
 
+def escaped(rig: Rig) -> list[int]:
+    """The pids of the ``/escape`` tools the chat was told of, in order."""
+    pids = [int(t.split("escaped ", 1)[1].split()[0]) for t in streamed(rig) if "escaped " in t]
+    return list(dict.fromkeys(pids))
+
+
+async def test_a_tool_in_its_own_session_does_not_outlive_a_stopped_turn(tmp_path: Path) -> None:
+    """The agent answers the cancel but leaves its tool (started with setsid, outside its
+    process group) running: dshim ends it after the grace; the agent itself goes on."""
+    with trio.fail_after(DEADLINE_S), structlog.testing.capture_logs() as logs:
+        async with rig_with(tmp_path) as (rig, h):
+            await ask(rig, "hello")
+            agent_pid = h.pid
+            await rig.rt.accept(msg("/escape"))
+            await wait_until(lambda: len(escaped(rig)) == 1)
+            [tool] = escaped(rig)
+            assert os.getpgid(tool) != agent_pid  # outside the agent's group
+            await rig.rt.accept(msg("/stop"))
+            await rig.rt.wait_idle()
+            stopped = trio.current_time()
+            await wait_until(lambda: not alive(tool))
+            ended_after = trio.current_time() - stopped
+            after = await ask(rig, "still there?")
+            assert h.pid == agent_pid  # the agent was not restarted
+    assert after == "echo: still there?"
+    assert ended_after < 10
+    [ended] = [e for e in logs if e["event"] == "agent_strays_ended"]
+    assert ended["pids"] == [tool] and "stopped" in ended["why"]
+
+
+async def test_a_tool_in_its_own_session_does_not_outlive_the_agent(tmp_path: Path) -> None:
+    with trio.fail_after(DEADLINE_S):
+        async with rig_with(tmp_path) as (rig, _):
+            answer = await ask(rig, "/escape crash")
+            [tool] = escaped(rig)
+            assert "exit status 3" in answer
+            await wait_until(lambda: not alive(tool))
+            assert await ask(rig, "after") == "echo: after"
+
+
+async def test_tools_the_agent_still_runs_for_another_turn_are_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Stopping one chat's turn while another chat's turn runs: nothing is ended (whose
+    tool it is cannot be told apart)."""
+    other = msg("/escape", conversation_id="77")
+    with trio.fail_after(DEADLINE_S):
+        async with rig_with(tmp_path) as (rig, _):
+            await rig.rt.accept(other)
+            await wait_until(lambda: len(escaped(rig)) == 1)
+            await rig.rt.accept(msg("/slow 50 100"))
+            await wait_until(lambda: any("chunk 1" in t for t in streamed(rig)))
+            await rig.rt.accept(msg("/stop"))
+            await trio.sleep(4)  # past the grace
+            [tool] = escaped(rig)
+            assert alive(tool)
+            await rig.rt.accept(msg("/stop", conversation_id="77"))
+            await wait_until(lambda: not alive(tool))
+
+
 async def test_agent_children_do_not_outlive_a_stop_timeout_or_shutdown(tmp_path: Path) -> None:
     def children(rig: Rig) -> list[int]:
         pids = [int(t.split("child ", 1)[1].split()[0]) for t in streamed(rig) if "child " in t]

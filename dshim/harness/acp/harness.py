@@ -60,6 +60,7 @@ advertises ``steering.supported`` in the initialize ``_meta``.
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from collections.abc import AsyncGenerator, Sequence
@@ -72,7 +73,7 @@ import trio
 
 from dshim.backoff import Backoff
 from dshim.errors import HarnessError
-from dshim.harness.acp import protocol
+from dshim.harness.acp import procs, protocol
 from dshim.harness.acp.models import (
     AUTH_REQUIRED,
     CONNECTION_LOST,
@@ -115,6 +116,9 @@ P = TypeVar("P", bound=msgspec.Struct)
 TURN_BUFFER = 512
 REQUEST_TIMEOUT_S = 60.0
 CANCEL_TIMEOUT_S = 10.0
+#: After a cancelled turn, how long the tools it started may take to stop by themselves
+#: before dshim ends them (:meth:`AcpHarness._end_turn_strays`).
+STRAY_GRACE_S = 2.0
 RESTART_BACKOFF_S = 1.0
 RESTART_BACKOFF_MAX_S = 30.0
 
@@ -150,6 +154,8 @@ class _Turn:
         self.cancelling = False
         self.open_requests: dict[RequestId, _OpenRequest] = {}
         self.updates = protocol.UpdateState()
+        #: When it started, in process start-time ticks (:func:`procs.now_ticks`).
+        self.started_ticks = procs.now_ticks()
         #: The pipeline's log context of this turn, bound by the reader per event (the
         #: reader task itself belongs to no turn).
         ctx = structlog.contextvars.get_contextvars()
@@ -199,8 +205,10 @@ class _Agent:
     It is the connection's :class:`~dshim.harness.acp.rpc.RpcHandler`.
     """
 
-    def __init__(self, proc: trio.Process, *, label: str, harness: AcpHarness) -> None:
-        self.conn = Connection(proc, label=label, handler=self, group=True)
+    def __init__(
+        self, proc: trio.Process, *, label: str, harness: AcpHarness, tag: str | None = None
+    ) -> None:
+        self.conn = Connection(proc, label=label, handler=self, group=True, tag=tag)
         self._harness = harness
         self.caps: Caps | None = None
         self.sessions: dict[str, _SessionState] = {}
@@ -496,6 +504,7 @@ class AcpHarness:
             raise HarnessError(
                 f"the agent's workspace {self.cwd} is not a directory", code="agent-start-failed"
             )
+        tag = procs.new_tag()
         try:
             proc = await trio.lowlevel.open_process(
                 self._argv,
@@ -505,7 +514,7 @@ class AcpHarness:
                 start_new_session=True,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                env=self._env,
+                env={**self._env, procs.TAG_VARIABLE: tag},
                 cwd=self.cwd,
             )
         except OSError as exc:
@@ -516,7 +525,7 @@ class AcpHarness:
             ) from exc
         self.spawn_count += 1
         label = os.path.basename(self._argv[0])
-        agent = _Agent(proc, label=label, harness=self)
+        agent = _Agent(proc, label=label, harness=self, tag=tag)
         if self._nursery is None:
             agent.conn.fail("internal error: the ACP harness was not opened with open_harness")
             raise AssertionError("AcpHarness must be opened with dshim.harness.open_harness")
@@ -793,10 +802,27 @@ class AcpHarness:
                 stop_reason=turn.stop_reason,
                 ms=round((trio.current_time() - started) * 1000),
             )
+            if self._nursery is not None:
+                self._nursery.start_soon(self._end_turn_strays, agent, turn)
             return
         log.warning("agent_cancel_timed_out", seconds=self.cancel_timeout_s)
         conn.fail(f"the agent did not stop within {self.cancel_timeout_s:g} s; it was restarted")
         self._not_before = 0.0  # an abandoned turn is not a crash: restart without waiting
+
+    async def _end_turn_strays(self, agent: _Agent, turn: _Turn) -> None:
+        """After a cancelled turn: the tool processes the agent started during it and left
+        running (in sessions of their own, outside its group) are ended after a grace —
+        only while no other turn runs on the agent (theirs cannot be told apart)."""
+        await trio.sleep(STRAY_GRACE_S)
+        tag = agent.conn.tag
+        if tag is None or not agent.alive or agent.turns:
+            return
+        strays = await trio.to_thread.run_sync(
+            functools.partial(procs.strays, agent.pid, tag, since=turn.started_ticks)
+        )
+        if strays and not agent.turns:
+            with structlog.contextvars.bound_contextvars(**turn.log_context):
+                await procs.end(strays, why="left running after the turn was stopped")
 
     async def cancel(self, session_id: str) -> None:
         agent = self._agent

@@ -27,6 +27,7 @@ connection: the process is killed, every pending call is released with
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import signal
 from collections.abc import Callable
@@ -37,6 +38,7 @@ import structlog
 import trio
 
 from dshim.errors import HarnessError
+from dshim.harness.acp import procs
 from dshim.harness.acp.models import (
     CONNECTION_LOST,
     ENCODER,
@@ -125,12 +127,23 @@ class Connection:
     """One agent process spoken to in JSON-RPC (see the module docstring)."""
 
     def __init__(
-        self, proc: trio.Process, *, label: str, handler: RpcHandler, group: bool = False
+        self,
+        proc: trio.Process,
+        *,
+        label: str,
+        handler: RpcHandler,
+        group: bool = False,
+        tag: str | None = None,
     ) -> None:
         self.proc = proc
         #: The process leads its own process group (started with ``start_new_session``):
         #: the whole group is ended with it, so no child outlives the agent.
         self.group = group
+        #: The ``DSHIM_AGENT_RUN`` value of its environment (:mod:`.procs`): the processes
+        #: it started in sessions of their own are ended with it too.
+        self.tag = tag
+        #: The agent's descendants when dshim ended it (before they were re-parented).
+        self._tree: set[int] = set()
         self.label = label
         self.alive = True
         self.failure: str | None = None
@@ -163,6 +176,8 @@ class Connection:
         if not self.alive:
             return
         log.warning("agent_failed", reason=reason, pid=self.proc.pid)
+        if self.tag is not None and self.proc.returncode is None:
+            self._tree = procs.descendants(self.proc.pid, procs.table())
         self._signal_group(signal.SIGTERM)
         if self.proc.returncode is None:
             try:
@@ -184,7 +199,16 @@ class Connection:
         return True
 
     async def _end_group(self) -> None:
-        """TERM the agent's process group (its CLIs, tool subprocesses), KILL what stays."""
+        """TERM the agent's process group (its CLIs, tool subprocesses) and the processes
+        it started outside the group (:mod:`.procs`), KILL what stays."""
+        strays = set(self._tree)
+        if self.tag is not None:
+            strays |= await trio.to_thread.run_sync(procs.strays, self.proc.pid, self.tag)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._end_own_group)
+            nursery.start_soon(functools.partial(procs.end, strays, why="the agent ended"))
+
+    async def _end_own_group(self) -> None:
         if not self._signal_group(signal.SIGTERM):
             return
         with trio.move_on_after(GROUP_TERM_S):

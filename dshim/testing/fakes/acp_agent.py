@@ -11,6 +11,9 @@ notes, the ``<dsh_im_files>`` block -- is not a command):
                       ``session/cancel`` ends the turn with ``stopReason: cancelled``;
                       ``_session/steering`` text shows up as ``[steer] <text>`` in the stream
 ``/hang``             streams one chunk, then ignores ``session/cancel`` (never answers)
+``/escape [crash]``   starts ``sleep`` in a session of its own (outside the agent's group)
+                      and reports ``escaped <pid>``; waits for ``session/cancel`` and
+                      answers ``cancelled``, leaving the sleep running (or exits, status 3)
 ``/tool NAME [fail]`` ``tool_call`` pending -> ``tool_call_update`` in_progress -> completed
                       (or failed), then ``tool NAME done``
 ``/plan``             a three-entry ``plan``, updated twice, then ``plan done``
@@ -443,6 +446,15 @@ class FakeAgent:
                 with trio.move_on_after(delay):
                     await prompt.cancelled.wait()
             return "cancelled" if prompt.cancelled.is_set() else "end_turn"
+        if command == "/escape":
+            # A tool in a session of its own (as Claude's and Codex's adapters start them):
+            # outside the agent's process group, left running when the turn is cancelled.
+            child = subprocess.Popen(["sleep", "600"], start_new_session=True)  # noqa: ASYNC220
+            await self.chunk(sid, f"escaped {child.pid} ")
+            if "crash" in words[1:]:
+                os._exit(3)
+            await prompt.cancelled.wait()
+            return "cancelled"
         if command == "/hang":
             await self.chunk(sid, "hanging ")
             await trio.sleep(3600)
