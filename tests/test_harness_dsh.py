@@ -523,6 +523,43 @@ async def test_probe_rows_show_version_workspace_and_models(
     assert by_name["harness: models"].detail.startswith("2: deepseek/deepseek-chat")
 
 
+async def test_without_the_events_websocket_the_chat_hears_at_once_where_to_approve(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    """The mux is down: an approval cannot reach the chat.  The turn says so before
+    anything else, and once the tool call has waited 5 s it names the tool and the DSH
+    UI — not ~110 s of silence; approved there, the answer arrives."""
+    seen: list[tuple[float, TurnEvent]] = []
+
+    async def hook(ev: TurnEvent, events: list[TurnEvent]) -> None:
+        seen.append((trio.current_time(), ev))
+        if isinstance(ev, ToolProgress) and ev.status == "waiting":
+            [rpc] = list(fake.pending)
+            fake.resolve_elsewhere(rpc)
+
+    with trio.fail_after(DEADLINE), structlog.testing.capture_logs() as logs:
+        async with open_fake_dsh() as fake, adapter(tmp_path, fake) as h:
+            fake.mux_enabled = False
+            sid = await h.create_session(title=None)
+            started = trio.current_time()
+            events = await watch(h, sid, "dsh:approve", hook)
+    first = events[0]
+    assert isinstance(first, ToolProgress) and first.status == "notice"
+    assert "approvals and questions cannot reach this chat" in first.title
+    assert "DSH UI" in first.title
+    [(at, hint)] = [
+        (t, e) for t, e in seen if isinstance(e, ToolProgress) and e.status == "waiting"
+    ]
+    assert isinstance(hint, ToolProgress) and hint.title.startswith("shell: waiting")
+    assert "give it in the DSH UI" in hint.title
+    assert at - started < 10
+    assert text_of(events) == "approval: allowed-once"  # given in the DSH UI
+    assert isinstance(events[-1], TurnEnd) and events[-1].error is None
+    assert [e["event"] for e in logs if e["event"].startswith("turn_")].count(
+        "turn_interactions_unavailable"
+    ) == 1
+
+
 async def test_polling_reads_back_over_a_burst_larger_than_one_window(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:

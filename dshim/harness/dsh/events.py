@@ -24,7 +24,10 @@ subscribes again and catches up from history.  The
 (``reply_timeout_s``, 10 minutes) resets on every new event; when it passes, the turn
 ends with an error unless ``session.list`` says the session is still running.
 
-Approvals and questions come only over the mux, for the session of a running turn of this
+Approvals and questions come only over the mux: a turn that polls says so at once (a
+:class:`~dshim.model.ToolProgress` notice, :data:`NO_MUX_NOTE`), and a tool call with no news
+for :data:`APPROVAL_HINT_S` is named as maybe waiting for an approval to give in the DSH UI.
+Over the mux they come for the session of a running turn of this
 bot, and only once the turn is identified (earlier ones belong to another turn and are
 ignored).  The host replays pending ones on a reconnect, so they are deduplicated by their
 envelope ``rpcId``.  They become :class:`~dshim.model.ApprovalRequest` /
@@ -49,7 +52,14 @@ from dshim.errors import HarnessError
 from dshim.harness.dsh import protocol
 from dshim.harness.dsh.protocol import APPROVAL_OPTIONS, MuxFrame, TurnTracker
 from dshim.harness.dsh.rpc import DshRpc
-from dshim.model import ApprovalRequest, Option, QuestionRequest, TextDelta, TurnEvent
+from dshim.model import (
+    ApprovalRequest,
+    Option,
+    QuestionRequest,
+    TextDelta,
+    ToolProgress,
+    TurnEvent,
+)
 from dshim.net.ws import WsOptions, open_client_websocket
 
 __all__ = [
@@ -64,6 +74,17 @@ log = structlog.get_logger("dshim.harness.dsh")
 
 POLL_INTERVAL_S = 0.3
 POLL_WINDOW = 50
+#: While polling (no events websocket): what the chat is told at once, and after how long
+#: without news a running tool call is said to be maybe waiting for an approval.
+NO_MUX_NOTE = (
+    "dshim's events connection to the DSH host is down: approvals and questions cannot "
+    "reach this chat — answer them in the DSH UI"
+)
+WAITING_NOTE = (
+    "waiting — if it needs an approval, give it in the DSH UI (it cannot reach this chat "
+    "while dshim's events connection is down), or /stop"
+)
+APPROVAL_HINT_S = 5.0
 #: Windows read per poll at most when more happened than one window holds.
 POLL_PAGES = 5
 MUX_WAIT_S = 5.0
@@ -262,6 +283,10 @@ class DshEvents:
         from ``session.history`` (and back to the mux when it returns); approvals and
         questions become interactions answered through ``/api/respond``."""
         quiet_until = trio.current_time() + self.reply_timeout_s
+        warned = False
+        #: While polling: the tool call the host may be holding for an approval, since when.
+        waiting: tuple[str, float] | None = None
+        hinted: set[str] = set()
         while not tracker.done:
             before = tracker.last_seq
             sub = self._sub_of(session_id, owner)
@@ -293,12 +318,29 @@ class DshEvents:
                 for event in tracker.feed(await self._recent_events(session_id, tracker.last_seq)):
                     yield event
             else:
+                if not warned:
+                    # Approvals and questions come only over the mux: say so at once,
+                    # not after the host gave up waiting for an answer that cannot come.
+                    warned = True
+                    log.warning("turn_interactions_unavailable", reason="events mux down")
+                    yield ToolProgress(title=NO_MUX_NOTE, status="notice")
                 await trio.sleep(self.poll_interval_s)
                 events = await self._recent_events(session_id, tracker.last_seq)
                 for event in tracker.feed(events):
+                    if isinstance(event, ToolProgress):
+                        running = event.status == "running"
+                        waiting = (event.title, trio.current_time()) if running else None
                     yield event
                 if tracker.last_seq > before:
                     quiet_until = trio.current_time() + self.reply_timeout_s
+                elif (
+                    waiting is not None
+                    and waiting[0] not in hinted
+                    and trio.current_time() - waiting[1] >= APPROVAL_HINT_S
+                ):
+                    hinted.add(waiting[0])
+                    log.warning("turn_waits_for_tool", tool=waiting[0], reason="events mux down")
+                    yield ToolProgress(title=f"{waiting[0]}: {WAITING_NOTE}", status="waiting")
             if not tracker.done and trio.current_time() >= quiet_until:
                 if await self._running(session_id):
                     quiet_until = trio.current_time() + self.reply_timeout_s
