@@ -112,9 +112,10 @@ async def dshim_socket(
         )
         mapper = EventMapper(BotIdentity(user_id=env["bot_user"]))
 
-        async def deliver(incoming: Incoming) -> None:
-            await handle(incoming, mapper)
-            meter.tick()
+        async def deliver(batch: list[Incoming]) -> None:
+            for incoming in batch:
+                await handle(incoming, mapper)
+                meter.tick()
 
         return await kit.until_counted(
             meter, lambda: run_socket_mode(web, deliver, on_connected=lambda _: meter.start())

@@ -635,13 +635,18 @@ async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
     within Slack's 3 s, so none is redelivered, and all ten are answered once, in order."""
     from dshim.pipeline.runtime import BotRuntime
 
-    slow_accept = BotRuntime.accept
+    slow_accept, slow_accept_many = BotRuntime.accept, BotRuntime.accept_many
 
     async def accept(self: Any, item: Any, raw: Any = None) -> Any:
         await trio.sleep(0.5)
         return await slow_accept(self, item, raw)
 
+    async def accept_many(self: Any, events: Any) -> Any:
+        await trio.sleep(0.5 * len(events))
+        return await slow_accept_many(self, events)
+
     monkeypatch.setattr(BotRuntime, "accept", accept)
+    monkeypatch.setattr(BotRuntime, "accept_many", accept_many)
     async with running_bot(tmp_path) as (bot, fake):
         t0 = trio.current_time()
         for i in range(10):
@@ -656,22 +661,26 @@ async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
     assert [t.rsplit("\n\n", 1)[-1] for t in texts] == [f"burst {i}" for i in range(10)]
 
 
-async def test_threads_noted_while_a_save_is_under_way_are_saved_together_and_reload() -> None:
-    """A burst of answers into new threads: the thread memory is written once for the
-    first and once more for all noted meanwhile, and a restart reads every one back."""
-    from dshim.channels.slack.channel import THREADS_CURSOR, ThreadMemory
+async def test_the_thread_memory_is_saved_at_once_then_at_most_every_second_and_at_the_end(
+    autojump_clock: object,
+) -> None:
+    """A burst of answers into new threads: the first is written at once, all the ones
+    noted meanwhile together by the next write (no sooner than SAVE_EVERY_S later, and
+    an answer never waits for a write), what is left when the saver stops by a last
+    write; a restart reads every one back."""
+    from dshim.channels.slack.channel import SAVE_EVERY_S, THREADS_CURSOR, ThreadMemory
 
     class Cursors:
         def __init__(self) -> None:
             self.values: dict[str, str] = {}
-            self.writes: list[list[str]] = []
+            self.writes: list[tuple[float, list[str]]] = []
             self.release = trio.Event()
 
         async def get_cursor(self, name: str) -> str | None:
             return self.values.get(name)
 
         async def set_cursor(self, name: str, value: str) -> None:
-            self.writes.append(json.loads(value))
+            self.writes.append((trio.current_time(), json.loads(value)))
             if len(self.writes) == 1:
                 await self.release.wait()  # the first save is slow
             self.values[name] = value
@@ -687,14 +696,26 @@ async def test_threads_noted_while_a_save_is_under_way_are_saved_together_and_re
     memory = ThreadMemory(store, mapper, [])  # type: ignore[arg-type]
     with trio.fail_after(DEADLINE):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(memory.posted, "C1", "1.0")
+            nursery.start_soon(memory.run)
+            t0 = trio.current_time()
+            await memory.posted("C1", "1.0")
             await trio.testing.wait_all_tasks_blocked()
+            assert [w for _, w in store.writes] == [["C1:1.0"]]  # at once
             for ts in ("2.0", "3.0", "2.0"):
-                await memory.posted("C1", ts)  # returns at once: the first save is under way
-            assert len(store.writes) == 1
+                with trio.fail_after(0.001):  # an answer never waits for the store
+                    await memory.posted("C1", ts)
             store.release.set()
-        assert store.writes == [["C1:1.0"], ["C1:1.0", "C1:2.0", "C1:3.0"]]
-        assert mapper.noted == [("C1", "1.0"), ("C1", "2.0"), ("C1", "3.0"), ("C1", "2.0")]
-        assert await ThreadMemory.load(store) == ["C1:1.0", "C1:2.0", "C1:3.0"]  # type: ignore[arg-type]
-        await memory.posted("C1", "4.0")
-    assert json.loads(store.values[THREADS_CURSOR])[-1] == "C1:4.0" and len(store.writes) == 3
+            await trio.sleep(SAVE_EVERY_S / 2)
+            assert len(store.writes) == 1  # not sooner than SAVE_EVERY_S after the first
+            await trio.sleep(SAVE_EVERY_S)
+            assert store.writes[1][1] == ["C1:1.0", "C1:2.0", "C1:3.0"]
+            assert store.writes[1][0] - t0 >= SAVE_EVERY_S
+            assert mapper.noted == [("C1", "1.0"), ("C1", "2.0"), ("C1", "3.0"), ("C1", "2.0")]
+            assert await ThreadMemory.load(store) == ["C1:1.0", "C1:2.0", "C1:3.0"]  # type: ignore[arg-type]
+            await trio.sleep(10 * SAVE_EVERY_S)
+            assert len(store.writes) == 2  # nothing new: no write
+            await memory.posted("C1", "4.0")
+            await memory.posted("C1", "5.0")
+            nursery.cancel_scope.cancel()  # the bot stops: the saver writes what is left
+    assert json.loads(store.values[THREADS_CURSOR])[-2:] == ["C1:4.0", "C1:5.0"]
+    assert len(store.writes) <= 4

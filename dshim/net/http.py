@@ -413,37 +413,46 @@ class JsonPoster:
 
     __slots__ = ("_http", "_fast", "_base", "_targets", "_headers")
 
-    def __init__(self, http: httpx.AsyncClient) -> None:
+    def __init__(self, http: httpx.AsyncClient, headers: Mapping[str, str] | None = None) -> None:
         self._http = http
         transport = getattr(http, "_transport", None)
         self._fast = transport if isinstance(transport, H11Transport) else None
         self._base = str(http.base_url).rstrip("/")
         #: path -> its prepared POST, or its URL when the fast transport does not serve it.
         self._targets: dict[str, PreparedPost | httpx.URL] = {}
-        ua = http.headers.get("user-agent", "dshim")
-        self._headers = [
-            ("user-agent", ua),
-            ("accept", "application/json"),
-            ("content-type", "application/json"),
-        ]
+        fields = {
+            "user-agent": http.headers.get("user-agent", "dshim"),
+            "accept": "application/json",
+            "content-type": "application/json",
+        }
+        # ``headers`` (an Authorization, say) go into every request; a name given there
+        # replaces the default one.  They sit in the prepared heads, never in a log.
+        fields.update({k.lower(): v for k, v in (headers or {}).items()})
+        self._headers = list(fields.items())
 
     async def post(self, path: str, body: Any, timeout: httpx.Timeout) -> Answer:  # noqa: ASYNC109 - httpx per-request limits
         """POST ``body`` as JSON to ``path``; raises httpx's errors (see :func:`counted`)."""
-        fast = self._fast
-        if fast is None:
+        if self._fast is None and len(self._headers) == 3:
             return await self._http.post(path, json=body, timeout=timeout)
-        target = self._targets.get(path)
+        return await self.post_bytes(self._base + path, _json_body.encode(body), timeout)
+
+    async def post_bytes(self, url: str, content: bytes, timeout: httpx.Timeout) -> Answer:  # noqa: ASYNC109 - httpx per-request limits
+        """POST ``content`` (JSON already encoded) to the absolute ``url``, the same way."""
+        target = self._targets.get(url)
         if target is None:
-            url = httpx.URL(self._base + path)
-            target = fast.prepare_post(url, self._headers) or url
-            if len(self._targets) < 256:
-                self._targets[path] = target
+            parsed = httpx.URL(url)
+            fast = self._fast
+            target = (fast.prepare_post(parsed, self._headers) if fast else None) or parsed
+            if len(self._targets) >= 256:  # bounded: many paths (one per chat) are prepared again
+                self._targets.clear()
+            self._targets[url] = target
         if isinstance(target, PreparedPost):
-            return await fast.post(target, _json_body.encode(body), timeout)
+            assert self._fast is not None
+            return await self._fast.post(target, content, timeout)
         request = httpx.Request(
             "POST",
             target,
-            content=_json_body.encode(body),
+            content=content,
             headers=self._headers,
             extensions={"timeout": timeout.as_dict()},
         )

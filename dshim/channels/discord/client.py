@@ -52,7 +52,7 @@ from dshim.errors import (
     RateLimited,
     RemoteProtocolError,
 )
-from dshim.net.http import counted, download_capped
+from dshim.net.http import Answer, JsonPoster, counted, download_capped
 from dshim.net.ws import Deliverer, WsOptions
 
 log = structlog.get_logger("dshim.discord")
@@ -91,6 +91,10 @@ class RestClient:
         self.limits = RateLimiter()
         #: Set when Discord answered 401: the token is not valid (any more).
         self.auth_failed = trio.Event()
+        #: JSON POSTs (every reply): prepared once per path on the fast transport, without
+        #: httpx's client layers (:class:`~dshim.net.http.JsonPoster`).
+        self._poster = JsonPoster(http, self._auth)
+        self._timeout = http.timeout
 
     def __repr__(self) -> str:
         return f"RestClient(api_base={self.api_base!r})"
@@ -309,10 +313,16 @@ class RestClient:
                         f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait
                     )
                 await trio.sleep(wait)
-            resp = await counted(
-                route_key,
-                self._http.request(method, self.api_base + path, content=body, headers=headers),
-            )
+            resp: Answer
+            if method == "POST" and body is not None:
+                resp = await counted(
+                    route_key, self._poster.post_bytes(self.api_base + path, body, self._timeout)
+                )
+            else:
+                resp = await counted(
+                    route_key,
+                    self._http.request(method, self.api_base + path, content=body, headers=headers),
+                )
             now = self._clock()
             limits.learn(route_key, major, resp.headers, now)
             status = resp.status_code

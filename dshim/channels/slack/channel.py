@@ -7,7 +7,8 @@ learns the granted scopes (``x-oauth-scopes``) -- the app id comes with the firs
 bot's pipeline, counts as started and then keeps Socket Mode connected
 (:func:`~.client.run_socket_mode`).  Each envelope is acknowledged at once and handed, in
 the order read, to the pipeline with the frame exactly as received (the durable inbox
-keeps it and decodes it again after a restart).  A rejected bot token later on, a
+keeps it and decodes it again after a restart); what queued up meanwhile goes to the
+pipeline's ``accept_many`` together (one store transaction for a burst).  A rejected bot token later on, a
 rejected app token or ``link_disabled`` stop the bot without a reconnect loop; other
 failures reconnect inside ``run``.  Only AuthError, FatalChannelError and ConfigError
 escape it.
@@ -31,6 +32,7 @@ import structlog
 import trio
 
 from dshim.channels.base import (
+    AcceptsMany,
     BotHost,
     ChannelSettings,
     ChannelSpec,
@@ -69,7 +71,7 @@ from dshim.channels.slack.protocol import (
 )
 from dshim.channels.slack.render import SlackOutbound, split
 from dshim.errors import AuthError, ChannelError, RemoteProtocolError, StoreError
-from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip, Verdict
+from dshim.model import Fetcher, InboundMessage, Loader, ReplyReference, Skip
 from dshim.net.http import open_http
 from dshim.net.ws import open_client_websocket
 
@@ -78,6 +80,10 @@ log = structlog.get_logger("dshim.slack")
 PROBE_READY_TIMEOUT_S = 15.0
 THREADS_CURSOR = "threads"
 MAX_PERSISTED_THREADS = 1000
+#: The thread memory is written at most this often (see :class:`ThreadMemory`).
+SAVE_EVERY_S = 1.0
+#: How long the last save may take when the bot stops.
+FINAL_SAVE_DEADLINE_S = 5.0
 TEST_TEXT = "✅ dshim connection test: the Slack bot {name} can send messages here."
 #: Scopes without which the bot cannot work, and those whose lack only degrades quotes.
 REQUIRED_SCOPES = ("app_mentions:read", "chat:write", "im:history")
@@ -192,10 +198,13 @@ def fixture_bot(me: BotIdentity) -> dict[str, str]:
 class ThreadMemory:
     """The threads the bot posted into, persisted in a store cursor (bounded).
 
-    The cursor holds the whole list, so saves are folded together: while one is being
-    written, threads noted meanwhile are saved by that writer's next round, not each by a
-    write of its own (a burst into 2,000 new threads made 2,000 writes of up to 1,000
-    entries each).
+    The cursor holds the whole list (up to 1,000 entries), so it is not written per
+    answer: :meth:`posted` notes the thread and wakes :meth:`run`, the bot's saver task,
+    which writes the list at once and then at most every :data:`SAVE_EVERY_S`, with all
+    the threads noted meanwhile (a burst into 2,000 new threads made ~2,000 writes of up
+    to 1,000 entries each).  What is noted when the task stops is written then.  A crash
+    loses at most the last second's threads: a reply in one of them is then read as a
+    quote of its parent, not as conversation (the memory is a hint, not the inbox).
     """
 
     def __init__(self, store: ChannelStore, mapper: EventMapper, threads: list[str]) -> None:
@@ -203,7 +212,7 @@ class ThreadMemory:
         self.mapper = mapper
         self._saved: OrderedDict[str, None] = OrderedDict((t, None) for t in threads)
         self._unsaved = False
-        self._saving = False
+        self._wake = trio.Event()
 
     @staticmethod
     async def load(store: ChannelStore) -> list[str]:
@@ -221,6 +230,7 @@ class ThreadMemory:
         return [t for t in value if isinstance(t, str)][-MAX_PERSISTED_THREADS:]
 
     async def posted(self, channel: str, thread_ts: str) -> None:
+        """The bot posted into this thread (the save is :meth:`run`'s, never awaited here)."""
         self.mapper.note_thread(channel, thread_ts)
         key = f"{channel}:{thread_ts}"
         if key in self._saved:
@@ -229,18 +239,31 @@ class ThreadMemory:
         while len(self._saved) > MAX_PERSISTED_THREADS:
             self._saved.popitem(last=False)
         self._unsaved = True
-        if self._saving:
-            return  # the save under way writes this thread too, in its next round
-        self._saving = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Save what :meth:`posted` noted, at once and then at most every
+        :data:`SAVE_EVERY_S`, until cancelled; then the rest (bounded in time)."""
         try:
-            while self._unsaved:
-                self._unsaved = False
-                value = msgspec.json.encode(list(self._saved)).decode()
-                await self.store.set_cursor(THREADS_CURSOR, value)
+            while True:
+                await self._wake.wait()
+                self._wake = trio.Event()
+                await self._save()
+                await trio.sleep(SAVE_EVERY_S)
+        finally:
+            if self._unsaved:
+                with trio.CancelScope(shield=True), trio.move_on_after(FINAL_SAVE_DEADLINE_S):
+                    await self._save()
+
+    async def _save(self) -> None:
+        if not self._unsaved:
+            return
+        self._unsaved = False
+        value = msgspec.json.encode(list(self._saved)).decode()
+        try:
+            await self.store.set_cursor(THREADS_CURSOR, value)
         except StoreError as exc:  # costs only the memory across a restart, not the answer
             log.warning("threads_save_failed", error=str(exc)[:200])
-        finally:
-            self._saving = False
 
 
 async def run(
@@ -280,22 +303,36 @@ async def run(
         ) as rt:
             task_status.started()
 
-            async def deliver(incoming: Incoming) -> Verdict | None:
-                if incoming.envelope.type == "interactive":
-                    press = mapper.control_press(incoming.envelope)
-                    if press is not None:  # a control notice's button: never a message
-                        result = await rt.substitute_control(
-                            press.action, press.conversation_id, press.thread_id, press.user
+            async def accept(events: list[tuple[InboundMessage | Skip, bytes | None]]) -> None:
+                if len(events) > 1 and isinstance(rt, AcceptsMany):
+                    await rt.accept_many(events)  # one store transaction for a burst
+                else:
+                    for item, raw in events:
+                        await rt.accept(item, raw)
+
+            async def deliver(batch: list[Incoming]) -> None:
+                """The envelopes queued since the last call, in the order read."""
+                events: list[tuple[InboundMessage | Skip, bytes | None]] = []
+                for incoming in batch:
+                    envelope = incoming.envelope
+                    if envelope.type == "interactive":
+                        press = mapper.control_press(envelope)
+                        if press is not None:  # a control notice's button: never a message
+                            await accept(events)  # what came before it goes first
+                            events = []
+                            result = await rt.substitute_control(
+                                press.action, press.conversation_id, press.thread_id, press.user
+                            )
+                            await outbound.show_control_result(press, result)
+                            continue
+                    item = mapper.map_envelope(envelope)
+                    if envelope.type == "interactive" and isinstance(item, InboundMessage):
+                        message_ts = item.message_id.partition("-")[0]
+                        outbound.note_press(
+                            item.conversation_id, message_ts, item.sender_id, item.content
                         )
-                        await outbound.show_control_result(press, result)
-                        return None
-                item = mapper.map_envelope(incoming.envelope)
-                if incoming.envelope.type == "interactive" and isinstance(item, InboundMessage):
-                    message_ts = item.message_id.partition("-")[0]
-                    outbound.note_press(
-                        item.conversation_id, message_ts, item.sender_id, item.content
-                    )
-                return await rt.accept(item, mapper.stored_frame(incoming.envelope))
+                    events.append((item, mapper.stored_frame(envelope)))
+                await accept(events)
 
             async def watch_auth() -> None:
                 await web.auth_failed.wait()
@@ -318,7 +355,12 @@ async def run(
                         on_connected=connected,
                     )
 
-            await host.serve(rt, reader)
+            # The saver outlives the reader: answers still finishing after a shutdown
+            # began note their threads too, and its last save writes them.
+            async with trio.open_nursery() as saving:
+                saving.start_soon(memory.run)
+                await host.serve(rt, reader)
+                saving.cancel_scope.cancel()
 
 
 class SlackReplayAdapter:

@@ -24,8 +24,9 @@ and liveness watchdogs and own pings (:class:`~dshim.net.ws_session.Ping`).  A
 :class:`~dshim.net.ws_session.Handover`: the runner opens the next connection while the
 current one still delivers, and closes the old one once the new one said hello (or after
 ``handover_grace_s``).  The acked envelopes of all connections queue for one delivering
-task (at most ``PENDING_MAX``; beyond it the reader waits), so the pipeline sees one
-envelope at a time, in the order they were read, while acks never wait for it.  Failed
+task (at most ``PENDING_MAX``; beyond it the reader waits), which hands what has queued
+up by then (at most ``DELIVER_MAX``) to the pipeline at once, in the order they were read
+(a burst in one store transaction), while acks never wait for it.  Failed
 connections back off (1-30 s with jitter, the runner's and ``apps.connections.open``'s
 one :class:`~dshim.backoff.Backoff`); after ``too_many_websockets`` the next connection
 waits at least 30 s.  URLs are logged without their query (the ticket).
@@ -54,14 +55,22 @@ from dshim.channels.slack.protocol import (
     classify_error,
 )
 from dshim.errors import AuthError, ChannelError, RateLimited, RemoteProtocolError, single_error
-from dshim.model import Verdict
-from dshim.net.http import counted, download_capped, parse_retry_after, status_error
+from dshim.net.http import (
+    Answer,
+    JsonPoster,
+    counted,
+    download_capped,
+    parse_retry_after,
+    status_error,
+)
 from dshim.net.ws import Connected, WsOptions, run_ws_handover
 
 log = structlog.get_logger("dshim.slack")
 
 #: Acked envelopes waiting for the pipeline at most (beyond it the reader waits).
 PENDING_MAX = 10_000
+#: Queued envelopes handed to the pipeline together at most (one store transaction).
+DELIVER_MAX = 100
 
 DEFAULT_API_BASE = "https://slack.com/api"
 USER_AGENT = f"dshim/{__version__} (+https://github.com/dshim/dshim)"
@@ -103,6 +112,17 @@ class WebClient:
         self.auth_failed = trio.Event()
         #: The ``x-oauth-scopes`` header of the last ``auth.test``.
         self.scopes_header: str | None = None
+        #: The bot token's JSON POSTs (nearly every call): prepared once per method on the
+        #: fast transport, without httpx's client layers (:class:`~dshim.net.http.JsonPoster`).
+        self._poster = JsonPoster(
+            http,
+            {
+                "Authorization": f"Bearer {bot_token}",
+                "User-Agent": USER_AGENT,
+                "Content-Type": "application/json; charset=utf-8",
+            },
+        )
+        self._timeout = http.timeout
 
     def __repr__(self) -> str:
         return f"WebClient(api_base={self.api_base!r})"
@@ -140,10 +160,14 @@ class WebClient:
                 if wait > limit:
                     raise RateLimited(f"{method}: rate limited for {wait:.1f} s", retry_after=wait)
                 await trio.sleep(wait)
-            verb = "POST" if body is not None or not query else "GET"
-            resp = await counted(
-                method, self._http.request(verb, url, content=content, headers=headers)
-            )
+            resp: Answer
+            if content is not None and not app and not query:
+                resp = await counted(method, self._poster.post_bytes(url, content, self._timeout))
+            else:
+                verb = "POST" if body is not None or not query else "GET"
+                resp = await counted(
+                    method, self._http.request(verb, url, content=content, headers=headers)
+                )
             if resp.status_code == 429:
                 retry_after = parse_retry_after(resp.headers)
                 if retry_after is None:
@@ -344,8 +368,10 @@ def _content(markdown: str | None, text: str | None, blocks: list[Any] | None) -
 # --- Socket Mode -----------------------------------------------------------------------------
 
 
-#: The channel's side: hand one envelope to the pipeline.
-Deliverer = Callable[[Incoming], Awaitable[Verdict | None]]
+#: The channel's side: hand envelopes to the pipeline, in the order read (a burst: the
+#: ones queued by then, at most ``DELIVER_MAX`` at once, so one store transaction takes
+#: them all).
+Deliverer = Callable[[list[Incoming]], Awaitable[None]]
 
 
 async def connection_url(web: WebClient, backoff: Backoff) -> str:
@@ -421,7 +447,13 @@ async def run_socket_mode(
 
     async def deliverer() -> None:
         async for incoming in pending:
-            await deliver(incoming)
+            batch = [incoming]
+            while len(batch) < DELIVER_MAX:
+                try:
+                    batch.append(pending.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            await deliver(batch)
 
     with single_error():
         async with trio.open_nursery() as nursery:
