@@ -192,6 +192,37 @@ async def test_a_prepared_post_outside_the_prefix_goes_through_httpx() -> None:
     assert server.requests[0].header("content-type") == "application/json"
 
 
+async def test_a_posters_own_headers_go_with_every_post_fast_or_not() -> None:
+    """JsonPoster's headers (a token, a content type of its own) on the prepared path, on
+    httpx's (outside the prefix) and without the fast transport; ``post_bytes`` sends the
+    body as given, to an absolute URL, and a 257th path is prepared again, not refused."""
+    server = Recorder()
+    extra = {"Authorization": "Bearer xoxb-1", "Content-Type": "application/json; charset=utf-8"}
+    async with open_http_server(server.app) as srv:
+        async with open_http(srv.url, user_agent="ua/1", fast_prefix="/api") as http:
+            poster = JsonPoster(http, extra)
+            await counted("a", poster.post_bytes(srv.url + "/api/m", b'{"a":1}', DEFAULT_TIMEOUT))
+            await counted("b", poster.post("/files/m", {"b": 2}, DEFAULT_TIMEOUT))
+            for i in range(257):
+                await counted("c", poster.post_bytes(f"{srv.url}/api/c{i}", b"{}", DEFAULT_TIMEOUT))
+        async with httpx.AsyncClient(headers={"user-agent": "ua/2"}) as plain:
+            poster = JsonPoster(plain, extra)
+            await counted("d", poster.post_bytes(srv.url + "/api/m", b'{"d":4}', DEFAULT_TIMEOUT))
+    assert len(server.requests) == 260
+    for request in server.requests:
+        assert request.header("authorization") == "Bearer xoxb-1"
+        assert request.header("content-type") == "application/json; charset=utf-8"
+        assert request.header("accept") == "application/json"
+    assert [r.body for r in (server.requests[0], server.requests[1], server.requests[-1])] == [
+        b'{"a":1}',
+        b'{"b":2}',
+        b'{"d":4}',
+    ]
+    assert server.requests[0].header("user-agent") == "ua/1"
+    assert server.requests[-1].header("user-agent") == "ua/2"
+    assert server.requests[-2].path == "/api/c256"
+
+
 async def serve_raw(
     nursery: trio.Nursery, handler: Callable[[trio.SocketStream], Awaitable[None]]
 ) -> str:

@@ -641,7 +641,10 @@ async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
         await trio.sleep(0.5)
         return await slow_accept(self, item, raw)
 
+    batches: list[int] = []
+
     async def accept_many(self: Any, events: Any) -> Any:
+        batches.append(len(events))
         await trio.sleep(0.5 * len(events))
         return await slow_accept_many(self, events)
 
@@ -656,6 +659,8 @@ async def test_a_burst_is_acked_at_once_even_while_the_pipeline_is_slow(
         await fake.wait_until(lambda: len(fake.bot_messages(fake.dm)) >= 10)
         await trio.sleep(10)
     assert acked_within < 1.0
+    # What queued up behind the first went to the pipeline together (one transaction).
+    assert batches and max(batches) > 1 and sum(batches) <= 10
     assert [e for e in fake.sent_envelopes if e.get("retry_attempt")] == []
     texts = [m.text for m in fake.bot_messages(fake.dm)]
     assert [t.rsplit("\n\n", 1)[-1] for t in texts] == [f"burst {i}" for i in range(10)]
