@@ -225,6 +225,72 @@ async def test_global_limit_of_50_per_second(autojump_clock: object) -> None:
         assert times[i] - times[i - 50] >= 1.0 - 1e-9
 
 
+async def test_callers_waiting_for_the_global_limit_queue_and_wake_one_at_a_time(
+    autojump_clock: object,
+) -> None:
+    """200 chats answering at once: the 50 requests/s hold, the requests go in the order
+    their callers arrived, and the limiter is asked about twice per request, not once per
+    waiting caller per freed slot (every waiter used to wake for every slot)."""
+    server = Server(lambda r, n: ok({"id": "1", "channel_id": "1", "content": "x"}))
+    http, rest = client(server)
+    asked = 0
+    reserve = rest.limits.reserve
+
+    def counting(route_key: str, major: str, now: float) -> float:
+        nonlocal asked
+        asked += 1
+        return reserve(route_key, major, now)
+
+    rest.limits.reserve = counting  # type: ignore[method-assign]
+    async with http:
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                for i in range(300):
+                    nursery.start_soon(rest.create_message, str(i), f"m{i}")
+                    await trio.testing.wait_all_tasks_blocked()  # arrive in this order
+    times = [t for t, _ in server.seen]
+    assert len(times) == 300
+    for i in range(50, 300):
+        assert times[i] - times[i - 50] >= 1.0 - 1e-9
+    assert times[-1] < 6.0  # still as fast as the limit allows
+    assert [r.url.path for _, r in server.seen] == [
+        f"/api/v10/channels/{i}/messages" for i in range(300)
+    ]
+    assert asked <= 3 * 300
+
+
+async def test_a_bucket_wait_does_not_hold_up_the_global_queue(autojump_clock: object) -> None:
+    """A caller whose own bucket is exhausted sleeps alone: the others, waiting for the
+    global limit meanwhile, go as soon as it allows."""
+    exhausted = {
+        "x-ratelimit-bucket": "b",
+        "x-ratelimit-limit": "1",
+        "x-ratelimit-remaining": "0",
+        "x-ratelimit-reset-after": "10",
+    }
+
+    def answer(r: httpx.Request, n: int) -> httpx.Response:
+        return ok(headers=exhausted if r.url.path.endswith("/A/messages") else None)
+
+    server = Server(answer)
+    http, rest = client(server)
+    async with http:
+        with trio.fail_after(DEADLINE):
+            await rest.create_message("A", "1")  # A's bucket: empty for 10 s
+            async with trio.open_nursery() as nursery:
+                for i in range(49):
+                    nursery.start_soon(rest.create_message, f"B{i}", "x")  # the second full
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(rest.create_message, "A", "2")
+                await trio.testing.wait_all_tasks_blocked()
+                for i in range(20):
+                    nursery.start_soon(rest.create_message, f"C{i}", "x")
+    by_path = {r.url.path: t for t, r in server.seen}
+    assert all(by_path[f"/api/v10/channels/C{i}/messages"] <= 1.0 + 1e-6 for i in range(20))
+    assert server.seen[-1][1].url.path == "/api/v10/channels/A/messages"
+    assert server.seen[-1][0] == pytest.approx(10.0)
+
+
 @pytest.mark.parametrize(
     ("status", "body", "error", "code"),
     [

@@ -94,6 +94,8 @@ class RestClient:
         #: JSON POSTs (every reply): prepared once per path on the fast transport, without
         #: httpx's client layers (:class:`~dshim.net.http.JsonPoster`).
         self._poster = JsonPoster(http, self._auth)
+        #: Callers waiting for the global limit, in arrival order (trio's Lock is fair).
+        self._global_queue = trio.Lock()
         self._timeout = http.timeout
 
     def __repr__(self) -> str:
@@ -283,6 +285,40 @@ class RestClient:
                 f"{method} {route}: unexpected response: {str(exc)[:200]}"
             ) from exc
 
+    async def _wait_turn(self, route_key: str, major: str) -> None:
+        """Wait until the limiter lets this request go (and counted it).
+
+        A wait for the route's own bucket is slept alone; a wait for the global limit in
+        a queue (first come, first served): only its head sleeps until a slot frees, the
+        others wait behind it.  Without it every waiting caller woke for every freed
+        slot, and all but one went back to sleep — 200 chats waiting on the 50
+        requests/s cost ~200 wake-ups per request.
+        """
+        limits = self.limits
+        while True:
+            now = self._clock()
+            wait = limits.reserve(route_key, major, now)
+            if wait <= 0:
+                return
+            if wait > self.max_wait_s:
+                raise RateLimited(f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait)
+            if limits.global_wait(now) < wait:
+                await trio.sleep(wait)  # the bucket's reset: nobody else's business
+                continue
+            async with self._global_queue:
+                while True:
+                    now = self._clock()
+                    wait = limits.reserve(route_key, major, now)
+                    if wait <= 0:
+                        return
+                    if wait > self.max_wait_s:
+                        raise RateLimited(
+                            f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait
+                        )
+                    if limits.global_wait(now) < wait:
+                        break  # now the bucket holds it back: out of the queue
+                    await trio.sleep(wait)
+
     async def call(
         self,
         method: str,
@@ -307,12 +343,8 @@ class RestClient:
         max_retries = self.max_retries if retries is None else retries
         limits = self.limits
         for attempt in range(max_retries + 1):
-            while (wait := limits.reserve(route_key, major, self._clock())) > 0:
-                if wait > self.max_wait_s:
-                    raise RateLimited(
-                        f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait
-                    )
-                await trio.sleep(wait)
+            if limits.reserve(route_key, major, self._clock()) > 0:
+                await self._wait_turn(route_key, major)
             resp: Answer
             if method == "POST" and body is not None:
                 resp = await counted(

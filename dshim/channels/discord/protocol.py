@@ -337,7 +337,8 @@ class RateLimiter:
     The caller asks :meth:`reserve` before each request (0: go, one request is counted
     at once so concurrent callers see it; else the seconds to wait before asking
     again), and tells it every response with :meth:`learn` and every 429 with
-    :meth:`hit`.
+    :meth:`hit`; :meth:`global_wait` says whether a wait is the global limit's (the
+    client then queues its callers, so that one of them sleeps on it, not all).
     """
 
     def __init__(self, *, global_per_s: int = GLOBAL_LIMIT_PER_S) -> None:
@@ -367,6 +368,15 @@ class RateLimiter:
             bucket.remaining -= 1
         recent.append(now)
         return 0.0
+
+    def global_wait(self, now: float) -> float:
+        """How long every request waits for the global limit (a global 429's pause, or
+        the 50 requests of the last second), counting none."""
+        wait = self._global_until - now
+        recent = self._recent
+        if recent.maxlen is not None and len(recent) == recent.maxlen:
+            wait = max(wait, recent[0] + 1.0 - now)
+        return max(0.0, wait)
 
     def learn(self, route_key: str, major: str, headers: Mapping[str, str], now: float) -> None:
         """Take the ``X-RateLimit-*`` headers of a response."""

@@ -303,9 +303,11 @@ async def run(
         ) as rt:
             task_status.started()
 
+            many = rt if isinstance(rt, AcceptsMany) else None  # (a Protocol check: slow)
+
             async def accept(events: list[tuple[InboundMessage | Skip, bytes | None]]) -> None:
-                if len(events) > 1 and isinstance(rt, AcceptsMany):
-                    await rt.accept_many(events)  # one store transaction for a burst
+                if len(events) > 1 and many is not None:
+                    await many.accept_many(events)  # one store transaction for a burst
                 else:
                     for item, raw in events:
                         await rt.accept(item, raw)
