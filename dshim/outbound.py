@@ -99,9 +99,11 @@ class WatchesStop(Protocol):
 def watch_delivery(stream: ReplyStream, hook: DeliveryHook) -> bool:
     """Ask ``stream`` to await ``hook`` before its first send; False when it cannot tell
     (it is no :class:`WatchesDelivery`)."""
-    if not isinstance(stream, WatchesDelivery):
+    # getattr, as isinstance with the Protocol checks it, without its cost (every turn).
+    watch: Callable[[DeliveryHook], None] | None = getattr(stream, "watch_delivery", None)
+    if watch is None:
         return False
-    stream.watch_delivery(hook)
+    watch(hook)
     return True
 
 
@@ -109,9 +111,10 @@ def watch_stop(stream: ReplyStream, stop: Callable[[], object]) -> bool:
     """Ask ``stream`` to call ``stop()`` when the user stopped the answer on the platform
     itself (Slack's stop button on a native stream: ``stopped_by_user``); the turn then
     ends like ``/stop``.  False when the stream has no such button (no :class:`WatchesStop`)."""
-    if not isinstance(stream, WatchesStop):
+    watch: Callable[[Callable[[], object]], None] | None = getattr(stream, "watch_stop", None)
+    if watch is None:
         return False
-    stream.watch_stop(stop)
+    watch(stop)
     return True
 
 
