@@ -447,7 +447,7 @@ async def run_socket_mode(
 
     async def deliverer() -> None:
         async for incoming in pending:
-            batch = [incoming]
+            batch = [incoming]  # and what queued up meanwhile: one store transaction
             while len(batch) < DELIVER_MAX:
                 try:
                     batch.append(pending.receive_nowait())
