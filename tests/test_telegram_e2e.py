@@ -887,6 +887,20 @@ async def test_a_webhook_blocks_polling_until_it_is_deleted(
     assert [c.status for c in fake.calls_to("getUpdates")[:3]] == [409, 409, 409]
 
 
+async def test_a_start_asks_about_a_webhook_only_once_polling_is_refused(
+    autojump_clock: trio.abc.Clock, tmp_path: Path
+) -> None:
+    async with telegram_bed(tmp_path) as (bed, fake):
+        async with bed.bot():
+            bed.say("hi")
+            await bed.answered(1)
+        assert not fake.calls_to("getWebhookInfo")  # a start of many bots: one call fewer each
+        fake.webhook_url = "https://hooks.example/tg"
+        async with bed.bot(poll=False):
+            await fake.wait_until(lambda: len(fake.calls_to("getUpdates")) >= 4)
+    assert len(fake.calls_to("getWebhookInfo")) == 1  # at the first 409 of the run, once
+
+
 async def test_optional_startup_calls_may_fail(
     autojump_clock: trio.abc.Clock, tmp_path: Path
 ) -> None:

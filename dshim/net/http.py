@@ -48,7 +48,7 @@ from dshim.errors import (
     TooLarge,
     TransportError,
 )
-from dshim.net.h11transport import STREAMED, H11Transport, PreparedPost
+from dshim.net.h11transport import STREAMED, H11Transport, PostTemplate, PreparedPost
 
 __all__ = [
     "AccessToken",
@@ -62,6 +62,7 @@ __all__ = [
     "download_capped",
     "map_httpx_errors",
     "open_http",
+    "open_shared_http",
     "parse_retry_after",
     "status_error",
     "transport_error",
@@ -95,6 +96,7 @@ async def open_http(
     max_connections: int = 16,
     fast_prefix: str | None = "/",
     ssl_context: ssl.SSLContext | None = None,
+    shared: bool = False,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """The one HTTP client of a bot: a connection pool shared by receiving and sending.
 
@@ -108,14 +110,15 @@ async def open_http(
     ``SSL_CERT_FILE`` is not read, as before).  One context serves both transports, so https is verified
     the same way on either.  Both are made when first needed: httpx's pool at the first
     request that is not on the fast path, the default context at the first https
-    connection.
+    connection.  ``shared``: the client of many bots (:func:`open_shared_http`): httpx's
+    pool (downloads) is not bounded in connections, only in idle ones.
     """
     limits = httpx.Limits(
         # Every connection may stay alive: httpcore closes idle connections whenever the
         # pool holds more than max_keepalive (busy ones count), which under load opened a
         # new TCP connection for almost every call.
-        max_connections=max_connections,
-        max_keepalive_connections=max_connections,
+        max_connections=None if shared else max_connections,
+        max_keepalive_connections=SHARED_IDLE if shared else max_connections,
     )
     transport: httpx.AsyncBaseTransport = _LazyTransport(
         lambda: httpx.AsyncHTTPTransport(
@@ -140,6 +143,70 @@ async def open_http(
         event_hooks={"response": [functools.partial(_report_exchange, _base_path(base))]},
     ) as http:
         yield http
+
+
+#: Calls in flight each bot adds to a shared client (as its own client allowed).
+SHARED_PER_BOT_CONNECTIONS = 16
+#: Idle keep-alive connections a shared client keeps per host: this many, plus one more
+#: per bot sharing it (a bot's long poll returns its connection, the next poll takes it).
+SHARED_IDLE = 32
+
+
+class _SharedClient:
+    __slots__ = ("client", "users", "done")
+
+    def __init__(self, client: httpx.AsyncClient, done: Callable[[], Awaitable[None]]) -> None:
+        self.client = client
+        self.users = 0
+        self.done = done
+
+
+#: (trio run, api_base, user agent, timeout) -> the client its bots share.
+_shared: dict[tuple[object, str, str, str], _SharedClient] = {}
+
+
+@asynccontextmanager
+async def open_shared_http(
+    api_base: str,
+    *,
+    user_agent: str,
+    timeout: httpx.Timeout = DEFAULT_TIMEOUT,  # noqa: ASYNC109 - httpx's per-request limits
+) -> AsyncIterator[httpx.AsyncClient]:
+    """The client of every bot of this process that talks to ``api_base`` (with the same
+    user agent and timeouts): one :func:`open_http` client, opened by the first bot and
+    closed when the last one leaves.  Each bot adds
+    :data:`SHARED_PER_BOT_CONNECTIONS` calls in flight and one idle connection to the
+    pool (a held long poll keeps a connection of its own; the idle ones are bounded by
+    :data:`SHARED_IDLE` plus one per bot), so a thousand bots of one Bot API server cost
+    one client, one transport and one TLS context, not a thousand.  Requests are counted
+    for the bot that makes them (the counter is the calling task's, see
+    :func:`counting_requests`)."""
+    key = (trio.lowlevel.current_trio_token(), api_base.rstrip("/"), user_agent, repr(timeout))
+    entry = _shared.get(key)
+    if entry is None:
+        stack = contextlib.AsyncExitStack()
+        client = await stack.enter_async_context(
+            open_http(
+                api_base,
+                user_agent=user_agent,
+                timeout=timeout,
+                max_connections=SHARED_PER_BOT_CONNECTIONS,
+                shared=True,
+            )
+        )
+        entry = _shared[key] = _SharedClient(client, stack.aclose)
+    else:
+        transport = getattr(entry.client, "_transport", None)
+        if isinstance(transport, H11Transport):
+            transport.grow(SHARED_PER_BOT_CONNECTIONS, 1)
+    entry.users += 1
+    try:
+        yield entry.client
+    finally:
+        entry.users -= 1
+        if entry.users == 0:
+            del _shared[key]
+            await entry.done()
 
 
 # --- capture: the exchanges a quote's resolution made -----------------------------------------
@@ -411,7 +478,7 @@ class JsonPoster:
     msgspec.  The answer is an :class:`Answer` (status, body, headers).
     """
 
-    __slots__ = ("_http", "_fast", "_base", "_targets", "_headers")
+    __slots__ = ("_http", "_fast", "_base", "_targets", "_headers", "_template")
 
     def __init__(self, http: httpx.AsyncClient, headers: Mapping[str, str] | None = None) -> None:
         self._http = http
@@ -420,20 +487,33 @@ class JsonPoster:
         self._base = str(http.base_url).rstrip("/")
         #: path -> its prepared POST, or its URL when the fast transport does not serve it.
         self._targets: dict[str, PreparedPost | httpx.URL] = {}
-        fields = {
-            "user-agent": http.headers.get("user-agent", "dshim"),
-            "accept": "application/json",
-            "content-type": "application/json",
-        }
+        fields = dict(_poster_headers(http.headers.get("user-agent", "dshim")))
         # ``headers`` (an Authorization, say) go into every request; a name given there
         # replaces the default one.  They sit in the prepared heads, never in a log.
         fields.update({k.lower(): v for k, v in (headers or {}).items()})
         self._headers = list(fields.items())
+        #: Prepares the paths under the client's base (None: path by path).  Only for a
+        #: poster without headers of its own: the transport shares one template among
+        #: the posters of its clients (the bots on one Bot API server), so a poster's own
+        #: headers (a token) never go into it.
+        self._template: PostTemplate | None = None
+        if self._fast is not None and not headers:
+            self._template = _template(self._fast, http.base_url, self._headers[0][1])
 
     async def post(self, path: str, body: Any, timeout: httpx.Timeout) -> Answer:  # noqa: ASYNC109 - httpx per-request limits
         """POST ``body`` as JSON to ``path``; raises httpx's errors (see :func:`counted`)."""
         if self._fast is None and len(self._headers) == 3:
             return await self._http.post(path, json=body, timeout=timeout)
+        template = self._template
+        if template is not None:
+            target = self._targets.get(path)
+            if target is None:
+                target = template.prepare(path)
+                if target is not None and len(self._targets) < 256:
+                    self._targets[path] = target
+            if isinstance(target, PreparedPost):
+                assert self._fast is not None
+                return await self._fast.post(target, _json_body.encode(body), timeout)
         return await self.post_bytes(self._base + path, _json_body.encode(body), timeout)
 
     async def post_bytes(self, url: str, content: bytes, timeout: httpx.Timeout) -> Answer:  # noqa: ASYNC109 - httpx per-request limits
@@ -460,6 +540,20 @@ class JsonPoster:
 
 
 _json_body = msgspec.json.Encoder()
+
+
+def _poster_headers(user_agent: str) -> list[tuple[str, str]]:
+    return [
+        ("user-agent", user_agent),
+        ("accept", "application/json"),
+        ("content-type", "application/json"),
+    ]
+
+
+def _template(fast: H11Transport, base: httpx.URL, user_agent: str) -> PostTemplate | None:
+    """The transport's post template for ``base`` with a poster's headers (the
+    transport makes it once: the bots sharing a client share it)."""
+    return fast.post_template(base, _poster_headers(user_agent))
 
 
 # --- downloads ----------------------------------------------------------------------------------

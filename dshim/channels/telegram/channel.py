@@ -1,7 +1,7 @@
 """The Telegram channel: a bot's nursery, its replay adapter and its probe checks.
 
 ``run`` authenticates (``getMe``, retried through network errors, 5xx and 429 before the
-bot counts as started; 401 stops the bot for good), warns about a webhook, registers the
+bot counts as started; 401 stops the bot for good), registers the
 command menu, opens the pipeline, reports started, then long-polls with the kit's poll
 loop (:mod:`dshim.channels.kit.poll`): :class:`UpdateSource` asks ``getUpdates`` from the
 stored offset (cursor ``telegram.offset``) and maps each update with
@@ -11,7 +11,14 @@ accepted update and never runs a handled one twice (the pipeline's dedup drops t
 redelivery).  An album (several photos, one update each) is collected for about a second
 and answered as one message.  Updates older than ``backlog_max_age_s`` are confirmed and dropped as
 ``stale`` by the pipeline.  Network errors, 5xx and 409 back off 1..30 s with jitter; the
-loop never spins.
+loop never spins.  A webhook (which makes getUpdates answer 409) is asked about
+(``getWebhookInfo``) at the first 409 of a run, not at every start: that logs why
+polling is blocked.
+
+Every bot of the process on one Bot API server shares one HTTP client
+(:func:`~dshim.net.http.open_shared_http`): the token is in each call's path, so a
+thousand bots need one connection pool, not a thousand (each held long poll still has
+a connection of its own).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from dshim.channels.telegram.protocol import BotIdentity, UpdateFeed, token_bot_
 from dshim.channels.telegram.render import TelegramOutbound, split
 from dshim.errors import ChannelError, Conflict
 from dshim.model import InboundMessage, Skip
-from dshim.net.http import open_http
+from dshim.net.http import open_http, open_shared_http
 
 log = structlog.get_logger("dshim.telegram")
 
@@ -90,13 +97,15 @@ async def run(
     """Run one Telegram bot: authenticate, report started, long-poll until shutdown."""
     settings = host.settings_as(TelegramSettings)
     token = settings.token.get()
-    async with open_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT) as http:
+    # One client for every bot of this process on this Bot API server (the token is in
+    # each call's path): a thousand bots, one pool.
+    shared = open_shared_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT)
+    async with shared as http:
         client = BotApiClient(http, token)
         # Network errors, 5xx and 429 are waited out here; a rejected token raises at once.
         me = await until_ok("getMe", client.get_me)
         identity = BotIdentity(me.id, me.username)
         log.info("bot_authenticated", username=me.username, bot_id=me.id)
-        await _warn_webhook(client)
         await _set_commands(client)
         outbound = TelegramOutbound(client, clock=host.clock, username=me.username)
         decode = partial(protocol.decode_update, me=identity, fetcher=client.fetcher)
@@ -116,6 +125,8 @@ class UpdateSource:
         self.feed = UpdateFeed(me, fetcher=client.fetcher)
         self._cursor: str | None = None
         self._offset: int | None = None
+        #: Whether a 409 already made it ask getWebhookInfo (once per run).
+        self._webhook_checked = False
 
     def offset_of(self, cursor: str | None) -> int | None:
         """The offset a stored cursor stands for (an unreadable one is logged, once)."""
@@ -137,7 +148,15 @@ class UpdateSource:
             # the album would be complete, then ask once more without waiting.
             await trio.sleep_until(due)
             params = protocol.poll_params(offset, timeout_s=0)
-        raws = await self.client.get_updates(params)
+        try:
+            raws = await self.client.get_updates(params)
+        except Conflict:
+            if not self._webhook_checked:
+                # Only now is a webhook worth asking about (it is what makes getUpdates
+                # answer 409): a start of a thousand bots saves a call each.
+                self._webhook_checked = True
+                await _warn_webhook(self.client)
+            raise
         return self.batch(raws, offset, now=trio.current_time())
 
     def batch(self, raws: list[bytes], offset: int | None, *, now: float = 0.0) -> PollBatch:

@@ -1,0 +1,122 @@
+"""Many bots, one client: :func:`dshim.net.http.open_shared_http` hands every bot of one
+API base the same client (opened by the first, closed by the last, grown by each), the
+requests are still counted for the bot that makes them, and :class:`PostTemplate`
+prepares a path's POST with exactly the head the long way writes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import trio
+
+from dshim.net.h11transport import H11Transport
+from dshim.net.http import (
+    SHARED_PER_BOT_CONNECTIONS,
+    JsonPoster,
+    counted,
+    counting_requests,
+    open_http,
+    open_shared_http,
+)
+from dshim.net.http import _shared as shared_registry
+from dshim.testing.fakes.http import Request, Response, json_response, open_http_server
+
+HEADERS = [("user-agent", "t"), ("accept", "application/json"), ("content-type", "x")]
+
+
+def transport_of(http: httpx.AsyncClient) -> H11Transport:
+    transport = http._transport
+    assert isinstance(transport, H11Transport)
+    return transport
+
+
+@pytest.mark.parametrize(
+    "base", ["http://127.0.0.1:8081", "http://127.0.0.1:8081/", "http://h/sub/dir/"]
+)
+@pytest.mark.parametrize("path", ["/bot123:AbC-_x/getMe", "/x", "/a/b.c~d!$&'()*+,;=:@"])
+def test_a_template_writes_the_head_prepare_post_writes(base: str, path: str) -> None:
+    transport = H11Transport(httpx.AsyncHTTPTransport(), prefix="/")
+    template = transport.post_template(httpx.URL(base), HEADERS)
+    assert template is not None
+    fast = template.prepare(path)
+    slow = transport.prepare_post(httpx.URL(base.rstrip("/") + path), HEADERS)
+    assert fast is not None and slow is not None
+    assert (fast.key, fast.head) == (slow.key, slow.head)
+    assert transport.post_template(httpx.URL(base), HEADERS) is template  # made once
+
+
+@pytest.mark.parametrize("path", ["/a b", "/é", "/a%20b", "/q?x=1", "/a\r\nX: y", "relative"])
+def test_a_path_that_needs_encoding_is_left_to_the_long_way(path: str) -> None:
+    transport = H11Transport(httpx.AsyncHTTPTransport(), prefix="/")
+    template = transport.post_template(httpx.URL("http://127.0.0.1:1"), HEADERS)
+    assert template is not None and template.prepare(path) is None
+
+
+def test_no_template_where_the_transport_does_not_serve_the_base() -> None:
+    transport = H11Transport(httpx.AsyncHTTPTransport(), prefix="/api/")
+    assert transport.post_template(httpx.URL("http://h/other"), HEADERS) is None
+    # https without a TLS context: the default transport's
+    plain = H11Transport(httpx.AsyncHTTPTransport(), prefix="/")
+    assert plain.post_template(httpx.URL("https://h"), HEADERS) is None
+
+
+async def test_an_encoded_path_still_goes_out_encoded() -> None:
+    seen: list[str] = []
+
+    async def app(request: Request) -> Response:
+        seen.append(request.path)
+        return json_response({"ok": True})
+
+    async with open_http_server(app) as srv, open_http(srv.url, user_agent="t") as http:
+        poster = JsonPoster(http)
+        for path in ("/bot1:A/getMe", "/a b"):
+            answer = await poster.post(path, {}, httpx.Timeout(5.0))
+            assert answer.status_code == 200
+    # the space went out as %20 (a raw one is no valid request line); the server decodes
+    assert seen == ["/bot1:A/getMe", "/a b"]
+
+
+async def test_bots_of_one_api_base_share_one_client_grown_by_each() -> None:
+    async def app(request: Request) -> Response:
+        return json_response({"ok": True, "path": request.path})
+
+    counts: dict[str, list[tuple[str, str]]] = {"a": [], "b": []}
+    async with open_http_server(app) as srv, open_http_server(app) as other:
+        async with (
+            open_shared_http(srv.url, user_agent="t") as first,
+            open_shared_http(srv.url + "/", user_agent="t") as second,
+            open_shared_http(other.url, user_agent="t") as elsewhere,
+        ):
+            assert first is second and first is not elsewhere
+            transport = transport_of(first)
+            assert transport._slots.value == 2 * SHARED_PER_BOT_CONNECTIONS
+            assert transport.max_idle == transport_of(elsewhere).max_idle + 1
+
+            async def bot(name: str, http: httpx.AsyncClient) -> None:
+                with counting_requests(lambda what, status: counts[name].append((what, status))):
+                    post = JsonPoster(http).post(f"/bot{name}/getMe", {}, httpx.Timeout(5.0))
+                    await counted("getMe", post)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(bot, "a", first)
+                nursery.start_soon(bot, "b", second)
+            assert first.is_closed is False
+        assert first.is_closed and elsewhere.is_closed
+    assert not shared_registry
+    # each request counted for the bot that made it, through the one client
+    assert counts == {"a": [("getMe", "200")], "b": [("getMe", "200")]}
+
+
+async def test_the_last_bot_to_leave_closes_the_client_and_a_new_one_opens_afresh() -> None:
+    async def app(request: Request) -> Response:
+        return json_response({"ok": True})
+
+    async with open_http_server(app) as srv:
+        async with open_shared_http(srv.url, user_agent="t") as first:
+            async with open_shared_http(srv.url, user_agent="t") as second:
+                assert second is first
+            assert not first.is_closed  # one bot still uses it
+        assert first.is_closed
+        async with open_shared_http(srv.url, user_agent="t") as again:
+            assert again is not first and not again.is_closed
+            assert transport_of(again)._slots.value == SHARED_PER_BOT_CONNECTIONS
