@@ -29,13 +29,14 @@ every bot ended on its own), with no traceback.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import os
 import random
 import signal
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,33 @@ PRUNE_FIRST_S = 60.0
 PRUNE_INTERVAL_S = 3600.0
 
 
+class ShutdownScopes:
+    """The cancel scopes to cancel when one shutdown event is set, watched by one task
+    (:meth:`run`) for every bot of the process instead of a task per bot: a thousand
+    bots waiting for the shutdown cost a set of scopes, not a thousand parked tasks."""
+
+    def __init__(self, event: trio.Event) -> None:
+        self.event = event
+        self._scopes: set[trio.CancelScope] = set()
+
+    @contextlib.contextmanager
+    def cancelled_at_shutdown(self) -> Iterator[trio.CancelScope]:
+        """A scope cancelled when the shutdown comes (at once if it already came)."""
+        with trio.CancelScope() as scope:
+            if self.event.is_set():
+                scope.cancel()
+            self._scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.discard(scope)
+
+    async def run(self) -> None:
+        await self.event.wait()
+        for scope in list(self._scopes):
+            scope.cancel()
+
+
 class ServeHost(HasDataDir):
     """The :class:`~dshim.channels.base.BotHost` of one bot under ``dshim serve``."""
 
@@ -117,9 +145,17 @@ class ServeHost(HasDataDir):
         metrics: BotMetrics = NO_METRICS,
         statuses: BotStatuses | None = None,
         capture: Capture | None = None,
+        shutdown_scopes: ShutdownScopes | None = None,
     ) -> None:
         self.config = config
         self._endpoint = endpoint
+        #: Where a scope is cancelled at ``shutdown`` without a task of this bot's
+        #: (None, or another event's: a task of its own waits for ``shutdown``).
+        self.shutdown_scopes = (
+            shutdown_scopes
+            if shutdown_scopes is not None and shutdown_scopes.event is shutdown
+            else None
+        )
         #: This bot's part of ``serve --capture`` (None: off, or ``capture = false``).
         self.capture = capture.for_bot(bot) if capture is not None else None
         self.metrics = metrics
@@ -237,6 +273,25 @@ class ServeHost(HasDataDir):
             finally:
                 self._runtime = None
 
+    @asynccontextmanager
+    async def _watching(self) -> AsyncIterator[trio.CancelScope]:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                await self.shutdown.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            yield nursery.cancel_scope
+            nursery.cancel_scope.cancel()
+
+    def cancelled_at_shutdown(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        """A block cancelled when ``shutdown`` is set: through :attr:`shutdown_scopes`
+        when it watches this event, else with a task of this bot's that waits for it."""
+        if self.shutdown_scopes is not None:
+            return _AsAsync(self.shutdown_scopes.cancelled_at_shutdown())
+        return self._watching()
+
     async def serve(self, rt: Inbound, reader: Callable[[], Awaitable[None]]) -> None:
         """Run the channel's reader until shutdown, then drain running turns.
 
@@ -247,20 +302,26 @@ class ServeHost(HasDataDir):
         runtime = self._runtime
         if runtime is None or rt is not runtime:
             raise RuntimeError("serve() needs the runtime opened by this host's open_runtime()")
-        async with trio.open_nursery() as nursery:
-
-            async def watch() -> None:
-                await self.shutdown.wait()
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(watch)
+        async with self.cancelled_at_shutdown():
             await reader()
-            nursery.cancel_scope.cancel()
         if self.shutdown.is_set():
             if self.statuses is not None:
                 self.statuses.stopped(self._bot.name, "shutting down")
             log.info("bot_draining", grace_s=self.config.dshim.shutdown_grace_s)
             await runtime.drain(self.config.dshim.shutdown_grace_s)
+
+
+class _AsAsync(contextlib.AbstractAsyncContextManager[Any]):
+    """A plain context manager used as an async one (no checkpoint, no task)."""
+
+    def __init__(self, cm: contextlib.AbstractContextManager[Any]) -> None:
+        self._cm = cm
+
+    async def __aenter__(self) -> Any:
+        return self._cm.__enter__()
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return self._cm.__exit__(*exc)
 
 
 class _Both:
@@ -373,15 +434,9 @@ async def _start_unless_shutdown(nursery: trio.Nursery, channel: Channel, host: 
     :meth:`ServeHost.serve`).  Until then there is nothing to drain: the start is
     cancelled as soon as shutdown is set.
     """
-    async with trio.open_nursery() as guard:
-
-        async def cancel_at_shutdown() -> None:
-            await host.shutdown.wait()
-            guard.cancel_scope.cancel()
-
-        guard.start_soon(cancel_at_shutdown)
+    async with host.cancelled_at_shutdown() as guard:
         await nursery.start(channel.run, host)
-        guard.cancel_scope.cancel()
+        guard.cancel()
         return True
     log.info("bot_start_cancelled")
     return False
@@ -446,6 +501,7 @@ async def serve_bots(
     if statuses is not None:
         for bot in enabled:
             statuses.starting(bot.name, bot.channel)
+    scopes = ShutdownScopes(shutdown)  # one task watches the shutdown for every bot
 
     def host_for(bot: BotConfig, bot_store: Store, bot_shutdown: trio.Event) -> ServeHost:
         return ServeHost(
@@ -460,6 +516,7 @@ async def serve_bots(
             metrics=metrics.for_bot(bot.name, bot.channel) if metrics is not None else NO_METRICS,
             statuses=statuses,
             capture=capture,
+            shutdown_scopes=scopes,
         )
 
     async def one(bot: BotConfig, channel: Channel) -> None:
@@ -508,10 +565,13 @@ async def serve_bots(
             nursery.cancel_scope.cancel()
         return results
 
-    async with trio.open_nursery() as nursery:
-        for bot in enabled:
-            nursery.start_soon(one, bot, channel_of(bot))
-        task_status.started()
+    async with trio.open_nursery() as watching:
+        watching.start_soon(scopes.run)
+        async with trio.open_nursery() as nursery:
+            for bot in enabled:
+                nursery.start_soon(one, bot, channel_of(bot))
+            task_status.started()
+        watching.cancel_scope.cancel()
     return results
 
 
@@ -851,6 +911,63 @@ async def _serve_main(
     return 0 if shutdown.is_set() else 1
 
 
+#: Descriptors besides the bots' connections: the store, the endpoint, logs, a margin.
+BASE_DESCRIPTORS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Descriptors:
+    """What :func:`raise_descriptor_limit` found and did (``RLIMIT_NOFILE``)."""
+
+    soft: int
+    hard: int
+    #: At least this many: one connection per bot (its long poll or websocket) and the base.
+    needed: int
+    #: Comfortable: two connections per bot (one held, one to send) and the base.
+    wanted: int
+
+
+def raise_descriptor_limit(bots: int) -> Descriptors | None:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard one (each bot holds a connection of
+    its own: a thousand bots need a thousand descriptors), and log an error when even the
+    hard limit is below what ``bots`` bots need (a warning when it is only below the
+    comfortable figure).  None where the limit cannot be read (not POSIX)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed, wanted = BASE_DESCRIPTORS + bots, BASE_DESCRIPTORS + 2 * bots
+    if soft != hard and (hard == resource.RLIM_INFINITY or soft < hard):
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as exc:
+            log.warning("descriptor_limit_not_raised", soft=soft, hard=hard, error=str(exc))
+    limit = soft if soft != resource.RLIM_INFINITY else wanted
+    found = Descriptors(limit, hard, needed, wanted)
+    how = "raise it: `ulimit -n`, systemd LimitNOFILE=, docker run --ulimit nofile="
+    if limit < needed:
+        log.error(
+            "descriptor_limit_too_low",
+            detail=f"{bots} bots hold a connection each: at least {needed} open files are "
+            f"needed, the limit (RLIMIT_NOFILE) is {limit}; bots past it fail to connect "
+            f"and keep retrying; {how}",
+            limit=limit,
+            needed=needed,
+        )
+    elif limit < wanted:
+        log.warning(
+            "descriptor_limit_low",
+            detail=f"{bots} bots: the limit (RLIMIT_NOFILE) is {limit}, {wanted} gives each "
+            f"bot room for a second connection; {how}",
+            limit=limit,
+            wanted=wanted,
+        )
+    return found
+
+
 def run_serve(
     config: Config,
     data_dir: Path,
@@ -865,8 +982,11 @@ def run_serve(
     ``signalled`` says whether SIGINT/SIGTERM came before the run (it then stops at once:
     the caller's handler remembered it, see :class:`dshim.launch.EarlySignals`).  The data
     directory is locked for the whole run: a second serve on it raises
-    :class:`~dshim.errors.StoreError` before it starts anything.
+    :class:`~dshim.errors.StoreError` before it starts anything.  The soft descriptor
+    limit is raised to the hard one first, and a limit too low for the enabled bots is
+    logged (:func:`raise_descriptor_limit`).
     """
+    raise_descriptor_limit(sum(1 for b in config.bots if b.enabled))
     with hold_data_dir_lock(data_dir):
         return trio.run(
             functools.partial(_serve_main, config, data_dir, announce, signalled, instance)
