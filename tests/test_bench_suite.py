@@ -78,3 +78,19 @@ async def test_the_fake_discord_compresses_the_gateway_when_the_client_asks() ->
         async with trio_websocket.open_websocket_url(f"{fake.gateway_url}/?v=10") as ws:
             plain = await ws.get_message()
             assert isinstance(plain, str) and json.loads(plain)["op"] == 10
+
+
+def test_b8_runs_many_bots_against_one_fake_and_prints_the_slope() -> None:
+    out = suite("--only", "B8", "--quick", "--updates", "40", "--b8-sizes", "1,3")
+    title = "B8 many Telegram bots, one fake Bot API, idle 5 s, then 40 updates"
+    for bots in ("1", "3"):
+        cells = next(
+            [c.strip() for c in line.strip().strip("|").split("|")]
+            for line in out.split(f"### {title}", 1)[1].splitlines()
+            if line.startswith("| dshim | " + bots + " |")
+        )
+        # candidate, bots, start ms, CPU s, RSS, descriptors, CPU %, events/s, vs 1 bot,
+        # CPU ms/event, lost, dupes, order
+        assert cells[10:13] == ["0", "0", "yes"], cells
+        assert float(cells[4]) > 10 and int(cells[5]) >= int(bots), cells
+    assert "Slope (idle RSS" in out and "1 -> 3 bots:" in out

@@ -45,6 +45,11 @@ Scenarios:
 * **idle**: startup (process start to the last bot's first poll / READY / hello), RSS and
   CPU after 10 s idle; dshim with 1 bot and with 9 bots of nine channels.
 * **B7 soak**: 100,000 events through B1, RSS every 10,000; monotonic growth is a failure.
+* **B8 many bots**: 1, 100 and 1,000 Telegram bots (distinct tokens, one fake Bot API
+  process, ``fake_telegram.py --bots N``): start to the last bot's first poll, RSS, open
+  descriptors and CPU over 10 s idle (the long polls held), the slope (KB per bot), then
+  4,000 updates spread over the bots: events/s next to one bot's (B1) in the same run;
+  ``--b8-max 10000`` adds one run of that many bots.
 
 Every run is bounded in count and time; three repetitions give the median and the spread
 (min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
@@ -951,17 +956,138 @@ def idle_once(cand: Candidate, platforms: list[str], idle_s: float) -> dict[str,
                 stop(fake)
 
 
+def b8_once(cand: Candidate, bots: int, n: int, idle_s: float) -> dict[str, Any]:
+    """B8: ``bots`` Telegram bots against one fake process; start-up, idle RSS / CPU /
+    descriptors during the fake's hold, then ``n`` updates over ``max(200, bots)`` chats."""
+    chats = max(200, bots)
+    hold = idle_s + 3.0
+    timeout = 300.0
+    with tempfile.TemporaryDirectory(prefix="dshim-bench-") as tmp:
+        workdir = Path(tmp)
+        args = ["--updates", str(n), "--chats", str(chats), "--hold", str(hold)]
+        fake, info = start_fake([*args, "--bots", str(bots), "--timeout", str(timeout)])
+        tokens = info.get("tokens") or [info["token"]]
+        config = [("telegram", {"token": t, "url": info["url"]}) for t in tokens]
+        spawned = time.perf_counter()
+        proc = start_candidate(cand, workdir, config)
+        try:
+            assert fake.stdout is not None
+            limit = time.monotonic() + timeout + 60
+            line = read_line(fake.stdout, limit)
+            start_cpu = cpu_s(proc.pid)  # read just after the last bot's first poll
+            last_poll = line.get("all_polling", line.get("first_poll"))
+            if "all_polling" in line:
+                read_line(fake.stdout, limit)  # the ledger's first_poll
+            time.sleep(2.0)
+            c0, t0 = cpu_s(proc.pid), time.monotonic()
+            time.sleep(idle_s)
+            c1, t1 = cpu_s(proc.pid), time.monotonic()
+            idle = {
+                "rss_mb": rss_mb(proc.pid, "VmRSS"),
+                "cpu_pct": (c1 - c0) * 100 / (t1 - t0),
+                "fds": len(os.listdir(f"/proc/{proc.pid}/fd")),
+                "startup_ms": (last_poll - spawned) * 1000,
+                "start_cpu_s": start_cpu,
+            }
+            read_line(fake.stdout, limit)  # released
+            c2 = cpu_s(proc.pid)
+            done = read_line(fake.stdout, limit)["done"]
+            done["cpu_ms_per_event"] = (cpu_s(proc.pid) - c2) * 1000 / max(1, done["replies"])
+            done["peak_rss_mb"] = rss_mb(proc.pid)
+            return {**done, **idle}
+        finally:
+            stop(proc)
+            stop(fake)
+
+
+def scenario_b8(cands: list[Candidate], reps: int, n: int, sizes: list[int], idle_s: float) -> None:
+    """B8 many bots: per size, start to the last bot's first poll, idle RSS, CPU and
+    descriptors, then ``n`` updates over the bots; the slope in KB per bot between the
+    two largest sizes; events/s relative to one bot's in the same run."""
+    for cand in [c for c in cands if c.platform == "any"]:
+        rows, slope = [], []
+        figures: dict[int, dict[str, list[float]]] = {}
+        for size in sizes:
+            f = figures.setdefault(size, {})
+            for _ in range(reps):
+                r = b8_once(cand, size, n, idle_s)
+                for key in (
+                    "startup_ms",
+                    "start_cpu_s",
+                    "rss_mb",
+                    "cpu_pct",
+                    "fds",
+                    "events_per_s",
+                ):
+                    value = r["replies"] / r["elapsed_s"] if key == "events_per_s" else r[key]
+                    f.setdefault(key, []).append(value)
+                f.setdefault("lost", []).append(r["updates"] - r["replies"])
+                f.setdefault("dupes", []).append(r["duplicates"])
+                f.setdefault("order", []).append(1.0 if r["in_order"] else 0.0)
+                f.setdefault("cpu_ms", []).append(r["cpu_ms_per_event"])
+            print(f"  B8 {cand.name} x{size}: {fmt(f['rss_mb'], 1)} MB", flush=True)
+        one = med(figures[sizes[0]]["events_per_s"])[0]
+        for size in sizes:
+            f = figures[size]
+            rows.append(
+                [
+                    cand.name,
+                    f"{size:,}",
+                    fmt(f["startup_ms"]),
+                    fmt(f["start_cpu_s"], 2),
+                    fmt(f["rss_mb"], 1),
+                    fmt(f["fds"]),
+                    fmt(f["cpu_pct"], 2),
+                    fmt(f["events_per_s"]),
+                    f"{med(f['events_per_s'])[0] / one:.2f}x" if one else "—",
+                    fmt(f["cpu_ms"], 2),
+                    f"{max(f['lost']):.0f}",
+                    f"{max(f['dupes']):.0f}",
+                    "yes" if min(f["order"]) == 1.0 else "NO",
+                ]
+            )
+        for a, b in zip(sizes, sizes[1:], strict=False):
+            per_run = [
+                (y - x) * 1024 / (b - a)
+                for x, y in zip(figures[a]["rss_mb"], figures[b]["rss_mb"], strict=True)
+            ]
+            slope.append(f"{a:,} -> {b:,} bots: {fmt(per_run, 1)} KB per bot")
+        table(
+            f"B8 many Telegram bots, one fake Bot API, idle {idle_s:.0f} s, "
+            f"then {n} updates spread over the bots",
+            [
+                "candidate",
+                "bots",
+                "start to the last bot's first poll ms",
+                "dshim CPU s by then",
+                "idle RSS MB",
+                "descriptors",
+                "idle CPU %",
+                "events/s",
+                "vs 1 bot",
+                "CPU ms/event",
+                "lost",
+                "dupes",
+                "order",
+            ],
+            rows,
+        )
+        print("\nSlope (idle RSS, per run then median): " + "; ".join(slope))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--updates", type=int, default=None, help="B1 updates (4,000; --quick 1,000)")
-    p.add_argument("--only", default="B1,B1-1chat,B1-capture,paced,B2,B3,B4,idle,B7")
+    p.add_argument("--only", default="B1,B1-1chat,B1-capture,paced,B2,B3,B4,idle,B7,B8")
     p.add_argument("--soak", type=int, default=None, help="B7 events (100,000; --quick 20,000)")
     p.add_argument(
         "--candidates", default="dshim,floor,ptb,ptb-c8,aiogram,nonebot,hikari,slack-sdk"
     )
     p.add_argument("--no-install", action="store_true")
+    p.add_argument("--b8-max", type=int, default=1000, help="B8's largest bot count")
+    p.add_argument("--b8-sizes", default="", help="B8's bot counts (default 1,100,1000)")
     args = p.parse_args(argv)
     reps = 1 if args.quick else args.reps
     n = args.updates or (1000 if args.quick else 4000)
@@ -1009,6 +1135,15 @@ def main(argv: list[str] | None = None) -> None:
             soak,
             max(1, soak // 10),
             600.0,
+        ),
+        "B8": lambda: scenario_b8(
+            cands,
+            reps,
+            n,
+            sorted({int(x) for x in args.b8_sizes.split(",")})
+            if args.b8_sizes
+            else sorted({1, 100, min(1000, args.b8_max), args.b8_max}),
+            5.0 if args.quick else 10.0,
         ),
     }
     for key, fn in runs.items():
