@@ -120,3 +120,44 @@ async def test_the_last_bot_to_leave_closes_the_client_and_a_new_one_opens_afres
         async with open_shared_http(srv.url, user_agent="t") as again:
             assert again is not first and not again.is_closed
             assert transport_of(again)._slots.value == SHARED_PER_BOT_CONNECTIONS
+
+
+async def test_connections_are_opened_a_bounded_number_at_a_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dshim.net import h11transport
+
+    opening = peak = 0
+    real = trio.open_tcp_stream
+
+    async def counted_open(host: str, port: int) -> trio.SocketStream:
+        nonlocal opening, peak
+        opening += 1
+        peak = max(peak, opening)
+        try:
+            await trio.sleep(0.01)  # a connect that takes a while (a busy server)
+            return await real(host, port)
+        finally:
+            opening -= 1
+
+    monkeypatch.setattr(h11transport.trio, "open_tcp_stream", counted_open)
+
+    async def app(request: Request) -> Response:
+        await trio.sleep(0.5)  # every call holds its connection, as a long poll does
+        return json_response({"ok": True})
+
+    bots = 3 * h11transport.MAX_CONNECTING
+    answered = 0
+    async with open_http_server(app) as srv:
+        async with trio.open_nursery() as nursery:
+
+            async def bot(i: int) -> None:
+                nonlocal answered
+                async with open_shared_http(srv.url, user_agent="t") as http:
+                    await JsonPoster(http).post(f"/bot{i}/getUpdates", {}, httpx.Timeout(5.0))
+                    answered += 1
+
+            for i in range(bots):
+                nursery.start_soon(bot, i)
+    assert answered == bots
+    assert peak == h11transport.MAX_CONNECTING  # waves, never a flood

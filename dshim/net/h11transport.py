@@ -60,6 +60,12 @@ import trio
 __all__ = ["ApiResponse", "H11Transport", "PostTemplate", "PreparedPost"]
 
 _MAX_IDLE_PER_HOST = 32
+#: New connections being opened at a time, per transport: a start of ten thousand bots
+#: on one shared client (:func:`dshim.net.http.open_shared_http`) connects in waves of
+#: this many, not in a flood that overflows the server's listen backlog (each dropped
+#: SYN waits a second or more to be sent again, and the connect timeout runs meanwhile).
+#: The connect timeout counts from the moment a connection is being opened.
+MAX_CONNECTING = 64
 #: Request extension of a request whose answer is read as a stream
 #: (:func:`~dshim.net.http.download_capped`): this transport reads answers whole,
 #: so it hands such requests to the default transport.
@@ -213,6 +219,7 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._prefix = prefix.encode("ascii")
         self._idle: dict[_Key, list[_Conn]] = {}
         self._slots = trio.Semaphore(max_connections)
+        self._connecting = trio.Semaphore(MAX_CONNECTING)
         #: Idle connections kept per host (see :meth:`grow`).
         self.max_idle = _MAX_IDLE_PER_HOST
         self._templates: dict[tuple[str, tuple[tuple[str, str], ...]], PostTemplate | None] = {}
@@ -418,6 +425,12 @@ class H11Transport(httpx.AsyncBaseTransport):
 
     async def _connect(self, key: _Key, connect_s: float, request: httpx.Request | None) -> _Conn:
         host, port, tls = key
+        async with self._connecting:
+            return await self._open(host, port, tls, connect_s, request)
+
+    async def _open(
+        self, host: str, port: int, tls: bool, connect_s: float, request: httpx.Request | None
+    ) -> _Conn:
         try:
             with trio.fail_after(connect_s):  # the TCP connect and the TLS handshake
                 stream = await trio.open_tcp_stream(host, port)
