@@ -6,6 +6,7 @@ Usage::
 
     python scripts/bench/b8_profile.py --bots 1000 --memory [--top 30]   # tracemalloc
     python scripts/bench/b8_profile.py --bots 1000 --cpu                 # cProfile start-up
+    python scripts/bench/b8_profile.py --bots 10000 --idle 60            # RSS, fds, CPU
 
 ``--memory`` prints the allocations alive once every bot polls, grouped by line (run it
 at 100 and 1,000 bots: what grows by bot is the difference); ``--cpu`` profiles the start
@@ -41,6 +42,7 @@ def main() -> None:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--frames", type=int, default=1)
+    p.add_argument("--idle", type=float, default=0.0, help="then CPU %% over this many s")
     args = p.parse_args()
     fake = subprocess.Popen(
         [sys.executable, str(BENCH / "fake_telegram.py"), "--bots", str(args.bots)]
@@ -110,6 +112,12 @@ def main() -> None:
                         print("        " + line)
         with open(f"/proc/{os.getpid()}/status") as f:
             print(next(x for x in f if x.startswith("VmRSS")).strip(), flush=True)
+        print(f"descriptors {len(os.listdir(f'/proc/{os.getpid()}/fd'))}", flush=True)
+        if args.idle:
+            c0, t0 = sum(os.times()[:2]), time.monotonic()
+            time.sleep(args.idle)
+            c1, t1 = sum(os.times()[:2]), time.monotonic()
+            print(f"idle CPU {(c1 - c0) * 100 / (t1 - t0):.2f} % over {t1 - t0:.0f} s", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True).start()
