@@ -161,3 +161,21 @@ async def test_connections_are_opened_a_bounded_number_at_a_time(
                 nursery.start_soon(bot, i)
     assert answered == bots
     assert peak == h11transport.MAX_CONNECTING  # waves, never a flood
+
+
+async def test_bots_of_one_client_make_their_start_up_calls_a_bounded_number_at_a_time() -> None:
+    from dshim.channels.telegram import channel
+
+    async def app(request: Request) -> Response:
+        return json_response({"ok": True})
+
+    async with open_http_server(app) as srv:
+        async with (
+            open_shared_http(srv.url, user_agent="t") as first,
+            open_shared_http(srv.url, user_agent="t") as second,
+            open_shared_http(srv.url + "/other", user_agent="t") as third,
+        ):
+            gate = channel._start_gate(first)
+            assert channel._start_gate(second) is gate  # one gate per shared client
+            assert channel._start_gate(third) is not gate
+            assert gate.value == channel.START_AT_ONCE

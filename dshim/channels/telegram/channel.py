@@ -23,6 +23,7 @@ a connection of its own).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -48,6 +49,7 @@ from dshim.channels.kit.poll import PollBatch, PollEvent, run_poll_loop
 from dshim.channels.kit.retry import until_ok
 from dshim.channels.telegram import protocol
 from dshim.channels.telegram.client import CALL_TIMEOUT, DEFAULT_API_BASE, USER_AGENT, BotApiClient
+from dshim.channels.telegram.models import Me
 from dshim.channels.telegram.protocol import BotIdentity, UpdateFeed, token_bot_id
 from dshim.channels.telegram.render import TelegramOutbound, split
 from dshim.errors import ChannelError, Conflict
@@ -102,11 +104,18 @@ async def run(
     shared = open_shared_http(settings.api_base, user_agent=USER_AGENT, timeout=CALL_TIMEOUT)
     async with shared as http:
         client = BotApiClient(http, token)
+        gate = _start_gate(http)
+
+        async def get_me() -> Me:
+            async with gate:
+                return await client.get_me()
+
         # Network errors, 5xx and 429 are waited out here; a rejected token raises at once.
-        me = await until_ok("getMe", client.get_me)
+        me = await until_ok("getMe", get_me)
         identity = BotIdentity(me.id, me.username)
         log.info("bot_authenticated", username=me.username, bot_id=me.id)
-        await _set_commands(client)
+        async with gate:
+            await _set_commands(client)
         outbound = TelegramOutbound(client, clock=host.clock, username=me.username)
         decode = partial(protocol.decode_update, me=identity, fetcher=client.fetcher)
         async with host.open_runtime(outbound=outbound, bot_id=str(me.id), decode_raw=decode) as rt:
@@ -114,6 +123,22 @@ async def run(
             source = UpdateSource(client, identity, outbound)
             reader = partial(run_poll_loop, source, rt, host.store, cursor_name=OFFSET_CURSOR)
             await host.serve(rt, reader)
+
+
+#: Bots of one shared client making their start-up calls (getMe, setMyCommands) at a
+#: time: ten thousand bots starting together would otherwise ask a Bot API server for
+#: ten thousand answers at once, time out waiting (30 s) and ask again, and a busy server
+#: would spend its time on answers nobody waits for.  Long polls are not gated.
+START_AT_ONCE = 64
+_gates: weakref.WeakKeyDictionary[Any, trio.Semaphore] = weakref.WeakKeyDictionary()
+
+
+def _start_gate(http: Any) -> trio.Semaphore:
+    """The start-up gate of the bots sharing ``http`` (one per client)."""
+    gate = _gates.get(http)
+    if gate is None:
+        gate = _gates[http] = trio.Semaphore(START_AT_ONCE)
+    return gate
 
 
 class UpdateSource:
