@@ -11,6 +11,7 @@ import trio
 
 from dshim.net.h11transport import H11Transport
 from dshim.net.http import (
+    SHARED_IDLE,
     SHARED_PER_BOT_CONNECTIONS,
     JsonPoster,
     counted,
@@ -113,9 +114,14 @@ async def test_the_last_bot_to_leave_closes_the_client_and_a_new_one_opens_afres
 
     async with open_http_server(app) as srv:
         async with open_shared_http(srv.url, user_agent="t") as first:
-            async with open_shared_http(srv.url, user_agent="t") as second:
-                assert second is first
+            for _ in range(3):  # a bot that restarts, again and again
+                async with open_shared_http(srv.url, user_agent="t") as second:
+                    assert second is first
+                    assert transport_of(first)._slots.value == 2 * SHARED_PER_BOT_CONNECTIONS
             assert not first.is_closed  # one bot still uses it
+            # the pool is one bot's again
+            assert transport_of(first)._slots.value == SHARED_PER_BOT_CONNECTIONS
+            assert transport_of(first).max_idle == SHARED_IDLE
         assert first.is_closed
         async with open_shared_http(srv.url, user_agent="t") as again:
             assert again is not first and not again.is_closed
@@ -179,3 +185,23 @@ async def test_bots_of_one_client_make_their_start_up_calls_a_bounded_number_at_
             assert channel._start_gate(second) is gate  # one gate per shared client
             assert channel._start_gate(third) is not gate
             assert gate.value == channel.START_AT_ONCE
+
+
+async def test_slots_taken_back_while_in_use_are_taken_as_their_calls_end() -> None:
+    release = trio.Event()
+
+    async def app(request: Request) -> Response:
+        await release.wait()
+        return json_response({"ok": True})
+
+    async with open_http_server(app) as srv, open_http(srv.url, user_agent="t") as http:
+        transport = transport_of(http)
+        transport.grow(2, 0)  # 16 + 2 slots
+        async with trio.open_nursery() as nursery:
+            for i in range(18):
+                nursery.start_soon(JsonPoster(http).post, f"/c{i}", {}, httpx.Timeout(5.0))
+            await trio.sleep(0.2)
+            assert transport._slots.value == 0
+            transport.shrink(2, 0)  # every slot busy: owed
+            release.set()
+        assert transport._slots.value == 16

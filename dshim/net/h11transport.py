@@ -220,6 +220,8 @@ class H11Transport(httpx.AsyncBaseTransport):
         self._idle: dict[_Key, list[_Conn]] = {}
         self._slots = trio.Semaphore(max_connections)
         self._connecting = trio.Semaphore(MAX_CONNECTING)
+        #: Slots to take back as calls end (see :meth:`shrink`).
+        self._owed = 0
         #: Idle connections kept per host (see :meth:`grow`).
         self.max_idle = _MAX_IDLE_PER_HOST
         self._templates: dict[tuple[str, tuple[tuple[str, str], ...]], PostTemplate | None] = {}
@@ -258,10 +260,23 @@ class H11Transport(httpx.AsyncBaseTransport):
     def grow(self, connections: int, idle: int) -> None:
         """Allow ``connections`` more calls in flight and keep ``idle`` more idle
         connections per host: a transport shared by one more bot
-        (:func:`dshim.net.http.open_shared_http`).  Never shrinks."""
+        (:func:`dshim.net.http.open_shared_http`)."""
         for _ in range(connections):
-            self._slots.release()
+            if self._owed:
+                self._owed -= 1
+            else:
+                self._slots.release()
         self.max_idle += idle
+
+    def shrink(self, connections: int, idle: int) -> None:
+        """Undo a :meth:`grow` (a bot left): the slots free now are taken back at once,
+        the others as their calls end."""
+        for _ in range(connections):
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                self._owed += 1
+        self.max_idle = max(_MAX_IDLE_PER_HOST, self.max_idle - idle)
 
     # -- the prepared path -----------------------------------------------------------------
 
@@ -393,7 +408,10 @@ class H11Transport(httpx.AsyncBaseTransport):
             self._keep_or_close(key, conn)
             return answer
         finally:
-            slots.release()
+            if self._owed:
+                self._owed -= 1
+            else:
+                slots.release()
 
     def _take(self, key: _Key) -> _Conn | None:
         idle = self._idle.get(key)

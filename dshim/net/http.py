@@ -207,6 +207,10 @@ async def open_shared_http(
         if entry.users == 0:
             del _shared[key]
             await entry.done()
+        else:  # a bot that restarts joins again: the pool stays the size of its users
+            transport = getattr(entry.client, "_transport", None)
+            if isinstance(transport, H11Transport):
+                transport.shrink(SHARED_PER_BOT_CONNECTIONS, 1)
 
 
 # --- capture: the exchanges a quote's resolution made -----------------------------------------
