@@ -1,7 +1,8 @@
 """dshim.toml: msgspec structs, environment substitution, errors that name the key path.
 
     [dshim]        data_dir, backlog_max_age_s
-    [store]        url (PostgreSQL; also DSHIM_STORE_URL), password ("${ENV}"), lease_s
+    [store]        url (PostgreSQL; also DSHIM_STORE_URL), password ("${ENV}"), lease_s,
+                   transcript_keep, transcript_max_age_s
     [harness]      kind = "echo" | "openai" (base_url, api_key, model, system_prompt,
                    max_context_messages, vision) | "acp" (command, env, cwd, mode) |
                    "dsh" (base_url, token, workspace, agent_preset); interaction_timeout_s
@@ -141,8 +142,26 @@ class StoreSection(_Base):
     password: Secret | None = None
     #: How long an instance holds a bot of a shared store without renewing (seconds, 3-300).
     lease_s: float = 15.0
+    #: Each session's transcript keeps its newest this many rows; the hourly sweep drops
+    #: older ones (100-1,000,000; keep it at least ``[harness] max_context_messages`` and
+    #: ``[bots.reply]`` pages x rows_per_page).
+    transcript_keep: int = 1000
+    #: Transcript rows older than this (seconds; 90 days) go once no binding names their
+    #: session (after ``/new``); an open session keeps its newest ``transcript_keep``
+    #: rows however old.
+    transcript_max_age_s: float = 90 * 86400.0
 
     def __post_init__(self) -> None:
+        if not STORE_TRANSCRIPT_KEEP_MIN <= self.transcript_keep <= STORE_TRANSCRIPT_KEEP_MAX:
+            raise ValueError(
+                f"transcript_keep: expected {STORE_TRANSCRIPT_KEEP_MIN:,} to "
+                f"{STORE_TRANSCRIPT_KEEP_MAX:,} rows, got {self.transcript_keep}"
+            )
+        if not self.transcript_max_age_s >= 86400.0:
+            raise ValueError(
+                f"transcript_max_age_s: expected at least 86400 (a day), "
+                f"got {self.transcript_max_age_s:g}"
+            )
         if not STORE_LEASE_MIN_S <= self.lease_s <= STORE_LEASE_MAX_S:
             raise ValueError(
                 f"lease_s: expected {STORE_LEASE_MIN_S:g} to {STORE_LEASE_MAX_S:g} seconds, "
@@ -160,6 +179,9 @@ class StoreSection(_Base):
         self.url = url
 
 
+#: The bounds of ``[store] transcript_keep``.
+STORE_TRANSCRIPT_KEEP_MIN = 100
+STORE_TRANSCRIPT_KEEP_MAX = 1_000_000
 #: The bounds of ``[store] lease_s``.
 STORE_LEASE_MIN_S = 3.0
 STORE_LEASE_MAX_S = 300.0
@@ -1064,6 +1086,8 @@ def apply_store_env(config: Config, env: typing.Mapping[str, str]) -> Config:
             url=url,
             password=None if _has_password(url) else current.password,
             lease_s=current.lease_s,
+            transcript_keep=current.transcript_keep,
+            transcript_max_age_s=current.transcript_max_age_s,
         )
     except ValueError as exc:
         raise ConfigError(f"{STORE_URL_ENV}: {str(exc).removeprefix('url: ')}") from None

@@ -114,7 +114,7 @@ async def test_bodies_nobody_took_for_a_week_are_pruned(url: str) -> None:
 async def test_a_schema_2_database_with_data_gets_the_relay_and_keeps_its_rows(
     pg_cluster: PgCluster, url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION >= 3
     monkeypatch.setattr(pg_store, "MIGRATIONS", pg_store.MIGRATIONS[:2])
     monkeypatch.setattr(pg_store, "SCHEMA_VERSION", 2)
     with trio.fail_after(30):
@@ -126,7 +126,7 @@ async def test_a_schema_2_database_with_data_gets_the_relay_and_keeps_its_rows(
         monkeypatch.undo()
         with structlog.testing.capture_logs() as logs:
             async with open_postgres_store(url) as store:
-                assert await store.schema_version() == 3
+                assert await store.schema_version() == SCHEMA_VERSION
                 assert snapshot(pg_cluster, url) == before
                 assert [(x.bot, x.owner) for x in await store.leases()] == [(BOT, "a")]
                 seq = await store.relay_put(BOT, b"body", now=T0)
@@ -134,4 +134,4 @@ async def test_a_schema_2_database_with_data_gets_the_relay_and_keeps_its_rows(
                 await store.fenced(lease).relay_done(BOT, seq)
                 assert await store.relay_pending(BOT, limit=10) == []
     [migrated] = [e for e in logs if e["event"] == "store_migrated"]
-    assert (migrated["from_schema"], migrated["schema"]) == (2, 3)
+    assert (migrated["from_schema"], migrated["schema"]) == (2, SCHEMA_VERSION)

@@ -18,6 +18,7 @@ import trio
 from typer.testing import CliRunner
 
 import dshim.store.postgres as pg_store
+import dshim.store.sqlite as sqlite_store
 from dshim.channels.registry import default_config, load_config
 from dshim.errors import ConfigError, StoreError
 from dshim.store import Store, open_store, open_store_from_config, read_schema_version
@@ -421,7 +422,7 @@ def test_dshim_migrate_prints_the_version_before_and_after(
     env = {"DSHIM_CONFIG": "", "DSHIM_DATA_DIR": str(tmp_path / "s")}
     sqlite = run_cli(["--log-level", "warning", "migrate"], env)
     assert sqlite.exit_code == 0, sqlite.output
-    assert "dshim.sqlite3: schema version 0 -> 7" in sqlite.output
+    assert f"dshim.sqlite3: schema version 0 -> {sqlite_store.SCHEMA_VERSION}" in sqlite.output
     # An unreachable server: exit 1, one line, no password.
     from tests.pgkit import free_port
 

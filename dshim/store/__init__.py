@@ -20,6 +20,7 @@ from dshim.store.base import (
     InboxEntry,
     LoggedMessage,
     OutboundEntry,
+    Retention,
     Store,
     TranscriptRow,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "InboxEntry",
     "LoggedMessage",
     "OutboundEntry",
+    "Retention",
     "Store",
     "TranscriptRow",
     "open_store",
@@ -52,6 +54,7 @@ async def open_store(
     inline: bool = False,
     url: str | None = None,
     password: str | None = None,
+    retention: Retention | None = None,
 ) -> AsyncIterator[Store]:
     """Open the store: the PostgreSQL database at ``url`` when given, else the SQLite file
     ``<data_dir>/dshim.sqlite3``.  The data directory is created with mode 0700 if missing
@@ -60,7 +63,8 @@ async def open_store(
     Migrates the schema first (on PostgreSQL under an advisory lock).  Raises
     :class:`~dshim.errors.StoreError` if the store cannot be opened or migrated.
     ``inline``: see :func:`~dshim.store.sqlite.open_sqlite_store`.  ``password``: the
-    database's, when the URL has none (never logged).
+    database's, when the URL has none (never logged).  ``retention``: how long ``prune``
+    keeps transcripts (:class:`~dshim.store.base.Retention`'s defaults when None).
     """
     # Imported here: the records above are light, the backends and their threads are not
     # (channels import dshim.store.base without pulling an implementation in).
@@ -73,13 +77,15 @@ async def open_store(
         from dshim.store.postgres import open_postgres_store
 
         async with open_postgres_store(
-            url, password=password, inline=inline, data_dir=data_dir
+            url, password=password, inline=inline, data_dir=data_dir, retention=retention
         ) as pg:
             yield pg
         return
     from dshim.store.sqlite import open_sqlite_store
 
-    async with open_sqlite_store(data_dir / DB_FILENAME, inline=inline) as store:
+    async with open_sqlite_store(
+        data_dir / DB_FILENAME, inline=inline, retention=retention
+    ) as store:
         yield store
 
 
@@ -118,8 +124,21 @@ async def open_store_from_config(
     ``DSHIM_STORE_URL``, applied when the configuration was parsed): PostgreSQL; else
     SQLite in ``data_dir``."""
     url, password = _backend(config)
-    async with open_store(data_dir, inline=inline, url=url, password=password) as store:
+    retention = _retention(config)
+    async with open_store(
+        data_dir, inline=inline, url=url, password=password, retention=retention
+    ) as store:
         yield store
+
+
+def _retention(config: Config | None) -> Retention:
+    from dshim.config import store_section
+
+    section = store_section(config)
+    return Retention(
+        transcript_keep=section.transcript_keep,
+        transcript_max_age_s=section.transcript_max_age_s,
+    )
 
 
 def store_target(config: Config | None, data_dir: Path) -> str:

@@ -141,6 +141,31 @@ class TurnRecord(msgspec.Struct, frozen=True, kw_only=True):
     inbox_done: list[tuple[str, str]]
 
 
+#: A session's transcript keeps at least its newest this many rows (``[store]
+#: transcript_keep``): more than the openai harness's context and the history recovery's
+#: page budget need.
+TRANSCRIPT_KEEP = 1000
+#: Transcript rows older than this (90 days) go once no binding names their session any
+#: more (``[store] transcript_max_age_s``).
+TRANSCRIPT_MAX_AGE_S = 90 * 86400.0
+
+
+class Retention(msgspec.Struct, frozen=True, kw_only=True):
+    """How long the store keeps a session's transcript (``[store]``), applied by
+    :meth:`Store.prune`:
+
+    - ``transcript_keep``: each session keeps its newest this many rows; older rows of a
+      session go (the openai harness reads the newest ``max_context_messages``, history
+      recovery the newest ``pages`` x ``rows_per_page``: never more);
+    - ``transcript_max_age_s``: rows older than this go once no binding names their
+      session (after ``/new``, or a conversation unbound); an open session's rows are only
+      ever cut to ``transcript_keep``, however old.
+    """
+
+    transcript_keep: int = TRANSCRIPT_KEEP
+    transcript_max_age_s: float = TRANSCRIPT_MAX_AGE_S
+
+
 class Store(Protocol):
     """Everything dshim persists.  See :mod:`dshim.store.sqlite` for the default."""
 
@@ -350,7 +375,8 @@ class Store(Protocol):
     async def get_last_direct(self, bot: str) -> str | None: ...
 
     async def prune(self, *, now: float) -> None:
-        """Drop expired dedup keys and outbound entries."""
+        """Drop expired dedup keys, outbound entries past their age and transcript rows
+        past the store's :class:`Retention`."""
         ...
 
     async def schema_version(self) -> int: ...

@@ -130,6 +130,7 @@ from dshim.store.base import (
     PromptRow,
     Relayed,
     RelaysWebhooks,
+    Retention,
     SharesBots,
     Store,
     TranscriptRow,
@@ -173,6 +174,10 @@ CONNECT_TIMEOUT_S = 10
 POOL_TIMEOUT_S = 30.0
 #: Rows one pruning transaction deletes at most (per table).
 PRUNE_BATCH = 2000
+#: Sessions one pruning transaction cuts to ``transcript_keep`` at most.
+PRUNE_SESSIONS = 200
+#: Sessions remembered as grown between two prunes at most (more: the prune looks at all).
+GROWN_MAX = 100_000
 #: The ``LISTEN``/``NOTIFY`` channel of the relay (the payload: the bot's name).
 RELAY_CHANNEL = "dshim_relay"
 #: How long the relay listener waits for notifications per thread call (it checks for
@@ -347,6 +352,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             "CREATE INDEX relay_bot ON relay (bot, seq)",
             "CREATE INDEX relay_received ON relay (received_at)",
         ),
+    ),
+    Migration(
+        "find the sessions a binding names (transcript retention)",
+        ("CREATE INDEX bindings_session ON bindings (session_id)",),
     ),
 )
 
@@ -550,6 +559,7 @@ async def open_postgres_store(
     password: str | None = None,
     inline: bool = False,
     data_dir: Path | None = None,
+    retention: Retention | None = None,
 ) -> AsyncIterator[PostgresStore]:
     """Open the store in the PostgreSQL database at ``url``, migrating it (under the
     advisory lock) first.
@@ -559,6 +569,7 @@ async def open_postgres_store(
     where the channels' files are (the SQLite store's is its file's directory).  Raises
     :class:`~dshim.errors.StoreError` if the server cannot be reached, the URL is invalid
     or the schema is newer; the pool is closed when the block exits, even on cancellation.
+    ``retention``: how long ``prune`` keeps transcripts (the defaults when None).
     """
     conninfo = _conninfo(url, password)
     secret = password or _password_of(conninfo)
@@ -588,7 +599,9 @@ async def open_postgres_store(
         open_pool()
     else:
         await trio.to_thread.run_sync(open_pool)
-    store = PostgresStore(pool, where, secret, inline=inline, data_dir=data_dir)
+    store = PostgresStore(
+        pool, where, secret, inline=inline, data_dir=data_dir, retention=retention
+    )
     try:
         yield store
     finally:
@@ -746,6 +759,7 @@ class PostgresStore:
         *,
         inline: bool = False,
         data_dir: Path | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self._pool: psycopg_pool.ConnectionPool[Any] | None = pool
         #: The store whose pool this one uses (itself, unless it is a fenced view).
@@ -767,6 +781,11 @@ class PostgresStore:
         #: Shared by the fenced views (copies share these objects).
         self._relay_events: dict[str, trio.Event] = {}
         self._relay_woken: set[str] = set()
+        self._retention = retention or Retention()
+        #: Sessions this instance added transcript rows to since its last prune (the ones
+        #: that may hold more than ``transcript_keep``); None until the first prune, which
+        #: looks at every session.  The root's (views write through ``_root``).
+        self._grown: set[str] | None = None
 
     @property
     def url(self) -> str:
@@ -900,12 +919,18 @@ class PostgresStore:
     async def mark_delivered(
         self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
     ) -> None:
+        if prompt is not None:
+            self._grew(prompt.session_id)
         await self._call(_mark_delivered, bot, list(inbox_keys), prompt, self._fence(bot))
 
     async def record_turn(
         self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
     ) -> None:
         fence = self._fence(bot)
+        if turn.session_id is not None and (
+            turn.user_text is not None or turn.answer_text is not None
+        ):
+            self._grew(turn.session_id)
         await self._call(self._record_turn, bot, conversation_id, turn, now, fence)
 
     # -- bindings ----------------------------------------------------------------------------
@@ -1029,6 +1054,7 @@ class PostgresStore:
         self, bot: str, session_id: str, role: str, text: str, *, at: float, completed: bool
     ) -> int:
         fence = self._fence(bot)
+        self._grew(session_id)
         return await self._call(
             _append_transcript, bot, session_id, role, text, at, completed, fence
         )
@@ -1051,9 +1077,37 @@ class PostgresStore:
     async def prune(self, *, now: float) -> None:
         """Drop expired dedup keys, outbound entries completed more than 30 days ago and
         relayed bodies nobody took in :data:`~dshim.store.base.RELAY_MAX_AGE_S`, in
-        transactions of at most :data:`PRUNE_BATCH` rows per table."""
+        transactions of at most :data:`PRUNE_BATCH` rows per table; then the transcript
+        rows past the store's :class:`~dshim.store.base.Retention` (the sessions this
+        instance wrote to since its last prune; at the first, every session)."""
         while await self._call(_prune, now, PRUNE_BATCH) >= PRUNE_BATCH:
             pass
+        root = self._root
+        keep = root._retention.transcript_keep
+        grown, root._grown = root._grown, set()
+        if grown is None:
+            after: str | None = ""
+            while after is not None:
+                after = await self._call(_transcript_cut_all, after, keep, PRUNE_SESSIONS)
+        else:
+            sessions = sorted(grown)
+            for k in range(0, len(sessions), PRUNE_SESSIONS):
+                chunk = sessions[k : k + PRUNE_SESSIONS]
+                await self._call(_transcript_cut, chunk, keep)
+        cutoff = now - root._retention.transcript_max_age_s
+        after_id: int | None = 0
+        while after_id is not None:
+            after_id = await self._call(_transcript_expire, after_id, cutoff, PRUNE_BATCH)
+
+    def _grew(self, session_id: str) -> None:
+        root = self._root
+        grown = root._grown
+        if grown is None:
+            return  # the next prune looks at every session anyway
+        if len(grown) >= GROWN_MAX:
+            root._grown = None  # too many to remember: the next prune looks at all
+        else:
+            grown.add(session_id)
 
     async def schema_version(self) -> int:
         return await self._call(_schema_version)
@@ -1813,6 +1867,58 @@ def _prune(conn: _Conn, now: float, limit: int) -> int:
             (now - RELAY_MAX_AGE_S, limit),
         ).rowcount
     return max(keys, entries, relayed)
+
+
+# A session's rows older than its newest ``keep`` (the subquery: the keep-th newest id,
+# NULL when it has fewer, and then nothing goes).
+_TRANSCRIPT_CUT = """
+    DELETE FROM transcript WHERE session_id = %(sid)s AND id < (
+        SELECT id FROM transcript WHERE session_id = %(sid)s ORDER BY id DESC
+        LIMIT 1 OFFSET %(skip)s
+    )
+"""
+
+
+def _transcript_cut(conn: _Conn, sessions: Sequence[str], keep: int) -> None:
+    """Each session's rows past its newest ``keep`` go (an index walk of ``keep``)."""
+    with conn.transaction():
+        for session_id in sessions:
+            conn.execute(_TRANSCRIPT_CUT, {"sid": session_id, "skip": keep - 1})
+
+
+def _transcript_cut_all(conn: _Conn, after: str, keep: int, limit: int) -> str | None:
+    """:func:`_transcript_cut` for the sessions with more than ``keep`` rows among the next
+    ``limit`` sessions after ``after``; returns the last one looked at, None at the end."""
+    rows = conn.execute(
+        "SELECT session_id, count(*) FROM transcript WHERE session_id > %s"
+        " GROUP BY session_id ORDER BY session_id LIMIT %s",
+        (after, limit),
+    ).fetchall()
+    over = [s for s, n in rows if n > keep]
+    if over:
+        _transcript_cut(conn, over, keep)
+    return str(rows[-1][0]) if len(rows) == limit else None
+
+
+def _transcript_expire(conn: _Conn, after_id: int, cutoff: float, limit: int) -> int | None:
+    """Of the next ``limit`` rows after ``after_id`` (oldest first), those older than
+    ``cutoff`` whose session no binding names go; returns the last id looked at, None once
+    the rows looked at are all newer than ``cutoff`` (ids grow with time) or there are none."""
+    with conn.transaction():
+        row = conn.execute(
+            "SELECT max(id), min(at) FROM"
+            " (SELECT id, at FROM transcript WHERE id > %s ORDER BY id LIMIT %s) AS w",
+            (after_id, limit),
+        ).fetchone()
+        if row is None or row[0] is None or row[1] >= cutoff:
+            return None
+        conn.execute(
+            "DELETE FROM transcript WHERE id > %s AND id <= %s AND at < %s"
+            " AND NOT EXISTS (SELECT 1 FROM bindings AS b"
+            " WHERE b.session_id = transcript.session_id)",
+            (after_id, row[0], cutoff),
+        )
+    return int(row[0])
 
 
 def _begin_turn(

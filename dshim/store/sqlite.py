@@ -1,6 +1,6 @@
 """The embedded SQLite store: one WAL-mode file under the data directory.
 
-Tables (schema version 7; see :data:`MIGRATIONS`):
+Tables (schema version 8; see :data:`MIGRATIONS`):
 
 ``dedup``        (bot, conversation_id, message_id) -> expires_at.  Accepted inbound keys;
                  a key whose ``expires_at <= now`` counts as unseen and is replaced.
@@ -30,7 +30,10 @@ Tables (schema version 7; see :data:`MIGRATIONS`):
 ``anchors``      (bot, conversation_id, thread_id, turn_id) -> anchor_id, updated_at.
                  The reply anchors of substitute turns, the newest 32 per conversation.
 ``transcript``   id (autoincrement) -> bot, session_id, role, text, at, completed.  Paged
-                 newest first by an index range scan on (session_id, id).
+                 newest first by an index range scan on (session_id, id).  ``prune``
+                 keeps each session's newest ``transcript_keep`` rows and drops rows
+                 older than ``transcript_max_age_s`` of sessions no binding names
+                 (:class:`~dshim.store.base.Retention`).
 ``last_direct``  bot -> conversation_id, updated_at.
 ``messages``     seq -> bot, conversation_id, message_id (unique per bot+conversation),
                  author_id, author_name, author_bot, text, reply_to, attachments (JSON
@@ -97,6 +100,7 @@ from dshim.store.base import (
     OutboundEntry,
     OutboxEntry,
     PromptRow,
+    Retention,
     TranscriptRow,
     TurnRecord,
 )
@@ -127,6 +131,10 @@ GATHER_MAX = 64
 CHECKPOINT_EVERY = 20
 #: Rows one pruning transaction deletes at most (per table).
 PRUNE_BATCH = 2000
+#: Sessions one pruning transaction cuts to ``transcript_keep`` at most.
+PRUNE_SESSIONS = 200
+#: Sessions remembered as grown between two prunes at most (more: the prune looks at all).
+GROWN_MAX = 100_000
 #: Entries kept per bot + conversation in the outbound index.
 OUTBOUND_CAP = 200
 #: A conversation's index may briefly hold this many entries beyond the cap (see
@@ -315,6 +323,10 @@ MIGRATIONS: tuple[Migration, ...] = (
             ) WITHOUT ROWID""",
         ),
     ),
+    Migration(
+        "find the sessions a binding names (transcript retention)",
+        ("CREATE INDEX bindings_session ON bindings (session_id)",),
+    ),
 )
 
 #: The schema version this code writes and understands.
@@ -370,6 +382,18 @@ _OUTBOUND_LIST = f"""
     SELECT {_OUTBOUND_COLUMNS} FROM outbound
     WHERE bot = ? AND conversation_id = ? AND completed_at >= ?
     ORDER BY sent_at DESC, id DESC LIMIT ?
+"""
+
+# A session's rows older than its newest ``keep`` (the subquery: the keep-th newest id,
+# NULL when it has fewer, and then nothing goes).
+_TRANSCRIPT_CUT = """
+    DELETE FROM transcript WHERE session_id = ? AND id < (
+        SELECT id FROM transcript WHERE session_id = ? ORDER BY id DESC LIMIT 1 OFFSET ?
+    )
+"""
+_TRANSCRIPT_EXPIRE = """
+    DELETE FROM transcript WHERE id > ? AND id <= ? AND at < ?
+    AND NOT EXISTS (SELECT 1 FROM bindings AS b WHERE b.session_id = transcript.session_id)
 """
 
 _MESSAGE_INSERT = """
@@ -560,7 +584,7 @@ def _open_connection(path: str) -> sqlite3.Connection:
 
 @asynccontextmanager
 async def open_sqlite_store(
-    path: str | os.PathLike[str], *, inline: bool = False
+    path: str | os.PathLike[str], *, inline: bool = False, retention: Retention | None = None
 ) -> AsyncIterator[SqliteStore]:
     """Open (creating and migrating if needed) the SQLite store at ``path``.
 
@@ -571,7 +595,8 @@ async def open_sqlite_store(
 
     Raises :class:`~dshim.errors.StoreError` if the file cannot be opened, is not a
     database, belongs to another application or has a newer schema version.  The store is
-    closed when the block exits, even on cancellation.
+    closed when the block exits, even on cancellation.  ``retention``: how long ``prune``
+    keeps transcripts (the defaults of :class:`~dshim.store.base.Retention` when None).
     """
     where = os.fspath(path)
     worker = None if inline else _DbThread(f"dshim-store:{os.path.basename(where)}")
@@ -580,7 +605,7 @@ async def open_sqlite_store(
             conn = _open_connection(where)
         else:
             conn = await worker.run(_open_connection, where)
-        store = SqliteStore(conn, where, worker)
+        store = SqliteStore(conn, where, worker, retention)
         if worker is not None:
             # The trio thread never waits for a lock or a checkpoint (module docstring).
             conn.execute("PRAGMA wal_autocheckpoint = 0")
@@ -726,10 +751,21 @@ class SqliteStore:
     docstring).  After :meth:`aclose` every call raises StoreError.
     """
 
-    def __init__(self, conn: sqlite3.Connection, path: str, worker: _DbThread | None):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        path: str,
+        worker: _DbThread | None,
+        retention: Retention | None = None,
+    ):
         self._conn: sqlite3.Connection | None = conn
         self._path = path
         self._worker = worker  # None: inline, on the trio thread
+        self._retention = retention or Retention()
+        #: Sessions this store added transcript rows to since the last prune (the ones
+        #: that may hold more than ``transcript_keep``); None until the first prune,
+        #: which looks at every session.
+        self._grown: set[str] | None = None
         #: The quick calls of the current scheduling batch (see the module docstring).
         self._gathering: list[tuple[Callable[..., Any], tuple[Any, ...], Any]] | None = None
         self._commits = 0
@@ -918,12 +954,18 @@ class SqliteStore:
         self, bot: str, inbox_keys: list[tuple[str, str]], *, prompt: PromptRow | None
     ) -> None:
         """Inbox entries ``delivered`` and the prompt's transcript row, in one transaction."""
+        if prompt is not None:
+            self._grew(prompt.session_id)
         await self._call(_mark_delivered, bot, inbox_keys, prompt)
 
     async def record_turn(
         self, bot: str, conversation_id: str, turn: TurnRecord, *, now: float
     ) -> None:
         """Write a finished turn (transcript rows, outbound entries, inbox done) atomically."""
+        if turn.session_id is not None and (
+            turn.user_text is not None or turn.answer_text is not None
+        ):
+            self._grew(turn.session_id)
         await self._call(_record_turn, bot, conversation_id, turn, now)
 
     async def get_binding(self, bot: str, conversation_id: str, thread_id: str) -> Binding | None:
@@ -1068,6 +1110,7 @@ class SqliteStore:
 
         Ids increase and are never reused.
         """
+        self._grew(session_id)
         return await self._call(_append_transcript, bot, session_id, role, text, at, completed)
 
     async def transcript_page(
@@ -1092,14 +1135,39 @@ class SqliteStore:
         """The bot's most recent direct conversation, if any."""
         return await self._call(_get_last_direct, bot)
 
-    async def prune(self, *, now: float) -> None:
-        """Drop expired dedup keys and outbound entries completed more than 30 days ago.
+    def _grew(self, session_id: str) -> None:
+        grown = self._grown
+        if grown is None:
+            return  # the next prune looks at every session anyway
+        if len(grown) >= GROWN_MAX:
+            self._grown = None  # too many to remember: the next prune looks at all
+        else:
+            grown.add(session_id)
 
-        In transactions of at most :data:`PRUNE_BATCH` rows, so that the turns' own calls
-        run in between even when a day's worth of keys expires at once.
+    async def prune(self, *, now: float) -> None:
+        """Drop expired dedup keys and outbound entries completed more than 30 days ago,
+        then the transcript rows past the store's :class:`~dshim.store.base.Retention`.
+
+        In transactions of at most :data:`PRUNE_BATCH` rows (or sessions), so that the
+        turns' own calls run in between even when a day's worth of keys expires at once.
         """
         while await self._call_off(_prune, now, PRUNE_BATCH) >= PRUNE_BATCH:
             pass
+        keep = self._retention.transcript_keep
+        grown, self._grown = self._grown, set()
+        if grown is None:  # the first prune (or too many sessions grew): every session
+            after: str | None = ""
+            while after is not None:
+                after = await self._call_off(_transcript_cut_all, after, keep, PRUNE_SESSIONS)
+        else:
+            sessions = sorted(grown)
+            for k in range(0, len(sessions), PRUNE_SESSIONS):
+                chunk = tuple(sessions[k : k + PRUNE_SESSIONS])
+                await self._call_off(_transcript_cut, chunk, keep)
+        cutoff = now - self._retention.transcript_max_age_s
+        after_id: int | None = 0
+        while after_id is not None:
+            after_id = await self._call_off(_transcript_expire, after_id, cutoff, PRUNE_BATCH)
 
     async def schema_version(self) -> int:
         """The schema version of the open file (:data:`SCHEMA_VERSION` once open)."""
@@ -1602,6 +1670,46 @@ def _prune(conn: sqlite3.Connection, now: float, limit: int) -> int:
             (now - OUTBOUND_MAX_AGE_S, limit),
         ).rowcount
     return max(keys, entries)
+
+
+def _transcript_cut(conn: sqlite3.Connection, sessions: tuple[str, ...], keep: int) -> None:
+    """Each session's rows past its newest ``keep`` go (an index walk of ``keep``)."""
+    with _transaction(conn):
+        for session_id in sessions:
+            conn.execute(_TRANSCRIPT_CUT, (session_id, session_id, keep - 1))
+
+
+def _transcript_cut_all(conn: sqlite3.Connection, after: str, keep: int, limit: int) -> str | None:
+    """:func:`_transcript_cut` for the sessions with more than ``keep`` rows among the next
+    ``limit`` sessions after ``after`` (by id); returns the last one looked at, None at
+    the end."""
+    rows = conn.execute(
+        "SELECT session_id, count(*) FROM transcript WHERE session_id > ?"
+        " GROUP BY session_id ORDER BY session_id LIMIT ?",
+        (after, limit),
+    ).fetchall()
+    over = tuple(s for s, n in rows if n > keep)
+    if over:
+        _transcript_cut(conn, over, keep)
+    return str(rows[-1][0]) if len(rows) == limit else None
+
+
+def _transcript_expire(
+    conn: sqlite3.Connection, after_id: int, cutoff: float, limit: int
+) -> int | None:
+    """Of the next ``limit`` rows after ``after_id`` (oldest first), those older than
+    ``cutoff`` whose session no binding names go; returns the last id looked at, None once
+    the rows looked at are all newer than ``cutoff`` (ids grow with time) or there are none."""
+    with _transaction(conn):
+        upto, oldest = conn.execute(
+            "SELECT max(id), min(at) FROM"
+            " (SELECT id, at FROM transcript WHERE id > ? ORDER BY id LIMIT ?)",
+            (after_id, limit),
+        ).fetchone()
+        if upto is None or oldest >= cutoff:
+            return None
+        conn.execute(_TRANSCRIPT_EXPIRE, (after_id, upto, cutoff))
+    return int(upto)
 
 
 def _begin_turn(
