@@ -50,6 +50,12 @@ Scenarios:
   descriptors and CPU over 10 s idle (the long polls held), the slope (KB per bot), then
   4,000 updates spread over the bots: events/s next to one bot's (B1) in the same run;
   ``--b8-max 10000`` adds one run of that many bots.
+* **B9 big store** (``big_store.py``, its own process): a synthetic store of 10,000
+  conversations, 1M index and transcript rows, 5M dedup keys; quote recovery by id and by
+  time, the history scan, dedup accept and a turn's store work beside a fresh store, the
+  slope per 10x store, and B1 on the big store beside a fresh one.
+* **B9-retention** (``big_store.py --soak``): 1,000,000 events' store work on a simulated
+  clock (200,000 with ``--quick``); store file size, row counts and RSS every 100,000.
 
 Every run is bounded in count and time; three repetitions give the median and the spread
 (min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
@@ -1075,6 +1081,14 @@ def scenario_b8(cands: list[Candidate], reps: int, n: int, sizes: list[int], idl
         print("\nSlope (idle RSS, per run then median): " + "; ".join(slope))
 
 
+def scenario_big_store(argv: list[str]) -> None:
+    """B9 and B9-retention: ``big_store.py`` in its own process (it prints its tables)."""
+    print(f"\n## big_store.py {' '.join(argv)}\n", flush=True)
+    done = subprocess.run([sys.executable, str(BENCH / "big_store.py"), *argv], check=False)
+    if done.returncode:
+        raise RuntimeError(f"big_store.py exited {done.returncode}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
@@ -1144,6 +1158,10 @@ def main(argv: list[str] | None = None) -> None:
             if args.b8_sizes
             else sorted({1, 100, min(1000, args.b8_max), args.b8_max}),
             5.0 if args.quick else 10.0,
+        ),
+        "B9": lambda: scenario_big_store(["--quick"] if args.quick else []),
+        "B9-retention": lambda: scenario_big_store(
+            ["--soak", "200000" if args.quick else "1000000", "--step", "20"]
         ),
     }
     for key, fn in runs.items():
