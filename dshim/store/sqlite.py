@@ -153,11 +153,6 @@ INBOX_STATES = frozenset({"queued", "running", "delivered", "undelivered"})
 
 #: ``PRAGMA application_id`` of a dshim store: b"dshm" as a big-endian int.
 APPLICATION_ID = 0x6473686D
-#: The connection's page cache, in KiB (SQLite's default is 2 MiB).  A big store's
-#: working set (the leaf pages of the conversations in use, in every table) outgrows 2
-#: MiB, and each miss is a read from the OS; the cache only grows as pages are read, so
-#: a small store's stays small.
-CACHE_KIB = 16 * 1024
 #: How long a statement waits for another process's write lock, in milliseconds.
 BUSY_TIMEOUT_MS = 5000
 
@@ -576,7 +571,6 @@ def _open_connection(path: str) -> sqlite3.Connection:
         # The first statement reads the header: this is where a non-database file fails.
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         _migrate(conn, path)
     except sqlite3.Error as exc:
