@@ -53,7 +53,7 @@ async def test_a_stalled_tab_gets_the_newest_text_in_order_and_the_final_once(
     ws = StalledSocket()
     tab = Tab(ws)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(tab.run_writer)
+        tab.attach(nursery)
         await trio.sleep(1)  # the writer waits for frames; pushing never waits for it
         tab.push(frame("u1", "hello", True))
         for i in range(1, 200):
@@ -78,7 +78,7 @@ async def test_a_tab_too_far_behind_is_closed_so_the_page_reloads(
     assert tabs.admit(tab) == []
     tab.join(Member("c1", "direct", "u1", "Ann"))
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(tab.run_writer)
+        tab.attach(nursery)
         await trio.sleep(1)
         for i in range(20):
             assert tabs.broadcast("c1", frame(f"u{i}", "hi", True)) == 1

@@ -257,46 +257,52 @@ class Chat:
     async def serve_tab(self, ws: WebSocket) -> None:
         """Serve one websocket until it closes (on the endpoint's task: the bot's log
         context is bound here)."""
-        with structlog.contextvars.bound_contextvars(bot=self.bot, channel="webchat"):
-            if self.closed:
-                await ws.close(RESTARTING_CODE, "the web chat is restarting")
-                return
-            tab = Tab(ws, client=ws.client)
-            victims = self.tabs.admit(tab)
-            if victims is None:
-                log.warning("tab_refused", reason="too_many_tabs", tabs=len(self.tabs))
-                await ws.close(UNAVAILABLE_CODE, "too many open tabs")
-                return
-            for victim in victims:
-                log.info("tab_dismissed", reason="made_room", tabs=len(self.tabs))
-                victim.dismiss(UNAVAILABLE_CODE, "closed to make room: it had not joined")
-            try:
-                with tab.scope:
-                    async with trio.open_nursery() as nursery:
-                        nursery.start_soon(tab.run_writer)
-                        nursery.start_soon(self._join_deadline, tab)
-                        try:
-                            await self._read_tab(tab)
-                        finally:
-                            nursery.cancel_scope.cancel()
-            finally:
-                self.tabs.remove(tab)
-            if tab.dismissed is not None:
-                with trio.move_on_after(DISMISS_CLOSE_S):
-                    await ws.close(*tab.dismissed)
-
-    async def _join_deadline(self, tab: Tab) -> None:
-        await trio.sleep(JOIN_DEADLINE_S)
-        if tab.user is None:
-            log.info("tab_dismissed", reason="no_join", tabs=len(self.tabs))
+        # The socket's own task (the endpoint's, one per socket): bound for good, which
+        # costs an open socket less than a context manager held all along.
+        structlog.contextvars.bind_contextvars(bot=self.bot, channel="webchat")
+        if self.closed:
+            await ws.close(RESTARTING_CODE, "the web chat is restarting")
+            return
+        tab = Tab(ws, client=ws.client)
+        victims = self.tabs.admit(tab)
+        if victims is None:
+            log.warning("tab_refused", reason="too_many_tabs", tabs=len(self.tabs))
+            await ws.close(UNAVAILABLE_CODE, "too many open tabs")
+            return
+        for victim in victims:
+            log.info("tab_dismissed", reason="made_room", tabs=len(self.tabs))
+            victim.dismiss(UNAVAILABLE_CODE, "closed to make room: it had not joined")
+        try:
+            async with trio.open_nursery() as nursery:
+                tab.attach(nursery)
+                try:
+                    await self._read_tab(tab)
+                finally:
+                    tab.detach()
+                    nursery.cancel_scope.cancel()
+        finally:
             self.tabs.remove(tab)
-            tab.dismiss(JOIN_TIMEOUT_CODE, f"no join within {JOIN_DEADLINE_S:g} s")
+        if tab.dismissed is not None:
+            with trio.move_on_after(DISMISS_CLOSE_S):
+                await ws.close(*tab.dismissed)
 
     async def _read_tab(self, tab: Tab) -> None:
-        """Handle the tab's frames in order until it closes."""
+        """Handle the tab's frames in order until it closes; one that has not joined
+        within :data:`JOIN_DEADLINE_S` is dismissed (no task of its own waits for that)."""
+        join_by = trio.current_time() + JOIN_DEADLINE_S
+        data: str | bytes = ""
         while True:
             try:
-                data = await tab.ws.receive()
+                if tab.user is None:
+                    with trio.move_on_at(join_by) as waiting:
+                        data = await tab.ws.receive()
+                    if waiting.cancelled_caught:
+                        log.info("tab_dismissed", reason="no_join", tabs=len(self.tabs))
+                        self.tabs.remove(tab)
+                        tab.dismiss(JOIN_TIMEOUT_CODE, f"no join within {JOIN_DEADLINE_S:g} s")
+                        return
+                else:
+                    data = await tab.ws.receive()
             except WebSocketClosed:
                 return
             await self._frame(tab, data)

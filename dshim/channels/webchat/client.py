@@ -2,7 +2,8 @@
 conversation.  Thin trio I/O; what goes into the frames is :mod:`.protocol`'s.
 
 Nothing that sends to tabs ever waits for one: :meth:`Tab.push` queues a frame and
-returns.  Each tab's writer task sends its queue in order.  Frames that carry the text so
+returns.  Each tab's writer task sends its queue in order; it runs only while frames
+wait (an idle tab holds no writer task: with many open tabs, that is memory).  Frames that carry the text so
 far of a message being written are *coalesced*: a newer frame for the same message
 replaces a queued older one in place, so a slow tab gets fewer intermediate texts, never
 a stale one after a newer, and never loses the final one.  A tab whose queue still
@@ -36,8 +37,9 @@ log = structlog.get_logger("dshim.webchat")
 OUTBOX_MAX = 512
 #: Conversations one socket may have joined at once (the oldest is left).
 JOINED_MAX = 64
-#: Sockets one bot serves at once.
-TABS_MAX = 256
+#: Sockets one bot serves at once (an idle one costs the process ~20 KB; the descriptor
+#: limit, RLIMIT_NOFILE, must allow as many).
+TABS_MAX = 2048
 #: Sockets of one client address (a quarter of all: one address cannot take them all).
 TABS_PER_ADDRESS = 64
 #: Sockets of one client: one user id from one address (a person's tabs).
@@ -46,7 +48,28 @@ TOO_SLOW_CODE = 1013
 
 
 class Tab:
-    """One connected websocket: its memberships and its outbox."""
+    """One connected websocket: its memberships and its outbox.
+
+    Its writer is a task only while frames wait: :meth:`push` starts one in the nursery
+    given to :meth:`attach`, and it ends when the outbox is empty (an idle tab holds no
+    task for writing)."""
+
+    __slots__ = (
+        "ws",
+        "client",
+        "user",
+        "scope",
+        "dismissed",
+        "outbox_max",
+        "joined",
+        "overflowed",
+        "_queue",
+        "_serial",
+        "_nursery",
+        "_writing",
+        "_gone",
+        "_tabs",
+    )
 
     def __init__(self, ws: WebSocket, *, client: str = "", outbox_max: int = OUTBOX_MAX) -> None:
         self.ws = ws
@@ -54,98 +77,148 @@ class Tab:
         self.client = client
         #: The user id of its last accepted ``join`` (None: it has not joined).
         self.user: str | None = None
-        #: Around the tab's tasks: :meth:`dismiss` cancels it from any task.
-        self.scope = trio.CancelScope()
+        #: Around the tab's tasks (its nursery's, from :meth:`attach`): :meth:`dismiss`
+        #: cancels it from any task.
+        self.scope: trio.CancelScope | None = None
         #: The close code and reason it was dismissed with.
         self.dismissed: tuple[int, str] | None = None
         self.outbox_max = outbox_max
-        self.joined: OrderedDict[str, Member] = OrderedDict()
-        self._queue: OrderedDict[object, str] = OrderedDict()
-        self._serial = 0
-        self._wake = trio.Event()
+        #: Its conversations, the oldest joined first.
+        self.joined: dict[str, Member] = {}
         self.overflowed = False
+        #: Frames waiting for the writer (made when the first one comes).
+        self._queue: OrderedDict[object, str] | None = None
+        self._serial = 0
+        self._nursery: trio.Nursery | None = None
+        self._writing = False
+        #: The socket is closed (or the tab ended): frames for it are dropped.
+        self._gone = False
+        #: The bot's tabs once admitted (they index the tab by conversation).
+        self._tabs: Tabs | None = None
 
     def member(self, conversation: str) -> Member | None:
         return self.joined.get(conversation)
 
     def join(self, member: Member) -> None:
-        self.joined.pop(member.conversation, None)
-        self.joined[member.conversation] = member
+        conversation = member.conversation
+        self.joined.pop(conversation, None)
+        self.joined[conversation] = member
+        if self._tabs is not None:
+            self._tabs._follow(self, conversation)
         while len(self.joined) > JOINED_MAX:
-            self.joined.popitem(last=False)
+            self.leave(next(iter(self.joined)))
 
     def leave(self, conversation: str) -> None:
-        self.joined.pop(conversation, None)
+        if self.joined.pop(conversation, None) is not None and self._tabs is not None:
+            self._tabs._unfollow(self, conversation)
 
     def dismiss(self, code: int, reason: str) -> None:
         """Stop serving this tab (from any task): its tasks are cancelled and whoever
         serves it closes the socket with ``code`` and ``reason``."""
         if self.dismissed is None:
             self.dismissed = (code, reason)
-        self.scope.cancel()
+        if self.scope is not None:
+            self.scope.cancel()
 
     def push(self, frame: str, *, key: str | None = None) -> None:
         """Queue a frame; one with the ``key`` of a queued frame replaces it in place."""
-        if self.overflowed:
+        if self.overflowed or self._gone:
             return
-        if key is not None and key in self._queue:
-            self._queue[key] = frame
+        queue = self._queue
+        if queue is None:
+            queue = self._queue = OrderedDict()
+        if key is not None and key in queue:
+            queue[key] = frame
             return
-        if len(self._queue) >= self.outbox_max:
+        if len(queue) >= self.outbox_max:
             self.overflowed = True
-            self._wake.set()
-            return
-        if key is None:
+        elif key is None:
             self._serial += 1
-            self._queue[self._serial] = frame
+            queue[self._serial] = frame
         else:
-            self._queue[key] = frame
-        self._wake.set()
+            queue[key] = frame
+        self._wake()
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return len(self._queue) if self._queue is not None else 0
 
-    async def run_writer(self) -> None:
-        """Send queued frames in order until the socket closes (or the tab is too slow)."""
-        while True:
-            if self.overflowed:
-                log.warning("tab_dropped", reason="too_slow", queued=len(self._queue))
-                await self.ws.close(TOO_SLOW_CODE, "too many frames waiting: reconnect")
-                return
-            if not self._queue:
-                self._wake = trio.Event()
-                await self._wake.wait()
-                continue
-            _, frame = self._queue.popitem(last=False)
-            try:
-                await self.ws.send(frame)
-            except WebSocketClosed:
-                return
+    def attach(self, nursery: trio.Nursery) -> None:
+        """Serve the tab in ``nursery`` from now on (until :meth:`detach`): its writer
+        runs there, and :meth:`dismiss` cancels it."""
+        self._nursery = nursery
+        self.scope = nursery.cancel_scope
+        if self.dismissed is not None:
+            self.scope.cancel()
+        self._wake()
+
+    def detach(self) -> None:
+        """The tab ended: nothing more is written (queued frames are dropped)."""
+        self._nursery = None
+        self._gone = True
+        self._queue = None
+
+    def _wake(self) -> None:
+        if self._writing or self._nursery is None:
+            return
+        if not self.overflowed and not self._queue:
+            return
+        self._writing = True
+        try:
+            self._nursery.start_soon(self._write)
+        except RuntimeError:  # the nursery is closing: the tab is ending
+            self._writing = False
+
+    async def _write(self) -> None:
+        """Send queued frames in order until none is left, the socket closes or the tab
+        is too slow (then it is closed with 1013)."""
+        try:
+            while True:
+                if self.overflowed:
+                    log.warning("tab_dropped", reason="too_slow", queued=self.queued)
+                    self._gone = True
+                    self._queue = None
+                    await self.ws.close(TOO_SLOW_CODE, "too many frames waiting: reconnect")
+                    return
+                queue = self._queue
+                if not queue:
+                    return
+                _, frame = queue.popitem(last=False)
+                try:
+                    await self.ws.send(frame)
+                except WebSocketClosed:
+                    self._gone = True
+                    self._queue = None
+                    return
+        finally:
+            self._writing = False
 
 
 class Tabs:
-    """The tabs of one bot, and which conversations each follows."""
+    """The tabs of one bot, which conversations each follows (indexed both ways) and
+    which tabs each client address has."""
 
     def __init__(
         self,
         *,
-        max_tabs: int = TABS_MAX,
+        max_tabs: int | None = None,
         per_address: int = TABS_PER_ADDRESS,
         per_client: int = TABS_PER_CLIENT,
     ) -> None:
-        self.max_tabs = max_tabs
+        self.max_tabs = TABS_MAX if max_tabs is None else max_tabs
         self.per_address = per_address
         self.per_client = per_client
         #: Oldest first (a dict keeps the order they came in).
         self._tabs: dict[Tab, None] = {}
+        self._by_address: dict[str, dict[Tab, None]] = {}
+        self._by_conversation: dict[str, dict[Tab, None]] = {}
 
     def admit(self, tab: Tab) -> list[Tab] | None:
         """Take a new tab (see the module docstring).  Returns the tabs that lost their
         slot to it — not joined, oldest first, already removed: dismiss them — or None
         when there is no room (nothing changed)."""
         victims: list[Tab] = []
-        mine = [t for t in self._tabs if t.client == tab.client]
+        mine = self._by_address.get(tab.client, {})
         if len(mine) >= self.per_address:
             victim = _oldest_not_joined(mine)
             if victim is None:
@@ -157,29 +230,54 @@ class Tabs:
                 return None
             victims.append(victim)
         for victim in victims:
-            del self._tabs[victim]
+            self.remove(victim)
         self._tabs[tab] = None
+        self._by_address.setdefault(tab.client, {})[tab] = None
+        tab._tabs = self
+        for conversation in tab.joined:
+            self._follow(tab, conversation)
         return victims
 
     def joining(self, tab: Tab, user: str) -> bool:
         """``tab`` joins as ``user``: False when its client (``user`` from its address)
         already has :attr:`per_client` other tabs."""
-        others = sum(
-            1 for t in self._tabs if t is not tab and t.client == tab.client and t.user == user
-        )
+        mine = self._by_address.get(tab.client, {})
+        others = sum(1 for t in mine if t is not tab and t.user == user)
         if others >= self.per_client:
             return False
         tab.user = user
         return True
 
     def remove(self, tab: Tab) -> None:
-        self._tabs.pop(tab, None)
+        if tab not in self._tabs:
+            return
+        del self._tabs[tab]
+        mine = self._by_address.get(tab.client)
+        if mine is not None:
+            mine.pop(tab, None)
+            if not mine:
+                del self._by_address[tab.client]
+        for conversation in tab.joined:
+            self._unfollow(tab, conversation)
+        if tab._tabs is self:
+            tab._tabs = None
+
+    def _follow(self, tab: Tab, conversation: str) -> None:
+        if tab in self._tabs:
+            self._by_conversation.setdefault(conversation, {})[tab] = None
+
+    def _unfollow(self, tab: Tab, conversation: str) -> None:
+        following = self._by_conversation.get(conversation)
+        if following is not None:
+            following.pop(tab, None)
+            if not following:
+                del self._by_conversation[conversation]
 
     def __len__(self) -> int:
         return len(self._tabs)
 
     def following(self, conversation: str) -> Iterator[Tab]:
-        return (t for t in list(self._tabs) if conversation in t.joined)
+        return iter(list(self._by_conversation.get(conversation, ())))
 
     def broadcast(self, conversation: str, frame: str, *, key: str | None = None) -> int:
         """Queue ``frame`` for every tab in ``conversation``; returns how many."""
