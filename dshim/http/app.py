@@ -74,7 +74,15 @@ from dshim.http.types import (
     WebSocketHandler,
 )
 
-__all__ = ["CLOSE_WAIT_S", "MAX_BODY", "RELEASE_KEY", "AsgiWebSocket", "Endpoint", "json_error"]
+__all__ = [
+    "CLOSE_WAIT_S",
+    "LINGER_KEY",
+    "MAX_BODY",
+    "RELEASE_KEY",
+    "AsgiWebSocket",
+    "Endpoint",
+    "json_error",
+]
 
 log = structlog.get_logger("dshim.http")
 
@@ -92,6 +100,10 @@ CLOSE_WAIT_S = 5.0
 #: The key of a received websocket message whose value frees what it held in the
 #: server's budget (:mod:`dshim.http.wsstream`), called when the next one is taken.
 RELEASE_KEY = "dshim.release"
+#: A websocket scope's extension saying that the server itself ends a socket the
+#: application closed once the peer answered, or :data:`CLOSE_WAIT_S` after
+#: (:mod:`dshim.http.wsstream`).
+LINGER_KEY = "dshim.close_linger"
 HOOKS = "/hooks/"
 LOGIN = "/login"
 #: Open without the token.
@@ -125,6 +137,17 @@ class AsgiWebSocket:
     the socket, a ``receive`` waits at most :data:`CLOSE_WAIT_S` for the peer's answer:
     a peer that never answers cannot keep the handler (and its slot) forever.
     """
+
+    __slots__ = (
+        "_scope",
+        "_receive",
+        "_send",
+        "_path",
+        "_lock",
+        "_release",
+        "_receiving",
+        "closed",
+    )
 
     def __init__(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
         self._scope = scope
@@ -162,26 +185,33 @@ class AsgiWebSocket:
             release()
         if self.closed is not None:
             raise WebSocketClosed(self.closed)
+        if LINGER_KEY in (self._scope.get("extensions") or {}):
+            # The server ends a socket dshim closed by itself (CLOSE_WAIT_S): no scope
+            # of our own for that, which an idle socket would hold while it waits.
+            return await self._next()
         self._receiving = scope = trio.CancelScope()
         try:
             with scope:
-                while True:
-                    message = await self._receive()
-                    kind = message.get("type")
-                    if kind == "websocket.receive":
-                        done = message.get(RELEASE_KEY)
-                        self._release = done if callable(done) else None
-                        text = message.get("text")
-                        if text is not None:
-                            return str(text)
-                        return bytes(message.get("bytes") or b"")
-                    if kind == "websocket.disconnect":
-                        self.closed = int(message.get("code") or 1005)
-                        raise WebSocketClosed(self.closed)
+                return await self._next()
         finally:
             self._receiving = None
         # Closed by dshim, and the peer did not answer within CLOSE_WAIT_S.
         raise WebSocketClosed(self.closed or 1006)
+
+    async def _next(self) -> str | bytes:
+        while True:
+            message = await self._receive()
+            kind = message.get("type")
+            if kind == "websocket.receive":
+                done = message.get(RELEASE_KEY)
+                self._release = done if callable(done) else None
+                text = message.get("text")
+                if text is not None:
+                    return str(text)
+                return bytes(message.get("bytes") or b"")
+            if kind == "websocket.disconnect":
+                self.closed = int(message.get("code") or 1005)
+                raise WebSocketClosed(self.closed)
 
     async def send(self, data: str) -> None:
         async with self._lock:
@@ -477,35 +507,12 @@ class Endpoint:
         )
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = str(scope.get("path") or "/")
-        target = self._resolve(path)
-        mounts = self._bots.get(target[0]) if target is not None else None
-        handler = mounts.websocket.get(_norm(target[1])) if target and mounts else None
-        connect = await receive()
-        if connect.get("type") != "websocket.connect":
+        admitted = await self._upgrade(scope, receive, send)
+        if admitted is None:
             return
-        headers = _headers(scope)
-        origin = next((v for k, v in headers if k == "origin"), None)
-        server = scope.get("server") or (None, None)
-        host_header = next((v for k, v in headers if k == "host"), None)
-        if not self._host_allowed(path, headers):
-            await _deny(scope, send, _misdirected())
-            return
-        if origin is not None and not self.origins.allows(origin, host_header, server[1]):
-            log.info("websocket_origin_refused", path=path, origin=origin[:200])
-            error = json_error(403, "forbidden", "this page's origin may not open dshim sockets")
-            await _deny(scope, send, error)
-            return
-        refusal = self._credential_refusal("GET", path, "", headers, _client(scope))
-        if refusal is not None:
-            if refusal.status == 303:  # an upgrade is no navigation: no redirect
-                refusal = _unauthorized("GET", path, "", ())
-            await _deny(scope, send, refusal)
-            return
-        if handler is None or target is None:
-            await _deny(scope, send, json_error(404, "not_found", f"no websocket at {path[:200]}"))
-            return
-        ws = AsgiWebSocket(scope, receive, send, target[1])
+        handler, mount_path = admitted
+        # This frame lives as long as the socket: it keeps only what it needs.
+        ws = AsgiWebSocket(scope, receive, send, mount_path)
         await ws.accept()
         self._sockets.add(ws)
         try:
@@ -513,11 +520,45 @@ class Endpoint:
         except WebSocketClosed:
             pass
         except Exception:
-            log.exception("websocket_handler_failed", path=path)
+            log.exception("websocket_handler_failed", path=scope.get("path"))
             await ws.close(1011, "internal error")
         finally:
             self._sockets.discard(ws)
             await ws.close()
+
+    async def _upgrade(
+        self, scope: Scope, receive: Receive, send: Send
+    ) -> tuple[WebSocketHandler, str] | None:
+        """The handler and mount path of an upgrade, or None once it was refused."""
+        path = str(scope.get("path") or "/")
+        target = self._resolve(path)
+        mounts = self._bots.get(target[0]) if target is not None else None
+        handler = mounts.websocket.get(_norm(target[1])) if target and mounts else None
+        connect = await receive()
+        if connect.get("type") != "websocket.connect":
+            return None
+        headers = _headers(scope)
+        origin = next((v for k, v in headers if k == "origin"), None)
+        server = scope.get("server") or (None, None)
+        host_header = next((v for k, v in headers if k == "host"), None)
+        if not self._host_allowed(path, headers):
+            await _deny(scope, send, _misdirected())
+            return None
+        if origin is not None and not self.origins.allows(origin, host_header, server[1]):
+            log.info("websocket_origin_refused", path=path, origin=origin[:200])
+            error = json_error(403, "forbidden", "this page's origin may not open dshim sockets")
+            await _deny(scope, send, error)
+            return None
+        refusal = self._credential_refusal("GET", path, "", headers, _client(scope))
+        if refusal is not None:
+            if refusal.status == 303:  # an upgrade is no navigation: no redirect
+                refusal = _unauthorized("GET", path, "", ())
+            await _deny(scope, send, refusal)
+            return None
+        if handler is None or target is None:
+            await _deny(scope, send, json_error(404, "not_found", f"no websocket at {path[:200]}"))
+            return None
+        return handler, target[1]
 
 
 def _norm(path: str) -> str:

@@ -11,7 +11,7 @@ Websockets are read by :class:`~dshim.http.wsstream.DshimWSStream` with one
 :class:`~dshim.http.wsstream.WsLimits` per server: a message over
 :data:`~dshim.http.wsstream.WS_MAX_MESSAGE` (28 MiB) is refused (1009) as its bytes pass
 the cap, all sockets share one budget for what they hold, silent sockets are pinged and
-closed.
+closed (by one :class:`~dshim.http.wsstream.Pinger` task, run here next to the server).
 """
 
 from __future__ import annotations
@@ -69,13 +69,20 @@ async def serve_endpoint(
         await shutdown.wait()
         await endpoint.close_sockets()
 
+    limits = ws_limits or WsLimits()
     try:
-        await serve(
-            endpoint,  # type: ignore[arg-type]  # hypercorn's ASGI typing is stricter than ours
-            _hypercorn_config(listen, ws_limits or WsLimits()),
-            shutdown_trigger=stopping,
-            task_status=task_status,
-        )
+        async with trio.open_nursery() as nursery:
+            if limits.pinger is not None:
+                nursery.start_soon(limits.pinger.run)
+            try:
+                await serve(
+                    endpoint,  # type: ignore[arg-type]  # hypercorn's ASGI typing is stricter
+                    _hypercorn_config(listen, limits),
+                    shutdown_trigger=stopping,
+                    task_status=task_status,
+                )
+            finally:
+                nursery.cancel_scope.cancel()
     except* OSError as group:
         exc = _first(group)
         why = "the address is already in use" if exc.errno == errno.EADDRINUSE else exc.strerror

@@ -30,6 +30,12 @@ Per socket, with limits:
 - **Liveness**: every :data:`PING_INTERVAL_S` the socket is pinged; one that has sent
   nothing (no pong, no frame) since the last ping is closed (1001) and its TCP
   connection ends.  A socket whose messages wait for the application counts as heard.
+  One :class:`Pinger` task per server does this for all its sockets (a task per socket
+  would cost every idle socket its memory); without it running, each socket pings
+  itself.
+- **Closing**: once the application closed a socket, the peer's answer is awaited
+  :data:`CLOSE_LINGER_S` at most, then the stream ends (the application sees it closed;
+  the scope's :data:`~dshim.http.app.LINGER_KEY` extension tells it so).
 - **No compression**: permessage-deflate is not negotiated (a 64 KiB read could inflate
   to 64 MiB before the buffer sees it); the web chat's frames are JSON and base64,
   browsers and scripts work without it.
@@ -44,14 +50,17 @@ from typing import Any
 import structlog
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, RawData
 from hypercorn.protocol import h2 as hypercorn_h2
 from hypercorn.protocol import h11 as hypercorn_h11
-from hypercorn.protocol.events import Data, Event, StreamClosed
-from hypercorn.protocol.ws_stream import WebsocketBuffer, WSStream
+from hypercorn.protocol.events import Data, Event, Request, StreamClosed
+from hypercorn.protocol.ws_stream import Handshake, WebsocketBuffer, WSStream
+from hypercorn.trio import run as hypercorn_run
+from hypercorn.trio import tcp_server as hypercorn_tcp
 from hypercorn.typing import WebsocketAcceptEvent
 from wsproto.events import CloseConnection, Message, Ping
 
-from dshim.http.app import CLOSE_WAIT_S, RELEASE_KEY
+from dshim.http.app import CLOSE_WAIT_S, LINGER_KEY, RELEASE_KEY
 from dshim.http.auth import client_key
 
 __all__ = [
@@ -121,6 +130,36 @@ class MessageBudget:
         return self._by_client.get(client, 0)
 
 
+class Pinger:
+    """One task pings every socket of a server (rather than a task per socket: an idle
+    socket then holds no task for it).  :meth:`run` it next to the server; while it does
+    not run, each socket pings itself (:meth:`DshimWSStream._send_pings`)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self.running = False
+        #: The sockets it pings, by when each was last pinged.
+        self.streams: dict[DshimWSStream, None] = {}
+
+    async def run(self) -> None:
+        """Check every socket a few times an interval, until cancelled: one pinged an
+        interval ago is closed if it sent nothing since, else pinged again."""
+        self.running = True
+        try:
+            while True:
+                await trio.sleep(self.interval_s / 4)
+                now = trio.current_time()
+                for stream in list(self.streams):
+                    if now - stream._pinged_at >= self.interval_s:
+                        stream._ping_due(now)
+        finally:
+            self.running = False
+            # The sockets left ping themselves from now on.
+            for stream in list(self.streams):
+                self.streams.pop(stream, None)
+                stream._ping_alone()
+
+
 @dataclass
 class WsLimits:
     """The limits of one server's websockets (see the module docstring)."""
@@ -128,6 +167,12 @@ class WsLimits:
     max_message: int = WS_MAX_MESSAGE
     budget: MessageBudget = field(default_factory=MessageBudget)
     ping_interval_s: float = PING_INTERVAL_S
+    #: Pings the sockets while :meth:`Pinger.run` runs (``serve_endpoint`` runs it).
+    pinger: Pinger | None = None
+
+    def __post_init__(self) -> None:
+        if self.pinger is None:
+            self.pinger = Pinger(self.ping_interval_s)
 
 
 class DshimConfig(HypercornConfig):
@@ -182,6 +227,25 @@ class _BudgetedBuffer(WebsocketBuffer):
         self.held = 0
 
 
+class _Accepted(Handshake):
+    """An accepted handshake, shared by all sockets (:meth:`DshimWSStream._shed_handshake`)."""
+
+    def __init__(self) -> None:
+        super().__init__([], "1.1")
+        self.accepted = True
+
+
+class _SpentH11:
+    """Stands for the HTTP/1.1 connection after the upgrade: nothing more is sent on it."""
+
+    def send(self, event: Any) -> bytes:
+        raise RuntimeError("the HTTP/1.1 exchange of an upgraded websocket is over")
+
+
+_ACCEPTED = _Accepted()
+_SPENT_H11: Any = _SpentH11()
+
+
 class DshimWSStream(WSStream):
     """hypercorn's websocket stream with :class:`WsLimits` (see the module docstring)."""
 
@@ -194,6 +258,7 @@ class DshimWSStream(WSStream):
         self._refused = False
         self._handling = False
         self._heard_at = trio.current_time()
+        self._pinged_at = self._heard_at
         #: Set when the stream ends: the ping task stops at once (the connection's task
         #: group, and a graceful shutdown, would wait for its sleep).
         self._ended = trio.Event()
@@ -236,9 +301,17 @@ class DshimWSStream(WSStream):
         if self.limits is None:
             await super().handle(event)
             return
+        if isinstance(event, Request):
+            await super().handle(event)
+            scope = getattr(self, "scope", None)
+            if scope is not None:  # before the application's first receive (app.py)
+                scope["extensions"][LINGER_KEY] = {}
+            return
         if isinstance(event, StreamClosed):
             self._release_all()
             self._ended.set()
+            if self.limits.pinger is not None:
+                self.limits.pinger.streams.pop(self, None)
         elif isinstance(event, Data):
             self._heard_at = trio.current_time()
             if self._refused:
@@ -269,38 +342,126 @@ class DshimWSStream(WSStream):
         if not self.closed:
             await self.send(StreamClosed(stream_id=self.stream_id))
 
+    async def app_send(self, message: Any) -> None:
+        closing = (
+            self.limits is not None
+            and message is not None
+            and message.get("type") == "websocket.close"
+            and not self.closed
+        )
+        await super().app_send(message)
+        if closing:  # the peer's answer is awaited CLOSE_LINGER_S at most (LINGER_KEY)
+            self.task_group.spawn(self._end_after, CLOSE_LINGER_S)
+
     async def _accept(self, message: WebsocketAcceptEvent) -> None:
         if self.limits is not None:
             self.handshake.extensions = None  # no permessage-deflate (module docstring)
         await super()._accept(message)
+        if self.limits is not None and self.handshake.accepted:
+            self._shed_handshake()
+
+    def _shed_handshake(self) -> None:
+        """Drop what only the handshake needed, which an open socket would keep all its
+        life: the parsed handshake, and the HTTP/1.1 connection state that answered it
+        (after the upgrade hypercorn passes the socket's bytes through untouched)."""
+        self.handshake = _ACCEPTED  # handle() asks it only ``accepted``
+        protocol = getattr(self.send, "__self__", None)
+        connection = getattr(protocol, "connection", None)
+        if isinstance(connection, hypercorn_h11.H11WSConnection):
+            connection.h11_connection = _SPENT_H11
 
     async def _send_pings(self) -> None:
         if self.limits is None:
             await super()._send_pings()
             return
+        pinger = self.limits.pinger
+        if pinger is not None and pinger.running:  # it pings this socket from now on
+            self._pinged_at = trio.current_time()
+            if not self.closed and not self._ended.is_set():
+                pinger.streams[self] = None
+                await self._send_wsproto_event(Ping())
+            return
+        await self._ping_loop()
+
+    def _ping_due(self, now: float) -> None:
+        """(The pinger) an interval since the last ping: close a socket silent since,
+        else ping it again (in a short task of its own: a peer that does not read must
+        not hold up the others)."""
+        assert self.limits is not None and self.limits.pinger is not None
+        if self.closed or self._ended.is_set():
+            self.limits.pinger.streams.pop(self, None)
+            return
+        silent = not self._handling and self._heard_at < self._pinged_at
+        self._pinged_at = now
+        if silent:
+            self.limits.pinger.streams.pop(self, None)
+        self.task_group.spawn(self._ping_once, silent)
+
+    async def _ping_once(self, silent: bool) -> None:
+        """A ping, or for a silent socket the close (1001) and the end of its connection."""
+        if self.closed or self._ended.is_set():
+            return
+        if not silent:
+            await self._send_wsproto_event(Ping())
+            return
+        assert self.limits is not None
+        log.info("websocket_ping_unanswered", silent_s=round(self.limits.ping_interval_s, 1))
+        await self._send_wsproto_event(CloseConnection(code=GOING_AWAY, reason="no answer to ping"))
+        await self._end()
+
+    def _ping_alone(self) -> None:
+        """The pinger stopped: this socket pings itself from its next ping on."""
+        if not self.closed and not self._ended.is_set():
+            self.task_group.spawn(self._ping_loop, False)
+
+    async def _ping_loop(self, ping_now: bool = True) -> None:
+        """Ping every interval; close a socket silent for a whole interval after a ping."""
+        assert self.limits is not None
         interval = self.limits.ping_interval_s
         while not self.closed:
-            pinged_at = trio.current_time()
-            await self._send_wsproto_event(Ping())
-            with trio.move_on_after(interval):
+            if ping_now:
+                self._pinged_at = trio.current_time()
+                await self._send_wsproto_event(Ping())
+            ping_now = True
+            with trio.move_on_at(self._pinged_at + interval):
                 await self._ended.wait()
             if self.closed or self._ended.is_set():
                 return
             if self._handling:  # its messages wait for the application: it is there
                 continue
-            if self._heard_at < pinged_at:
-                log.info("websocket_ping_unanswered", silent_s=round(interval, 1))
-                await self._send_wsproto_event(
-                    CloseConnection(code=GOING_AWAY, reason="no answer to ping")
-                )
-                await self._end()
+            if self._heard_at < self._pinged_at:
+                await self._ping_once(True)
                 return
+
+
+class DshimTCPServer(hypercorn_tcp.TCPServer):
+    """hypercorn's trio connection, reading without a timeout scope when it has no read
+    timeout (dshim sets none): the scope hypercorn enters around every read anyway is
+    memory every open socket holds while it waits."""
+
+    async def _read_data(self) -> None:
+        if self.config.read_timeout is not None or not isinstance(self.config, DshimConfig):
+            await super()._read_data()
+            return
+        while True:
+            try:
+                data = await self.stream.receive_some(hypercorn_tcp.MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                break
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        await self.protocol.handle(Closed())
 
 
 def install() -> None:
     """Make hypercorn's HTTP/1.1 and HTTP/2 protocols open :class:`DshimWSStream` (its
-    HTTP/3 needs QUIC, which dshim never binds).  Idempotent."""
+    HTTP/3 needs QUIC, which dshim never binds) and its trio worker serve connections with
+    :class:`DshimTCPServer`.  Idempotent."""
     for module in (hypercorn_h11, hypercorn_h2):
         if getattr(module, "WSStream", None) not in (WSStream, DshimWSStream):
             raise RuntimeError(f"{module.__name__}.WSStream is not hypercorn's: cannot limit it")
         setattr(module, "WSStream", DshimWSStream)  # noqa: B010
+    if getattr(hypercorn_run, "TCPServer", None) not in (hypercorn_tcp.TCPServer, DshimTCPServer):
+        raise RuntimeError("hypercorn.trio.run.TCPServer is not hypercorn's: cannot replace it")
+    setattr(hypercorn_run, "TCPServer", DshimTCPServer)  # noqa: B010
