@@ -56,6 +56,9 @@ Scenarios:
   slope per 10x store, and B1 on the big store beside a fresh one.
 * **B9-retention** (``big_store.py --soak``): 1,000,000 events' store work on a simulated
   clock (200,000 with ``--quick``); store file size, row counts and RSS every 100,000.
+* **B10 web chat sockets** (``--only B10``, not in the default set): 1,000 and 100 websocket
+  clients on one ``dshim serve`` web chat, 200 messages/s in all; RSS per idle socket and
+  send -> streamed answer complete p50/p99 (``webchat_sockets.py``, its own processes).
 
 Every run is bounded in count and time; three repetitions give the median and the spread
 (min-max); ratios dshim/peer come from the same run.  Versions and ``nproc`` are printed.
@@ -1089,6 +1092,14 @@ def scenario_big_store(argv: list[str]) -> None:
         raise RuntimeError(f"big_store.py exited {done.returncode}")
 
 
+def scenario_b10(reps: int, quick: bool) -> None:
+    """B10: ``webchat_sockets.py`` in its own process (it starts dshim and the clients)."""
+    cmd = [sys.executable, str(BENCH / "webchat_sockets.py"), "--reps", str(reps)]
+    done = subprocess.run([*cmd, *(["--quick"] if quick else [])], check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"webchat_sockets.py exited with {done.returncode}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="1 repetition, smaller counts")
@@ -1144,6 +1155,7 @@ def main(argv: list[str] | None = None) -> None:
             latency=True,
         ),
         "idle": lambda: scenario_idle(cands, reps, 5.0 if args.quick else 10.0),
+        "B10": lambda: scenario_b10(reps, args.quick),
         "B7": lambda: scenario_soak(
             [c for c in cands if c.name == "dshim"] or cands[:1],
             soak,
