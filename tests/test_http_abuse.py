@@ -31,7 +31,7 @@ from dshim.http.ops import add_operator_routes
 from dshim.http.server import serve_endpoint
 from dshim.http.status import BotStatuses
 from dshim.http.types import HttpRequest, HttpResponse, WebSocket
-from dshim.http.wsstream import PING_INTERVAL_S, WS_MAX_MESSAGE
+from dshim.http.wsstream import PING_INTERVAL_S, WS_MAX_MESSAGE, Pinger
 from dshim.metrics import ProcessMetrics
 from dshim.serve import make_endpoint
 from tests.http_client import open_ws, port_of, raw_request
@@ -512,8 +512,21 @@ async def test_compression_is_not_negotiated_so_no_frame_inflates_past_the_cap()
 # --- websockets that stop answering -----------------------------------------------------------
 
 
+@pytest.fixture(params=["one-pinger", "each-socket-alone"])
+def pinging(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The server's one pinger task pings the sockets, or (it does not run) each socket
+    pings itself."""
+    if request.param == "each-socket-alone":
+
+        async def not_running(self: Pinger) -> None:
+            await trio.sleep_forever()
+
+        monkeypatch.setattr(Pinger, "run", not_running)
+    return str(request.param)
+
+
 async def test_a_socket_that_stops_answering_pings_is_closed(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: trio.abc.Clock, pinging: str
 ) -> None:
     async with serving(socket_endpoint()) as base:
         async with RawSocket.open(base) as dead:
@@ -528,7 +541,7 @@ async def test_a_socket_that_stops_answering_pings_is_closed(
 
 
 async def test_a_socket_that_answers_pings_stays_open_however_quiet(
-    autojump_clock: trio.abc.Clock,
+    autojump_clock: trio.abc.Clock, pinging: str
 ) -> None:
     async with serving(socket_endpoint()) as base, open_ws(base, "/ws") as ws:
         await trio.sleep(30 * PING_INTERVAL_S)  # trio-websocket answers every ping

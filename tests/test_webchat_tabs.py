@@ -13,7 +13,7 @@ import json
 import trio
 
 from dshim.channels.base import WebSocketClosed
-from dshim.channels.webchat.client import Tab, Tabs
+from dshim.channels.webchat.client import JOINED_MAX, Tab, Tabs
 from dshim.channels.webchat.protocol import Member
 
 
@@ -87,3 +87,43 @@ async def test_a_tab_too_far_behind_is_closed_so_the_page_reloads(
         await trio.sleep(1)
         nursery.cancel_scope.cancel()
     assert ws.closed is not None and ws.closed[0] == 1013
+
+
+async def test_an_idle_tab_holds_no_writer_task(autojump_clock: trio.abc.Clock) -> None:
+    """The writer runs only while frames wait: many idle tabs cost no task each."""
+    ws = StalledSocket()
+    ws.release.set()
+    tab = Tab(ws)
+    async with trio.open_nursery() as nursery:
+        tab.attach(nursery)
+        await trio.sleep(1)
+        assert len(nursery.child_tasks) == 0
+        tab.push(frame("u1", "hello", True))
+        assert len(nursery.child_tasks) == 1
+        await trio.sleep(1)
+        assert len(nursery.child_tasks) == 0 and tab.queued == 0
+        tab.push(frame("u2", "again", True))
+        await trio.sleep(1)
+        assert len(nursery.child_tasks) == 0
+        tab.detach()
+        tab.push(frame("u3", "after the tab ended", True))
+        await trio.sleep(1)
+    assert [json.loads(f)["id"] for f in ws.sent] == ["u1", "u2"]
+
+
+def test_broadcast_reaches_exactly_the_tabs_in_the_conversation() -> None:
+    tabs = Tabs()
+    ann, bob = Tab(StalledSocket(), client="a"), Tab(StalledSocket(), client="b")
+    ann.join(Member("c1", "room", "ann", "Ann"))  # joined before it was admitted
+    assert tabs.admit(ann) == [] and tabs.admit(bob) == []
+    bob.join(Member("c1", "room", "bob", "Bob"))
+    bob.join(Member("c2", "direct", "bob", "Bob"))
+    assert tabs.broadcast("c1", "f") == 2 and tabs.broadcast("c2", "f") == 1
+    ann.leave("c1")
+    assert list(tabs.following("c1")) == [bob]
+    for i in range(JOINED_MAX):  # the oldest conversations are left
+        bob.join(Member(f"x{i}", "direct", "bob", "Bob"))
+    assert tabs.broadcast("c1", "f") == 0 and tabs.broadcast("x0", "f") == 1
+    tabs.remove(bob)
+    assert tabs.broadcast("x0", "f") == 0 and len(tabs) == 1
+    assert bob.queued == 3 and ann.queued == 1

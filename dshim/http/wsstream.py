@@ -412,7 +412,10 @@ class DshimWSStream(WSStream):
     def _ping_alone(self) -> None:
         """The pinger stopped: this socket pings itself from its next ping on."""
         if not self.closed and not self._ended.is_set():
-            self.task_group.spawn(self._ping_loop, False)
+            try:
+                self.task_group.spawn(self._ping_loop, False)
+            except RuntimeError:  # its connection is ending too
+                pass
 
     async def _ping_loop(self, ping_now: bool = True) -> None:
         """Ping every interval; close a socket silent for a whole interval after a ping."""
