@@ -334,7 +334,7 @@ def once(args: argparse.Namespace, rep: int) -> dict[str, float]:
                 got = clients.sockets("connect", args.small)
                 out[f"rss{args.small}"] = settled_rss_kb(proc.pid, args.settle)
                 got = clients.sockets("connect", args.clients)
-                out["connect_s"] = sum(g["connect_s"] for g in got)
+                out["connect_s"] = max(g["connect_s"] for g in got)
                 out[f"rss{args.clients}"] = settled_rss_kb(proc.pid, args.settle)
                 for count in (args.clients, args.small):
                     clients.sockets("close", count)
@@ -366,7 +366,13 @@ def once(args: argparse.Namespace, rep: int) -> dict[str, float]:
 
 
 def fmt(values: list[float], digits: int = 1) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}–{max(values):.{digits}f})"
+    """Median (min–max) of the repetitions that have the figure."""
+    got = [v for v in values if v == v]  # not NaN (nothing answered)
+    if not got:
+        return "–"
+    lo, mid, hi = min(got), statistics.median(got), max(got)
+    note = "" if len(got) == len(values) else f", {len(got)} of {len(values)} reps"
+    return f"{mid:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f}{note})"
 
 
 def versions() -> str:
@@ -396,6 +402,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     print(f"nproc {os.cpu_count()}, Python {py_platform.python_version()}, {versions()}")
     print(f"RLIMIT_NOFILE soft {soft} (raised to {hard} in the bench's processes)")
+    print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print(
         f"{args.clients} and {args.small} clients in {args.procs} processes, "
         f"{args.rate:g} messages/s for {args.seconds:g} s, {reps} repetitions (median, min–max)"
