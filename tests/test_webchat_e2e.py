@@ -436,3 +436,73 @@ async def test_a_frame_over_the_cap_closes_the_socket_as_it_is_read_and_the_tab_
         assert ann.close_codes == [1009] and ann.errors == []
         await ann.send("c1", "still here?")
         assert await answered(ann, "c1", 1) == [echo("still here?")]
+
+
+async def test_a_burst_from_several_tabs_is_taken_together_in_order_each_once(
+    tmp_path: Path, autojump_clock: trio.abc.Clock, monkeypatch: Any
+) -> None:
+    """Events that wait for the reader together are taken as one batch (one log write,
+    ``accept_many``): each is accepted once, a resend in the burst is not answered twice,
+    and every conversation keeps its order."""
+    from trio_websocket import open_websocket_url
+
+    from dshim.pipeline.runtime import BotRuntime
+
+    batches: list[int] = []
+    accept_many = BotRuntime.accept_many
+
+    async def counting(self: BotRuntime, events: Any) -> Any:
+        batches.append(len(events))
+        return await accept_many(self, events)
+
+    monkeypatch.setattr(BotRuntime, "accept_many", counting)
+    n = 12
+    async with serving(tmp_path) as s:
+        frames: dict[str, list[dict[str, Any]]] = {}
+
+        async def tab(user: str) -> None:
+            got = frames.setdefault(user, [])
+            conversation = f"c-{user}"
+            async with open_websocket_url(s.ws_url) as ws:
+                who = {"id": user, "name": user}
+                await ws.send_message(
+                    json.dumps(
+                        {
+                            "type": "join",
+                            "conversation": conversation,
+                            "kind": "direct",
+                            "user": who,
+                        }
+                    )
+                )
+                assert json.loads(await ws.get_message())["type"] == "history"
+                for i in [*range(n), n - 1]:  # the last one twice, as a resend
+                    send = {"type": "send", "client_id": f"k{i}", "conversation": conversation}
+                    await ws.send_message(
+                        json.dumps({**send, "text": f"m{i}", "reply_to": None, "files": []})
+                    )
+                while (
+                    sum(
+                        1
+                        for f in got
+                        if f["type"] == "message" and f["author"]["bot"] and f["final"]
+                    )
+                    < n
+                ):
+                    got.append(json.loads(await ws.get_message()))
+                await trio.sleep(3)  # a second answer would come by now
+                with trio.move_on_after(1):
+                    while True:
+                        got.append(json.loads(await ws.get_message()))
+
+        async with trio.open_nursery() as nursery:
+            for user in ("u-ann", "u-bob", "u-cy"):
+                nursery.start_soon(tab, user)
+    assert any(size > 1 for size in batches)  # some events were taken together
+    for user, got in frames.items():
+        accepted = [f["id"] for f in got if f["type"] == "accepted"]
+        assert accepted == [f"{user}/k{i}" for i in [*range(n), n - 1]]
+        answers = [
+            f["text"] for f in got if f["type"] == "message" and f["author"]["bot"] and f["final"]
+        ]
+        assert [a.rpartition("\n\n")[2] for a in answers] == [f"m{i}" for i in range(n)]
