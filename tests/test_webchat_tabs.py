@@ -127,3 +127,37 @@ def test_broadcast_reaches_exactly_the_tabs_in_the_conversation() -> None:
     tabs.remove(bob)
     assert tabs.broadcast("x0", "f") == 0 and len(tabs) == 1
     assert bob.queued == 3 and ann.queued == 1
+
+
+class BatchingSocket(StalledSocket):
+    """A socket that can write several frames at once (as the endpoint's can)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[int] = []
+
+    async def send_many(self, texts: list[str]) -> None:
+        await self.release.wait()
+        self.writes.append(len(texts))
+        self.sent.extend(texts)
+
+
+async def test_frames_that_wait_together_are_written_together_in_order(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    ws = BatchingSocket()
+    ws.release.set()
+    tab = Tab(ws)
+    async with trio.open_nursery() as nursery:
+        tab.attach(nursery)
+        for i in range(5):
+            tab.push(frame(f"u{i}", "hi", True))
+        tab.push(frame("b1", "x", False), key="b1")
+        tab.push(frame("b1", "xy", True), key="b1")
+        await trio.sleep(1)
+        tab.push(frame("u9", "later", True))
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert ws.writes == [6]  # then the single later frame by send
+    assert [json.loads(f)["id"] for f in ws.sent] == ["u0", "u1", "u2", "u3", "u4", "b1", "u9"]
+    assert json.loads(ws.sent[5])["text"] == "xy"

@@ -104,6 +104,9 @@ RELEASE_KEY = "dshim.release"
 #: application closed once the peer answered, or :data:`CLOSE_WAIT_S` after
 #: (:mod:`dshim.http.wsstream`).
 LINGER_KEY = "dshim.close_linger"
+#: A websocket scope's extension saying that a ``websocket.send`` may carry a list of
+#: texts under this key: one message each, written to the socket together.
+SEND_MANY_KEY = "dshim.send_many"
 HOOKS = "/hooks/"
 LOGIN = "/login"
 #: Open without the token.
@@ -219,6 +222,22 @@ class AsgiWebSocket:
                 raise WebSocketClosed(self.closed)
             try:
                 await self._send({"type": "websocket.send", "text": data})
+            except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self.closed = 1006
+                raise WebSocketClosed(1006) from exc
+
+    async def send_many(self, texts: list[str]) -> None:
+        """Send ``texts`` in order, one message each: written together where the server
+        can (:data:`SEND_MANY_KEY`), else one after the other."""
+        if SEND_MANY_KEY not in (self._scope.get("extensions") or {}):
+            for text in texts:
+                await self.send(text)
+            return
+        async with self._lock:
+            if self.closed is not None:
+                raise WebSocketClosed(self.closed)
+            try:
+                await self._send({"type": "websocket.send", "text": "", SEND_MANY_KEY: texts})
             except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.closed = 1006
                 raise WebSocketClosed(1006) from exc

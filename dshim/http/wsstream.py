@@ -54,13 +54,19 @@ from hypercorn.events import Closed, RawData
 from hypercorn.protocol import h2 as hypercorn_h2
 from hypercorn.protocol import h11 as hypercorn_h11
 from hypercorn.protocol.events import Data, Event, Request, StreamClosed
-from hypercorn.protocol.ws_stream import Handshake, WebsocketBuffer, WSStream
+from hypercorn.protocol.ws_stream import (
+    ASGIWebsocketState,
+    Handshake,
+    WebsocketBuffer,
+    WSStream,
+)
 from hypercorn.trio import run as hypercorn_run
 from hypercorn.trio import tcp_server as hypercorn_tcp
 from hypercorn.typing import WebsocketAcceptEvent
-from wsproto.events import CloseConnection, Message, Ping
+from wsproto.events import CloseConnection, Message, Ping, TextMessage
+from wsproto.utilities import LocalProtocolError
 
-from dshim.http.app import CLOSE_WAIT_S, LINGER_KEY, RELEASE_KEY
+from dshim.http.app import CLOSE_WAIT_S, LINGER_KEY, RELEASE_KEY, SEND_MANY_KEY
 from dshim.http.auth import client_key
 
 __all__ = [
@@ -306,6 +312,7 @@ class DshimWSStream(WSStream):
             scope = getattr(self, "scope", None)
             if scope is not None:  # before the application's first receive (app.py)
                 scope["extensions"][LINGER_KEY] = {}
+                scope["extensions"][SEND_MANY_KEY] = {}
             return
         if isinstance(event, StreamClosed):
             self._release_all()
@@ -343,6 +350,10 @@ class DshimWSStream(WSStream):
             await self.send(StreamClosed(stream_id=self.stream_id))
 
     async def app_send(self, message: Any) -> None:
+        texts = message.get(SEND_MANY_KEY) if message is not None else None
+        if texts is not None and self.limits is not None:
+            await self._send_many(texts)
+            return
         closing = (
             self.limits is not None
             and message is not None
@@ -352,6 +363,16 @@ class DshimWSStream(WSStream):
         await super().app_send(message)
         if closing:  # the peer's answer is awaited CLOSE_LINGER_S at most (LINGER_KEY)
             self.task_group.spawn(self._end_after, CLOSE_LINGER_S)
+
+    async def _send_many(self, texts: list[str]) -> None:
+        """Several text messages in one write (:data:`~dshim.http.app.SEND_MANY_KEY`)."""
+        if self.closed or self.state != ASGIWebsocketState.CONNECTED:
+            return
+        try:
+            data = b"".join(self.connection.send(TextMessage(data=text)) for text in texts)
+        except LocalProtocolError:
+            return  # closing: as hypercorn drops a send then
+        await self.send(Data(stream_id=self.stream_id, data=data))
 
     async def _accept(self, message: WebsocketAcceptEvent) -> None:
         if self.limits is not None:
