@@ -6,20 +6,30 @@ taken :data:`SLOW_TURN_S` or longer refuses an item beyond ``max_queue`` (the us
 beyond ``max_queue`` are queued, up to :data:`MAX_BACKLOG` per lane; they are in the
 durable inbox already, so memory is the only thing this protects.
 
-A lane is a bounded memory channel plus one worker task in the bot's nursery.  The worker
+A lane is a FIFO of items served by at most one worker task at a time, so a
+conversation's items run one after another and conversations run in parallel.  A worker
 runs each item in its own cancel scope (so ``/stop`` cancels exactly the running turn and
-leaves the queue alone) and exits after ``idle_exit_s`` without work.  Creating and
-removing lanes happens on the trio thread without awaits in between, so a message can
-never be put into a lane whose worker has just decided to exit.
+leaves the queue alone); when its lane is empty it leaves it and waits, parked without a
+timer, for the next lane that has work (at most :data:`SPARE_WORKERS` wait; one more
+ends).  So a new conversation costs a dict entry and a wake-up, not a channel, a task and
+a timer: a flood of first messages from distinct users is the common case of a busy bot.
+
+A lane without work for ``idle_exit_s`` is removed (and ``on_idle`` told, so the harness
+may free its session) by one reaper task per bot, which sleeps until the oldest idle
+lane's time is up; lanes go idle in time order, so that is the head of a FIFO.  Creating,
+serving and removing lanes happens on the trio thread without awaits in between, so a
+message can never be put into a lane that is being removed.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 import msgspec
+import outcome
 import structlog
 import trio
 
@@ -37,6 +47,8 @@ StopReason = Literal["user", "shutdown"]
 SLOW_TURN_S = 1.0
 #: Items a lane holds at most, however fast its turns are.
 MAX_BACKLOG = 10_000
+#: Workers without a lane that wait for one; a worker that would be one more ends.
+SPARE_WORKERS = 16
 
 
 class LaneItem(msgspec.Struct, kw_only=True):
@@ -57,10 +69,27 @@ class LaneItem(msgspec.Struct, kw_only=True):
 class Lane:
     """One conversation's queue and its running item."""
 
+    __slots__ = (
+        "key",
+        "max_queue",
+        "items",
+        "served",
+        "idle_since",
+        "started_at",
+        "stop_scope",
+        "stop_reason",
+        "running",
+    )
+
     def __init__(self, key: LaneKey, max_queue: int) -> None:
         self.key = key
         self.max_queue = max_queue
-        self.send, self.receive = trio.open_memory_channel[Any](max(max_queue, MAX_BACKLOG))
+        #: Waiting items, oldest first.
+        self.items: deque[Any] = deque()
+        #: A worker serves the lane (runs its items, or is about to).
+        self.served = False
+        #: When its last item ended (trio time), for the reaper.
+        self.idle_since = 0.0
         #: When the running item started (trio time; None: idle).
         self.started_at: float | None = None
         #: Cancels the running item's stoppable part (/stop).
@@ -71,11 +100,11 @@ class Lane:
 
     @property
     def queued(self) -> int:
-        return self.send.statistics().current_buffer_used
+        return len(self.items)
 
     def full(self) -> bool:
         """Refuse the next item?  Only beyond ``max_queue`` while the agent is slow."""
-        queued = self.queued
+        queued = len(self.items)
         if queued < self.max_queue:
             return False
         if queued >= max(self.max_queue, MAX_BACKLOG):
@@ -113,6 +142,11 @@ class LaneSet:
         self._running = 0
         self._none_running = trio.Event()
         self._none_running.set()
+        #: Workers parked until a lane has work for them (the newest last).
+        self._spare: list[trio.lowlevel.Task] = []
+        #: The lanes without work, the longest idle first.
+        self._idle: OrderedDict[LaneKey, Lane] = OrderedDict()
+        self._reaping = False
 
     def get(self, key: LaneKey) -> Lane | None:
         return self._lanes.get(key)
@@ -126,13 +160,16 @@ class LaneSet:
         if lane is None:
             lane = Lane(key, self._max_queue)
             self._lanes[key] = lane
-            self._nursery.start_soon(self._work, lane, name=f"lane:{key[0]}:{key[1]}")
-        if lane.full():
+        elif lane.full():
             return False
-        try:
-            lane.send.send_nowait(item)
-        except trio.WouldBlock:
-            return False
+        lane.items.append(item)
+        if not lane.served:
+            lane.served = True
+            self._idle.pop(key, None)
+            if self._spare:
+                trio.lowlevel.reschedule(self._spare.pop(), outcome.Value(lane))
+            else:
+                self._nursery.start_soon(self._work, lane, name="lane-worker")
         return True
 
     def running_with(self, inbox_key: tuple[str, str]) -> Lane | None:
@@ -148,7 +185,7 @@ class LaneSet:
 
     def queued_count(self) -> int:
         """Items waiting in all lanes (the lane queue gauge)."""
-        return sum(lane.queued for lane in self._lanes.values())
+        return sum(len(lane.items) for lane in self._lanes.values())
 
     def stop_all(self, reason: StopReason) -> int:
         """Stop every running item (shutdown).  Returns how many were stopped."""
@@ -160,25 +197,28 @@ class LaneSet:
             await self._none_running.wait()
 
     async def _work(self, lane: Lane) -> None:
+        """A worker: serve ``lane`` until it is empty, then the next lane with work."""
         while True:
-            item: Any = None
-            try:
-                item = lane.receive.receive_nowait()  # a busy lane: no timer to set up
-            except trio.WouldBlock:
-                with trio.move_on_after(self._idle_exit_s):
-                    item = await lane.receive.receive()
-            else:
-                await trio.lowlevel.checkpoint()  # one turn after another still yields
-            if item is None:
-                # Idle: leave only if nothing arrived meanwhile (no await since the check).
-                try:
-                    item = lane.receive.receive_nowait()
-                except trio.WouldBlock:
-                    del self._lanes[lane.key]
-                    log.debug("lane_idle_exit", conversation=lane.key[0], thread=lane.key[1])
-                    if self._on_idle is not None:
-                        await self._on_idle(lane.key)
-                    return
+            await self._serve(lane)
+            lane.served = False
+            self._went_idle(lane)
+            if len(self._spare) >= SPARE_WORKERS:
+                return
+            task = trio.lowlevel.current_task()
+            self._spare.append(task)
+
+            def abort(_: Any, task: trio.lowlevel.Task = task) -> trio.lowlevel.Abort:
+                self._spare.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            lane = await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def _serve(self, lane: Lane) -> None:
+        """Run the lane's items one after another (each after a checkpoint but the first:
+        the worker was just woken or started) until none is left."""
+        items = lane.items
+        while True:
+            item = items.popleft()
             lane.running = item
             lane.started_at = trio.current_time()
             self._running += 1
@@ -194,3 +234,33 @@ class LaneSet:
                 self._running -= 1
                 if not self._running:
                     self._none_running.set()
+            if not items:
+                return
+            await trio.lowlevel.checkpoint()  # one turn after another still yields
+
+    def _went_idle(self, lane: Lane) -> None:
+        """``lane`` has no work: it is removed after ``idle_exit_s`` unless work comes."""
+        if self._idle_exit_s == math.inf:
+            return
+        lane.idle_since = trio.current_time()
+        self._idle[lane.key] = lane
+        if not self._reaping:
+            self._reaping = True
+            self._nursery.start_soon(self._reap, name="lane-reaper")
+
+    async def _reap(self) -> None:
+        """Remove the lanes idle for ``idle_exit_s`` (oldest first), until none is idle."""
+        idle = self._idle
+        try:
+            while idle:
+                key, lane = next(iter(idle.items()))
+                when = lane.idle_since + self._idle_exit_s
+                if trio.current_time() < when:
+                    await trio.sleep_until(when)  # it may get work meanwhile: look again
+                    continue
+                del idle[key], self._lanes[key]
+                log.debug("lane_idle_exit", conversation=lane.key[0], thread=lane.key[1])
+                if self._on_idle is not None:
+                    self._nursery.start_soon(self._on_idle, lane.key)
+        finally:
+            self._reaping = False
