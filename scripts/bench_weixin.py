@@ -10,7 +10,11 @@ the bot's own echoes), answering ``getupdates`` 100 at a time.  Measured in one 
 
 1. ``floor``    -- raw transport + JSON decode: httpx POSTs ``getupdates`` with the cursor
                    and ``json.loads`` the answer (no mapping, no store);
-2. ``pipeline`` -- the channel's real reader: ``IlinkClient.get_updates`` (split, envelope),
+2. ``floor + dedup`` -- the floor plus, per message, one SQLite ``INSERT OR IGNORE`` of
+                   the dedup key (sender or group, message id) and the raw message on a
+                   worker thread, WAL, synchronous=NORMAL (``benchkit.FloorDedup``): the
+                   least a durable reader adds;
+3. ``pipeline`` -- the channel's real reader: ``IlinkClient.get_updates`` (split, envelope),
                    ``UpdateSource.poll`` (msgspec mapping, ids to flush), the kit's
                    ``accept_batch`` = ``BotRuntime.accept`` (steps 1-6, dedup and the
                    durable inbox in SQLite, cursor persisted per batch) with, for each
@@ -18,7 +22,8 @@ the bot's own echoes), answering ``getupdates`` 100 at a time.  Measured in one 
                    the message index recorded; the turn (step 7) is a no-op.
 
 Figures: messages/s (wall) and CPU ms per message of this process (the fake's CPU is its
-own), median of ``--repeat`` runs, with the ratio to the floor.
+own), median of ``--repeat`` runs, with the ratio to the floor (the pipeline's: to the
+floor + dedup).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchkit import Figures, counting_runtime, print_stream_line  # noqa: E402
+from benchkit import Figures, counting_runtime, open_floor_dedup, print_stream_line  # noqa: E402
 
 from dshim.channels.kit.poll import accept_batch  # noqa: E402
 from dshim.channels.weixin import channel  # noqa: E402
@@ -127,20 +132,25 @@ async def serve_fake(n: int) -> None:
         await trio.to_thread.run_sync(sys.stdin.read)
 
 
-async def bench_floor(url: str, n: int) -> tuple[float, float]:
+async def bench_floor(url: str, n: int, db: Path | None = None) -> tuple[float, float]:
     headers = {"Authorization": f"Bearer {TEST_TOKEN}", "AuthorizationType": "ilink_bot_token"}
     got = 0
     cursor = ""
-    async with httpx.AsyncClient(base_url=url) as http:
-        c0, t0 = time.process_time(), time.perf_counter()
-        while got < n:
-            resp = await http.post(
-                "/ilink/bot/getupdates", json={"get_updates_buf": cursor}, headers=headers
-            )
-            data = json.loads(resp.content)
-            got += len(data["msgs"])
-            cursor = data["get_updates_buf"]
-        c1, t1 = time.process_time(), time.perf_counter()
+    with open_floor_dedup(db) as dedup:
+        async with httpx.AsyncClient(base_url=url) as http:
+            c0, t0 = time.process_time(), time.perf_counter()
+            while got < n:
+                resp = await http.post(
+                    "/ilink/bot/getupdates", json={"get_updates_buf": cursor}, headers=headers
+                )
+                data = json.loads(resp.content)
+                got += len(data["msgs"])
+                if dedup is not None:
+                    for m in data["msgs"]:
+                        conv = m.get("group_id") or m["from_user_id"]
+                        await dedup.insert(conv, str(m["message_id"]), json.dumps(m).encode())
+                cursor = data["get_updates_buf"]
+            c1, t1 = time.process_time(), time.perf_counter()
     return n / (t1 - t0), (c1 - c0) * 1000 / n
 
 
@@ -188,8 +198,14 @@ def main() -> None:
     print_stream_line("bench_weixin", "messages", sizes, where="fake in its own process; ")
     results = Figures()
     verdicts: dict[str, int] = {}
-    for _ in range(args.repeat):
-        for name in ("floor: httpx + json.loads", "pipeline: reader + mapping + steps 1-6"):
+    floor, dedup, pipeline = (
+        "floor: httpx + json.loads",
+        "floor + durable dedup (one SQLite INSERT/message)",
+        "pipeline: reader + mapping + steps 1-6",
+    )
+    tmp = tempfile.TemporaryDirectory(prefix="dshim-bench-floor-")
+    for rep in range(args.repeat):
+        for name in (floor, dedup, pipeline):
             child = subprocess.Popen(
                 [sys.executable, __file__, "--serve-fake", "--messages", str(args.messages)],
                 stdin=subprocess.PIPE,
@@ -199,8 +215,11 @@ def main() -> None:
             try:
                 assert child.stdout is not None
                 url = child.stdout.readline().strip()
-                if name.startswith("floor"):
+                if name == floor:
                     rate, cpu = trio.run(bench_floor, url, args.messages)
+                elif name == dedup:
+                    db = Path(tmp.name) / f"floor-{rep}.sqlite3"
+                    rate, cpu = trio.run(bench_floor, url, args.messages, db)
                 else:
                     rate, cpu, verdicts = trio.run(bench_pipeline, url, args.messages)
             finally:
@@ -208,14 +227,22 @@ def main() -> None:
                 child.stdin.close()
                 child.wait(timeout=30)
             results.add(name, rate, cpu)
-    floor_cpu = statistics.median(results["floor: httpx + json.loads"][1])
-    print(f"{'path':40} {'messages/s':>11} {'CPU ms/message':>15} {'vs floor (CPU)':>15}")
+    tmp.cleanup()
+    cpu = {name: statistics.median(cpus) for name, (_, cpus) in results.items()}
+    print(
+        f"{'path':50} {'messages/s':>11} {'CPU ms/message':>15} {'(min-max)':>15} "
+        f"{'vs floor (CPU)':>15}"
+    )
     for name, (rates, cpus) in results.items():
+        base = cpu[dedup] if name == pipeline else cpu[floor]
         print(
-            f"{name:40} {statistics.median(rates):11,.0f} {statistics.median(cpus):15.4f} "
-            f"{statistics.median(cpus) / floor_cpu:14.2f}x"
+            f"{name:50} {statistics.median(rates):11,.0f} {cpu[name]:15.4f} "
+            f"{f'{min(cpus):.4f}-{max(cpus):.4f}':>15} {cpu[name] / base:14.2f}x"
         )
-    print(f"# pipeline verdicts: {dict(sorted(verdicts.items()))}")
+    print(
+        "# the pipeline against floor + dedup, the rest against the floor; "
+        f"pipeline verdicts: {dict(sorted(verdicts.items()))}"
+    )
 
 
 if __name__ == "__main__":

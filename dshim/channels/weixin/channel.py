@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,6 +32,7 @@ import trio
 from msgspec import UNSET
 
 from dshim.channels.base import (
+    AcceptsMany,
     BotHost,
     ChannelSettings,
     ChannelSpec,
@@ -254,8 +255,40 @@ class IndexingInbound:
 
     async def accept(self, item: InboundMessage | Skip, raw: bytes | None = None) -> Verdict:
         verdict = await self._inner.accept(item, raw)
-        if not (verdict.accepted and isinstance(item, InboundMessage)):
-            return verdict
+        if verdict.accepted and isinstance(item, InboundMessage):
+            await self._took(item, verdict)
+        return verdict
+
+    async def accept_many(
+        self, events: Sequence[tuple[InboundMessage | Skip, bytes | None]]
+    ) -> list[Verdict]:
+        """:meth:`accept` for a ``getupdates`` page: the runtime takes every key and inbox
+        entry in one store transaction (when it can), then the tokens and index entries
+        are written, each sender's in order and the senders side by side, so that the
+        store commits them together."""
+        if not isinstance(self._inner, AcceptsMany):
+            return [await self.accept(item, raw) for item, raw in events]
+        verdicts = await self._inner.accept_many(events)
+        by_sender: dict[str, list[tuple[InboundMessage, Verdict]]] = {}
+        for (item, _), verdict in zip(events, verdicts, strict=True):
+            if verdict.accepted and isinstance(item, InboundMessage):
+                by_sender.setdefault(item.sender_id, []).append((item, verdict))
+        if len(by_sender) == 1:
+            [taken] = by_sender.values()
+            await self._took_in_order(taken)
+        elif by_sender:
+            async with trio.open_nursery() as nursery:
+                for taken in by_sender.values():
+                    nursery.start_soon(self._took_in_order, taken)
+        return verdicts
+
+    async def _took_in_order(self, taken: list[tuple[InboundMessage, Verdict]]) -> None:
+        for item, verdict in taken:
+            await self._took(item, verdict)
+
+    async def _took(self, item: InboundMessage, verdict: Verdict) -> None:
+        """``item`` was accepted: keep its context token (when it became work and is the
+        sender's newest) and record it in the message index."""
         route = item.route
         if verdict.reason is None and isinstance(route, protocol.Route) and route.context:
             try:
@@ -266,7 +299,6 @@ class IndexingInbound:
             await record_inbound(self._store, item, self._clock())
         except StoreError as exc:  # the message is taken; only a later quote of it suffers
             log.warning("message_index_write_failed", error=str(exc))
-        return verdict
 
     async def retract(self, conversation_id: str, message_id: str) -> RetractOutcome:
         return await self._inner.retract(conversation_id, message_id)
