@@ -745,7 +745,8 @@ def make_endpoint(config: Config, statuses: BotStatuses, metrics: ProcessMetrics
 
 async def prune_periodically(store: Store, clock: Clock) -> None:
     """Sweep what the store keeps only for a while (dedup keys past their TTL, outbound
-    entries past 30 days): :data:`PRUNE_FIRST_S` after the start, then every
+    entries past 30 days, transcript rows past their retention, relayed webhook bodies
+    nobody took): :data:`PRUNE_FIRST_S` after the start, then every
     :data:`PRUNE_INTERVAL_S`.  A failed sweep is logged and tried again next time."""
     await trio.sleep(PRUNE_FIRST_S)
     while True:
