@@ -37,3 +37,25 @@ def test_bench_script_runs_and_prints_its_figures(
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert prints in r.stdout and "floor" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "prints"),
+    [
+        (
+            ["--no-b1", "--sizes", "10,100", "--keys", "2000", "--samples", "50"]
+            + ["--accepts", "100", "--events", "100", "--blocks", "2"],
+            "a turn's store work per event",
+        ),
+        (["--soak", "3000", "--every", "1000", "--soak-chats", "50"], "retention soak: 3,000"),
+    ],
+)
+def test_the_big_store_bench_runs_and_prints_its_tables(args: list[str], prints: str) -> None:
+    r = subprocess.run(
+        [sys.executable, str(SCRIPTS / "bench" / "big_store.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert prints in r.stdout and "| " in r.stdout

@@ -64,6 +64,9 @@ import trio
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(BENCH))
+
+from run import table  # noqa: E402 - the suite's Markdown table
 
 from dshim.store import DB_FILENAME, open_store  # noqa: E402
 from dshim.store.base import OutboundEntry, PromptRow, Store, TurnRecord  # noqa: E402
@@ -119,15 +122,6 @@ def fmt(values: list[float], digits: int = 3) -> str:
     if len(values) == 1:
         return f"{m:,.{digits}f}"
     return f"{m:,.{digits}f} ({min(values):,.{digits}f}–{max(values):,.{digits}f})"
-
-
-def table(title: str, header: list[str], rows: list[list[str]]) -> None:
-    print(f"\n### {title}\n")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-    sys.stdout.flush()
 
 
 async def gather(jobs: list[Callable[[], Awaitable[None]]], width: int = BUILDERS) -> None:
@@ -475,7 +469,6 @@ async def b9(args: argparse.Namespace, work: Path) -> Path:
 def b1_side_by_side(big: Path, work: Path, reps: int, n: int) -> None:
     """run.py's B1 (200 chats) with dshim on a fresh data directory and on a copy of the
     big store, interleaved."""
-    sys.path.insert(0, str(BENCH))
     import run as suite  # the suite's own runner
 
     copies: list[Path] = []

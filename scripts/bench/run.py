@@ -444,6 +444,7 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
     print("|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    sys.stdout.flush()
 
 
 def ratio_row(name: str, figures: dict[str, list[float]], key: str, higher_is_better: bool) -> str:
