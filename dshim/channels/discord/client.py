@@ -294,30 +294,31 @@ class RestClient:
         slot, and all but one went back to sleep — 200 chats waiting on the 50
         requests/s cost ~200 wake-ups per request.
         """
-        limits = self.limits
         while True:
-            now = self._clock()
-            wait = limits.reserve(route_key, major, now)
+            wait, by_bucket = self._reserve(route_key, major)
             if wait <= 0:
                 return
-            if wait > self.max_wait_s:
-                raise RateLimited(f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait)
-            if limits.global_wait(now) < wait:
+            if by_bucket:
                 await trio.sleep(wait)  # the bucket's reset: nobody else's business
                 continue
             async with self._global_queue:
                 while True:
-                    now = self._clock()
-                    wait = limits.reserve(route_key, major, now)
+                    wait, by_bucket = self._reserve(route_key, major)
                     if wait <= 0:
                         return
-                    if wait > self.max_wait_s:
-                        raise RateLimited(
-                            f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait
-                        )
-                    if limits.global_wait(now) < wait:
+                    if by_bucket:
                         break  # now the bucket holds it back: out of the queue
                     await trio.sleep(wait)
+
+    def _reserve(self, route_key: str, major: str) -> tuple[float, bool]:
+        """The limiter's wait for this request (0: it is counted and may go) and whether
+        the route's own bucket, not the global limit, is what holds it back; a wait past
+        ``max_wait_s`` is :class:`RateLimited`."""
+        now = self._clock()
+        wait = self.limits.reserve(route_key, major, now)
+        if wait > self.max_wait_s:
+            raise RateLimited(f"{route_key}: rate limited for {wait:.1f} s", retry_after=wait)
+        return wait, wait > 0 and self.limits.global_wait(now) < wait
 
     async def call(
         self,

@@ -6,7 +6,7 @@ running after a cancel, or after the agent was killed, would run on.  Two marks 
 (Linux ``/proc``; elsewhere nothing is found and only the group is ended):
 
 - **the tree**: every process whose parent chain leads to the agent, while the agent
-  lives (a tool that detached still has its parent);
+  lives (the sweep after a stopped turn; a tool that detached still has its parent);
 - **the tag**: the agent is started with ``DSHIM_AGENT_RUN=<random>`` in its environment,
   which its descendants inherit, so one that was re-parented (its parent died) is still
   known by it.  The name carries no KEY/SECRET/TOKEN, so agents that scrub such variables

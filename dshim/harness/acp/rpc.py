@@ -142,8 +142,7 @@ class Connection:
         #: The ``DSHIM_AGENT_RUN`` value of its environment (:mod:`.procs`): the processes
         #: it started in sessions of their own are ended with it too.
         self.tag = tag
-        #: The agent's descendants when dshim ended it (before they were re-parented).
-        self._tree: set[int] = set()
+
         self.label = label
         self.alive = True
         self.failure: str | None = None
@@ -176,8 +175,6 @@ class Connection:
         if not self.alive:
             return
         log.warning("agent_failed", reason=reason, pid=self.proc.pid)
-        if self.tag is not None and self.proc.returncode is None:
-            self._tree = procs.descendants(self.proc.pid, procs.table())
         self._signal_group(signal.SIGTERM)
         if self.proc.returncode is None:
             try:
@@ -201,9 +198,11 @@ class Connection:
     async def _end_group(self) -> None:
         """TERM the agent's process group (its CLIs, tool subprocesses) and the processes
         it started outside the group (:mod:`.procs`), KILL what stays."""
-        strays = set(self._tree)
+        # By the tag: the agent is gone by now and its tools were re-parented (a /proc
+        # scan of the tree before the kill would block the trio thread in ``fail``).
+        strays: set[int] = set()
         if self.tag is not None:
-            strays |= await trio.to_thread.run_sync(procs.strays, self.proc.pid, self.tag)
+            strays = await trio.to_thread.run_sync(procs.strays, self.proc.pid, self.tag)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._end_own_group)
             nursery.start_soon(functools.partial(procs.end, strays, why="the agent ended"))
